@@ -1,0 +1,58 @@
+"""The `nsys profile` command line for a job: one function, used by every rendered script."""
+
+from __future__ import annotations
+
+from orchestrator.errors import OrchError
+from orchestrator.spec.load import ResolvedJob
+
+
+def _fmt_seconds(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def profile_args(job: ResolvedJob) -> list[str]:
+    """Options every profiled rank gets (the output name is added by the wrapper)."""
+    p = job.spec.profile
+    nsys = job.cluster.nsys
+    year = int(nsys.version.split(".")[0])
+    args = [
+        f"--trace={','.join(p.trace)}",
+        f"--sample={p.sample}",
+        f"--cpuctxsw={p.cpuctxsw}",
+    ]
+    if p.capture_range != "none":
+        args.append(f"--capture-range={p.capture_range}")
+        if p.capture_range_nvtx:
+            args.append(f"--nvtx-capture={p.capture_range_nvtx}")
+        if p.capture_range_end:
+            args.append(f"--capture-range-end={p.capture_range_end}")
+    if p.delay is not None:
+        args.append(f"--delay={_fmt_seconds(p.delay)}")
+    if p.duration is not None:
+        args.append(f"--duration={_fmt_seconds(p.duration)}")
+    if p.pytorch:
+        if year < 2023:
+            raise OrchError(
+                f"profile.pytorch: nsys {nsys.version} of cluster {job.cluster.name} has no "
+                "--pytorch option; use a newer nsys (cluster nsys.version/path) or drop it"
+            )
+        args.append(f"--pytorch={p.pytorch}")
+    if p.cuda_memory_usage:
+        args.append("--cuda-memory-usage=true")
+    if p.cuda_graph_trace:
+        args.append(f"--cuda-graph-trace={p.cuda_graph_trace}")
+    args.append("--force-overwrite=true")
+    args.extend(p.extra_args)
+    return args
+
+
+def metrics_args(job: ResolvedJob) -> list[str]:
+    """GPU-metrics options, only for the one collecting rank of each node."""
+    if not job.gpu_metrics_set:
+        return []
+    gm = job.spec.profile.gpu_metrics
+    return [
+        f"{job.cluster.nsys.metrics_flag()}=all",
+        f"--gpu-metrics-set={job.gpu_metrics_set}",
+        f"--gpu-metrics-frequency={gm.frequency}",
+    ]

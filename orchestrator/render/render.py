@@ -1,0 +1,148 @@
+"""Render a resolved job into the three scripts that run it.
+
+- `rank_wrapper.sh`: per rank; decides whether this rank runs under nsys.
+- `launch.sh`: per node; torchrun over the wrapper. The ONE command line: sbatch.sh runs it
+  through srun, `orch submit` runs it through submitit, a user can run it by hand.
+- `sbatch.sh`: a standalone batch script (`#SBATCH` lines, setup, srun launch.sh).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from orchestrator import __version__
+from orchestrator.errors import OrchError
+from orchestrator.render.nsys_args import metrics_args, profile_args
+from orchestrator.spec.load import ResolvedJob
+from orchestrator.spec.ranks import format_ranges, to_ranges
+
+SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh")
+# Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
+_SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The rendered scripts and where they expect to live."""
+
+    script_dir: Path
+    report_dir: Path
+    log_dir: Path
+    scripts: dict[str, str]
+    node_command: list[str]  # what each node runs: [container prefix...] bash launch.sh
+    report_pattern: str  # nsys `-o` value, with %q{ORCH_JOB_ID}, %q{RANK}, %h, %p
+
+    def write(self) -> None:
+        """Write all scripts, each via a temp file + rename, so a failure leaves no partial file."""
+        self.script_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in self.scripts.items():
+            tmp = self.script_dir / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.chmod(0o755)
+            tmp.replace(self.script_dir / name)
+
+
+def shell_quote(value: object) -> str:
+    """shlex.quote, plus quotes around commas so shellcheck reads `'--trace=a,b'` as one word."""
+    q = shlex.quote(str(value))
+    return f"'{q}'" if "," in q and not q.startswith("'") else q
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resources.files("orchestrator.templates"))),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # shell, not HTML: every user string goes through `q` instead
+        # bash's ${#array[@]} would open a Jinja comment: comments use {## ##} instead.
+        comment_start_string="{##",
+        comment_end_string="##}",
+    )
+    env.filters["q"] = shell_quote
+    return env
+
+
+def report_stem(job: ResolvedJob) -> str:
+    """nsys expands %q{VAR}, %h and %p per process: job id, global rank, host and pid make
+    every report name unique across nodes and restarts."""
+    return f"{job.output_name}_%q{{ORCH_JOB_ID}}_r%q{{RANK}}_%h.%p"
+
+
+def sbatch_lines(job: ResolvedJob) -> list[str]:
+    s = job.slurm
+    lines = []
+    for opt, value in (
+        ("partition", s.partition), ("account", s.account), ("qos", s.qos),
+        ("time", s.time), ("constraint", s.constraint), ("mem", s.mem),
+        ("cpus-per-task", s.cpus_per_task),
+    ):
+        if value is not None:
+            lines.append(f"--{opt}={value}")
+    if job.gpus_per_node:
+        lines.append(f"--gpus-per-node={job.gpus_per_node}")
+    if s.exclusive:
+        lines.append("--exclusive")
+    lines.extend(s.extra_sbatch or [])
+    return lines
+
+
+def node_command(job: ResolvedJob, script_dir: Path) -> list[str]:
+    prefix = shlex.split(job.slurm.container_exec) if job.slurm.container_exec else []
+    return [*prefix, "bash", str(script_dir / "launch.sh")]
+
+
+def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
+           log_dir: Path | None = None) -> Rendered:
+    script_dir = script_dir.resolve()
+    out = job.spec.profile.output_dir
+    if report_dir is None:
+        report_dir = Path(out).expanduser() if out else script_dir.parent / "reports"
+        if not report_dir.is_absolute():
+            base = job.spec_path.parent.resolve() if job.spec_path else Path.cwd()
+            report_dir = base / report_dir
+    log_dir = (log_dir or script_dir.parent / "logs").resolve()
+    for label, p in (("output directory", script_dir), ("log directory", log_dir)):
+        if not _SAFE_PATH_RE.fullmatch(str(p)):
+            raise OrchError(
+                f"{label} {str(p)!r} has spaces or special characters that #SBATCH lines "
+                "cannot carry; choose a plain path (letters, digits, ._-/)"
+            )
+    stem = report_stem(job)
+    nc = node_command(job, script_dir)
+    ctx = {
+        "job": job,
+        "version": __version__,
+        "script_dir": str(script_dir),
+        "log_dir": str(log_dir),
+        "report_dir": str(report_dir),
+        "report_pattern": str(report_dir / stem),
+        "nsys": job.cluster.nsys.path,
+        "nsys_args": profile_args(job),
+        "metrics_args": metrics_args(job),
+        "nvtx_capture": job.spec.profile.capture_range == "nvtx",
+        "profiled_ranges": to_ranges(job.profiled_ranks),
+        "profiled_text": format_ranges(job.profiled_ranks),
+        "collector_ranges": to_ranges(job.collector_ranks),
+        "collector_text": format_ranges(job.collector_ranks),
+        "env": sorted(job.env.items()),
+        "port": job.spec.launch.rdzv.port,
+        "rdzv_backend": job.spec.launch.rdzv.backend,
+        "python": job.spec.launch.python or job.cluster.python,
+        "sbatch_lines": sbatch_lines(job),
+        "setup": list(job.slurm.setup or []),
+        "modules": list(job.slurm.modules or []),
+        "node_command": nc,
+    }
+    env = _env()
+    scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}
+    return Rendered(script_dir=script_dir, report_dir=report_dir, log_dir=log_dir,
+                    scripts=scripts, node_command=nc,
+                    report_pattern=str(report_dir / stem))

@@ -1,0 +1,28 @@
+-- GPU idle gaps >= params.gap_ns inside the window, each attributed to what the CPU was
+-- doing: the innermost default-domain NVTX range (not a step range) on the rank's threads
+-- that covers at least half of the gap. Names group by dropping `, ...` suffixes and a
+-- trailing microbatch/number (`forward mb3` -> `forward`).
+CREATE OR REPLACE TEMP TABLE gaps AS
+WITH b AS (
+    SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s FROM islands WHERE cls = 'busy'
+)
+SELECT b.rank, b.e AS s, b.next_s AS e, b.next_s - b.e AS dur
+FROM b, params p WHERE b.next_s IS NOT NULL AND b.next_s - b.e >= p.gap_ns;
+
+CREATE OR REPLACE TEMP TABLE cpu_ranges AS
+SELECT rank, start, "end", depth, text,
+       trim(regexp_replace(regexp_replace(text, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', '')) AS grp
+FROM nvtx
+WHERE domain_id = 0 AND text IS NOT NULL
+  AND NOT regexp_matches(text, '^(?:[Ss]tep|[Ii]teration)[ _#:]*\d+$');
+
+CREATE OR REPLACE TEMP TABLE gap_attr AS
+WITH cand AS (
+    SELECT g.rank, g.s, g.e, g.dur, c.grp, c.text, c.depth, c."end" - c.start AS len,
+           row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start) AS pick
+    FROM gaps g JOIN cpu_ranges c
+      ON c.rank = g.rank AND c.start < g.e AND c."end" > g.s
+    WHERE 2 * (least(c."end", g.e) - greatest(c.start, g.s)) >= g.dur
+)
+SELECT g.rank, g.s, g.e, g.dur, coalesce(c.grp, '(no NVTX range)') AS range_group, c.text AS range_text
+FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1;

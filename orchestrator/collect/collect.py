@@ -1,0 +1,117 @@
+"""`orch collect`: gather -> probe -> identify -> ingest, under a per-run lock.
+
+Map/reduce in the nsys-recipes style: every rank is exported and probed independently (map),
+then all ranks are merged into one DuckDB store on one clock (reduce).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from orchestrator.collect.gather import ReportFile, discover, export_all, find_nsys
+from orchestrator.collect.identity import Layout, Member, identify
+from orchestrator.collect.ingest import build_store
+from orchestrator.collect.probe import Probe, probe
+from orchestrator.errors import OrchError
+from orchestrator.rundir import STORE
+
+
+@dataclass
+class CollectResult:
+    store: Path
+    engine: str
+    members: list[Member]
+    missing: list[int] = field(default_factory=list)
+    extra: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok_ranks(self) -> list[int]:
+        return sorted(m.rank for m in self.members if m.rank is not None and m.status == "ok"
+                      and not m.probe.error)
+
+    @property
+    def bad(self) -> list[Member]:
+        return [m for m in self.members if m.probe.error or m.status != "ok"]
+
+
+@contextmanager
+def run_lock(run: Path) -> Iterator[None]:
+    """One collect per run at a time; a second one fails at once with a clear message.
+    flock is released by the kernel if the holder dies (SIGKILL included)."""
+    run.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run / ".collect.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise OrchError(
+                f"another `orch collect` (pid {holder}) is working on {run}; wait for it to finish"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True,
+                    disable=not console.is_terminal)
+
+
+def collect(
+    paths: list[Path], run: Path, *, layout: Layout, expected: list[int] | None = None,
+    name_prefix: str | None = None, nsys: str | None = None, workers: int | None = None,
+    keep_env: bool = False, engine: str = "auto", align: bool = False,
+    console: Console | None = None, extra_meta: dict[str, object] | None = None,
+) -> CollectResult:
+    console = console or Console(stderr=True)
+    workers = workers or min(8, os.cpu_count() or 2)
+    with run_lock(run):
+        reports: list[ReportFile] = discover(paths, name_prefix)
+        if not reports:
+            where = ", ".join(str(p) for p in paths)
+            raise OrchError(f"no reports (.nsys-rep, .sqlite, .sqlite.gz) found in {where}; "
+                            "check the path or wait for the job to finish writing them")
+        with _progress(console) as prog:
+            t = prog.add_task("export", total=len(reports))
+            export_all(reports, run / "exports", nsys=find_nsys(nsys), workers=workers,
+                       on_done=lambda _r: prog.advance(t))
+            t2 = prog.add_task("probe", total=len(reports))
+
+            def probe_one(r: ReportFile) -> Probe:
+                pr = probe(r.sqlite) if r.sqlite else Probe(path=r.origin, error=r.error or "no export")
+                prog.advance(t2)
+                return pr
+
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                probes = list(pool.map(probe_one, reports))
+            members, warnings = identify(reports, probes)
+            ranks = [m.rank for m in members if m.rank is not None]
+            if layout.world_size:
+                for m in members:
+                    if m.rank is not None and m.rank >= layout.world_size:
+                        m.notes.append(f"rank {m.rank} is outside the world size {layout.world_size}")
+            t3 = prog.add_task("ingest", total=sum(1 for m in members if not m.probe.error))
+            used = build_store(members, run / STORE, layout=layout, keep_env=keep_env, engine=engine,
+                               workers=workers, align=align, expected=expected, extra_meta=extra_meta,
+                               on_rank=lambda _m: prog.advance(t3))
+    exp = set(expected or [])
+    ok = {m.rank for m in members if m.rank is not None and not m.probe.error and m.status == "ok"}
+    return CollectResult(
+        store=run / STORE, engine=used, members=members, warnings=warnings,
+        missing=sorted(exp - ok) if expected is not None else [],
+        extra=sorted(set(ranks) - exp) if expected is not None else [],
+    )

@@ -1,0 +1,211 @@
+"""Build the merged DuckDB store from per-rank SQLite exports (the reduce step).
+
+Each rank is one task: its tables are streamed into DuckDB either by DuckDB's sqlite scanner
+(fast path; the extension is loaded from the pinned `duckdb-extension-sqlite-scanner` wheel,
+never downloaded) or by sqlite3 -> Arrow batches (fallback). The store is built under a temp
+name and renamed over the old one, so readers only ever see a complete store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from orchestrator import __version__
+from orchestrator.collect.extract import select_sql
+from orchestrator.collect.identity import Layout, Member
+from orchestrator.collect.probe import ENV_ALLOW
+from orchestrator.collect.schema import (
+    EVENT_SCHEMA, RANKS_DDL, STORE_VERSION, arrow_schema, create_event_tables_sql,
+)
+from orchestrator.errors import OrchError
+
+_FETCH_ROWS = 65536
+_SQL_DIR = resources.files("orchestrator.collect") / "sql"
+
+
+def scanner_extension_path() -> Path | None:
+    """The sqlite scanner shipped in the PyPI wheel for exactly this DuckDB version."""
+    try:
+        base = resources.files("duckdb_extension_sqlite_scanner")
+    except ModuleNotFoundError:
+        return None
+    p = Path(str(base)) / "extensions" / f"v{duckdb.__version__}" / "sqlite_scanner.duckdb_extension"
+    return p if p.is_file() else None
+
+
+def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
+    ext = scanner_extension_path()
+    if ext is None:
+        return False
+    try:
+        con.execute(f"LOAD '{_sql_str(str(ext))}'")
+        return True
+    except duckdb.Error:
+        return False
+
+
+def _sql_str(s: str) -> str:
+    return s.replace("'", "''")
+
+
+def _ingest_scanner(cur: duckdb.DuckDBPyConnection, m: Member, offset: int, alias: str) -> None:
+    cur.execute(f"ATTACH '{_sql_str(str(m.report.sqlite))}' AS {alias} (TYPE sqlite, READ_ONLY)")
+    try:
+        for table in EVENT_SCHEMA:
+            sql = select_sql(table, m.probe, m.rank, offset, f"{alias}.")  # type: ignore[arg-type]
+            if sql:
+                cur.execute(f"INSERT INTO {table}_stage {sql}")
+    finally:
+        cur.execute(f"DETACH {alias}")
+
+
+def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
+    import pyarrow as pa
+
+    schema = arrow_schema(table)
+    while chunk := rows.fetchmany(_FETCH_ROWS):
+        cols = list(zip(*chunk))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(cols, schema)], schema=schema
+        )
+
+
+def _ingest_sqlite3(cur: duckdb.DuckDBPyConnection, m: Member, offset: int, alias: str) -> None:
+    import pyarrow as pa
+
+    scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True)
+    try:
+        for table in EVENT_SCHEMA:
+            sql = select_sql(table, m.probe, m.rank, offset, "")  # type: ignore[arg-type]
+            if not sql:
+                continue
+            reader = pa.RecordBatchReader.from_batches(arrow_schema(table), _batches(scon.execute(sql), table))
+            cur.register(alias, reader)
+            try:
+                cur.execute(f"INSERT INTO {table}_stage SELECT * FROM {alias}")
+            finally:
+                cur.unregister(alias)
+    finally:
+        scon.close()
+
+
+def build_store(
+    members: list[Member], store: Path, *, layout: Layout, keep_env: bool = False,
+    engine: str = "auto", workers: int = 2, align: bool = False,
+    expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
+    on_rank: Callable[[Member], None] | None = None,
+) -> str:
+    """Write `store` atomically; returns the engine used ('scanner' or 'sqlite3')."""
+    tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    con = duckdb.connect(str(tmp))
+    try:
+        con.execute(f"SET threads = {max(1, workers)}")
+        use_scanner = engine in ("auto", "scanner") and load_scanner(con)
+        if engine == "scanner" and not use_scanner:
+            raise OrchError(
+                "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
+                f"=={duckdb.__version__} or use --engine sqlite3"
+            )
+        con.execute(create_event_tables_sql("_stage"))
+        con.execute(RANKS_DDL)
+        ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
+        starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
+        base = min(starts) if starts else 0
+        ingest = _ingest_scanner if use_scanner else _ingest_sqlite3
+        lock = threading.Lock()
+
+        def task(m: Member) -> Member:
+            cur = con.cursor()
+            try:
+                ingest(cur, m, m.probe.session_start_ns - base, f"src_{m.rank}")  # type: ignore[operator]
+            except (duckdb.Error, sqlite3.Error) as e:
+                m.status = "error"
+                m.notes.append(f"ingest failed: {str(e).splitlines()[0][:200]}")
+                with lock:
+                    for table in EVENT_SCHEMA:
+                        cur.execute(f"DELETE FROM {table}_stage WHERE rank = ?", [m.rank])
+            finally:
+                cur.close()
+            if on_rank:
+                on_rank(m)
+            return m
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(task, ok))
+        _finalize(con, members, base, layout, keep_env, expected)
+        if align:
+            con.execute((_SQL_DIR / "align_clocks.sql").read_text())
+        meta = {
+            "orch_version": __version__, "store_version": STORE_VERSION,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "engine": "scanner" if use_scanner else "sqlite3", "clock_base_utc_ns": base,
+            "layout": json.dumps({"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
+                                  "known": layout.known, "world_size": layout.world_size,
+                                  "nproc_per_node": layout.nproc_per_node}),
+            "aligned_collectives": align, **(extra_meta or {}),
+        }
+        con.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
+        con.execute("CHECKPOINT")
+    except BaseException:
+        con.close()
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+        raise
+    con.close()
+    os.replace(tmp, store)
+    return "scanner" if use_scanner else "sqlite3"
+
+
+def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
+              keep_env: bool, expected: list[int] | None) -> None:
+    rows, env_rows, src_rows = [], [], []
+    seen: set[int] = set()
+    for m in members:
+        p, r = m.probe, m.report
+        reason = p.error or "; ".join(m.notes) or None
+        src_rows.append((str(r.origin), m.rank, "error" if p.error else m.status, reason))
+        if m.rank is None or m.status == "duplicate":
+            continue
+        seen.add(m.rank)
+        status = "error" if (p.error or m.status == "error") else ("partial" if p.notes else "ok")
+        place = layout.place(m.rank)
+        local = p.env.get("LOCAL_RANK")
+        rows.append((
+            m.rank, r.host or p.host, r.pid or p.pid,
+            int(local) if local and local.isdigit() else (
+                m.rank % layout.nproc_per_node if layout.nproc_per_node else None),
+            place["node"], place["stage"], place["dp_index"], place["tp_index"], p.gpu_name,
+            p.session_start_ns, (p.session_start_ns - base) if p.session_start_ns is not None else None,
+            0, p.nsys_version, p.schema_version, str(r.origin), m.source or None, status,
+            "; ".join([x for x in [p.error, *m.notes, *p.notes] if x]) or None,
+        ))
+        for k, v in p.env.items():
+            if keep_env or ENV_ALLOW.match(k):
+                env_rows.append((m.rank, k, v))
+    for rank in sorted(set(expected or []) - seen):
+        place = layout.place(rank)
+        rows.append((rank, None, None, None, place["node"], place["stage"], place["dp_index"],
+                     place["tp_index"], None, None, None, None, None, None, None, None, "missing",
+                     "no report found for this rank"))
+    if rows:
+        con.executemany(f"INSERT INTO ranks VALUES ({', '.join('?' * 18)})", rows)
+    if env_rows:
+        con.executemany("INSERT INTO env VALUES (?, ?, ?)", env_rows)
+    if src_rows:
+        con.executemany("INSERT INTO sources VALUES (?, ?, ?, ?)", src_rows)
+    # Hosts fill `node` when no layout says nproc_per_node (one node per distinct host).
+    con.execute("""UPDATE ranks SET node = h.n FROM (SELECT host, dense_rank() OVER (ORDER BY host) - 1 AS n
+                   FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h
+                   WHERE ranks.node IS NULL AND ranks.host = h.host""")
+    con.execute((_SQL_DIR / "finalize.sql").read_text())

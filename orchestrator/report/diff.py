@@ -1,0 +1,50 @@
+"""`orch diff A B`: per-rank and per-metric deltas between two reports, for CI gates.
+
+A metric regresses when it moves the bad way by more than its threshold: absolute points
+for percentages, relative change for times. Exit status 1 on any regression.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# metric -> (direction where bigger is worse?, threshold, kind)
+METRICS: dict[str, tuple[bool, float, str]] = {
+    "gpu_idle_pct": (True, 5.0, "points"),
+    "comm_overlap_pct": (False, 10.0, "points"),
+    "exposed_comm_ms": (True, 0.10, "relative"),
+    "compute_ms": (True, 0.10, "relative"),
+    "nccl_wait_ms": (True, 0.25, "relative"),
+    "mean_step_ms": (True, 0.05, "relative"),
+}
+# Relative changes below this many ms are noise whatever their percentage.
+MIN_ABS_MS = 1.0
+
+
+def _mean_step(r: dict[str, Any]) -> float:
+    xs = [s["ms"] for s in r["step_ms"] if not s["warmup"]]
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def diff_reports(a: dict[str, Any], b: dict[str, Any], scale: float = 1.0) -> dict[str, Any]:
+    """Deltas from A (baseline) to B (candidate); `scale` multiplies every threshold."""
+    ra = {r["rank"]: r for r in a["ranks"]}
+    rb = {r["rank"]: r for r in b["ranks"]}
+    rows, regressions = [], []
+    for rank in sorted(set(ra) & set(rb)):
+        for metric, (worse_up, thr, kind) in METRICS.items():
+            va = _mean_step(ra[rank]) if metric == "mean_step_ms" else float(ra[rank][metric])
+            vb = _mean_step(rb[rank]) if metric == "mean_step_ms" else float(rb[rank][metric])
+            delta = vb - va
+            bad = delta if worse_up else -delta
+            if kind == "points":
+                regressed = bad > thr * scale
+            else:
+                regressed = bad > MIN_ABS_MS and va > 0 and bad / va > thr * scale
+            row = {"rank": rank, "metric": metric, "a": round(va, 3), "b": round(vb, 3),
+                   "delta": round(delta, 3), "regressed": regressed}
+            rows.append(row)
+            if regressed:
+                regressions.append(row)
+    return {"rows": rows, "regressions": regressions,
+            "only_in_a": sorted(set(ra) - set(rb)), "only_in_b": sorted(set(rb) - set(ra))}

@@ -1,0 +1,55 @@
+"""The report as rich tables on the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+_SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    w = report["window"]
+    console.print(f"[bold]window[/bold]: {w['note']}; gaps >= {w['gap_ms']} ms")
+    t = Table(title="per rank (ms unless %)", show_lines=False)
+    for col in ("rank", "host", "stage", "window", "compute", "comm", "overlap %", "exposed comm",
+                "GPU idle %", "NCCL wait", "late", "top gap range"):
+        t.add_column(col, justify="right" if col not in ("host", "top gap range") else "left")
+    for r in report["ranks"]:
+        gaps = r["gaps_by_range_ms"]
+        top = max(gaps.items(), key=lambda kv: kv[1]) if gaps else None
+        t.add_row(
+            str(r["rank"]), str(r["host"] or ""), "" if r["stage"] is None else str(r["stage"]),
+            f"{r['window_ms']:.1f}", f"{r['compute_ms']:.1f}", f"{r['comm_ms']:.1f}",
+            f"{r['comm_overlap_pct']:.1f}", f"{r['exposed_comm_ms']:.1f}", f"{r['gpu_idle_pct']:.1f}",
+            f"{r['nccl_wait_ms']:.1f}", f"{r['late_count']}/{r['collectives']}",
+            f"{top[0]} {top[1]:.1f}" if top else "",
+        )
+    console.print(t)
+    if report["stages"]:
+        st = Table(title="stages")
+        for col in ("stage", "ranks", "compute ms", "bubble %"):
+            st.add_column(col)
+        for s in report["stages"]:
+            st.add_row(str(s["stage"]), ",".join(map(str, s["ranks"])), f"{s['compute_ms']:.1f}",
+                       f"{s['bubble_pct']:.1f}")
+        console.print(st)
+        if report["imbalance"]:
+            i = report["imbalance"]
+            console.print(f"imbalance: ratio {i['ratio']} (slowest stage {i['slowest_stage']})")
+    steady = [s for s in report["steps"] if not s["warmup"]]
+    if steady:
+        worst = max(steady, key=lambda s: s["spread_ms"])
+        console.print(f"steps: {len(report['steps'])}, largest cross-rank spread {worst['spread_ms']} ms "
+                      f"at step {worst['step']}")
+    for p in report["problems"]:
+        console.print(f"[red]rank {p['rank']}: {p['status']}[/red] {p['reason'] or ''}", markup=True)
+    console.print("[bold]findings[/bold]")
+    for i, f in enumerate(report["findings"], 1):
+        console.print(f"{i}. [{_SEV[f['severity']]}]{f['severity']}[/] {f['title']} (ranks "
+                      f"{', '.join(map(str, f['ranks']))})")
+        for e in f["evidence"]:
+            console.print(f"   - {e}", markup=False)
+        console.print(f"   fix: {f['fix']}", markup=False)

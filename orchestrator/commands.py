@@ -178,16 +178,16 @@ def _store_of(ref: str, runs: str | None) -> Path:
 
 
 def _emit(report: dict[str, Any], a: argparse.Namespace) -> None:
-    from orchestrator.report import write_json, write_text
+    from orchestrator.fsutil import write_json_atomic, write_text_atomic
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
 
     print_report(report, out)
     if a.json:
-        write_json(report, Path(a.json))
+        write_json_atomic(Path(a.json), report)
         out.print(f"wrote {a.json}")
     if a.html:
-        write_text(render_html(report), Path(a.html))
+        write_text_atomic(Path(a.html), render_html(report))
         out.print(f"wrote {a.html}")
 
 
@@ -253,9 +253,9 @@ def cmd_diff(a: argparse.Namespace) -> int:
     if d["only_in_a"] or d["only_in_b"]:
         out.print(f"ranks only in A: {d['only_in_a']}, only in B: {d['only_in_b']}")
     if a.json:
-        from orchestrator.report import write_json
+        from orchestrator.fsutil import write_json_atomic
 
-        write_json(d, Path(a.json))
+        write_json_atomic(Path(a.json), d)
     out.print(f"{len(d['regressions'])} regression(s)")
     return 1 if d["regressions"] else 0
 

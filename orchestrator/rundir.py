@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchError
+from orchestrator.fsutil import write_json_atomic
+
+__all__ = ["MANIFEST", "STORE", "default_root", "find_run", "read_manifest", "write_json_atomic"]
 
 MANIFEST = "manifest.json"
 STORE = "profile.duckdb"
@@ -26,12 +29,6 @@ STORE = "profile.duckdb"
 
 def default_root() -> Path:
     return Path(os.environ.get("ORCH_RUNS", "orch-runs"))
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
 
 
 def read_manifest(run: Path) -> dict[str, Any]:

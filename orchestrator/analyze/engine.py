@@ -48,7 +48,8 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"ATTACH '{str(store).replace(chr(39), chr(39) * 2)}' AS store (READ_ONLY)")
     except duckdb.Error as e:
         con.close()
-        raise OrchError(f"{store} is not a readable orch store ({str(e).splitlines()[0]}); re-run `orch collect`") from None
+        reason = str(e).splitlines()[0]
+        raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
     con.execute("USE store")
     return con
 
@@ -56,7 +57,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict[str, Any]]:
     cur = con.execute(sql, params or [])
     cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+    return [dict(zip(cols, r, strict=False)) for r in cur.fetchall()]
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:

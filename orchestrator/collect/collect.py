@@ -36,6 +36,7 @@ class CollectResult:
 
     @property
     def ok_ranks(self) -> list[int]:
+        """Ranks whose data is in the store (status ok or partial)."""
         return sorted(m.rank for m in self.members if m.rank is not None and m.status == "ok"
                       and not m.probe.error)
 

@@ -18,6 +18,23 @@ _MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
 NVTX_RANGE_TYPES = (59, 60)
 
 
+# Columns each source table should have; a missing one becomes NULL and a note on the rank.
+EXPECTED_COLUMNS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "shortName",
+                                   "demangledName"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "copyKind", "bytes",
+                                   "srcKind", "dstKind"),
+    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
+    "NVTX_EVENTS": ("start", "end", "eventType", "globalTid", "domainId"),
+}
+
+
+def missing_columns(p: Probe) -> list[str]:
+    """'TABLE.column' for every expected column a present table lacks."""
+    return [f"{t}.{c}" for t, cols in EXPECTED_COLUMNS.items() if p.has(t) for c in cols if not p.has(t, c)]
+
+
 def _case(expr: str, mapping: dict[int, str], default: str = "'unknown'") -> str:
     whens = " ".join(f"WHEN {k} THEN '{v}'" for k, v in mapping.items())
     return f"CASE {expr} {whens} ELSE {default} END"

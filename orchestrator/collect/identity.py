@@ -50,7 +50,7 @@ def _int(v: str | None) -> int | None:
 def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Member], list[str]]:
     """Assign a rank to every readable report; returns members and warnings."""
     warnings: list[str] = []
-    members = [Member(report=r, probe=p) for r, p in zip(reports, probes)]
+    members = [Member(report=r, probe=p) for r, p in zip(reports, probes, strict=True)]
     for m in members:
         env = m.probe.env
         env_rank = _int(env.get("RANK"))

@@ -21,11 +21,15 @@ from pathlib import Path
 import duckdb
 
 from orchestrator import __version__
-from orchestrator.collect.extract import select_sql
+from orchestrator.collect.extract import missing_columns, select_sql
 from orchestrator.collect.identity import Layout, Member
 from orchestrator.collect.probe import ENV_ALLOW
 from orchestrator.collect.schema import (
-    EVENT_SCHEMA, RANKS_DDL, STORE_VERSION, arrow_schema, create_event_tables_sql,
+    EVENT_SCHEMA,
+    RANKS_DDL,
+    STORE_VERSION,
+    arrow_schema,
+    create_event_tables_sql,
 )
 from orchestrator.errors import OrchError
 
@@ -74,16 +78,17 @@ def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
 
     schema = arrow_schema(table)
     while chunk := rows.fetchmany(_FETCH_ROWS):
-        cols = list(zip(*chunk))
+        cols = list(zip(*chunk, strict=False))
         yield pa.RecordBatch.from_arrays(
-            [pa.array(c, type=f.type) for c, f in zip(cols, schema)], schema=schema
+            [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=False)], schema=schema
         )
 
 
 def _ingest_sqlite3(cur: duckdb.DuckDBPyConnection, m: Member, offset: int, alias: str) -> None:
     import pyarrow as pa
 
-    scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True)
+    # DuckDB pulls the Arrow batches from its own worker threads; one reader at a time.
+    scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True, check_same_thread=False)
     try:
         for table in EVENT_SCHEMA:
             sql = select_sql(table, m.probe, m.rank, offset, "")  # type: ignore[arg-type]
@@ -126,6 +131,9 @@ def build_store(
         lock = threading.Lock()
 
         def task(m: Member) -> Member:
+            gone = missing_columns(m.probe)
+            if gone:
+                m.probe.notes.append(f"missing columns (stored as NULL): {', '.join(gone)}")
             cur = con.cursor()
             try:
                 ingest(cur, m, m.probe.session_start_ns - base, f"src_{m.rank}")  # type: ignore[operator]

@@ -18,6 +18,7 @@ import jinja2
 
 from orchestrator import __version__
 from orchestrator.errors import OrchError
+from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, profile_args
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
@@ -42,10 +43,7 @@ class Rendered:
         """Write all scripts, each via a temp file + rename, so a failure leaves no partial file."""
         self.script_dir.mkdir(parents=True, exist_ok=True)
         for name, text in self.scripts.items():
-            tmp = self.script_dir / f".{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
-            tmp.chmod(0o755)
-            tmp.replace(self.script_dir / name)
+            write_text_atomic(self.script_dir / name, text, mode=0o755)
 
 
 def shell_quote(value: object) -> str:

@@ -14,7 +14,11 @@ from orchestrator.render import render
 from orchestrator.rundir import MANIFEST, default_root, read_manifest, write_json_atomic
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.executors import (
-    TERMINAL, local_state, slurm_state, submit_job, task_results,
+    TERMINAL,
+    local_state,
+    slurm_state,
+    submit_job,
+    task_results,
 )
 
 

@@ -8,6 +8,7 @@ local state from the controller pid and submitit's result pickles.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -147,7 +148,7 @@ def task_results(folder: Path, job_id: str, ntasks: int) -> list[dict[str, Any]]
                 info["result"] = outcome
                 if outcome == "error":
                     info["error"] = str(value).strip().splitlines()[-1][:300] if str(value).strip() else ""
-            except Exception as e:  # noqa: BLE001 - a torn pickle is reported, not raised
+            except Exception as e:
                 info["result"] = f"unreadable ({e.__class__.__name__})"
         else:
             info["result"] = "pending"
@@ -185,10 +186,8 @@ def _proc_state(pid: str) -> str:
 def cancel(executor: str, job_id: str, folder: Path) -> None:
     if executor == "local":
         (folder / f".{job_id}.cancelled").touch()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(job_id), signal.SIGTERM)  # the controller forwards it to its tasks
-        except ProcessLookupError:
-            pass
         return
     p = _run(["scancel", job_id])
     if p is None or p.returncode != 0:

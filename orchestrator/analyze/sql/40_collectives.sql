@@ -5,23 +5,23 @@
 CREATE OR REPLACE TEMP TABLE coll AS
 WITH k AS (
     SELECT o.rank, coalesce(r.stage, 0) AS g1, coalesce(r.tp_index, 0) AS g2, o.name, o.start, o."end",
-           row_number() OVER (PARTITION BY o.rank, o.name ORDER BY o.start) AS kth
+           row_number() OVER (PARTITION BY o.rank, o.name ORDER BY o.start) AS kth,
+           CASE WHEN o.start >= w.w0 AND o.start < w.w1 THEN 1 ELSE 0 END AS in_win
     FROM gpu_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
     WHERE o.kind = 'kernel' AND o.category = 'comm'
 ), gsize AS (
     SELECT coalesce(stage, 0) AS g1, coalesce(tp_index, 0) AS g2, count(*) AS n
     FROM ranks WHERE rank IN (SELECT rank FROM win) GROUP BY ALL
 ), m AS (
-    SELECT k.*, max(k.start) OVER (PARTITION BY g1, g2, name, kth) AS latest,
-           min(k.start) OVER (PARTITION BY g1, g2, name, kth) AS earliest,
-           count(*) OVER (PARTITION BY g1, g2, name, kth) AS n_seen
-    FROM k
+    SELECT k.*, max(k.start) OVER c AS latest, min(k.start) OVER c AS earliest,
+           count(*) OVER c AS n_seen, min(k.in_win) OVER c AS all_in_win
+    FROM k WINDOW c AS (PARTITION BY g1, g2, name, kth)
 )
+-- A collective counts when every rank of the group ran it inside its own window.
 SELECT m.*, least(m.latest - m.start, m."end" - m.start) AS wait_ns,
        (m.start = m.latest AND m.latest > m.earliest) AS is_last, gs.n AS group_size
 FROM m JOIN gsize gs USING (g1, g2)
-JOIN win w ON w.rank = m.rank
-WHERE m.n_seen = gs.n AND gs.n > 1 AND m.start >= w.w0 AND m.start < w.w1;
+WHERE m.n_seen = gs.n AND gs.n > 1 AND m.all_in_win = 1;
 
 CREATE OR REPLACE TEMP TABLE coll_rank AS
 WITH caused AS (

@@ -1,0 +1,107 @@
+"""Shared fixtures: the real H200 exports, real nsys, and a real throw-away Slurm cluster.
+
+Where a real component is missing, tests skip on a developer machine but FAIL under CI
+(CI=true): CI installs everything, so a skip there would hide a broken install step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "scripts" / "examples"
+
+
+def need(condition: bool, why: str) -> None:
+    if condition:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"required on CI: {why}")
+    pytest.skip(why)
+
+
+def shared_fixtures() -> Path:
+    env = os.environ.get("ORCH_FIXTURES")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "fixtures", REPO / "shared" / "fixtures"]:
+        if (cand / "h200-nsys2025.3").is_dir():
+            return cand / "h200-nsys2025.3"
+    need(False, "shared GPU fixtures (../shared/fixtures) not found; set ORCH_FIXTURES")
+    raise AssertionError  # unreachable
+
+
+@pytest.fixture(scope="session")
+def gpu_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared .sqlite.gz exports, decompressed once per session: <tmp>/<case>/<file>.sqlite."""
+    src = shared_fixtures()
+    out = tmp_path_factory.mktemp("gpu-fixtures")
+    for gz in sorted(src.glob("*/*.sqlite.gz")):
+        dest = out / gz.parent.name / gz.name[: -len(".gz")]
+        dest.parent.mkdir(exist_ok=True)
+        with gzip.open(gz, "rb") as fi, open(dest, "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+    return out
+
+
+@pytest.fixture(scope="session")
+def nsys() -> str:
+    path = shutil.which("nsys")
+    need(path is not None, "nsys not installed (scripts/install_system_deps.sh)")
+    return path  # type: ignore[return-value]
+
+
+def run_orch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})},
+                          check=False)
+
+
+class Cluster:
+    def __init__(self, root: Path, port_base: int, accounting: bool) -> None:
+        self.dir = root
+        self.env = {"ORCH_SLURM_DIR": str(root), "ORCH_SLURM_PORT_BASE": str(port_base)}
+        self.accounting = accounting
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.dir / "etc" / "slurm.conf")}
+
+    def script(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(REPO / "scripts" / "local_slurm.sh"), *args], text=True,
+                              capture_output=True, timeout=180, env={**os.environ, **self.env}, check=False)
+
+
+def _start_cluster(root: Path, port_base: int, accounting: bool) -> Cluster:
+    need(os.geteuid() == 0, "the local Slurm cluster needs root")
+    need(shutil.which("slurmctld") is not None and shutil.which("munged") is not None,
+         "slurm-wlm/munge not installed (scripts/install_system_deps.sh)")
+    c = Cluster(root, port_base, accounting)
+    p = c.script("start", *([] if accounting else ["--no-accounting"]))
+    if p.returncode != 0:
+        c.script("stop")
+        pytest.fail(f"local Slurm did not start:\n{p.stderr[-3000:]}")
+    return c
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real 2-node Slurm (slurmctld + slurmdbd/MariaDB accounting + node1, node2)."""
+    c = _start_cluster(Path(f"/tmp/orch-slurm-test-{os.getpid()}"), 17100, accounting=True)
+    yield c
+    c.script("stop")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_noacct():
+    """The same cluster without accounting: sacct fails, orch must fall back."""
+    c = _start_cluster(Path(f"/tmp/orch-slurm-noacct-{os.getpid()}"), 17200, accounting=False)
+    yield c
+    c.script("stop")

@@ -1,0 +1,119 @@
+"""An independent, deliberately plain re-implementation of the report's metrics: Python
+loops over rows read with sqlite3 straight from one rank's export. Tests compare orch's SQL
+against this, never against numbers copied from orch's own output."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+STEP = re.compile(r"^(?:[Ss]tep|[Ii]teration)[ _#:]*(\d+)$")
+
+
+def _merge(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def _length(iv: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in iv)
+
+
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    total, i, j = 0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+class Rank:
+    """One rank's export, with everything needed for the metrics, in its own time base."""
+
+    def __init__(self, path: Path) -> None:
+        con = sqlite3.connect(path)
+        strings = dict(con.execute("SELECT id, value FROM StringIds"))
+        self.session_start = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+        self.steps = []  # (tid, start, end, n)
+        self.ranges = []  # default-domain non-step ranges: (start, end, text)
+        for s, e, tid, text, text_id, dom in con.execute(
+            "SELECT start, end, globalTid, text, textId, domainId FROM NVTX_EVENTS "
+            "WHERE eventType IN (59, 60) AND end IS NOT NULL"
+        ):
+            t = text if text is not None else strings.get(text_id)
+            if (dom or 0) != 0 or t is None:
+                continue
+            m = STEP.match(t)
+            if m:
+                self.steps.append((tid, s, e, int(m.group(1))))
+            else:
+                self.ranges.append((s, e, t))
+        api = {}
+        for s, tid, corr in con.execute("SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+            api[corr] = (s, tid)
+        self.ops = []  # (start, end, kind, name, step)
+        names = {}
+        for s, e, corr, short in con.execute(
+            "SELECT start, end, correlationId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+        ):
+            names[short] = strings[short]
+            self.ops.append((s, e, "comm" if strings[short].startswith("nccl") else "compute",
+                             strings[short], self._step(api.get(corr))))
+        for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            for s, e, corr in con.execute(f"SELECT start, end, correlationId FROM {table}"):
+                self.ops.append((s, e, "memory", table, self._step(api.get(corr))))
+        con.close()
+
+    def _step(self, launch: tuple[int, int] | None) -> int | None:
+        if launch is None:
+            return None
+        s, tid = launch
+        hits = [n for t, a, b, n in self.steps if t == tid and a <= s < b]
+        return max(hits) if hits else None
+
+    def window(self) -> tuple[int, int]:
+        first = min(n for *_, n in self.steps)
+        sel = [(s, e) for s, e, _, _, st in self.ops if st is not None and st > first]
+        return min(s for s, _ in sel), max(e for _, e in sel)
+
+    def metrics(self, gap_ns: int = 1_000_000) -> dict:
+        w0, w1 = self.window()
+
+        def union(kinds: set[str]) -> list[tuple[int, int]]:
+            return _merge([(max(s, w0), min(e, w1)) for s, e, k, _, _ in self.ops if k in kinds and e > w0 and s < w1])
+
+        compute, comm, busy = union({"compute"}), union({"comm"}), union({"compute", "comm", "memory"})
+        gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= gap_ns]
+        return {
+            "window_ms": (w1 - w0) / 1e6, "compute_ms": _length(compute) / 1e6, "comm_ms": _length(comm) / 1e6,
+            "overlap_ms": _intersect(comm, compute) / 1e6, "busy_ms": _length(busy) / 1e6,
+            "gpu_idle_pct": 100 * (1 - _length(busy) / (w1 - w0)), "gaps": gaps,
+        }
+
+    def gap_ms_in(self, pattern: str, gaps: list[tuple[int, int]]) -> float:
+        """Gap time whose innermost covering range (>= half the gap) matches `pattern`."""
+        total = 0
+        for gs, ge in gaps:
+            cands = [(e - s, t) for s, e, t in self.ranges if 2 * (min(e, ge) - max(s, gs)) >= ge - gs]
+            if cands and re.search(pattern, min(cands)[1]):
+                total += ge - gs
+        return total / 1e6
+
+    def comm_starts(self, first_step_excluded: bool = True) -> dict[str, list[int]]:
+        """Absolute (UTC ns) start times of each NCCL kernel name, in order."""
+        out: dict[str, list[int]] = {}
+        for s, _e, k, name, _st in sorted(self.ops):
+            if k == "comm":
+                out.setdefault(name, []).append(s + self.session_start)
+        return out

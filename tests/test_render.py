@@ -1,0 +1,133 @@
+"""Rendered scripts: golden files, bash -n, shellcheck, and the rank wrapper executed for
+several (RANK, LOCAL_RANK) combinations with the REAL nsys around a tiny NVTX program."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.render import render
+from orchestrator.spec import load_job
+from tests.conftest import EXAMPLES, REPO, need
+
+GOLDEN = Path(__file__).parent / "golden"
+RUN = Path("/orch/run")  # a fixed, fake run directory so goldens are stable
+
+
+def _normalize(text: str) -> str:
+    return text.replace(str(REPO), "<REPO>")
+
+
+@pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
+def test_golden(example: str) -> None:
+    r = render(load_job(EXAMPLES / f"{example}.yaml"), RUN / "scripts", report_dir=RUN / "reports")
+    for name, text in r.scripts.items():
+        golden = GOLDEN / example / name
+        if os.environ.get("UPDATE_GOLDEN"):
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(_normalize(text))
+        assert _normalize(text) == golden.read_text(), f"{example}/{name} differs; UPDATE_GOLDEN=1 to accept"
+
+
+def test_bash_n_and_shellcheck(tmp_path: Path) -> None:
+    need(shutil.which("shellcheck") is not None, "shellcheck not installed")
+    files = []
+    for spec in sorted(EXAMPLES.glob("*.yaml")):
+        r = render(load_job(spec), tmp_path / spec.stem / "scripts")
+        r.write()
+        files += [r.script_dir / n for n in r.scripts]
+    for f in files:
+        assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0, f
+    p = subprocess.run(["shellcheck", "-S", "style", *map(str, files)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+    assert len(files) == 3 * len(list(EXAMPLES.glob("*.yaml")))
+
+
+PROGRAM = """
+import os, sys, time, nvtx
+for i in range(2):
+    nvtx.push_range(f"step {i}")
+    with nvtx.annotate("data_load"):
+        time.sleep(0.01)
+    nvtx.pop_range()
+open(sys.argv[1], "w").write(os.environ["RANK"])
+"""
+
+
+def _spec(tmp_path: Path, ranks: str, nproc: int, nodes: int, **profile) -> Path:
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({
+        "name": "t", "executor": "slurm", "gpu": {"model": "H100", "per_node": nproc},
+        "nsys": {"path": profile.pop("nsys_path", "nsys"), "version": profile.pop("nsys_version", "2022.4")},
+    }))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "wrap", "cluster": str(cluster), "slurm": {"nodes": nodes},
+        "launch": {"script": str(prog), "nproc_per_node": nproc},
+        "profile": {"ranks": ranks, "trace": ["nvtx", "osrt"], **profile},
+    }))
+    return spec
+
+
+def _run_wrapper(wrapper: Path, rank: int, local: int, marker: Path, host: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local), "ORCH_JOB_ID": "4242"}
+    return subprocess.run(["bash", str(wrapper), sys.executable, str(wrapper.parent.parent / "prog.py"),
+                           str(marker)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_wrapper_with_real_nsys(tmp_path: Path, nsys: str) -> None:
+    """2 nodes x 2 ranks, ranks 0 and 3 profiled: exactly their reports exist, named
+    <name>_<jobid>_r<rank>_<host>.<pid>.nsys-rep; ranks 1 and 2 run plain."""
+    job = load_job(_spec(tmp_path, "0,3", nproc=2, nodes=2))
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    wrapper = r.script_dir / "rank_wrapper.sh"
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    for rank in range(4):
+        marker = tmp_path / f"ran-{rank}"
+        p = _run_wrapper(wrapper, rank, rank % 2, marker)
+        assert p.returncode == 0, p.stderr
+        assert marker.read_text() == str(rank)  # the program itself ran, profiled or not
+        under_nsys = "Generating" in p.stdout + p.stderr or "nsys-rep" in p.stdout + p.stderr
+        assert under_nsys == (rank in (0, 3)), (rank, p.stdout, p.stderr)
+    reports = sorted(x.name for x in (tmp_path / "reports").iterdir())
+    assert len(reports) == 2, reports
+    assert reports[0].startswith(f"wrap_4242_r0_{host}.") and reports[0].endswith(".nsys-rep")
+    assert reports[1].startswith(f"wrap_4242_r3_{host}.") and reports[1].endswith(".nsys-rep")
+
+
+def test_one_gpu_metrics_collector_per_node(tmp_path: Path) -> None:
+    """GPU metrics cannot be sampled without a GPU, so here `nsys` is a stand-in that records
+    its arguments: the node's lowest profiled rank gets the metrics flags, nobody else."""
+    fake = tmp_path / "nsys-args"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ORCH_ARGS_OUT"\n')
+    fake.chmod(0o755)
+    spec = _spec(tmp_path, "1-3,5,6", nproc=4, nodes=2, nsys_path=str(fake), nsys_version="2025.3",
+                 gpu_metrics={"enabled": True, "set": "auto", "frequency": 200})
+    job = load_job(spec)
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    collectors = []
+    for rank in range(8):
+        out = tmp_path / f"args-{rank}"
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank % 4), "ORCH_ARGS_OUT": str(out)}
+        p = subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), "true"], env=env,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        if not out.exists():
+            assert rank not in job.profiled_ranks
+            continue
+        args = out.read_text().split("\n")
+        assert args[0] == "profile"
+        if "--gpu-metrics-devices=all" in args:
+            assert "--gpu-metrics-set=gh100" in args and "--gpu-metrics-frequency=200" in args
+            collectors.append(rank)
+    assert collectors == [1, 5]  # node 0: ranks 1-3 profiled -> 1; node 1: 5,6 -> 5

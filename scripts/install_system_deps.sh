@@ -33,7 +33,8 @@ SRC
   apt-get update -qq
 fi
 
-pkgs=(slurm-wlm munge slurmdbd mariadb-server shellcheck)
+# chromium renders the HTML report in the tests (headless).
+pkgs=(slurm-wlm munge slurmdbd mariadb-server shellcheck chromium)
 nsys_bin=${NSYS:-$(command -v nsys || true)}
 if [ -z "$nsys_bin" ] && [ ! -x /usr/lib/nsight-systems/target-linux-x64/nsys ]; then
   pkgs+=(nsight-systems)

@@ -167,6 +167,15 @@ start() {
       _ "$n" "$dir/etc/hosts" "$SLURM_CONF"
   done
   wait_for 30 "both nodes idle" bash -c "[ \"\$(sinfo -h -o '%T' | sort -u)\" = idle ]"
+  # Job steps inherit the node's private UTS namespace: remember it, so stop can end every
+  # process of this cluster's jobs (and only those), even ones Slurm lost track of.
+  local own node_ns
+  own=$(readlink /proc/self/ns/uts)
+  for n in "${nodes[@]}"; do
+    node_ns=$(readlink "/proc/$(cat "$dir/pids/slurmd-$n")/ns/uts")
+    # Never record the host's own namespace: stop would then kill far more than ours.
+    [ "$node_ns" != "$own" ] && echo "$node_ns" >"$dir/pids/ns-$n"
+  done
   trap - ERR
   echo "$accounting" >"$dir/accounting"
   log "cluster '$cluster' up in $dir (accounting: $accounting); export SLURM_CONF=$SLURM_CONF"
@@ -174,7 +183,17 @@ start() {
 
 stop() {
   [ -d "$dir/pids" ] || { log "nothing running in $dir"; return 0; }
-  local order=(slurmd-node2 slurmd-node1 slurmctld slurmdbd mariadbd munged) name pid
+  local order=(slurmd-node2 slurmd-node1 slurmctld slurmdbd mariadbd munged) name pid ns p
+  # Everything left in our nodes' namespaces (job steps, orphaned ranks) goes first.
+  for ns in "$dir"/pids/ns-*; do
+    [ -f "$ns" ] || continue
+    for p in /proc/[0-9]*; do
+      if [ "$(readlink "$p/ns/uts" 2>/dev/null)" = "$(cat "$ns")" ]; then
+        kill -KILL "${p#/proc/}" 2>/dev/null || true
+      fi
+    done
+    rm -f "$ns"
+  done
   for name in "${order[@]}"; do
     [ -f "$dir/pids/$name" ] || continue
     pid=$(cat "$dir/pids/$name")
@@ -186,13 +205,6 @@ stop() {
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$dir/pids/$name"
-  done
-  # Job steps (slurmstepd) started by our slurmd run in their own process group; stop the
-  # ones whose SLURM_CONF points at this cluster.
-  for p in $(pgrep -f slurmstepd || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$dir/etc/slurm.conf"; then
-      kill -KILL "$p" 2>/dev/null || true
-    fi
   done
   rm -rf "$dir"
   log "stopped and removed $dir"

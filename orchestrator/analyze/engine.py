@@ -95,6 +95,7 @@ def query(store: Path, opts: Options) -> dict[str, Any]:
             "steps": _rows(con, """
                 SELECT s.rank, s.step, s.ns, (s.step = f.first_step) AS warmup
                 FROM step_gpu s JOIN first_step f USING (rank) ORDER BY s.step, s.rank"""),
+            "cpu_phases": _rows(con, "SELECT * FROM cpu_phases ORDER BY grp, rank"),
             "has_steps": con.execute("SELECT count(*) > 0 FROM steps").fetchone()[0],
             "memcpy": _rows(con, """
                 SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,

@@ -130,6 +130,57 @@ def _straggler_findings(q: dict[str, Any], report: dict[str, Any]) -> list[dict[
     return out
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _cpu_phase_findings(q: dict[str, Any]) -> list[dict[str, Any]]:
+    """For captures without GPU activity (CPU runs, CUDA tracing off): a rank whose CPU spends
+    far longer per step in a range (self time) than the others. In synchronous training the
+    others then wait the same time out inside their collectives, so the LARGEST excess is
+    reported as the cause and other ranks' excesses as probable waiting. GPU captures use
+    the gap attribution instead, which sees what the GPU lost."""
+    cpu_only = {r["rank"] for r in q["ranks"] if r["window_source"] == "steps (cpu only)"}
+    per: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for row in q["cpu_phases"]:
+        if row["rank"] in cpu_only:
+            per[row["grp"]][row["rank"]] = row
+    hot = []  # (offset, grp, rank, row, median of the others)
+    for grp, rows in per.items():
+        for rk, r in rows.items():
+            others = [o["ns_per_step"] for k, o in rows.items() if k != rk]
+            if not others:
+                continue
+            med = _median(others)
+            excess = r["ns_per_step"] - med
+            if r["ns_per_step"] >= 3 * med and excess >= 1e6 and excess >= 0.1 * (r["step_ns"] or 0):
+                hot.append((excess, grp, rk, r, med))
+    if not hot:
+        return []
+    hot.sort(key=lambda h: -h[0])
+    grp = hot[0][1]
+    causes = [h for h in hot if h[1] == grp]
+    waits = [h for h in hot if h[1] != grp and h[2] not in {c[2] for c in causes}]
+    evidence = [f"rank {c[2]}: {_ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median of "
+                f"{_ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% of its "
+                f"{_ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]
+    evidence += [f"rank {w[2]}: `{w[1]}` takes {_ms(w[3]['ns_per_step'] - w[4])} ms longer per step than on the "
+                 f"others: most likely waiting for rank(s) "
+                 f"{', '.join(str(c[2]) for c in causes)} in a collective" for w in waits]
+    worst = max(100 * (c[3]["ns_per_step"] - c[4]) / c[3]["step_ns"] for c in causes)
+    ranks = sorted({c[2] for c in causes})
+    return [{
+        "kind": "cpu_phase_outlier", "ranks": ranks, "severity": _severity(worst),
+        "title": f"`{grp}` is slow on rank(s) {', '.join(map(str, ranks))}",
+        "evidence": evidence,
+        "fix": (f"Rank(s) {', '.join(map(str, ranks))}: " + (FIX["data_loader_stall"] if DATA_RANGE.search(grp)
+                                                             else FIX["cpu_gap"])),
+        "cost_ms": round(max(_ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), 3),
+    }]
+
+
 def find_all(q: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
     ranks = report["ranks"]
     win = {r["rank"]: r["window_ms"] for r in ranks}
@@ -235,15 +286,25 @@ def find_all(q: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
             "fix": FIX["launch_bound"], "cost_ms": max(_ms(sg["ns"]) for _, _, sg in launch),
         })
 
+    found += _cpu_phase_findings(q)
+    if not report["layout"].get("known") and any(r["p2p_ms"] > 0 for r in ranks):
+        found.append({
+            "kind": "layout_needed", "ranks": [r["rank"] for r in ranks if r["p2p_ms"] > 0], "severity": "info",
+            "title": "pipeline send/recv seen but no layout given",
+            "evidence": [f"rank {r['rank']}: {r['p2p_ms']} ms in NCCL send/recv kernels" for r in ranks if r["p2p_ms"]],
+            "fix": "Pass --layout tp=..,pp=..,dp=.. (or set layout in the job spec) to compare pipeline stages.",
+            "cost_ms": 0.0,
+        })
     order = {"high": 0, "medium": 1, "low": 2, "info": 3}
     found.sort(key=lambda f: (order[f["severity"]], -f["cost_ms"]))
     if not any(f["severity"] in ("high", "medium") for f in found):
-        busy = [100 - r["gpu_idle_pct"] for r in ranks]
+        busy = [100 - r["gpu_idle_pct"] for r in ranks if r["gpu_busy_ms"] > 0]
         found.append({
             "kind": "healthy", "ranks": [r["rank"] for r in ranks], "severity": "info",
             "title": "no significant bottleneck found",
             "evidence": [f"GPU busy {min(busy):.1f}-{max(busy):.1f}% of the window across ranks" if busy
-                         else "no GPU activity in the window"],
+                         else "no GPU activity was captured (CPU-only run or CUDA tracing off): GPU metrics "
+                              "are empty; only the CPU phases were compared"],
             "fix": "Nothing to fix from this profile.", "cost_ms": 0.0,
         })
     return found

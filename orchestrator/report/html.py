@@ -50,7 +50,9 @@ def step_heatmap(report: dict[str, Any]) -> str:
     ranks = [r["rank"] for r in report["ranks"]]
     if not steps or not ranks:
         return "<p>No step ranges: no heatmap.</p>"
-    vals = [v for s in steps for v in s["ms_by_rank"].values()]
+    # Color by the steady-state steps; warm-up steps (often much slower) saturate at red.
+    vals = [v for s in steps if not s["warmup"] for v in s["ms_by_rank"].values()] or [
+        v for s in steps for v in s["ms_by_rank"].values()]
     lo, hi = min(vals), max(vals)
     cw, ch, left = max(12, min(40, 700 // len(steps))), 16, 70
     cells = []
@@ -60,7 +62,7 @@ def step_heatmap(report: dict[str, Any]) -> str:
             v = s["ms_by_rank"].get(str(rk))
             if v is None:
                 continue
-            t = (v - lo) / (hi - lo) if hi > lo else 0.0
+            t = min(1.0, (v - lo) / (hi - lo)) if hi > lo else 0.0
             color = f"rgb({int(255 * t)},{int(80 + 120 * (1 - t))},{int(200 * (1 - t))})"
             cells.append(f'<rect class="cell" x="{left + j * cw}" y="{18 + i * ch}" width="{cw - 1}" '
                          f'height="{ch - 1}" fill="{color}"><title>rank {_e(rk)} step {_e(s["step"])}: '
@@ -97,7 +99,7 @@ def render_html(report: dict[str, Any]) -> str:
         for r in report["ranks"] for name, ms in r["gaps_by_range_ms"].items()
     ) or '<tr><td colspan="3">no GPU gaps above the threshold</td></tr>'
     m_rows = "".join(
-        "<tr>" + "".join(f"<td>{_e(r[k])}</td>" for k in (
+        "<tr>" + "".join(f"<td>{_e('' if r[k] is None else r[k])}</td>" for k in (
             "rank", "host", "stage", "window_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
             "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "late_count")) + "</tr>"
         for r in report["ranks"]

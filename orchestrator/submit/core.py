@@ -98,6 +98,12 @@ def job_status(run: Path) -> dict[str, Any]:
         if state["state"] == "UNKNOWN" and all(t["result"] != "pending" for t in tasks):
             state["state"] = "COMPLETED" if all(t["result"] == "success" for t in tasks) else "FAILED"
             state["source"] += "; submitit results"
+        # submitit ends a non-checkpointable job itself at the USR2 sent shortly before the
+        # time limit, so Slurm records FAILED; its log says why.
+        if state["state"] == "FAILED" and any(
+                "this job is timed-out" in _tail(Path(t["stderr"]), 200) for t in tasks):
+            state["state"] = "TIMEOUT"
+            state["source"] += "; submitit time-limit signal"
     for t in tasks:
         if t["result"] not in ("success", "pending"):
             t["log_tail"] = _tail(Path(t["stderr"])) or _tail(Path(t["stdout"]))

@@ -9,6 +9,7 @@ local state from the controller pid and submitit's result pickles.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import re
@@ -67,6 +68,9 @@ def make_executor(job: ResolvedJob, folder: Path) -> submitit.Executor:
     params: dict[str, Any] = {
         "job_name": job.spec.name, "nodes": job.nodes, "ntasks_per_node": 1,
         "time": slurm_minutes(s.time), "signal_delay_s": 30,
+        # As in sbatch.sh: one failing node ends the job instead of leaving the others
+        # blocked in a collective until NCCL/gloo time out.
+        "srun_args": ["--kill-on-bad-exit=1"],
     }
     for key in ("partition", "account", "qos", "constraint", "mem", "cpus_per_task", "exclusive"):
         value = getattr(s, key)
@@ -87,10 +91,12 @@ def submit_job(job: ResolvedJob, rendered: Rendered, folder: Path) -> submitit.J
     ex = make_executor(job, folder)
     fn = CommandFunction(rendered.node_command, verbose=True, cwd=str(rendered.script_dir.parent))
     try:
-        return ex.submit(fn)
+        # submitit echoes sbatch's stderr itself; it is folded into our one-line error instead.
+        with contextlib.redirect_stderr(io.StringIO()):
+            return ex.submit(fn)
     except FailedJobError as e:
-        msg = " ".join(str(e).split()) or "no message"
-        raise OrchError(f"sbatch rejected the job: {msg}") from None
+        lines = [ln.strip().removeprefix("sbatch: error:").strip() for ln in str(e).splitlines() if ln.strip()]
+        raise OrchError(f"sbatch rejected the job: {'; '.join(lines) or 'no message'}") from None
     except (subprocess.CalledProcessError, OSError) as e:
         raise OrchError(f"could not submit the job ({e}); check that sbatch works on this host") from None
 

@@ -10,7 +10,7 @@ SELECT b.rank, b.e AS s, b.next_s AS e, b.next_s - b.e AS dur
 FROM b, params p WHERE b.next_s IS NOT NULL AND b.next_s - b.e >= p.gap_ns;
 
 CREATE OR REPLACE TEMP TABLE cpu_ranges AS
-SELECT rank, start, "end", depth, text,
+SELECT rank, tid, start, "end", depth, text,
        trim(regexp_replace(regexp_replace(text, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', '')) AS grp
 FROM nvtx
 WHERE domain_id = 0 AND text IS NOT NULL

@@ -1,4 +1,4 @@
--- Collective matching: the k-th NCCL kernel of one name on every rank of a communicator
+-- Collective matching: the k-th NCCL collective kernel of one name on every rank of a communicator
 -- group (same stage and tp index when the layout is known; all ranks otherwise) is one
 -- collective. Only collectives seen on every rank of the group count. A rank waits from
 -- its own start until the latest start in the group, at most the kernel's duration.
@@ -9,6 +9,7 @@ WITH k AS (
            CASE WHEN o.start >= w.w0 AND o.start < w.w1 THEN 1 ELSE 0 END AS in_win
     FROM gpu_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
     WHERE o.kind = 'kernel' AND o.category = 'comm'
+      AND NOT regexp_matches(o.name, 'SendRecv|_Send|_Recv')  -- point-to-point is not a collective
 ), gsize AS (
     SELECT coalesce(stage, 0) AS g1, coalesce(tp_index, 0) AS g2, count(*) AS n
     FROM ranks WHERE rank IN (SELECT rank FROM win) GROUP BY ALL

@@ -1,0 +1,26 @@
+-- CPU phases: per rank, mean time per selected step spent in each default-domain NVTX range
+-- group (the same names the gap attribution uses). Compares what the CPU does across ranks,
+-- which is all there is when a capture has no GPU activity.
+CREATE OR REPLACE TEMP TABLE selected_steps AS
+SELECT s.* FROM steps s JOIN first_step f USING (rank), params p
+WHERE CASE WHEN p.step_lo IS NULL THEN s.step > f.first_step ELSE s.step BETWEEN p.step_lo AND p.step_hi END;
+
+-- Self time (minus directly nested ranges) so that a parent such as `forward` is not blamed
+-- for the `data_load` inside it; offset = where in the step the range runs, on average.
+CREATE OR REPLACE TEMP TABLE cpu_phases AS
+WITH child AS (
+    SELECT p.rank, p.tid, p.start, sum(c."end" - c.start) AS ns
+    FROM cpu_ranges p JOIN nvtx c
+      ON c.rank = p.rank AND c.tid = p.tid AND c.domain_id = 0 AND c.depth = p.depth + 1
+     AND c.start >= p.start AND c."end" <= p."end"
+    GROUP BY ALL
+), n AS (
+    SELECT rank, count(*) AS n_steps, avg("end" - start) AS step_ns FROM selected_steps GROUP BY rank
+)
+SELECT c.rank, c.grp, sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
+       avg(c.start - s.start) AS offset_ns, any_value(n.step_ns) AS step_ns, any_value(n.n_steps) AS n_steps
+FROM cpu_ranges c
+JOIN selected_steps s ON s.rank = c.rank AND s.tid = c.tid AND c.start >= s.start AND c."end" <= s."end"
+LEFT JOIN child ch ON ch.rank = c.rank AND ch.tid = c.tid AND ch.start = c.start
+JOIN n ON n.rank = c.rank
+GROUP BY c.rank, c.grp;

@@ -4,6 +4,7 @@ against this, never against numbers copied from orch's own output."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import sqlite3
 from pathlib import Path
@@ -94,7 +95,7 @@ class Rank:
             return _merge([(max(s, w0), min(e, w1)) for s, e, k, _, _ in self.ops if k in kinds and e > w0 and s < w1])
 
         compute, comm, busy = union({"compute"}), union({"comm"}), union({"compute", "comm", "memory"})
-        gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= gap_ns]
+        gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= gap_ns]
         return {
             "window_ms": (w1 - w0) / 1e6, "compute_ms": _length(compute) / 1e6, "comm_ms": _length(comm) / 1e6,
             "overlap_ms": _intersect(comm, compute) / 1e6, "busy_ms": _length(busy) / 1e6,

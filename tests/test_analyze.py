@@ -79,7 +79,7 @@ def test_pipeline_stage_imbalance(reports, gpu_fixtures: Path) -> None:
     assert rep["imbalance"]["slowest_stage"] == 1
     assert rep["imbalance"]["ratio"] == pytest.approx(c1 / c0, rel=1e-3)
     assert 1.7 < rep["imbalance"]["ratio"] < 2.5  # stage 1 holds twice the layers
-    assert [f["kind"] for f in rep["findings"]][0] == "stage_imbalance"
+    assert rep["findings"][0]["kind"] == "stage_imbalance"
     stages = {s["stage"]: s for s in rep["stages"]}
     assert stages[0]["bubble_pct"] > stages[1]["bubble_pct"]  # stage 0 idles waiting
     # Pipeline send/recv is the bubble, not an all-reduce overlap problem.

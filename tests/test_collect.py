@@ -152,7 +152,7 @@ def test_secrets_dropped_unless_keep_env(gpu_fixtures: Path, tmp_path: Path) -> 
         con = sqlite3.connect(src / f.name)
         con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
                     [f'AWS_SECRET_ACCESS_KEY="{secret}"'])
-        con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', 'HF_TOKEN=hf_abc123')")
+        con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)", ["HF_TOKEN=hf_abc1"])
         con.commit()
         con.close()
     res = collect([src], tmp_path / "run", layout=Layout())
@@ -163,7 +163,10 @@ def test_secrets_dropped_unless_keep_env(gpu_fixtures: Path, tmp_path: Path) -> 
     assert secret.encode() not in res.store.read_bytes()
     kept = collect([src], tmp_path / "keep", layout=Layout(), keep_env=True)
     con = duckdb.connect(str(kept.store), read_only=True)
-    assert con.execute("SELECT value FROM env WHERE name = 'AWS_SECRET_ACCESS_KEY' AND rank = 0").fetchone() == (secret,)
+    kept_value = con.execute("SELECT value FROM env WHERE name = 'AWS_SECRET_ACCESS_KEY' AND rank = 0").fetchone()
+    assert kept_value == (secret,)
+    con.close()
+    assert secret.encode() in kept.store.read_bytes()  # so the byte check above can fail
 
 
 def test_idempotent_locked_and_recovers_from_interruption(gpu_fixtures: Path, tmp_path: Path) -> None:
@@ -203,7 +206,8 @@ def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     assert res.ok_ranks == [0, 1] and [m.source for m in res.members] == ["file name", "file name"]
     con = duckdb.connect(str(res.store), read_only=True)
     rows = con.execute("SELECT rank, status, nsys_version, schema_version, error FROM ranks ORDER BY rank").fetchall()
-    for rank, status, version, schema, error in rows:
+    assert [r[0] for r in rows] == [0, 1]
+    for _rank, status, version, schema, error in rows:
         assert status == "partial" and version.startswith("2022.4") and schema == "3.0.0"
         assert "no CUPTI_ACTIVITY_KIND_KERNEL table" in error and "no META_DATA_CAPTURE" in error
     assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 0

@@ -15,7 +15,8 @@ from rich.console import Console
 from orchestrator.errors import OrchError
 from orchestrator.rundir import STORE, find_run, read_manifest
 
-out = Console(highlight=False, soft_wrap=True)
+# Wide enough for the per-rank table when the output goes to a file or a CI log.
+out = Console(highlight=False, soft_wrap=True, width=None if Console().is_terminal else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 Handler = Callable[[argparse.Namespace], int]
 

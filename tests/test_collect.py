@@ -209,7 +209,7 @@ def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     assert [r[0] for r in rows] == [0, 1]
     for _rank, status, version, schema, error in rows:
         assert status == "partial" and version.startswith("2022.4") and schema == "3.0.0"
-        assert "no CUPTI_ACTIVITY_KIND_KERNEL table" in error and "no META_DATA_CAPTURE" in error
+        assert "CUPTI_ACTIVITY_KIND_KERNEL" in error and "kernels" in error and "no META_DATA_CAPTURE" in error
     assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] == 0
     assert con.execute("SELECT count(*) FROM nvtx WHERE text = 'data_load'").fetchone()[0] == 6
     assert con.execute("SELECT max(depth) FROM nvtx WHERE text = 'data_load'").fetchone()[0] == 1

@@ -11,7 +11,10 @@ Schema (all times in ms, percentages 0-100):
   imbalance   {ratio, slowest_stage, fastest_stage} or null without a layout
   stragglers[] rank, late_count, collectives, wait_caused_ms, share_of_window_pct, p_value
   findings[]  kind, severity, ranks, title, evidence, fix, cost_ms
-  missing_ranks[], problems[]   ranks without data and why
+  missing_ranks[], problems[]   ranks without data and why (status error/missing/duplicate),
+              or with partial data (status partial: missing tables/columns)
+  cpu_phases[] rank, range, ms_per_step, steps: CPU self time per step in each NVTX range
+  gpu_activity  false for CPU-only captures (the GPU metrics are then all zero)
 """
 
 from __future__ import annotations
@@ -115,6 +118,9 @@ def build_report(store: Path, opts: Options) -> dict[str, Any]:
                    "gap_ms": opts.gap_ms, "note": window_note, "per_rank": per_rank_window},
         "layout": layout, "ranks": ranks, "steps": steps, "stages": stages, "imbalance": imbalance,
         "stragglers": stragglers, "missing_ranks": missing, "problems": problems,
+        "cpu_phases": [{"rank": c["rank"], "range": c["grp"], "ms_per_step": _ms(c["ns_per_step"]),
+                        "steps": c["n_steps"]} for c in q["cpu_phases"]],
+        "gpu_activity": any(r["gpu_busy_ms"] > 0 for r in ranks),
     }
     report["findings"] = find_all(q, report)
     return report

@@ -117,6 +117,7 @@ def _read(con: sqlite3.Connection, p: Probe) -> None:
     if p.has("TARGET_INFO_GPU", "name"):
         r = con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id LIMIT 1").fetchone()
         p.gpu_name = r[0] if r else None
-    for store_table, src in EVENT_TABLES.items():
-        if src not in p.tables and store_table != "gpu_metrics":
-            p.notes.append(f"no {src} table: {store_table} is empty for this rank")
+    absent = [(t, src) for t, src in EVENT_TABLES.items() if src not in p.tables and t != "gpu_metrics"]
+    if absent:
+        p.notes.append(f"no {', '.join(src for _, src in absent)} table(s): "
+                       f"{', '.join(t for t, _ in absent)} empty for this rank")

@@ -10,9 +10,28 @@ from rich.table import Table
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 
 
+def _cpu_table(report: dict[str, Any]) -> Table:
+    ranges = sorted({c["range"] for c in report["cpu_phases"]})
+    ranks = sorted({c["rank"] for c in report["cpu_phases"]})
+    val = {(c["rank"], c["range"]): c["ms_per_step"] for c in report["cpu_phases"]}
+    t = Table(title="CPU time per step by NVTX range (ms, self time)")
+    t.add_column("rank", justify="right")
+    for r in ranges:
+        t.add_column(r, justify="right")
+    for rk in ranks:
+        t.add_row(str(rk), *(f"{val[(rk, r)]:.2f}" if (rk, r) in val else "" for r in ranges))
+    return t
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     w = report["window"]
     console.print(f"[bold]window[/bold]: {w['note']}; gaps >= {w['gap_ms']} ms")
+    if not report.get("gpu_activity", True):
+        console.print("no GPU activity was captured (CPU-only run or CUDA tracing off): comparing CPU phases")
+        if report["cpu_phases"]:
+            console.print(_cpu_table(report))
+        _print_tail(report, console)
+        return
     t = Table(title="per rank (ms unless %)", show_lines=False)
     for col in ("rank", "host", "stage", "window", "compute", "comm", "overlap %", "exposed comm",
                 "GPU idle %", "NCCL wait", "late", "top gap range"):
@@ -44,8 +63,15 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         worst = max(steady, key=lambda s: s["spread_ms"])
         console.print(f"steps: {len(report['steps'])}, largest cross-rank spread {worst['spread_ms']} ms "
                       f"at step {worst['step']}")
+    _print_tail(report, console)
+
+
+def _print_tail(report: dict[str, Any], console: Console) -> None:
     for p in report["problems"]:
-        console.print(f"[red]rank {p['rank']}: {p['status']}[/red] {p['reason'] or ''}", markup=True)
+        style = "dim" if p["status"] == "partial" else "red"
+        reason = p["reason"] or ""
+        console.print(f"[{style}]rank {p['rank']}: {p['status']}[/] "
+                      + (reason if len(reason) < 240 else reason[:237] + "..."), highlight=False)
     console.print("[bold]findings[/bold]")
     for i, f in enumerate(report["findings"], 1):
         console.print(f"{i}. [{_SEV[f['severity']]}]{f['severity']}[/] {f['title']} (ranks "

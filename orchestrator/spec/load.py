@@ -39,6 +39,9 @@ def metric_set_for_gpu(model: str | None) -> str | None:
     return None
 
 
+MAX_WORLD = 1 << 18  # far above today's largest jobs; keeps rank lists and manifests bounded
+
+
 @dataclass(frozen=True)
 class ResolvedJob:
     """A validated job with every derived value computed once."""
@@ -92,15 +95,36 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return f"{source}: {loc}: {msg} (got {shown}); fix this value"
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader without YAML aliases: `*ref` expansions ("billion laughs") could make a
+    tiny file validate for minutes. Job specs never need them."""
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasError
+        return super().compose_node(parent, index)
+
+
+class _AliasError(Exception):
+    pass
+
+
+MAX_SPEC_BYTES = 1 << 20
+
+
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise OrchError(f"{what} {path} is larger than 1 MiB; a spec is a few lines")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise OrchError(f"{what} {path} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError) as e:
         raise OrchError(f"{what} {path} cannot be read ({e.__class__.__name__}); check the file") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
+    except _AliasError:
+        raise OrchError(f"{what} {path} uses YAML aliases (*name); write the values out") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -112,6 +136,14 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def _is_file(p: Path) -> bool:
+    """Path.is_file that treats unusable names (too long, NUL) as absent instead of raising."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def packaged_cluster_dir() -> Path:
     return Path(str(resources.files("orchestrator.cluster_configs")))
 
@@ -121,9 +153,9 @@ def find_cluster(ref: str, spec_dir: Path | None) -> Path:
     $ORCH_CLUSTER_DIR, ./cluster_configs next to the job file, then orch's shipped configs."""
     if "/" in ref or ref.endswith((".yaml", ".yml")):
         p = Path(ref).expanduser()
-        if not p.is_absolute() and spec_dir is not None and (spec_dir / p).exists():
+        if not p.is_absolute() and spec_dir is not None and _is_file(spec_dir / p):
             p = spec_dir / p
-        if not p.exists():
+        if not _is_file(p):
             raise OrchError(f"cluster: file {ref} does not exist; give a path or a name from cluster_configs/")
         return p
     dirs = []
@@ -134,7 +166,7 @@ def find_cluster(ref: str, spec_dir: Path | None) -> Path:
     dirs.append(packaged_cluster_dir())
     for d in dirs:
         for ext in (".yaml", ".yml"):
-            if (d / f"{ref}{ext}").is_file():
+            if _is_file(d / f"{ref}{ext}"):
                 return d / f"{ref}{ext}"
     known = sorted(p.stem for p in packaged_cluster_dir().glob("*.yaml"))
     raise OrchError(f"cluster: no cluster config named {ref!r}; use one of {', '.join(known)} or a path")
@@ -162,7 +194,7 @@ def _program(spec: JobSpec, python: str, spec_dir: Path | None) -> list[str]:
     if not script.is_absolute():
         base = spec_dir if spec_dir is not None else Path.cwd()
         script = (base / script).resolve()
-        if not script.is_file():
+        if not _is_file(script):
             raise OrchError(
                 f"launch.script: {launch.script} not found next to the job file ({base}); "
                 "fix the path (relative paths are resolved against the job file's directory)"
@@ -181,6 +213,9 @@ def resolve(spec: JobSpec, spec_path: Path | None = None) -> ResolvedJob:
             "set nodes: 1 or use a Slurm cluster config"
         )
     nproc = spec.launch.nproc_per_node
+    if nodes * nproc > MAX_WORLD:
+        raise OrchError(f"world size {nodes * nproc} (slurm.nodes x launch.nproc_per_node) is above "
+                        f"{MAX_WORLD}; lower nodes or nproc_per_node")
     gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else cluster.gpu.per_node
     world = nodes * nproc
     lay = spec.layout

@@ -117,6 +117,11 @@ def _bad_files(gpu_fixtures: Path, d: Path) -> None:
     con.commit()
     con.close()
     (d / "job_1_r8_vm.8.sqlite.gz").write_bytes(b"\x1f\x8b\x08\x00broken")  # corrupt gzip
+    shutil.copy(good[0], d / "job_1_r7_vm.10.sqlite")  # readable, but a value of the wrong type
+    con = sqlite3.connect(d / "job_1_r7_vm.10.sqlite")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'not a time' WHERE rowid = 5")
+    con.commit()
+    con.close()
 
 
 def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_path: Path) -> None:
@@ -134,7 +139,9 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
     n, named = con.execute("SELECT count(*), count(short_name) FROM kernels WHERE rank = 6").fetchone()
     assert n > 0 and named == 0  # the missing column is NULL, the rows are kept
     assert "decompress" in status[8]
-    assert status[7].startswith("missing") and status[9].startswith("missing")
+    assert status[7].startswith("error") and "ingest failed" in status[7]  # its batch was retried alone
+    assert con.execute("SELECT count(*) FROM kernels WHERE rank = 7").fetchone()[0] == 0
+    assert status[9].startswith("missing")
     dup = con.execute("SELECT status, reason FROM sources WHERE file LIKE '%vm.9.sqlite'").fetchone()
     assert dup[0] == "duplicate" and "already claimed" in dup[1]
     # Only the good copy of rank 1 is in the event tables.

@@ -1,9 +1,9 @@
 -- CPU phases: per rank, mean time per selected step spent in each default-domain NVTX range
 -- group (the same names the gap attribution uses). Compares what the CPU does across ranks,
--- which is all there is when a capture has no GPU activity.
+-- which is all there is when a capture has no GPU activity: computed for those ranks only.
 CREATE OR REPLACE TEMP TABLE selected_steps AS
 SELECT s.* FROM steps s JOIN first_step f USING (rank), params p
-WHERE CASE WHEN p.step_lo IS NULL THEN s.step > f.first_step ELSE s.step BETWEEN p.step_lo AND p.step_hi END;
+WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)') AND CASE WHEN p.step_lo IS NULL THEN s.step > f.first_step ELSE s.step BETWEEN p.step_lo AND p.step_hi END;
 
 -- Self time (minus directly nested ranges) so that a parent such as `forward` is not blamed
 -- for the `data_load` inside it; offset = where in the step the range runs, on average.

@@ -269,6 +269,14 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_redact(a: argparse.Namespace) -> int:
+    from orchestrator.collect.redact import redact_export
+
+    for f in a.exports:
+        out.print(f"wrote {redact_export(Path(f), Path(a.output))}")
+    return 0
+
+
 def _report_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write the report as JSON (schema: README, Report)")
     p.add_argument("--html", help="write a self-contained HTML report")
@@ -330,6 +338,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     p.add_argument("run", help="job id, run directory or profile.duckdb")
     p.add_argument("-o", "--output", required=True)
     runs_opt(p)
+    p = sub.add_parser("redact", help="shareable copies of SQLite exports: captured environment removed")
+    p.add_argument("exports", nargs="+", help=".sqlite or .sqlite.gz exports")
+    p.add_argument("-o", "--output", required=True, help="directory for the redacted .sqlite.gz copies")
     return {"submit": cmd_submit, "status": cmd_status, "cancel": cmd_cancel, "collect": cmd_collect,
             "report": cmd_report, "analyze": cmd_analyze, "diff": cmd_diff,
-            "export-trace": cmd_export_trace}
+            "export-trace": cmd_export_trace, "redact": cmd_redact}

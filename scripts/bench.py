@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +39,8 @@ TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTI
 
 
 def default_source() -> Path:
-    return REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_straggler" / "ddp_straggler_r1_vm.2402.sqlite.gz"
+    case = REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_straggler"
+    return case / "ddp_straggler_r1_vm.2402.sqlite.gz"
 
 
 def make_template(source: Path, repeat: int, dest: Path) -> None:
@@ -113,9 +115,10 @@ def phase_floor(d: Path) -> dict:
 
 
 def phase_ingest(d: Path, store_dir: Path) -> dict:
+    from rich.console import Console
+
     from orchestrator.collect.collect import collect
     from orchestrator.collect.identity import Layout
-    from rich.console import Console
 
     res = collect([d], store_dir, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True))
     assert len(res.ok_ranks) == len(list(d.glob("*.sqlite"))), res.bad[:3]
@@ -180,7 +183,7 @@ def phase_pandas(d: Path) -> dict:
         for a in comm:
             for b in comp:
                 overlap += max(0, min(a[1], b[1]) - max(a[0], b[0]))
-        gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= 1_000_000]
+        gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= 1_000_000]
         ranges = nv[~nv.index.isin(steps.index) & (nv["domainId"].fillna(0) == 0)]
         attributed = {}
         for gs, ge in gaps:

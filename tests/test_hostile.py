@@ -193,3 +193,28 @@ def test_secrets_never_reach_outputs(gpu_fixtures: Path, tmp_path: Path) -> None
             assert secret not in (d / f).read_text(), (keep, f)
         assert secret not in p.stdout + p.stderr
         assert (secret.encode() in (d / "profile.duckdb").read_bytes()) == bool(keep)
+
+
+def test_redacted_exports_keep_launcher_env_only(gpu_fixtures: Path, tmp_path: Path) -> None:
+    src = tmp_path / "x_r0_vm.1.sqlite"
+    shutil.copy(sorted((gpu_fixtures / "ddp_capture").glob("*.sqlite"))[0], src)
+    secret = "AKIAIOSFODNN7EXAMPLE-secret-value"
+    con = sqlite3.connect(src)
+    con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
+                [f"AWS_ACCESS_KEY_ID={secret}"])
+    con.commit()
+    con.close()
+    before = src.read_bytes()
+    p = run_orch("redact", str(src), "-o", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    assert src.read_bytes() == before  # the input is untouched
+    import gzip
+
+    data = gzip.decompress((tmp_path / "out" / "x_r0_vm.1.sqlite.gz").read_bytes())
+    assert secret.encode() not in data and b'RANK="0"' in data
+    (tmp_path / "plain.sqlite").write_bytes(data)
+    con = sqlite3.connect(tmp_path / "plain.sqlite")
+    names = {v.split("=")[0] for (v,) in con.execute(
+        "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'")}
+    assert names and names <= {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                               "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"}

@@ -66,6 +66,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--capture", default="", help="START:STOP steps for cudaProfilerStart/Stop")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank exits with status 3")
+    p.add_argument("--no-sync", action="store_true",
+                   help="do not read the loss every step (lets the CPU run ahead of the GPU)")
     return p.parse_args()
 
 
@@ -100,6 +102,7 @@ def main() -> None:
     if use_cuda:
         host_batch = host_batch.pin_memory()
     prev_rank, next_rank = rank - dp, rank + dp
+    last_loss = float("nan")
     first, last = stage == 0, stage == a.pp - 1
     cap = [int(x) for x in a.capture.split(":")] if a.capture else None
 
@@ -112,6 +115,10 @@ def main() -> None:
     for step in range(a.steps):
         if use_cuda and cap and step == cap[0]:
             torch.cuda.cudart().cudaProfilerStart()
+            # Starting a capture can take a rank (e.g. the GPU-metrics collector) hundreds of
+            # ms: line the ranks up again so the captured steps show the workload, not that.
+            torch.cuda.synchronize()
+            dist.barrier()
         if use_cuda and cap and step == cap[1]:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
@@ -151,11 +158,13 @@ def main() -> None:
             with nvtx_range("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            if last and not a.no_sync:  # logging the loss syncs with the GPU, as real loops do
+                last_loss = sum(float(o.detach()) for o in outs) / len(outs)
     if use_cuda:
         torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank} stage {stage} done", flush=True)
+    print(f"rank {rank} stage {stage} done, last loss {last_loss:.4g}", flush=True)
 
 
 if __name__ == "__main__":

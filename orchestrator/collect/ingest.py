@@ -61,11 +61,10 @@ def _sql_str(s: str) -> str:
     return s.replace("'", "''")
 
 
-def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]]) -> None:
-    """Ranks of one batch in ONE transaction, inserted one after the other on one connection:
-    ~2x faster than concurrent per-rank inserts, which contend for the same tables. (Not one
-    UNION ALL across ranks: DuckDB 1.5.5 answered such a query with the first attached file's
-    rows for every branch.)"""
+def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
+    """Ranks of one batch in ONE transaction, inserted one after the other into this worker's
+    own staging tables (workers never contend for a table). (Not one UNION ALL across ranks:
+    DuckDB 1.5.5 answered such a query with the first attached file's rows for every branch.)"""
     for m, _ in batch:
         con.execute(f"ATTACH '{_sql_str(str(m.report.sqlite))}' AS src_{m.rank} (TYPE sqlite, READ_ONLY)")
     try:
@@ -75,7 +74,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                 for m, off in batch:
                     sql = select_sql(table, m.probe, m.rank, off, f"src_{m.rank}.")  # type: ignore[arg-type]
                     if sql:
-                        con.execute(f"INSERT INTO {table}_stage {sql}")
+                        con.execute(f"INSERT INTO {table}{stage} {sql}")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -96,39 +95,33 @@ def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
         )
 
 
-def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]]) -> None:
+def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
     """Fallback without the extension: SQLite runs the same SELECTs, Arrow batches carry the
     rows to DuckDB (bounded memory: never a whole table in Python)."""
     import pyarrow as pa
 
-    cur = con.cursor()
+    con.execute("BEGIN")
     try:
-        cur.execute("BEGIN")
-        try:
-            for m, off in batch:
-                # DuckDB pulls the Arrow batches from its own threads; one reader at a time.
-                scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True,
-                                       check_same_thread=False)
-                try:
-                    for table in EVENT_SCHEMA:
-                        sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
-                        if not sql:
-                            continue
-                        reader = pa.RecordBatchReader.from_batches(arrow_schema(table),
-                                                                   _batches(scon.execute(sql), table))
-                        cur.register("src_batches", reader)
-                        try:
-                            cur.execute(f"INSERT INTO {table}_stage SELECT * FROM src_batches")
-                        finally:
-                            cur.unregister("src_batches")
-                finally:
-                    scon.close()
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-    finally:
-        cur.close()
+        for m, off in batch:
+            # DuckDB pulls the Arrow batches from its own threads; one reader at a time.
+            scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            try:
+                for table in EVENT_SCHEMA:
+                    sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
+                    if not sql:
+                        continue
+                    reader = pa.RecordBatchReader.from_batches(arrow_schema(table), _batches(scon.execute(sql), table))
+                    con.register("src_batches", reader)
+                    try:
+                        con.execute(f"INSERT INTO {table}{stage} SELECT * FROM src_batches")
+                    finally:
+                        con.unregister("src_batches")
+            finally:
+                scon.close()
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
 
 
 BATCH = 32  # ranks attached and inserted together by the scanner path
@@ -136,22 +129,25 @@ BATCH = 32  # ranks attached and inserted together by the scanner path
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
                 workers: int, on_rank: Callable[[Member], None] | None) -> None:
-    """Batches of ranks; a batch that fails is retried rank by rank so one bad file only
-    marks its own rank as an error."""
+    """Batches of ranks spread over `workers` connections, each with its own staging tables
+    ({table}_stage{w}, unioned by the `{table}_stage` views). A failing batch is retried rank
+    by rank so one bad file only marks its own rank as an error."""
     ingest = _ingest_scanner if use_scanner else _ingest_sqlite3
     for m in ok:
         gone = missing_columns(m.probe)
         if gone:
             m.probe.notes.append(f"missing columns (stored as NULL): {', '.join(gone)}")
     pairs = [(m, m.probe.session_start_ns - base) for m in ok]  # type: ignore[operator]
+    batches = [pairs[i: i + BATCH] for i in range(0, len(pairs), BATCH)]
+    workers = max(1, min(workers, len(batches)))
 
-    def run(batch: list[tuple[Member, int]]) -> None:
+    def run(cur: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
         try:
-            ingest(con if use_scanner else con.cursor(), batch)
+            ingest(cur, batch, stage)
         except (duckdb.Error, sqlite3.Error) as e:
             if len(batch) > 1:
                 for one in batch:
-                    run([one])
+                    run(cur, [one], stage)
                 return
             m = batch[0][0]
             m.status = "error"
@@ -160,12 +156,31 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
             for m, _ in batch:
                 on_rank(m)
 
-    if use_scanner:
-        for i in range(0, len(pairs), BATCH):
-            run(pairs[i: i + BATCH])
-    else:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            list(pool.map(lambda pr: run([pr]), pairs))
+    def worker(w: int) -> None:
+        cur = con.cursor()
+        try:
+            cur.execute("SET threads = 1")  # parallelism comes from the workers
+            for batch in batches[w::workers]:
+                run(cur, batch, f"_stage{w}")
+        finally:
+            cur.close()
+
+    for w in range(workers):
+        con.execute(create_event_tables_sql(f"_stage{w}"))
+    for table in EVENT_SCHEMA:
+        union = " UNION ALL ".join(f"SELECT * FROM {table}_stage{w}" for w in range(workers))
+        con.execute(f"CREATE VIEW {table}_stage AS {union}")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(worker, range(workers)))
+    con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
+
+
+def drop_staging(con: duckdb.DuckDBPyConnection) -> None:
+    for table in EVENT_SCHEMA:
+        con.execute(f"DROP VIEW IF EXISTS {table}_stage")
+        for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE starts_with(table_name, ?)",
+                                   [f"{table}_stage"]).fetchall():
+            con.execute(f"DROP TABLE {name}")
 
 
 def build_store(
@@ -186,13 +201,13 @@ def build_store(
                 "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
                 f"=={duckdb.__version__} or use --engine sqlite3"
             )
-        con.execute(create_event_tables_sql("_stage"))
         con.execute(RANKS_DDL)
         ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
         starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
         base = min(starts) if starts else 0
         _ingest_all(con, ok, base, use_scanner, workers, on_rank)
         _finalize(con, members, base, layout, keep_env, expected)
+        drop_staging(con)
         if align:
             con.execute((_SQL_DIR / "align_clocks.sql").read_text())
         meta = {

@@ -9,20 +9,22 @@ WITH b AS (
 SELECT b.rank, b.e AS s, b.next_s AS e, b.next_s - b.e AS dur
 FROM b, params p WHERE b.next_s IS NOT NULL AND b.next_s - b.e >= p.gap_ns;
 
+CREATE OR REPLACE TEMP MACRO range_group(t) AS
+    trim(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''));
+
 CREATE OR REPLACE TEMP TABLE cpu_ranges AS
-SELECT rank, tid, start, "end", depth, text,
-       trim(regexp_replace(regexp_replace(text, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', '')) AS grp
-FROM nvtx
-WHERE domain_id = 0 AND text IS NOT NULL
-  AND NOT regexp_matches(text, '^(?:[Ss]tep|[Ii]teration)[ _#:]*\d+$');
+SELECT n.rank, n.tid, n.start, n."end", n.depth, n.text
+FROM nvtx n LEFT JOIN steps s ON s.rank = n.rank AND s.tid = n.tid AND s.start = n.start AND s."end" = n."end"
+WHERE n.domain_id = 0 AND n.text IS NOT NULL AND s.rank IS NULL;
 
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH cand AS (
-    SELECT g.rank, g.s, g.e, g.dur, c.grp, c.text, c.depth, c."end" - c.start AS len,
+    SELECT g.rank, g.s, g.e, g.dur, c.text, c.depth, c."end" - c.start AS len,
            row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start) AS pick
     FROM gaps g JOIN cpu_ranges c
       ON c.rank = g.rank AND c.start < g.e AND c."end" > g.s
     WHERE 2 * (least(c."end", g.e) - greatest(c.start, g.s)) >= g.dur
 )
-SELECT g.rank, g.s, g.e, g.dur, coalesce(c.grp, '(no NVTX range)') AS range_group, c.text AS range_text
+SELECT g.rank, g.s, g.e, g.dur, coalesce(range_group(c.text), '(no NVTX range)') AS range_group,
+       c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1;

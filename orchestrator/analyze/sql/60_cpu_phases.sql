@@ -10,17 +10,17 @@ WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)') AND CAS
 CREATE OR REPLACE TEMP TABLE cpu_phases AS
 WITH child AS (
     SELECT p.rank, p.tid, p.start, sum(c."end" - c.start) AS ns
-    FROM cpu_ranges p JOIN nvtx c
+    FROM (SELECT * FROM cpu_ranges WHERE rank IN (SELECT rank FROM selected_steps)) p JOIN nvtx c
       ON c.rank = p.rank AND c.tid = p.tid AND c.domain_id = 0 AND c.depth = p.depth + 1
      AND c.start >= p.start AND c."end" <= p."end"
     GROUP BY ALL
 ), n AS (
     SELECT rank, count(*) AS n_steps, avg("end" - start) AS step_ns FROM selected_steps GROUP BY rank
 )
-SELECT c.rank, c.grp, sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
+SELECT c.rank, range_group(c.text) AS grp, sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
        avg(c.start - s.start) AS offset_ns, any_value(n.step_ns) AS step_ns, any_value(n.n_steps) AS n_steps
 FROM cpu_ranges c
 JOIN selected_steps s ON s.rank = c.rank AND s.tid = c.tid AND c.start >= s.start AND c."end" <= s."end"
 LEFT JOIN child ch ON ch.rank = c.rank AND ch.tid = c.tid AND ch.start = c.start
 JOIN n ON n.rank = c.rank
-GROUP BY c.rank, c.grp;
+GROUP BY c.rank, range_group(c.text);

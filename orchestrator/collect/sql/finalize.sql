@@ -1,5 +1,6 @@
--- Turn the unsorted staging tables into the store's tables, sorted by (rank, start) so
--- DuckDB's zone maps skip everything outside a per-rank time range.
+-- Turn the unsorted staging data (views over the ingest workers' tables, dropped afterwards)
+-- into the store's tables, sorted by (rank, start) so DuckDB's zone maps skip everything
+-- outside a per-rank time range.
 
 -- NVTX nesting depth per (rank, thread, domain): a running count of open ranges. At equal
 -- timestamps ends come before starts (siblings), and longer ranges open first (parents).
@@ -19,18 +20,12 @@ WITH numbered AS (
 SELECT n.rank, n.start, n."end", n.tid, n.domain_id, n.domain, n.text, CAST(r.depth AS INTEGER) AS depth
 FROM numbered n JOIN running r ON r.id = n.id
 ORDER BY n.rank, n.start;
-DROP TABLE nvtx_stage;
 
 CREATE TABLE kernels AS SELECT * FROM kernels_stage ORDER BY rank, start;
-DROP TABLE kernels_stage;
 CREATE TABLE memcpy AS SELECT * FROM memcpy_stage ORDER BY rank, start;
-DROP TABLE memcpy_stage;
 CREATE TABLE memset AS SELECT * FROM memset_stage ORDER BY rank, start;
-DROP TABLE memset_stage;
 CREATE TABLE cuda_api AS SELECT * FROM cuda_api_stage ORDER BY rank, start;
-DROP TABLE cuda_api_stage;
 CREATE TABLE gpu_metrics AS SELECT * FROM gpu_metrics_stage ORDER BY rank, start;
-DROP TABLE gpu_metrics_stage;
 
 CREATE TABLE ranks_sorted AS SELECT * FROM ranks ORDER BY rank;
 DROP TABLE ranks;

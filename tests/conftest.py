@@ -56,6 +56,21 @@ def nsys() -> str:
     return path  # type: ignore[return-value]
 
 
+def copies_with_env(files: list[Path], dest: Path, *env: str) -> Path:
+    """Copies of exports with extra captured environment entries (e.g. planted secrets)."""
+    import sqlite3
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(f, dest / f.name)
+        con = sqlite3.connect(dest / f.name)
+        con.executemany("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
+                        [(e,) for e in env])
+        con.commit()
+        con.close()
+    return dest
+
+
 def run_orch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess, as a user runs it."""

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.collect.collect import collect, run_lock
 from orchestrator.collect.identity import Layout
-from tests.conftest import run_orch, shared_fixtures
+from tests.conftest import copies_with_env, run_orch, shared_fixtures
 
 TABLES = {
     "kernels": "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL",
@@ -151,17 +151,9 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
 
 
 def test_secrets_dropped_unless_keep_env(gpu_fixtures: Path, tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
-    for f in sorted((gpu_fixtures / "ddp_capture").glob("*.sqlite")):
-        shutil.copy(f, src / f.name)
-        con = sqlite3.connect(src / f.name)
-        con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
-                    [f'AWS_SECRET_ACCESS_KEY="{secret}"'])
-        con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)", ["HF_TOKEN=hf_abc1"])
-        con.commit()
-        con.close()
+    src = copies_with_env(sorted((gpu_fixtures / "ddp_capture").glob("*.sqlite")), tmp_path / "src",
+                          f'AWS_SECRET_ACCESS_KEY="{secret}"', "HF_TOKEN=hf_abc1")
     res = collect([src], tmp_path / "run", layout=Layout())
     con = duckdb.connect(str(res.store), read_only=True)
     names = {r[0] for r in con.execute("SELECT name FROM env").fetchall()}

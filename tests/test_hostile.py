@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from tests.conftest import EXAMPLES, run_orch
+from tests.conftest import EXAMPLES, copies_with_env, run_orch
 
 VALID = {
     "name": "fuzz", "cluster": "local",
@@ -172,17 +172,9 @@ def test_names_cannot_escape(tmp_path: Path, over: dict, needle: str) -> None:
 
 
 def test_secrets_never_reach_outputs(gpu_fixtures: Path, tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
     secret = "ghp_SuperSecretToken0123456789abcdef"
-    for f in sorted((gpu_fixtures / "ddp_straggler").glob("*.sqlite")):
-        shutil.copy(f, src / f.name)
-        con = sqlite3.connect(src / f.name)
-        con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
-                    [f"GITHUB_TOKEN={secret}"])
-        con.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = value || ? WHERE name = 'Hostname'", [""])
-        con.commit()
-        con.close()
+    src = copies_with_env(sorted((gpu_fixtures / "ddp_straggler").glob("*.sqlite")), tmp_path / "src",
+                          f"GITHUB_TOKEN={secret}")
     for keep in ([], ["--keep-env"]):
         d = tmp_path / f"out{len(keep)}"
         p = run_orch("analyze", str(src), *keep, "--out", str(d), "--json", str(d / "r.json"), "--html",
@@ -196,14 +188,11 @@ def test_secrets_never_reach_outputs(gpu_fixtures: Path, tmp_path: Path) -> None
 
 
 def test_redacted_exports_keep_launcher_env_only(gpu_fixtures: Path, tmp_path: Path) -> None:
-    src = tmp_path / "x_r0_vm.1.sqlite"
-    shutil.copy(sorted((gpu_fixtures / "ddp_capture").glob("*.sqlite"))[0], src)
     secret = "AKIAIOSFODNN7EXAMPLE-secret-value"
-    con = sqlite3.connect(src)
-    con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
-                [f"AWS_ACCESS_KEY_ID={secret}"])
-    con.commit()
-    con.close()
+    first = sorted((gpu_fixtures / "ddp_capture").glob("*.sqlite"))[0]
+    shutil.copy(first, tmp_path / "x_r0_vm.1.sqlite")
+    src = copies_with_env([tmp_path / "x_r0_vm.1.sqlite"], tmp_path / "in", f"AWS_ACCESS_KEY_ID={secret}") / (
+        "x_r0_vm.1.sqlite")
     before = src.read_bytes()
     p = run_orch("redact", str(src), "-o", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr

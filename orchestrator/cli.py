@@ -92,8 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         err_console.print(f"orch: error: {e}", markup=False)
         return e.exit_code
     except KeyboardInterrupt:
-        err_console.print("orch: interrupted; nothing half-written was kept", markup=False)
-        return 130
+        return _interrupted()
+    except Exception as e:
+        # DuckDB turns Ctrl-C during a query into RuntimeError("Query interrupted").
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    err_console.print("orch: interrupted; nothing half-written was kept", markup=False)
+    return 130
 
 
 if __name__ == "__main__":

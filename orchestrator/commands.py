@@ -125,6 +125,11 @@ def _collect_from_run(run: Path, a: argparse.Namespace):
     from orchestrator.collect.identity import Layout
 
     m = read_manifest(run)
+    if not m["profiled_ranks"]:
+        raise OrchError(f"job {m['job_id']} profiled no ranks (profile.ranks: none): nothing to collect")
+    if not Path(m["report_dir"]).is_dir():
+        raise OrchError(f"no reports from job {m['job_id']} in {m['report_dir']} (expected ranks "
+                        f"{m['profiled_ranks']}); see `orch status {m['job_id']}`")
     lay = m["layout"]
     layout = Layout(world_size=m["world_size"], nproc_per_node=m["nproc_per_node"], tp=lay["tp"],
                     pp=lay["pp"], dp=lay["dp"], known=lay.get("known", True))

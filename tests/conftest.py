@@ -114,6 +114,14 @@ def slurm_cluster():
     c.script("stop")
 
 
+@pytest.fixture
+def slurm_cluster_disposable():
+    """A cluster of its own for tests that break nodes."""
+    c = _start_cluster(Path(f"/tmp/orch-slurm-kill-{os.getpid()}"), 17300, accounting=True)
+    yield c
+    c.script("stop")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster_noacct():
     """The same cluster without accounting: sacct fails, orch must fall back."""

@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,36 @@ def test_redacted_exports_keep_launcher_env_only(gpu_fixtures: Path, tmp_path: P
         "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'")}
     assert names and names <= {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE"}
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_collect_interrupted_midway_then_succeeds(gpu_fixtures: Path, tmp_path: Path, sig: str) -> None:
+    """A collect stopped half-way (Ctrl-C or kill -9) leaves the previous store intact, and
+    the next collect of the same run succeeds."""
+    import signal
+    import time
+
+    src = tmp_path / "in"
+    src.mkdir()
+    good = sorted((gpu_fixtures / "ddp_straggler").glob("*.sqlite"))
+    for r in range(24):
+        shutil.copy(good[r % 2], src / f"j_1_r{r}_h.{r}.sqlite")
+    out = tmp_path / "run"
+    first = run_orch("collect", "--from", str(src), "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    before = (out / "profile.duckdb").read_bytes()
+    cmd = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".profile.duckdb.tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "collect finished before it could be interrupted"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    if sig == "SIGINT":
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+        assert not list(out.glob(".profile.duckdb.tmp-*"))  # cleaned up on the way out
+    assert (out / "profile.duckdb").read_bytes() == before  # the old store is untouched
+    again = run_orch("collect", "--from", str(src), "--out", str(out))
+    assert again.returncode == 0 and "24 rank(s) ok" in again.stdout, again.stderr

@@ -192,8 +192,9 @@ def build_store(
     """Write `store` atomically; returns the engine used ('scanner' or 'sqlite3')."""
     tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    con = duckdb.connect(str(tmp))
+    con: duckdb.DuckDBPyConnection | None = None
     try:
+        con = duckdb.connect(str(tmp))
         con.execute(f"SET threads = {max(1, workers)}")
         use_scanner = engine in ("auto", "scanner") and load_scanner(con)
         if engine == "scanner" and not use_scanner:
@@ -222,7 +223,8 @@ def build_store(
         _append(con, "meta", [(k, str(v)) for k, v in meta.items()])
         con.execute("CHECKPOINT")
     except BaseException:
-        con.close()
+        if con is not None:
+            con.close()
         tmp.unlink(missing_ok=True)
         Path(f"{tmp}.wal").unlink(missing_ok=True)
         raise

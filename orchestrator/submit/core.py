@@ -104,6 +104,11 @@ def job_status(run: Path) -> dict[str, Any]:
                 "this job is timed-out" in _tail(Path(t["stderr"]), 200) for t in tasks):
             state["state"] = "TIMEOUT"
             state["source"] += "; submitit time-limit signal"
+    if state["state"] in TERMINAL:
+        for t in tasks:
+            if t["result"] == "pending":  # the job is over and this task never reported back
+                t["result"] = "lost"
+                t["error"] = "no result: its node died or the job was killed before it finished"
     for t in tasks:
         if t["result"] not in ("success", "pending"):
             t["log_tail"] = _tail(Path(t["stderr"])) or _tail(Path(t["stdout"]))

@@ -142,6 +142,12 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
     assert status[7].startswith("error") and "ingest failed" in status[7]  # its batch was retried alone
     assert con.execute("SELECT count(*) FROM kernels WHERE rank = 7").fetchone()[0] == 0
     assert status[9].startswith("missing")
+    from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.report import build_report
+
+    rep = build_report(res.store, Options())
+    assert rep["missing_ranks"] == [9]
+    assert {p["rank"] for p in rep["problems"] if p["status"] == "error"} == {2, 3, 4, 5, 7, 8}
     dup = con.execute("SELECT status, reason FROM sources WHERE file LIKE '%vm.9.sqlite'").fetchone()
     assert dup[0] == "duplicate" and "already claimed" in dup[1]
     # Only the good copy of rank 1 is in the event tables.
@@ -215,3 +221,25 @@ def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     # Raw reports were not touched; exports went to the run directory.
     assert sorted(p.suffix for p in reports.iterdir()) == [".nsys-rep", ".nsys-rep"]
     assert len(list((tmp_path / "run" / "exports").glob("*.sqlite"))) == 2
+
+
+def test_align_clocks_on_collective_ends(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """--align-clocks: matched NCCL kernels end together after the correction (independent
+    check: k-th AllReduce ends per rank from the store), and the correction is stored."""
+    res = collect([gpu_fixtures / "ddp_straggler"], tmp_path, layout=Layout(), align=True)
+    con = duckdb.connect(str(res.store), read_only=True)
+    corr = dict(con.execute("SELECT rank, clock_correction_ns FROM ranks").fetchall())
+    assert set(corr) == {0, 1} and any(v != 0 for v in corr.values())
+    assert all(abs(v) < 1_000_000 for v in corr.values())  # session clocks were already within 1 ms
+    ends = con.execute("""
+        SELECT rank, list("end" ORDER BY start) FROM kernels
+        WHERE short_name = 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL' GROUP BY rank ORDER BY rank""").fetchall()
+    diffs = sorted(abs(a - b) for a, b in zip(ends[0][1], ends[1][1], strict=True))
+    raw = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "raw", layout=Layout())
+    con2 = duckdb.connect(str(raw.store), read_only=True)
+    ends2 = con2.execute("""
+        SELECT rank, list("end" ORDER BY start) FROM kernels
+        WHERE short_name = 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL' GROUP BY rank ORDER BY rank""").fetchall()
+    diffs2 = sorted(abs(a - b) for a, b in zip(ends2[0][1], ends2[1][1], strict=True))
+    assert diffs[len(diffs) // 2] <= diffs2[len(diffs2) // 2]  # median end mismatch does not grow
+    assert diffs[len(diffs) // 2] < 20_000  # and is within 20 us

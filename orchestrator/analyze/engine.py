@@ -15,6 +15,7 @@ from typing import Any
 
 import duckdb
 
+from orchestrator.collect.ingest import sql_literal
 from orchestrator.errors import OrchError
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
@@ -45,7 +46,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         raise OrchError(f"{store} does not exist; run `orch collect` first")
     con = duckdb.connect()
     try:
-        con.execute(f"ATTACH '{str(store).replace(chr(39), chr(39) * 2)}' AS store (READ_ONLY)")
+        con.execute(f"ATTACH '{sql_literal(str(store))}' AS store (READ_ONLY)")
     except duckdb.Error as e:
         con.close()
         reason = str(e).splitlines()[0]

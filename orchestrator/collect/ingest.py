@@ -1,9 +1,10 @@
 """Build the merged DuckDB store from per-rank SQLite exports (the reduce step).
 
-Each rank is one task: its tables are streamed into DuckDB either by DuckDB's sqlite scanner
-(fast path; the extension is loaded from the pinned `duckdb-extension-sqlite-scanner` wheel,
-never downloaded) or by sqlite3 -> Arrow batches (fallback). The store is built under a temp
-name and renamed over the old one, so readers only ever see a complete store.
+Ranks are streamed into DuckDB in batches, by parallel workers that each own staging tables,
+either through DuckDB's sqlite scanner (fast path; the extension is loaded from the pinned
+`duckdb-extension-sqlite-scanner` wheel, never downloaded) or through sqlite3 -> Arrow batches
+(fallback). The store is built under a temp name and renamed over the old one, so readers
+only ever see a complete store.
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
     if ext is None:
         return False
     try:
-        con.execute(f"LOAD '{_sql_str(str(ext))}'")
+        con.execute(f"LOAD '{sql_literal(str(ext))}'")
         return True
     except duckdb.Error:
         return False
 
 
-def _sql_str(s: str) -> str:
+def sql_literal(s: str) -> str:
+    """A string for a single-quoted SQL literal (ATTACH and LOAD take no parameters)."""
     return s.replace("'", "''")
 
 
@@ -66,7 +68,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
     own staging tables (workers never contend for a table). (Not one UNION ALL across ranks:
     DuckDB 1.5.5 answered such a query with the first attached file's rows for every branch.)"""
     for m, _ in batch:
-        con.execute(f"ATTACH '{_sql_str(str(m.report.sqlite))}' AS src_{m.rank} (TYPE sqlite, READ_ONLY)")
+        con.execute(f"ATTACH '{sql_literal(str(m.report.sqlite))}' AS src_{m.rank} (TYPE sqlite, READ_ONLY)")
     try:
         con.execute("BEGIN")
         try:

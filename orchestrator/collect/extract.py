@@ -102,9 +102,20 @@ def select_sql(table: str, p: Probe, rank: int, offset_ns: int, s: str) -> str |
             dom_name = "'default'"
         types = ", ".join(str(v) for v in NVTX_RANGE_TYPES)
         where = 'x."end" IS NOT NULL' + (f" AND x.eventType IN ({types})" if p.has(src, "eventType") else "")
+        # Nesting depth per (thread, domain), computed here per rank (map step, in parallel):
+        # a running count of open ranges; at equal times ends come before starts (siblings)
+        # and longer ranges open first (parents).
         return (
-            f"SELECT {rank}, {start}, {end}, {_col(p, src, 'x', 'globalTid')}, {dom}, {dom_name}, "
-            f"{text}, NULL FROM {t} x{j} WHERE {where}"
+            f"WITH r AS (SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
+            f"{_col(p, src, 'x', 'globalTid')} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt "
+            f"FROM {t} x{j} WHERE {where}), "
+            "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r "
+            "UNION ALL SELECT NULL, tid, dom, e, 0, NULL FROM r), "
+            "run AS (SELECT id, sum(CASE WHEN kind = 1 THEN 1 ELSE -1 END) OVER (PARTITION BY tid, dom "
+            "ORDER BY ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
+            "FROM ev) "
+            f"SELECT {rank}, r.s, r.e, r.tid, r.dom, r.dname, r.txt, CAST(run.depth AS INTEGER) "
+            "FROM r JOIN run ON run.id = r.id"
         )
     if table == "gpu_metrics":
         names = f"{s}TARGET_INFO_GPU_METRICS"

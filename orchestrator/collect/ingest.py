@@ -76,7 +76,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                 for m, off in batch:
                     sql = select_sql(table, m.probe, m.rank, off, f"src_{m.rank}.")  # type: ignore[arg-type]
                     if sql:
-                        con.execute(f"INSERT INTO {table}{stage} {sql}")
+                        con.execute(f"INSERT INTO {stage.format(table=table)} {sql}")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -115,7 +115,7 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                     reader = pa.RecordBatchReader.from_batches(arrow_schema(table), _batches(scon.execute(sql), table))
                     con.register("src_batches", reader)
                     try:
-                        con.execute(f"INSERT INTO {table}{stage} SELECT * FROM src_batches")
+                        con.execute(f"INSERT INTO {stage.format(table=table)} SELECT * FROM src_batches")
                     finally:
                         con.unregister("src_batches")
             finally:
@@ -127,12 +127,14 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
 
 
 BATCH = 32  # ranks attached and inserted together by the scanner path
+MEMORY_LIMIT = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
 
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
                 workers: int, on_rank: Callable[[Member], None] | None) -> None:
     """Batches of ranks spread over `workers` connections, each with its own staging tables
-    ({table}_stage{w}, unioned by the `{table}_stage` views). A failing batch is retried rank
+    (stg.{table}_stage{w} in an in-memory database, so staged rows are never written to disk;
+    unioned by the temporary `{table}_stage` views). A failing batch is retried rank
     by rank so one bad file only marks its own rank as an error."""
     ingest = _ingest_scanner if use_scanner else _ingest_sqlite3
     for m in ok:
@@ -163,15 +165,16 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         try:
             cur.execute("SET threads = 1")  # parallelism comes from the workers
             for batch in batches[w::workers]:
-                run(cur, batch, f"_stage{w}")
+                run(cur, batch, f"stg.{{table}}_stage{w}")
         finally:
             cur.close()
 
+    con.execute("ATTACH ':memory:' AS stg")
     for w in range(workers):
-        con.execute(create_event_tables_sql(f"_stage{w}"))
+        con.execute(create_event_tables_sql(f"_stage{w}", prefix="stg."))
     for table in EVENT_SCHEMA:
-        union = " UNION ALL ".join(f"SELECT * FROM {table}_stage{w}" for w in range(workers))
-        con.execute(f"CREATE VIEW {table}_stage AS {union}")
+        union = " UNION ALL ".join(f"SELECT * FROM stg.{table}_stage{w}" for w in range(workers))
+        con.execute(f"CREATE TEMP VIEW {table}_stage AS {union}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(worker, range(workers)))
     con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
@@ -180,9 +183,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
 def drop_staging(con: duckdb.DuckDBPyConnection) -> None:
     for table in EVENT_SCHEMA:
         con.execute(f"DROP VIEW IF EXISTS {table}_stage")
-        for (name,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE starts_with(table_name, ?)",
-                                   [f"{table}_stage"]).fetchall():
-            con.execute(f"DROP TABLE {name}")
+    con.execute("DETACH stg")
 
 
 def build_store(
@@ -198,6 +199,8 @@ def build_store(
     try:
         con = duckdb.connect(str(tmp))
         con.execute(f"SET threads = {max(1, workers)}")
+        # Staging lives in memory; past this it spills to a temp directory instead of growing.
+        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         use_scanner = engine in ("auto", "scanner") and load_scanner(con)
         if engine == "scanner" and not use_scanner:
             raise OrchError(

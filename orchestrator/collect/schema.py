@@ -3,7 +3,8 @@
 All times are integer ns on ONE clock: ns since the earliest session start among the
 collected ranks (each report's `TARGET_INFO_SESSION_START_TIME.utcEpochNs` + its own
 relative timestamps), plus `ranks.clock_correction_ns` when collective alignment is on.
-Event tables are sorted by (rank, start) so DuckDB's zone maps prune per-rank time ranges.
+Each rank's rows are contiguous in every event table (one insert per rank and table), so
+DuckDB's zone maps on `rank` prune per-rank queries.
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ CREATE TABLE meta (key VARCHAR, value VARCHAR);
 """
 
 
-def create_event_tables_sql(suffix: str = "") -> str:
+def create_event_tables_sql(suffix: str = "", prefix: str = "") -> str:
     stmts = []
     for table, cols in EVENT_SCHEMA.items():
         body = ", ".join(f'"{c}" {t}' for c, t in cols)
-        stmts.append(f"CREATE TABLE {table}{suffix} ({body});")
+        stmts.append(f"CREATE TABLE {prefix}{table}{suffix} ({body});")
     return "\n".join(stmts)
 
 

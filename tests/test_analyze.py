@@ -110,3 +110,44 @@ def test_steps_option_and_whole_capture(gpu_fixtures: Path, tmp_path: Path) -> N
     assert rep["window"]["steps"] == [3, 5]
     full = build_report(res.store, Options())
     assert rep["ranks"][0]["window_ms"] < full["ranks"][0]["window_ms"]
+
+
+def _synthetic_run(d: Path) -> Path:
+    """Two ranks, 5 steps of 40 ms each: a 64 MiB pageable host-to-device copy (6 ms), 400
+    kernels of 10 us with 20 us launch gaps (12 ms), then a 15 ms all-reduce that starts
+    after compute on both ranks at the same time (nothing overlaps it, nobody is late)."""
+    from tests.synthetic import MS, Export
+
+    d.mkdir()
+    for rank in (0, 1):
+        e = Export(d / f"syn_1_r{rank}_h.{rank}.sqlite", rank)
+        for step in range(5):
+            t0 = step * 40 * MS
+            e.nvtx(t0, t0 + 40 * MS, f"step {step}")
+            e.memcpy(t0 + 10_000, t0 + MS, t0 + 7 * MS, 64 << 20, src_kind=0)
+            t = t0 + 8 * MS
+            for _ in range(400):
+                e.kernel(t - 5_000, t, t + 10_000, "elementwise_kernel")
+                t += 30_000
+            e.kernel(t0 + 20 * MS, t0 + 21 * MS, t0 + 36 * MS, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", stream=9)
+        e.close()
+    return d
+
+
+def test_rules_without_a_real_fixture(tmp_path: Path) -> None:
+    """pageable copies, exposed communication and launch-bound kernels, on synthetic exports
+    whose numbers are known by construction."""
+    res = collect([_synthetic_run(tmp_path / "in")], tmp_path / "run", layout=Layout())
+    rep = build_report(res.store, Options())
+    kinds = {f["kind"]: f for f in rep["findings"]}
+    assert {"pageable_memcpy", "exposed_communication", "launch_bound"} <= set(kinds), list(kinds)
+    assert "straggler" not in kinds
+    r0 = rep["ranks"][0]
+    # Window: steps 1..4 launched work from 41 ms to 196 ms (first copy start to last all-reduce end).
+    assert r0["window_ms"] == pytest.approx(196 - 41, abs=1e-6)
+    assert r0["comm_ms"] == pytest.approx(4 * 15, abs=1e-6) and r0["overlap_ms"] == 0
+    assert r0["compute_ms"] == pytest.approx(4 * 400 * 0.010, abs=1e-6)
+    assert "256.0 MiB pageable HtoD" in kinds["pageable_memcpy"]["evidence"][0]
+    # 4 steps x (400 tiny kernels + 1 all-reduce); 399 gaps of 20 us per step are below 1 ms.
+    assert kinds["launch_bound"]["evidence"][0] == (
+        "rank 0: 1604 kernels (median 10.0 us), 1596 sub-threshold gaps totalling 31.92 ms")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -45,7 +46,8 @@ FIX = {
 }
 
 
-def _ms(ns: float | int | None) -> float:
+def ns_to_ms(ns: float | int | None) -> float:
+    """ns -> ms, rounded to the µs the report shows."""
     return round((ns or 0) / 1e6, 3)
 
 
@@ -71,12 +73,12 @@ def straggler_stats(q: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict
         p_value = binom_tail(late, n, 1.0 / g)
         if p_value >= 0.01 or late / n <= 1.5 / g:
             continue
-        caused = _ms(r["wait_caused_ns"])
+        caused = ns_to_ms(r["wait_caused_ns"])
         others = [w for k, w in win.items() if k != r["rank"]]
         mean_win = sum(others) / len(others) if others else 0
         out.append({
             "rank": r["rank"], "late_count": late, "collectives": n, "group_size": g,
-            "wait_caused_ms": caused, "median_lateness_ms": _ms(r["median_lateness_ns"]),
+            "wait_caused_ms": caused, "median_lateness_ms": ns_to_ms(r["median_lateness_ns"]),
             "share_of_window_pct": round(100 * caused / ((g - 1) * mean_win), 2) if mean_win else 0.0,
             "p_value": float(f"{p_value:.3g}"),
         })
@@ -103,16 +105,17 @@ def _straggler_findings(q: dict[str, Any], report: dict[str, Any]) -> list[dict[
                             f"communication ({round(100 * w['nccl_wait_ms'] / w['comm_ms']) if w['comm_ms'] else 0}%)"
                             " was waiting")
         b = busy.get(rk)
-        wait_ms = _ms(b["wait_ns"]) if b else 0.0
+        wait_ms = ns_to_ms(b["wait_ns"]) if b else 0.0
         top = ctx.get(rk, [])
         cause = None
-        if top and wait_ms and _ms(top[0]["ns"]) >= 0.3 * wait_ms:
+        if top and wait_ms and ns_to_ms(top[0]["ns"]) >= 0.3 * wait_ms:
             cause = top[0]["range_group"]
-            evidence.append(f"while they waited, rank {rk}'s GPU sat idle for {_ms(top[0]['ns'])} ms "
-                            f"({round(100 * _ms(top[0]['ns']) / wait_ms)}% of the wait) with its CPU in "
+            evidence.append(f"while they waited, rank {rk}'s GPU sat idle for {ns_to_ms(top[0]['ns'])} ms "
+                            f"({round(100 * ns_to_ms(top[0]['ns']) / wait_ms)}% of the wait) with its CPU in "
                             f"`{cause}`")
         elif b and wait_ms:
-            evidence.append(f"while they waited, rank {rk}'s GPU was busy {round(100 * _ms(b['busy_ns']) / wait_ms)}% "
+            busy_pct = round(100 * ns_to_ms(b["busy_ns"]) / wait_ms)
+            evidence.append(f"while they waited, rank {rk}'s GPU was busy {busy_pct}% "
                             "of the time (still running earlier work); no CPU-side range explains the lateness")
         if cause and DATA_RANGE.search(cause):
             fix = f"Rank {rk} is late because its `{cause}` is slow: " + FIX["data_loader_stall"]
@@ -128,12 +131,6 @@ def _straggler_findings(q: dict[str, Any], report: dict[str, Any]) -> list[dict[
             "evidence": evidence, "fix": fix, "cost_ms": s["wait_caused_ms"],
         })
     return out
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def _cpu_phase_findings(q: dict[str, Any]) -> list[dict[str, Any]]:
@@ -153,7 +150,7 @@ def _cpu_phase_findings(q: dict[str, Any]) -> list[dict[str, Any]]:
             others = [o["ns_per_step"] for k, o in rows.items() if k != rk]
             if not others:
                 continue
-            med = _median(others)
+            med = statistics.median(others)
             excess = r["ns_per_step"] - med
             if r["ns_per_step"] >= 3 * med and excess >= 1e6 and excess >= 0.1 * (r["step_ns"] or 0):
                 hot.append((excess, grp, rk, r, med))
@@ -163,10 +160,10 @@ def _cpu_phase_findings(q: dict[str, Any]) -> list[dict[str, Any]]:
     grp = hot[0][1]
     causes = [h for h in hot if h[1] == grp]
     waits = [h for h in hot if h[1] != grp and h[2] not in {c[2] for c in causes}]
-    evidence = [f"rank {c[2]}: {_ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median of "
-                f"{_ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% of its "
-                f"{_ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]
-    evidence += [f"rank {w[2]}: `{w[1]}` takes {_ms(w[3]['ns_per_step'] - w[4])} ms longer per step than on the "
+    evidence = [f"rank {c[2]}: {ns_to_ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median of "
+                f"{ns_to_ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% of its "
+                f"{ns_to_ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]
+    evidence += [f"rank {w[2]}: `{w[1]}` takes {ns_to_ms(w[3]['ns_per_step'] - w[4])} ms longer per step than on the "
                  f"others: most likely waiting for rank(s) "
                  f"{', '.join(str(c[2]) for c in causes)} in a collective" for w in waits]
     worst = max(100 * (c[3]["ns_per_step"] - c[4]) / c[3]["step_ns"] for c in causes)
@@ -177,7 +174,7 @@ def _cpu_phase_findings(q: dict[str, Any]) -> list[dict[str, Any]]:
         "evidence": evidence,
         "fix": (f"Rank(s) {', '.join(map(str, ranks))}: " + (FIX["data_loader_stall"] if DATA_RANGE.search(grp)
                                                              else FIX["cpu_gap"])),
-        "cost_ms": round(max(_ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), 3),
+        "cost_ms": round(max(ns_to_ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), 3),
     }]
 
 
@@ -222,7 +219,7 @@ def find_all(q: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
     for m in q["memcpy"]:
         if m["kind"] == "HtoD" and m["src_kind"] == "pageable":
             pageable[m["rank"]][0] += int(m["bytes"] or 0)
-            pageable[m["rank"]][1] += _ms(m["ns"])
+            pageable[m["rank"]][1] += ns_to_ms(m["ns"])
     big = {rk: v for rk, v in pageable.items() if v[0] >= (1 << 20) and win.get(rk) and v[1] >= 0.01 * win[rk]}
     if big:
         found.append({
@@ -274,16 +271,16 @@ def find_all(q: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
     for k in q["kernel_stats"]:
         rk, sg = k["rank"], small.get(k["rank"])
         per_step = k["n"] / max(1, k["n_steps"])
-        if sg and win.get(rk) and k["median_ns"] < 20_000 and per_step >= 200 and _ms(sg["ns"]) >= 0.1 * win[rk]:
+        if sg and win.get(rk) and k["median_ns"] < 20_000 and per_step >= 200 and ns_to_ms(sg["ns"]) >= 0.1 * win[rk]:
             launch.append((rk, k, sg))
     if launch:
         found.append({
             "kind": "launch_bound", "ranks": [x[0] for x in launch],
-            "severity": _severity(max(100 * _ms(sg["ns"]) / win[rk] for rk, _, sg in launch)),
+            "severity": _severity(max(100 * ns_to_ms(sg["ns"]) / win[rk] for rk, _, sg in launch)),
             "title": "many tiny kernels with launch gaps between them",
             "evidence": [f"rank {rk}: {k['n']} kernels (median {k['median_ns'] / 1e3:.1f} us), "
-                         f"{sg['n']} sub-threshold gaps totalling {_ms(sg['ns'])} ms" for rk, k, sg in launch],
-            "fix": FIX["launch_bound"], "cost_ms": max(_ms(sg["ns"]) for _, _, sg in launch),
+                         f"{sg['n']} sub-threshold gaps totalling {ns_to_ms(sg['ns'])} ms" for rk, k, sg in launch],
+            "fix": FIX["launch_bound"], "cost_ms": max(ns_to_ms(sg["ns"]) for _, _, sg in launch),
         })
 
     found += _cpu_phase_findings(q)

@@ -25,13 +25,9 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.analyze.engine import Options, query
-from orchestrator.analyze.findings import find_all, straggler_stats
+from orchestrator.analyze.findings import find_all, ns_to_ms, straggler_stats
 
 SCHEMA_VERSION = 1
-
-
-def _ms(ns: float | int | None) -> float:
-    return round((ns or 0) / 1e6, 3)
 
 
 def _pct(a: float, b: float) -> float:
@@ -42,17 +38,17 @@ def build_report(store: Path, opts: Options) -> dict[str, Any]:
     q = query(store, opts)
     gaps_by: dict[int, dict[str, float]] = defaultdict(dict)
     for g in q["gaps_by_range"]:
-        gaps_by[g["rank"]][g["range_group"]] = _ms(g["ns"])
+        gaps_by[g["rank"]][g["range_group"]] = ns_to_ms(g["ns"])
     top: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for g in q["top_gaps"]:
-        top[g["rank"]].append({"start_ms": _ms(g["s"]), "ms": _ms(g["dur"]),
+        top[g["rank"]].append({"start_ms": ns_to_ms(g["s"]), "ms": ns_to_ms(g["dur"]),
                                "range": g["range_group"], "text": g["range_text"]})
     step_ms: dict[int, list[dict[str, Any]]] = defaultdict(list)
     by_step: dict[int, dict[int, float]] = defaultdict(dict)
     warm: dict[int, bool] = {}
     for s in q["steps"]:
-        step_ms[s["rank"]].append({"step": s["step"], "ms": _ms(s["ns"]), "warmup": bool(s["warmup"])})
-        by_step[s["step"]][s["rank"]] = _ms(s["ns"])
+        step_ms[s["rank"]].append({"step": s["step"], "ms": ns_to_ms(s["ns"]), "warmup": bool(s["warmup"])})
+        by_step[s["step"]][s["rank"]] = ns_to_ms(s["ns"])
         warm[s["step"]] = warm.get(s["step"], False) or bool(s["warmup"])
 
     ranks, problems, missing = [], [], []
@@ -66,11 +62,12 @@ def build_report(store: Path, opts: Options) -> dict[str, Any]:
         win, comm, ov, busy = r["window_ns"], r["comm_ns"], r["overlap_ns"], r["busy_ns"]
         ranks.append({
             "rank": r["rank"], "host": r["host"], "stage": r["stage"], "status": r["status"],
-            "window_ms": _ms(win), "compute_ms": _ms(r["compute_ns"]), "comm_ms": _ms(comm),
-            "overlap_ms": _ms(ov), "comm_overlap_pct": _pct(ov, comm),
-            "exposed_comm_ms": _ms(comm - ov), "gpu_busy_ms": _ms(busy),
+            "window_ms": ns_to_ms(win), "compute_ms": ns_to_ms(r["compute_ns"]), "comm_ms": ns_to_ms(comm),
+            "overlap_ms": ns_to_ms(ov), "comm_overlap_pct": _pct(ov, comm),
+            "exposed_comm_ms": ns_to_ms(comm - ov), "gpu_busy_ms": ns_to_ms(busy),
             "gpu_idle_pct": round(100.0 - _pct(busy, win), 2) if win else 0.0,
-            "p2p_ms": _ms(r["p2p_ns"]), "nccl_wait_ms": _ms(r["nccl_wait_ns"]), "late_count": int(r["late_count"] or 0),
+            "p2p_ms": ns_to_ms(r["p2p_ns"]), "nccl_wait_ms": ns_to_ms(r["nccl_wait_ns"]),
+            "late_count": int(r["late_count"] or 0),
             "collectives": int(r["n_coll"] or 0),
             "gaps_by_range_ms": gaps_by.get(r["rank"], {}),
             "top_gaps": top.get(r["rank"], []),
@@ -78,7 +75,7 @@ def build_report(store: Path, opts: Options) -> dict[str, Any]:
             "_window": (r["w0"], r["w1"]), "_source": r["window_source"],
         })
     sources = sorted({x.pop("_source") for x in ranks})
-    per_rank_window = {x["rank"]: [_ms(v) for v in x.pop("_window")] for x in ranks}
+    per_rank_window = {x["rank"]: [ns_to_ms(v) for v in x.pop("_window")] for x in ranks}
 
     steps = []
     for step in sorted(by_step):
@@ -118,7 +115,7 @@ def build_report(store: Path, opts: Options) -> dict[str, Any]:
                    "gap_ms": opts.gap_ms, "note": window_note, "per_rank": per_rank_window},
         "layout": layout, "ranks": ranks, "steps": steps, "stages": stages, "imbalance": imbalance,
         "stragglers": stragglers, "missing_ranks": missing, "problems": problems,
-        "cpu_phases": [{"rank": c["rank"], "range": c["grp"], "ms_per_step": _ms(c["ns_per_step"]),
+        "cpu_phases": [{"rank": c["rank"], "range": c["grp"], "ms_per_step": ns_to_ms(c["ns_per_step"]),
                         "steps": c["n_steps"]} for c in q["cpu_phases"]],
         "gpu_activity": any(r["gpu_busy_ms"] > 0 for r in ranks),
     }

@@ -243,3 +243,23 @@ def test_align_clocks_on_collective_ends(gpu_fixtures: Path, tmp_path: Path) -> 
     diffs2 = sorted(abs(a - b) for a, b in zip(ends2[0][1], ends2[1][1], strict=True))
     assert diffs[len(diffs) // 2] <= diffs2[len(diffs2) // 2]  # median end mismatch does not grow
     assert diffs[len(diffs) // 2] < 20_000  # and is within 20 us
+
+
+def test_exports_reused_when_newer_than_report(tmp_path: Path, nsys: str) -> None:
+    """A report is exported once; a second collect reuses the export (same file, same mtime),
+    and an export next to its report that is newer than it is used without running nsys."""
+    prog = tmp_path / "p.py"
+    prog.write_text("import nvtx\nwith nvtx.annotate('step 0'):\n    pass\n")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    p = subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none",
+                        "-o", str(reports / "x_1_r0_h.1"), sys.executable, str(prog)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    collect([reports], tmp_path / "run", layout=Layout(), nsys=nsys)
+    export = tmp_path / "run" / "exports" / "x_1_r0_h.1.sqlite"
+    first = export.stat().st_mtime_ns
+    collect([reports], tmp_path / "run", layout=Layout(), nsys=nsys)
+    assert export.stat().st_mtime_ns == first
+    shutil.copy(export, reports / "x_1_r0_h.1.sqlite")  # newer than the .nsys-rep beside it
+    res = collect([reports], tmp_path / "run2", layout=Layout(), nsys="/nonexistent/nsys")
+    assert res.ok_ranks == [0] and not (tmp_path / "run2" / "exports" / "x_1_r0_h.1.sqlite").exists()

@@ -106,3 +106,13 @@ def test_examples_validate_and_resolve() -> None:
     for f in sorted(EXAMPLES.glob("*.yaml")):
         p = run_orch("validate", str(f))
         assert p.returncode == 0, p.stderr
+
+
+def test_gpu_metrics_flag_follows_nsys_version() -> None:
+    from orchestrator.spec.model import NsysInstall
+
+    assert NsysInstall(version="2022.4.2").metrics_flag() == "--gpu-metrics-device"
+    assert NsysInstall(version="2023.2.3").metrics_flag() == "--gpu-metrics-device"
+    assert NsysInstall(version="2025.3.1").metrics_flag() == "--gpu-metrics-devices"
+    assert NsysInstall(version="2022.4", gpu_metrics_flag="--gpu-metrics-devices").metrics_flag() == \
+        "--gpu-metrics-devices"

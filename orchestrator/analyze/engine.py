@@ -88,11 +88,11 @@ def query(store: Path, opts: Options) -> dict[str, Any]:
                 ORDER BY r.rank"""),
             "gaps_by_range": _rows(con, """
                 SELECT rank, range_group, sum(dur) AS ns, count(*) AS n
-                FROM gap_attr GROUP BY ALL ORDER BY rank, ns DESC"""),
+                FROM gap_attr GROUP BY ALL ORDER BY rank, ns DESC, range_group"""),
             "top_gaps": _rows(con, """
                 SELECT rank, s, e, dur, range_group, range_text FROM (
-                    SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur DESC) AS i FROM gap_attr)
-                WHERE i <= ? ORDER BY rank, dur DESC""", [opts.top_gaps]),
+                    SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur DESC, s) AS i FROM gap_attr)
+                WHERE i <= ? ORDER BY rank, dur DESC, s""", [opts.top_gaps]),
             "steps": _rows(con, """
                 SELECT s.rank, s.step, s.ns, (s.step = f.first_step) AS warmup
                 FROM step_gpu s JOIN first_step f USING (rank) ORDER BY s.step, s.rank"""),
@@ -102,22 +102,22 @@ def query(store: Path, opts: Options) -> dict[str, Any]:
                 SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,
                        sum(least(m."end", w.w1) - greatest(m.start, w.w0)) AS ns
                 FROM memcpy m JOIN win w USING (rank)
-                WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL"""),
+                WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL ORDER BY ALL"""),
             "kernel_stats": _rows(con, """
                 SELECT o.rank, count(*) AS n, median(o."end" - o.start) AS median_ns,
                        count(DISTINCT o.step) AS n_steps
                 FROM gpu_ops o JOIN win w USING (rank)
-                WHERE o.kind = 'kernel' AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank"""),
+                WHERE o.kind = 'kernel' AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank ORDER BY o.rank"""),
             "small_gaps": _rows(con, """
                 WITH b AS (SELECT rank, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS nx
                            FROM islands WHERE cls = 'busy')
                 SELECT rank, count(*) AS n, sum(nx - e) AS ns FROM b, params p
-                WHERE nx IS NOT NULL AND nx - e < p.gap_ns GROUP BY rank"""),
+                WHERE nx IS NOT NULL AND nx - e < p.gap_ns GROUP BY rank ORDER BY rank"""),
             "straggler_context": _rows(con, """
                 -- While the others waited for a late rank: its GPU gaps there, by CPU range.
                 SELECT w.rank, g.range_group, sum(least(g.e, w.e) - greatest(g.s, w.s)) AS ns
                 FROM late_windows w JOIN gap_attr g ON g.rank = w.rank AND g.s < w.e AND g.e > w.s
-                GROUP BY ALL ORDER BY w.rank, ns DESC"""),
+                GROUP BY ALL ORDER BY w.rank, ns DESC, g.range_group"""),
             "late_busy": _rows(con, """
                 -- How long those waits were in total, and how much of it the late GPU was busy.
                 SELECT w.rank, any_value(t.ns) AS wait_ns,
@@ -125,7 +125,7 @@ def query(store: Path, opts: Options) -> dict[str, Any]:
                 FROM late_windows w
                 JOIN (SELECT rank, sum(e - s) AS ns FROM late_windows GROUP BY rank) t USING (rank)
                 LEFT JOIN islands i ON i.rank = w.rank AND i.cls = 'busy' AND i.s < w.e AND i.e > w.s
-                GROUP BY w.rank"""),
+                GROUP BY w.rank ORDER BY w.rank"""),
         }
     except duckdb.Error as e:
         raise OrchError(f"analysis failed on {store}: {str(e).splitlines()[0]}; "

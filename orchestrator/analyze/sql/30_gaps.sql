@@ -20,7 +20,7 @@ WHERE n.domain_id = 0 AND n.text IS NOT NULL AND s.rank IS NULL;
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH cand AS (
     SELECT g.rank, g.s, g.e, g.dur, c.text, c.depth, c."end" - c.start AS len,
-           row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start) AS pick
+           row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick
     FROM gaps g JOIN cpu_ranges c
       ON c.rank = g.rank AND c.start < g.e AND c."end" > g.s
     WHERE 2 * (least(c."end", g.e) - greatest(c.start, g.s)) >= g.dur

@@ -4,6 +4,7 @@ diff, export-trace. Each handler parses its arguments and calls one stage module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 from collections.abc import Callable
@@ -216,14 +217,9 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     from orchestrator.analyze.report import build_report
 
     opts = _options(a)
-    if a.out:
-        dest = Path(a.out)
-        res = _collect_from_paths(a.paths, dest, a)
-        _print_collect(res)
-        _emit(build_report(res.store, opts), a)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="orch-analyze-") as tmp:
-        res = _collect_from_paths(a.paths, Path(tmp), a)
+    place = contextlib.nullcontext(a.out) if a.out else tempfile.TemporaryDirectory(prefix="orch-analyze-")
+    with place as dest:
+        res = _collect_from_paths(a.paths, Path(dest), a)
         _print_collect(res)
         _emit(build_report(res.store, opts), a)
     return 0

@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchError
-from orchestrator.fsutil import write_json_atomic
-
-__all__ = ["MANIFEST", "STORE", "default_root", "find_run", "read_manifest", "write_json_atomic"]
 
 MANIFEST = "manifest.json"
 STORE = "profile.duckdb"

@@ -169,6 +169,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         finally:
             cur.close()
 
+    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     con.execute("ATTACH ':memory:' AS stg")
     for w in range(workers):
         con.execute(create_event_tables_sql(f"_stage{w}", prefix="stg."))
@@ -177,7 +178,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         con.execute(f"CREATE TEMP VIEW {table}_stage AS {union}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(worker, range(workers)))
-    con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
+    con.execute(f"SET threads = {threads}")  # `threads` is global: the workers changed it
 
 
 def drop_staging(con: duckdb.DuckDBPyConnection) -> None:
@@ -202,6 +203,7 @@ def build_store(
         # Staging lives in memory; past this it spills to a temp directory instead of growing.
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         use_scanner = engine in ("auto", "scanner") and load_scanner(con)
+        used = "scanner" if use_scanner else "sqlite3"
         if engine == "scanner" and not use_scanner:
             raise OrchError(
                 "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
@@ -219,7 +221,7 @@ def build_store(
         meta = {
             "orch_version": __version__, "store_version": STORE_VERSION,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "engine": "scanner" if use_scanner else "sqlite3", "clock_base_utc_ns": base,
+            "engine": used, "clock_base_utc_ns": base,
             "layout": json.dumps({"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
                                   "known": layout.known, "world_size": layout.world_size,
                                   "nproc_per_node": layout.nproc_per_node}),
@@ -235,7 +237,7 @@ def build_store(
         raise
     con.close()
     os.replace(tmp, store)
-    return "scanner" if use_scanner else "sqlite3"
+    return used
 
 
 def _append(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.fsutil import write_json_atomic
 from orchestrator.render import render
-from orchestrator.rundir import MANIFEST, default_root, read_manifest, write_json_atomic
+from orchestrator.rundir import MANIFEST, default_root, read_manifest
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.executors import (
     TERMINAL,

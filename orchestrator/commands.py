@@ -9,7 +9,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -19,6 +19,9 @@ from orchestrator.rundir import STORE, find_run, read_manifest
 # Wide enough for the per-rank table when the output goes to a file or a CI log.
 out = Console(highlight=False, soft_wrap=True, width=None if Console().is_terminal else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from orchestrator.analyze.model import Report
+
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -184,14 +187,14 @@ def _store_of(ref: str, runs: str | None) -> Path:
     return find_run(ref, Path(runs) if runs else None) / STORE
 
 
-def _emit(report: dict[str, Any], a: argparse.Namespace) -> None:
-    from orchestrator.fsutil import write_json_atomic, write_text_atomic
+def _emit(report: Report, a: argparse.Namespace) -> None:
+    from orchestrator.fsutil import write_text_atomic
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
 
     print_report(report, out)
     if a.json:
-        write_json_atomic(Path(a.json), report)
+        write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {a.json}")
     if a.html:
         write_text_atomic(Path(a.html), render_html(report))
@@ -199,11 +202,12 @@ def _emit(report: dict[str, Any], a: argparse.Namespace) -> None:
 
 
 def _options(a: argparse.Namespace):
-    from orchestrator.analyze.engine import Options, parse_steps
+    from orchestrator.analyze.engine import Options, check_regex, parse_steps
 
     if a.gap_ms <= 0:
         raise OrchError("--gap-ms must be > 0")
-    return Options(gap_ms=a.gap_ms, steps=parse_steps(a.steps))
+    return Options(gap_ms=a.gap_ms, steps=parse_steps(a.steps), steps_from=check_regex(a.steps_from),
+                   microbatches=a.microbatches)
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -225,16 +229,14 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     return 0
 
 
-def _load_report(ref: str, runs: str | None) -> dict[str, Any]:
+def _load_report(ref: str, runs: str | None) -> Report:
     from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.model import load_report
     from orchestrator.analyze.report import build_report
 
     p = Path(ref)
     if p.is_file() and p.suffix == ".json":
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise OrchError(f"{p} is not a report JSON written by `orch report --json`") from None
+        return load_report(p)
     return build_report(_store_of(ref, runs), Options())
 
 
@@ -283,6 +285,9 @@ def _report_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", help="write a self-contained HTML report")
     p.add_argument("--steps", help="A:B: analyze steps A..B (default: all steps after the first)")
     p.add_argument("--gap-ms", type=float, default=1.0, help="smallest GPU idle gap reported (ms)")
+    p.add_argument("--steps-from", metavar="REGEX",
+                   help="NVTX ranges whose name matches REGEX are the steps (default: detected)")
+    p.add_argument("--microbatches", type=int, help="pipeline microbatches per step (for the bubble's theory)")
 
 
 def _collect_opts(p: argparse.ArgumentParser) -> None:

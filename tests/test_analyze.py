@@ -20,7 +20,7 @@ def reports(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
                          ("pp_imbalance", Layout(tp=1, pp=2, dp=1, world_size=2, known=True))):
         run = tmp_path_factory.mktemp(case)
         res = collect([gpu_fixtures / case], run, layout=layout, workers=2)
-        out[case] = build_report(res.store, Options())
+        out[case] = build_report(res.store, Options()).model_dump()
     return out
 
 
@@ -104,11 +104,11 @@ def test_healthy_capture_lateness_in_proportion(reports) -> None:
 
 def test_steps_option_and_whole_capture(gpu_fixtures: Path, tmp_path: Path) -> None:
     res = collect([gpu_fixtures / "ddp_straggler"], tmp_path, layout=Layout(), workers=1)
-    rep = build_report(res.store, Options(steps=(3, 5)))
+    rep = build_report(res.store, Options(steps=(3, 5))).model_dump()
     steps = {s["step"] for r in rep["ranks"] for s in r["step_ms"]}
     assert {3, 4, 5} <= steps
     assert rep["window"]["steps"] == [3, 5]
-    full = build_report(res.store, Options())
+    full = build_report(res.store, Options()).model_dump()
     assert rep["ranks"][0]["window_ms"] < full["ranks"][0]["window_ms"]
 
 
@@ -138,7 +138,7 @@ def test_rules_without_a_real_fixture(tmp_path: Path) -> None:
     """pageable copies, exposed communication and launch-bound kernels, on synthetic exports
     whose numbers are known by construction."""
     res = collect([_synthetic_run(tmp_path / "in")], tmp_path / "run", layout=Layout())
-    rep = build_report(res.store, Options())
+    rep = build_report(res.store, Options()).model_dump()
     kinds = {f["kind"]: f for f in rep["findings"]}
     assert {"pageable_memcpy", "exposed_communication", "launch_bound"} <= set(kinds), list(kinds)
     assert "straggler" not in kinds

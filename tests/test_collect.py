@@ -145,7 +145,7 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
     from orchestrator.analyze.engine import Options
     from orchestrator.analyze.report import build_report
 
-    rep = build_report(res.store, Options())
+    rep = build_report(res.store, Options()).model_dump()
     assert rep["missing_ranks"] == [9]
     assert {p["rank"] for p in rep["problems"] if p["status"] == "error"} == {2, 3, 4, 5, 7, 8}
     dup = con.execute("SELECT status, reason FROM sources WHERE file LIKE '%vm.9.sqlite'").fetchone()

@@ -37,7 +37,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
             files.append(dest)
         res = collect([d / "in"], d / "run", layout=layout)
         assert res.ok_ranks == [0, 1]
-        out[run] = (build_report(res.store, Options()), files)
+        out[run] = (build_report(res.store, Options()).model_dump(), files)
     return out
 
 

@@ -105,3 +105,18 @@ def test_report_cli_errors(tmp_path: Path) -> None:
     assert p.returncode == 2 and "no reports" in p.stderr
     p = run_orch("report", "x", "--steps", "5:2")
     assert p.returncode == 2
+
+
+def test_json_validates_against_shipped_schema(analyzed: dict[str, Path]) -> None:
+    """docs/report.schema.json is generated from the Report model and every report validates."""
+    import jsonschema
+
+    from orchestrator.analyze.model import json_schema
+
+    shipped = Path(__file__).parents[1] / "docs" / "report.schema.json"
+    assert shipped.read_text() == json_schema(), "regenerate: python -m orchestrator.analyze.model > " + str(shipped)
+    schema = json.loads(shipped.read_text())
+    for case in analyzed.values():
+        jsonschema.validate(json.loads((case / "r.json").read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"schema_version": 2, "ranks": "nope"}, schema)

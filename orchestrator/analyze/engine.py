@@ -1,13 +1,14 @@
-"""Run the analysis SQL over a merged store and return small per-rank/per-stage tables.
+"""Run the analysis SQL over a merged store; hand named views to the report and the rules.
 
-All row-level work (interval unions, gap attribution, collective matching) is SQL in
-`analyze/sql/NN_*.sql`, executed in order in an in-memory DuckDB that attaches the store
-read-only. Python only sees the aggregated results (a few rows per rank).
+All row-level work (interval unions, gap attribution, collective matching, step detection)
+is SQL in `analyze/sql/NN_*.sql`, executed in order in an in-memory DuckDB that attaches the
+store read-only. Each file's header says what it reads and which tables/views it provides;
+shared idioms are macros in `00_macros.sql`. Python only reads the small result views.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,17 +16,27 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.collect.ingest import sql_literal
 from orchestrator.errors import OrchError
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
+STORE_VERSIONS = {"1", "2"}  # store layouts this analysis reads
 
 
 @dataclass(frozen=True)
 class Options:
+    """What the user chose for one analysis (CLI flags, or `orchestrator.analyze(...)` kwargs)."""
+
     gap_ms: float = 1.0
     steps: tuple[int, int] | None = None  # inclusive step numbers; None = all but the first
     top_gaps: int = 10
+    steps_from: str | None = None  # regex naming the NVTX ranges that are steps (overrides detection)
+    microbatches: int | None = None  # pipeline microbatches per step, for the bubble's theory
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gap_ms, int | float) and math.isfinite(self.gap_ms) and self.gap_ms > 0):
+            raise OrchError(f"--gap-ms {self.gap_ms}: use a positive number of milliseconds, e.g. --gap-ms 1")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise OrchError(f"--microbatches {self.microbatches}: use a positive integer")
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -41,12 +52,26 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
     return a, b
 
 
+def check_regex(pattern: str | None) -> str | None:
+    """Compile a --steps-from pattern with DuckDB's own engine, so a bad one fails in one line."""
+    if pattern is None:
+        return None
+    try:
+        duckdb.connect().execute("SELECT regexp_matches('', ?)", [pattern])
+    except duckdb.Error as e:
+        raise OrchError(f"--steps-from {pattern!r} is not a valid regular expression "
+                        f"({str(e).splitlines()[0]}); e.g. --steps-from '^train_step'") from None
+    return pattern
+
+
 def open_store(store: Path) -> duckdb.DuckDBPyConnection:
-    if not store.is_file():
+    """An in-memory DuckDB with the store attached read-only as the default schema."""
+    if not Path(store).is_file():
         raise OrchError(f"{store} does not exist; run `orch collect` first")
     con = duckdb.connect()
     try:
-        con.execute(f"ATTACH '{sql_literal(str(store))}' AS store (READ_ONLY)")
+        # ATTACH takes no parameters: the path goes in as a quoted literal.
+        con.execute("ATTACH '" + str(store).replace("'", "''") + "' AS store (READ_ONLY)")
     except duckdb.Error as e:
         con.close()
         reason = str(e).splitlines()[0]
@@ -55,80 +80,56 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict[str, Any]]:
-    cur = con.execute(sql, params or [])
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r, strict=False)) for r in cur.fetchall()]
-
-
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
+    """Create every analysis table/view (temp objects, the store stays untouched)."""
     lo, hi = opts.steps if opts.steps else (None, None)
     con.execute("CREATE OR REPLACE TEMP TABLE params AS SELECT CAST(? AS BIGINT) AS gap_ns, "
-                "CAST(? AS INTEGER) AS step_lo, CAST(? AS INTEGER) AS step_hi",
-                [int(opts.gap_ms * 1e6), lo, hi])
+                "CAST(? AS INTEGER) AS step_lo, CAST(? AS INTEGER) AS step_hi, CAST(? AS VARCHAR) AS steps_from, "
+                "CAST(? AS INTEGER) AS microbatches",
+                [int(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches])
     for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
         con.execute(f.read_text())
 
 
-def query(store: Path, opts: Options) -> dict[str, Any]:
-    """Everything the report needs, as plain Python values (ns unless named _ms/_pct)."""
+class Views:
+    """Read access to the analysis views, as lists of dicts in a stable order (cached)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self._cache: dict[str, list[dict[str, Any]]] = {}
+
+    def rows(self, view: str) -> list[dict[str, Any]]:
+        if view not in self._cache:
+            self._cache[view] = self.query(f"SELECT * FROM {view} ORDER BY ALL")  # view names are ours
+        return self._cache[view]
+
+    def by_rank(self, view: str) -> dict[int, dict[str, Any]]:
+        return {r["rank"]: r for r in self.rows(view)}
+
+    def query(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+        cur = self.con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def scalar(self, sql: str, params: list | None = None) -> Any:
+        row = self.con.execute(sql, params or []).fetchone()
+        return row[0] if row else None
+
+
+def analysis(store: Path, opts: Options) -> tuple[duckdb.DuckDBPyConnection, Views]:
+    """Open `store`, run the SQL, and return the connection (caller closes) and its views."""
     con = open_store(store)
     try:
+        version = Views(con).scalar("SELECT value FROM meta WHERE key = 'store_version'")
+        if version is not None and str(version) not in STORE_VERSIONS:
+            raise OrchError(f"{store} was written by another orch (store version {version}); "
+                            "re-run `orch collect` with this orch")
         run_sql(con, opts)
-        meta = {r["key"]: r["value"] for r in _rows(con, "SELECT key, value FROM meta")}
-        return {
-            "meta": meta,
-            "layout": json.loads(meta.get("layout", "{}")),
-            "ranks": _rows(con, """
-                SELECT r.rank, r.host, r.stage, r.status, r.error, r.gpu_name, r.node,
-                       m.window_ns, m.w0, m.w1, m.source AS window_source, m.compute_ns, m.comm_ns,
-                       m.overlap_ns, m.busy_ns, m.p2p_ns, c.nccl_wait_ns, c.late_count, c.n_coll,
-                       c.wait_caused_ns, c.group_size, c.median_lateness_ns
-                FROM ranks r LEFT JOIN rank_metrics m USING (rank) LEFT JOIN coll_rank c USING (rank)
-                ORDER BY r.rank"""),
-            "gaps_by_range": _rows(con, """
-                SELECT rank, range_group, sum(dur) AS ns, count(*) AS n
-                FROM gap_attr GROUP BY ALL ORDER BY rank, ns DESC, range_group"""),
-            "top_gaps": _rows(con, """
-                SELECT rank, s, e, dur, range_group, range_text FROM (
-                    SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur DESC, s) AS i FROM gap_attr)
-                WHERE i <= ? ORDER BY rank, dur DESC, s""", [opts.top_gaps]),
-            "steps": _rows(con, """
-                SELECT s.rank, s.step, s.ns, (s.step = f.first_step) AS warmup
-                FROM step_gpu s JOIN first_step f USING (rank) ORDER BY s.step, s.rank"""),
-            "cpu_phases": _rows(con, "SELECT * FROM cpu_phases ORDER BY grp, rank"),
-            "has_steps": con.execute("SELECT count(*) > 0 FROM steps").fetchone()[0],
-            "memcpy": _rows(con, """
-                SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,
-                       sum(least(m."end", w.w1) - greatest(m.start, w.w0)) AS ns
-                FROM memcpy m JOIN win w USING (rank)
-                WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL ORDER BY ALL"""),
-            "kernel_stats": _rows(con, """
-                SELECT o.rank, count(*) AS n, median(o."end" - o.start) AS median_ns,
-                       count(DISTINCT o.step) AS n_steps
-                FROM gpu_ops o JOIN win w USING (rank)
-                WHERE o.kind = 'kernel' AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank ORDER BY o.rank"""),
-            "small_gaps": _rows(con, """
-                WITH b AS (SELECT rank, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS nx
-                           FROM islands WHERE cls = 'busy')
-                SELECT rank, count(*) AS n, sum(nx - e) AS ns FROM b, params p
-                WHERE nx IS NOT NULL AND nx - e < p.gap_ns GROUP BY rank ORDER BY rank"""),
-            "straggler_context": _rows(con, """
-                -- While the others waited for a late rank: its GPU gaps there, by CPU range.
-                SELECT w.rank, g.range_group, sum(least(g.e, w.e) - greatest(g.s, w.s)) AS ns
-                FROM late_windows w JOIN gap_attr g ON g.rank = w.rank AND g.s < w.e AND g.e > w.s
-                GROUP BY ALL ORDER BY w.rank, ns DESC, g.range_group"""),
-            "late_busy": _rows(con, """
-                -- How long those waits were in total, and how much of it the late GPU was busy.
-                SELECT w.rank, any_value(t.ns) AS wait_ns,
-                       coalesce(sum(least(i.e, w.e) - greatest(i.s, w.s)), 0) AS busy_ns
-                FROM late_windows w
-                JOIN (SELECT rank, sum(e - s) AS ns FROM late_windows GROUP BY rank) t USING (rank)
-                LEFT JOIN islands i ON i.rank = w.rank AND i.cls = 'busy' AND i.s < w.e AND i.e > w.s
-                GROUP BY w.rank ORDER BY w.rank"""),
-        }
     except duckdb.Error as e:
+        con.close()
         raise OrchError(f"analysis failed on {store}: {str(e).splitlines()[0]}; "
                         "re-run `orch collect` to rebuild the store") from None
-    finally:
+    except BaseException:
         con.close()
+        raise
+    return con, Views(con)

@@ -1,123 +1,122 @@
-"""Assemble the cross-rank report (the documented JSON schema) from the SQL results.
+"""Assemble the typed cross-rank `Report` from the analysis views, then run the rules.
 
-Schema (all times in ms, percentages 0-100):
-  window      {source, steps, gap_ms, note, per_rank{rank: [start_ms, end_ms]}}
-  ranks[]     rank, host, stage, status, window_ms, compute_ms, comm_ms, overlap_ms,
-              comm_overlap_pct, exposed_comm_ms, gpu_busy_ms, gpu_idle_pct, p2p_ms (NCCL
-              send/recv share of comm_ms), nccl_wait_ms,
-              late_count, collectives, gaps_by_range_ms{}, top_gaps[], step_ms[]
-  steps[]     step, ms_by_rank{}, spread_ms, warmup
-  stages[]    stage, ranks, compute_ms (mean), bubble_pct (mean of 100*(1-compute/window))
-  imbalance   {ratio, slowest_stage, fastest_stage} or null without a layout
-  stragglers[] rank, late_count, collectives, wait_caused_ms, share_of_window_pct, p_value
-  findings[]  kind, severity, ranks, title, evidence, fix, cost_ms
-  missing_ranks[], problems[]   ranks without data and why (status error/missing/duplicate),
-              or with partial data (status partial: missing tables/columns)
-  cpu_phases[] rank, range, ms_per_step, steps: CPU self time per step in each NVTX range
-  gpu_activity  false for CPU-only captures (the GPU metrics are then all zero)
+Every metric comes from a view in `analyze/sql/` (ns there); this module only converts units
+(ns -> ms) and shapes rows into the models of `analyze/model.py`.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from orchestrator import __version__
-from orchestrator.analyze.engine import Options, query
-from orchestrator.analyze.findings import find_all, ns_to_ms, straggler_stats
+from orchestrator.analyze.engine import Options, Views, analysis
+from orchestrator.analyze.model import (
+    CpuPhase,
+    Gap,
+    Imbalance,
+    Problem,
+    RankMetrics,
+    Report,
+    StageMetrics,
+    StepRow,
+    StepTime,
+    Straggler,
+    Window,
+)
+from orchestrator.analyze.rules import find_all
+from orchestrator.analyze.rules.base import Context, ns_to_ms
 
-SCHEMA_VERSION = 1
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns_to_ms(ns)
 
 
-def _pct(a: float, b: float) -> float:
-    return round(100.0 * a / b, 2) if b else 0.0
-
-
-def build_report(store: Path, opts: Options) -> dict[str, Any]:
-    q = query(store, opts)
+def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
     gaps_by: dict[int, dict[str, float]] = defaultdict(dict)
-    for g in q["gaps_by_range"]:
+    for g in v.query("SELECT rank, range_group, sum(dur) AS ns FROM gap_attr GROUP BY ALL "
+                     "ORDER BY rank, ns DESC, range_group"):
         gaps_by[g["rank"]][g["range_group"]] = ns_to_ms(g["ns"])
-    top: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for g in q["top_gaps"]:
-        top[g["rank"]].append({"start_ms": ns_to_ms(g["s"]), "ms": ns_to_ms(g["dur"]),
-                               "range": g["range_group"], "text": g["range_text"]})
-    step_ms: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    by_step: dict[int, dict[int, float]] = defaultdict(dict)
-    warm: dict[int, bool] = {}
-    for s in q["steps"]:
-        step_ms[s["rank"]].append({"step": s["step"], "ms": ns_to_ms(s["ns"]), "warmup": bool(s["warmup"])})
-        by_step[s["step"]][s["rank"]] = ns_to_ms(s["ns"])
-        warm[s["step"]] = warm.get(s["step"], False) or bool(s["warmup"])
+    top: dict[int, list[Gap]] = defaultdict(list)
+    for g in v.query("""SELECT rank, s, dur, range_group, range_text FROM (
+                            SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur DESC, s) AS i FROM gap_attr)
+                        WHERE i <= ? ORDER BY rank, dur DESC, s""", [opts.top_gaps]):
+        top[g["rank"]].append(Gap(start_ms=ns_to_ms(g["s"]), ms=ns_to_ms(g["dur"]), range=g["range_group"],
+                                  text=g["range_text"]))
+    steps: dict[int, list[StepTime]] = defaultdict(list)
+    for s in v.query("SELECT rank, step, ns, warmup FROM step_gpu ORDER BY step, rank"):
+        steps[s["rank"]].append(StepTime(step=s["step"], ms=ns_to_ms(s["ns"]), warmup=bool(s["warmup"])))
+    out = []
+    for r in v.rows("rank_metrics"):
+        rk = r["rank"]
+        out.append(RankMetrics(
+            rank=rk, host=r["host"], stage=r["stage"], status=r["status"],
+            window_ms=ns_to_ms(r["window_ns"]), compute_ms=ns_to_ms(r["compute_ns"]),
+            comm_ms=ns_to_ms(r["comm_ns"]), overlap_ms=ns_to_ms(r["overlap_ns"]),
+            comm_overlap_pct=r["comm_overlap_pct"], exposed_comm_ms=ns_to_ms(r["exposed_comm_ns"]),
+            gpu_busy_ms=ns_to_ms(r["busy_ns"]), gpu_idle_pct=r["gpu_idle_pct"], p2p_ms=ns_to_ms(r["p2p_ns"]),
+            nccl_wait_ms=ns_to_ms(r["nccl_wait_ns"]), late_count=int(r["late_count"]),
+            collectives=int(r["n_coll"]), mean_step_ms=_ms(r["mean_step_ns"]), p90_step_ms=_ms(r["p90_step_ns"]),
+            gaps_by_range_ms=gaps_by.get(rk, {}), top_gaps=top.get(rk, []), step_ms=steps.get(rk, []),
+        ))
+    return out
 
-    ranks, problems, missing = [], [], []
-    for r in q["ranks"]:
-        if r["status"] == "missing":
-            missing.append(r["rank"])
-        if r["status"] != "ok":
-            problems.append({"rank": r["rank"], "status": r["status"], "reason": r["error"]})
-        if r["window_ns"] is None:
-            continue
-        win, comm, ov, busy = r["window_ns"], r["comm_ns"], r["overlap_ns"], r["busy_ns"]
-        ranks.append({
-            "rank": r["rank"], "host": r["host"], "stage": r["stage"], "status": r["status"],
-            "window_ms": ns_to_ms(win), "compute_ms": ns_to_ms(r["compute_ns"]), "comm_ms": ns_to_ms(comm),
-            "overlap_ms": ns_to_ms(ov), "comm_overlap_pct": _pct(ov, comm),
-            "exposed_comm_ms": ns_to_ms(comm - ov), "gpu_busy_ms": ns_to_ms(busy),
-            "gpu_idle_pct": round(100.0 - _pct(busy, win), 2) if win else 0.0,
-            "p2p_ms": ns_to_ms(r["p2p_ns"]), "nccl_wait_ms": ns_to_ms(r["nccl_wait_ns"]),
-            "late_count": int(r["late_count"] or 0),
-            "collectives": int(r["n_coll"] or 0),
-            "gaps_by_range_ms": gaps_by.get(r["rank"], {}),
-            "top_gaps": top.get(r["rank"], []),
-            "step_ms": step_ms.get(r["rank"], []),
-            "_window": (r["w0"], r["w1"]), "_source": r["window_source"],
-        })
-    sources = sorted({x.pop("_source") for x in ranks})
-    per_rank_window = {x["rank"]: [ns_to_ms(v) for v in x.pop("_window")] for x in ranks}
 
-    steps = []
-    for step in sorted(by_step):
-        vals = by_step[step]
-        steps.append({"step": step, "ms_by_rank": {str(k): v for k, v in sorted(vals.items())},
-                      "spread_ms": round(max(vals.values()) - min(vals.values()), 3),
-                      "warmup": warm[step]})
+def _steps(v: Views) -> list[StepRow]:
+    rows = v.query("""SELECT step, list(rank ORDER BY rank) AS ranks, list(ns ORDER BY rank) AS ns,
+                             bool_or(warmup) AS warmup
+                      FROM step_gpu WHERE rank IN (SELECT rank FROM rank_metrics) GROUP BY step ORDER BY step""")
+    out = []
+    for r in rows:
+        vals = {str(k): ns_to_ms(ns) for k, ns in zip(r["ranks"], r["ns"], strict=True)}
+        out.append(StepRow(step=r["step"], ms_by_rank=vals,
+                           spread_ms=round(max(vals.values()) - min(vals.values()), 3), warmup=r["warmup"]))
+    return out
 
-    layout = q["layout"]
-    stages, imbalance = [], None
-    if layout.get("known"):
-        per_stage: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for x in ranks:
-            if x["stage"] is not None:
-                per_stage[x["stage"]].append(x)
-        for st, xs in sorted(per_stage.items()):
-            stages.append({
-                "stage": st, "ranks": [x["rank"] for x in xs],
-                "compute_ms": round(sum(x["compute_ms"] for x in xs) / len(xs), 3),
-                "bubble_pct": round(sum(100 - _pct(x["compute_ms"], x["window_ms"]) for x in xs) / len(xs), 2),
-                "gpu_idle_pct": round(sum(x["gpu_idle_pct"] for x in xs) / len(xs), 2),
-            })
-        if len(stages) > 1 and min(s["compute_ms"] for s in stages) > 0:
-            hi = max(stages, key=lambda s: s["compute_ms"])
-            lo = min(stages, key=lambda s: s["compute_ms"])
-            imbalance = {"ratio": round(hi["compute_ms"] / lo["compute_ms"], 3),
-                         "slowest_stage": hi["stage"], "fastest_stage": lo["stage"]}
 
-    stragglers = straggler_stats(q, ranks)
-    window_note = (
-        "no `step N` NVTX ranges: the whole capture is the window" if not q["has_steps"]
-        else ("steps " + (f"{opts.steps[0]}..{opts.steps[1]}" if opts.steps else "after each rank's first"))
-    )
-    report = {
-        "schema_version": SCHEMA_VERSION, "orch_version": __version__, "store": str(store),
-        "window": {"source": sources, "steps": list(opts.steps) if opts.steps else None,
-                   "gap_ms": opts.gap_ms, "note": window_note, "per_rank": per_rank_window},
-        "layout": layout, "ranks": ranks, "steps": steps, "stages": stages, "imbalance": imbalance,
-        "stragglers": stragglers, "missing_ranks": missing, "problems": problems,
-        "cpu_phases": [{"rank": c["rank"], "range": c["grp"], "ms_per_step": ns_to_ms(c["ns_per_step"]),
-                        "steps": c["n_steps"]} for c in q["cpu_phases"]],
-        "gpu_activity": any(r["gpu_busy_ms"] > 0 for r in ranks),
-    }
-    report["findings"] = find_all(q, report)
-    return report
+def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
+    src = v.query("SELECT family, pattern FROM step_source")
+    per_rank = {r["rank"]: [ns_to_ms(r["w0"]), ns_to_ms(r["w1"])] for r in v.rows("rank_metrics")}
+    sources = sorted({r["window_source"] for r in v.rows("rank_metrics")})
+    if not src:
+        note, step_source = "no step ranges found: the whole capture is the window", "none"
+    else:
+        note = "steps " + (f"{opts.steps[0]}..{opts.steps[1]}" if opts.steps else "after each rank's first")
+        label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
+                 3: "repeated NVTX ranges"}[src[0]["family"]]
+        step_source = f"{label} (e.g. `{src[0]['pattern']}`)"
+    return Window(source=sources, steps=list(opts.steps) if opts.steps else None, gap_ms=opts.gap_ms, note=note,
+                  step_source=step_source, per_rank=per_rank)
+
+
+def build_report(store: Path, opts: Options) -> Report:
+    con, v = analysis(store, opts)
+    try:
+        ranks = _rank_metrics(v, opts)
+        meta = {r["key"]: r["value"] for r in v.query("SELECT key, value FROM meta")}
+        layout = json.loads(meta.get("layout", "{}"))
+        all_ranks = v.query("SELECT rank, status, error FROM ranks ORDER BY rank")
+        report = Report(
+            orch_version=__version__, store=str(store), window=_window(v, opts, ranks), layout=layout,
+            ranks=ranks, steps=_steps(v),
+            stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
+                                 bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"])
+                    for s in v.rows("stage_metrics")],
+            imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
+            stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],
+                                  group_size=s["group_size"], wait_caused_ms=ns_to_ms(s["wait_caused_ns"]),
+                                  median_lateness_ms=ns_to_ms(s["median_lateness_ns"]),
+                                  share_of_window_pct=s["share_of_window_pct"], p_value=float(f"{s['p_value']:.3g}"))
+                        for s in sorted(v.rows("stragglers"), key=lambda s: -s["wait_caused_ns"])],
+            missing_ranks=[r["rank"] for r in all_ranks if r["status"] == "missing"],
+            problems=[Problem(rank=r["rank"], status=r["status"], reason=r["error"])
+                      for r in all_ranks if r["status"] != "ok"],
+            cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ns_to_ms(c["ns_per_step"]),
+                                 steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
+            gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
+        )
+        report.findings = find_all(Context(views=v, report=report, opts=opts))
+        return report
+    finally:
+        con.close()

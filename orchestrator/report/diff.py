@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.analyze.model import RankMetrics, Report
+
 # metric -> (direction where bigger is worse?, threshold, kind)
 METRICS: dict[str, tuple[bool, float, str]] = {
     "gpu_idle_pct": (True, 5.0, "points"),
@@ -16,25 +18,28 @@ METRICS: dict[str, tuple[bool, float, str]] = {
     "compute_ms": (True, 0.10, "relative"),
     "nccl_wait_ms": (True, 0.25, "relative"),
     "mean_step_ms": (True, 0.05, "relative"),
+    "p90_step_ms": (True, 0.10, "relative"),
 }
 # Relative changes below this many ms are noise whatever their percentage.
 MIN_ABS_MS = 1.0
 
 
-def _mean_step(r: dict[str, Any]) -> float:
-    xs = [s["ms"] for s in r["step_ms"] if not s["warmup"]]
-    return sum(xs) / len(xs) if xs else 0.0
+def _value(r: RankMetrics, metric: str) -> float:
+    if metric == "mean_step_ms" and r.mean_step_ms is None:  # reports without step statistics
+        xs = [s.ms for s in r.step_ms if not s.warmup]
+        return sum(xs) / len(xs) if xs else 0.0
+    v = getattr(r, metric)
+    return float(v or 0.0)
 
 
-def diff_reports(a: dict[str, Any], b: dict[str, Any], scale: float = 1.0) -> dict[str, Any]:
+def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
     """Deltas from A (baseline) to B (candidate); `scale` multiplies every threshold."""
-    ra = {r["rank"]: r for r in a["ranks"]}
-    rb = {r["rank"]: r for r in b["ranks"]}
+    ra = {r.rank: r for r in a.ranks}
+    rb = {r.rank: r for r in b.ranks}
     rows, regressions = [], []
     for rank in sorted(set(ra) & set(rb)):
         for metric, (worse_up, thr, kind) in METRICS.items():
-            va = _mean_step(ra[rank]) if metric == "mean_step_ms" else float(ra[rank][metric])
-            vb = _mean_step(rb[rank]) if metric == "mean_step_ms" else float(rb[rank][metric])
+            va, vb = _value(ra[rank], metric), _value(rb[rank], metric)
             delta = vb - va
             bad = delta if worse_up else -delta
             if kind == "points":

@@ -8,7 +8,8 @@ Every user- or trace-derived string goes through html.escape.
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+
+from orchestrator.analyze.model import Report
 
 COLORS = {"compute": "#2e7d32", "exposed comm": "#c62828", "other GPU": "#f9a825", "idle": "#cfd8dc"}
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}h2{margin-top:28px}
@@ -22,22 +23,22 @@ def _e(x: object) -> str:
     return escape(str(x), quote=True)
 
 
-def rank_bars(report: dict[str, Any]) -> str:
-    ranks = report["ranks"]
+def rank_bars(report: Report) -> str:
+    ranks = report.ranks
     width, bar_h, left = 640, 18, 70
-    top = max((r["window_ms"] for r in ranks), default=0) or 1
+    top = max((r.window_ms for r in ranks), default=0) or 1
     rows = []
     for i, r in enumerate(ranks):
-        other = max(0.0, r["gpu_busy_ms"] - r["compute_ms"] - r["exposed_comm_ms"])
-        parts = [("compute", r["compute_ms"]), ("exposed comm", r["exposed_comm_ms"]),
-                 ("other GPU", other), ("idle", max(0.0, r["window_ms"] - r["gpu_busy_ms"]))]
+        other = max(0.0, r.gpu_busy_ms - r.compute_ms - r.exposed_comm_ms)
+        parts = [("compute", r.compute_ms), ("exposed comm", r.exposed_comm_ms),
+                 ("other GPU", other), ("idle", max(0.0, r.window_ms - r.gpu_busy_ms))]
         x, y = left, 10 + i * (bar_h + 6)
-        rows.append(f'<text x="0" y="{y + 13}">rank {_e(r["rank"])}</text>')
+        rows.append(f'<text x="0" y="{y + 13}">rank {_e(r.rank)}</text>')
         for name, ms in parts:
             w = width * ms / top
-            rows.append(f'<rect class="seg" data-rank="{_e(r["rank"])}" data-part="{_e(name)}" x="{x:.1f}" '
+            rows.append(f'<rect class="seg" data-rank="{_e(r.rank)}" data-part="{_e(name)}" x="{x:.1f}" '
                         f'y="{y}" width="{w:.1f}" height="{bar_h}" fill="{COLORS[name]}">'
-                        f"<title>rank {_e(r['rank'])} {name}: {ms:.3f} ms</title></rect>")
+                        f"<title>rank {_e(r.rank)} {name}: {ms:.3f} ms</title></rect>")
             x += w
     h = 20 + len(ranks) * (bar_h + 6)
     legend = "".join(f'<span style="background:{c}"></span>{_e(n)}' for n, c in COLORS.items())
@@ -45,72 +46,72 @@ def rank_bars(report: dict[str, Any]) -> str:
             f'height="{h}" role="img">{"".join(rows)}</svg>')
 
 
-def step_heatmap(report: dict[str, Any]) -> str:
-    steps = report["steps"]
-    ranks = [r["rank"] for r in report["ranks"]]
+def step_heatmap(report: Report) -> str:
+    steps = report.steps
+    ranks = [r.rank for r in report.ranks]
     if not steps or not ranks:
         return "<p>No step ranges: no heatmap.</p>"
     # Color by the steady-state steps; warm-up steps (often much slower) saturate at red.
-    vals = [v for s in steps if not s["warmup"] for v in s["ms_by_rank"].values()] or [
-        v for s in steps for v in s["ms_by_rank"].values()]
+    vals = [v for s in steps if not s.warmup for v in s.ms_by_rank.values()] or [
+        v for s in steps for v in s.ms_by_rank.values()]
     lo, hi = min(vals), max(vals)
     cw, ch, left = max(12, min(40, 700 // len(steps))), 16, 70
     cells = []
     for j, s in enumerate(steps):
-        cells.append(f'<text x="{left + j * cw + 2}" y="12">{_e(s["step"])}</text>')
+        cells.append(f'<text x="{left + j * cw + 2}" y="12">{_e(s.step)}</text>')
         for i, rk in enumerate(ranks):
-            v = s["ms_by_rank"].get(str(rk))
+            v = s.ms_by_rank.get(str(rk))
             if v is None:
                 continue
             t = min(1.0, (v - lo) / (hi - lo)) if hi > lo else 0.0
             color = f"rgb({int(255 * t)},{int(80 + 120 * (1 - t))},{int(200 * (1 - t))})"
             cells.append(f'<rect class="cell" x="{left + j * cw}" y="{18 + i * ch}" width="{cw - 1}" '
-                         f'height="{ch - 1}" fill="{color}"><title>rank {_e(rk)} step {_e(s["step"])}: '
-                         f'{v:.3f} ms{" (warm-up)" if s["warmup"] else ""}</title></rect>')
+                         f'height="{ch - 1}" fill="{color}"><title>rank {_e(rk)} step {_e(s.step)}: '
+                         f'{v:.3f} ms{" (warm-up)" if s.warmup else ""}</title></rect>')
     labels = "".join(f'<text x="0" y="{18 + i * ch + 12}">rank {_e(rk)}</text>' for i, rk in enumerate(ranks))
     return (f'<svg id="step-heatmap" width="{left + len(steps) * cw + 10}" height="{24 + len(ranks) * ch}">'
             f"{labels}{''.join(cells)}</svg><p>GPU time per step: {lo:.1f} ms (blue) to {hi:.1f} ms (red).</p>")
 
 
-def stage_bars(report: dict[str, Any]) -> str:
-    stages = report["stages"]
+def stage_bars(report: Report) -> str:
+    stages = report.stages
     if not stages:
         return "<p>No layout given: no stage view (pass --layout pp=N).</p>"
-    top = max(s["compute_ms"] for s in stages) or 1
+    top = max(s.compute_ms for s in stages) or 1
     bars = []
     for i, s in enumerate(stages):
-        w = 500 * s["compute_ms"] / top
-        bars.append(f'<text x="0" y="{i * 24 + 15}">stage {_e(s["stage"])}</text>'
+        w = 500 * s.compute_ms / top
+        bars.append(f'<text x="0" y="{i * 24 + 15}">stage {_e(s.stage)}</text>'
                     f'<rect class="stage" x="70" y="{i * 24 + 2}" width="{w:.1f}" height="18" fill="#3949ab">'
-                    f"<title>stage {_e(s['stage'])}: {s['compute_ms']} ms compute, bubble {s['bubble_pct']}%"
-                    f'</title></rect><text x="{75 + w:.1f}" y="{i * 24 + 15}">{s["compute_ms"]:.1f} ms</text>')
+                    f"<title>stage {_e(s.stage)}: {s.compute_ms} ms compute, bubble {s.bubble_pct}%"
+                    f'</title></rect><text x="{75 + w:.1f}" y="{i * 24 + 15}">{s.compute_ms:.1f} ms</text>')
     return f'<svg id="stage-bars" width="700" height="{len(stages) * 24 + 8}">{"".join(bars)}</svg>'
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: Report) -> str:
     f_rows = "".join(
-        f'<tr><td class="sev-{_e(f["severity"])}">{_e(f["severity"])}</td><td>{_e(f["title"])}</td>'
-        f'<td>{_e(", ".join(map(str, f["ranks"])))}</td><td><ul>'
-        + "".join(f"<li>{_e(e)}</li>" for e in f["evidence"]) + f"</ul></td><td>{_e(f['fix'])}</td></tr>"
-        for f in report["findings"]
+        f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
+        f'<td>{_e(", ".join(map(str, f.ranks)))}</td><td><ul>'
+        + "".join(f"<li>{_e(e)}</li>" for e in f.evidence) + f"</ul></td><td>{_e(f.fix)}</td></tr>"
+        for f in report.findings
     )
     g_rows = "".join(
-        f"<tr><td>{_e(r['rank'])}</td><td>{_e(name)}</td><td>{ms:.3f}</td></tr>"
-        for r in report["ranks"] for name, ms in r["gaps_by_range_ms"].items()
+        f"<tr><td>{_e(r.rank)}</td><td>{_e(name)}</td><td>{ms:.3f}</td></tr>"
+        for r in report.ranks for name, ms in r.gaps_by_range_ms.items()
     ) or '<tr><td colspan="3">no GPU gaps above the threshold</td></tr>'
     m_rows = "".join(
-        "<tr>" + "".join(f"<td>{_e('' if r[k] is None else r[k])}</td>" for k in (
+        "<tr>" + "".join(f"<td>{_e('' if getattr(r, k) is None else getattr(r, k))}</td>" for k in (
             "rank", "host", "stage", "window_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
             "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "late_count")) + "</tr>"
-        for r in report["ranks"]
+        for r in report.ranks
     )
-    problems = "".join(f"<li>rank {_e(p['rank'])}: {_e(p['status'])} {_e(p['reason'] or '')}</li>"
-                       for p in report["problems"])
-    w = report["window"]
+    problems = "".join(f"<li>rank {_e(p.rank)}: {_e(p.status)} {_e(p.reason or '')}</li>"
+                       for p in report.problems)
+    w = report.window
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>
-<p>Window: {_e(w['note'])}; gaps &ge; {_e(w['gap_ms'])} ms. Store: {_e(report['store'])}</p>
+<p>Window: {_e(w.note)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
 {f'<h2>Problems</h2><ul id="problems">{problems}</ul>' if problems else ''}
 <h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>
 <th>evidence</th><th>fix</th></tr>{f_rows}</table>

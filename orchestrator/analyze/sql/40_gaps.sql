@@ -1,16 +1,15 @@
 -- GPU idle gaps >= params.gap_ns inside the window, each attributed to what the CPU was
 -- doing: the innermost default-domain NVTX range (not a step range) on the rank's threads
--- that covers at least half of the gap. Names group by dropping `, ...` suffixes and a
--- trailing microbatch/number (`forward mb3` -> `forward`).
-CREATE OR REPLACE TEMP TABLE gaps AS
+-- that covers at least half of the gap.
+-- Reads: islands, nvtx, steps, params. Provides:
+--   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
+--   cpu_ranges(rank, tid, start, end, depth, text)  default-domain ranges that are not steps
+--   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
+CREATE OR REPLACE TEMP TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s FROM islands WHERE cls = 'busy'
 )
-SELECT b.rank, b.e AS s, b.next_s AS e, b.next_s - b.e AS dur
-FROM b, params p WHERE b.next_s IS NOT NULL AND b.next_s - b.e >= p.gap_ns;
-
-CREATE OR REPLACE TEMP MACRO range_group(t) AS
-    trim(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''));
+SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT NULL;
 
 CREATE OR REPLACE TEMP TABLE cpu_ranges AS
 SELECT n.rank, n.tid, n.start, n."end", n.depth, n.text
@@ -18,7 +17,9 @@ FROM nvtx n LEFT JOIN steps s ON s.rank = n.rank AND s.tid = n.tid AND s.start =
 WHERE n.domain_id = 0 AND n.text IS NOT NULL AND s.rank IS NULL;
 
 CREATE OR REPLACE TEMP TABLE gap_attr AS
-WITH cand AS (
+WITH gaps AS (
+    SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
+), cand AS (
     SELECT g.rank, g.s, g.e, g.dur, c.text, c.depth, c."end" - c.start AS len,
            row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick
     FROM gaps g JOIN cpu_ranges c
@@ -28,3 +29,8 @@ WITH cand AS (
 SELECT g.rank, g.s, g.e, g.dur, coalesce(range_group(c.text), '(no NVTX range)') AS range_group,
        c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1;
+
+-- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
+CREATE OR REPLACE TEMP VIEW small_gaps AS
+SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
+WHERE g.dur < p.gap_ns GROUP BY g.rank;

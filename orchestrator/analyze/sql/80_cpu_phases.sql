@@ -1,12 +1,14 @@
 -- CPU phases: per rank, mean time per selected step spent in each default-domain NVTX range
--- group (the same names the gap attribution uses). Compares what the CPU does across ranks,
--- which is all there is when a capture has no GPU activity: computed for those ranks only.
+-- group, as self time (minus directly nested ranges) so that a parent such as `forward` is
+-- not blamed for the `data_load` inside it; offset = where in the step it runs, on average.
+-- Computed for CPU-only ranks (no GPU activity captured), where it is all there is.
+-- Reads: steps, first_step, win, cpu_ranges, nvtx, params. Provides:
+--   cpu_phases(rank, grp, ns_per_step, offset_ns, step_ns, n_steps)
 CREATE OR REPLACE TEMP TABLE selected_steps AS
 SELECT s.* FROM steps s JOIN first_step f USING (rank), params p
-WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)') AND CASE WHEN p.step_lo IS NULL THEN s.step > f.first_step ELSE s.step BETWEEN p.step_lo AND p.step_hi END;
+WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)')
+  AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi);
 
--- Self time (minus directly nested ranges) so that a parent such as `forward` is not blamed
--- for the `data_load` inside it; offset = where in the step the range runs, on average.
 CREATE OR REPLACE TEMP TABLE cpu_phases AS
 WITH child AS (
     SELECT p.rank, p.tid, p.start, sum(c."end" - c.start) AS ns
@@ -17,7 +19,8 @@ WITH child AS (
 ), n AS (
     SELECT rank, count(*) AS n_steps, avg("end" - start) AS step_ns FROM selected_steps GROUP BY rank
 )
-SELECT c.rank, range_group(c.text) AS grp, sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
+SELECT c.rank, range_group(c.text) AS grp,
+       sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
        avg(c.start - s.start) AS offset_ns, any_value(n.step_ns) AS step_ns, any_value(n.n_steps) AS n_steps
 FROM cpu_ranges c
 JOIN selected_steps s ON s.rank = c.rank AND s.tid = c.tid AND c.start >= s.start AND c."end" <= s."end"

@@ -1,0 +1,182 @@
+"""The report as typed models: the one boundary between analysis and every renderer.
+
+`Report.model_dump_json()` is the JSON orch writes (`--json`), and `docs/report.schema.json`
+is generated from these models (`python -m orchestrator.analyze.model > docs/report.schema.json`;
+a test checks the shipped file matches). Times are ms, percentages 0-100. Renderers
+(terminal, HTML, diff) take a `Report`, never a dict, so a renamed field fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.errors import OrchError
+
+SCHEMA_VERSION = 2
+Severity = Literal["high", "medium", "low", "info"]
+SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gap(_Model):
+    """One GPU idle gap and the CPU range it is attributed to."""
+
+    start_ms: float
+    ms: float
+    range: str
+    text: str | None = None
+
+
+class StepTime(_Model):
+    step: int
+    ms: float
+    warmup: bool
+
+
+class RankMetrics(_Model):
+    """Per-rank metrics over the rank's analysis window (view `rank_metrics` and friends)."""
+
+    rank: int
+    host: str | None = None
+    stage: int | None = None
+    status: str
+    window_ms: float
+    compute_ms: float = Field(description="union of non-communication kernels")
+    comm_ms: float = Field(description="union of NCCL kernels (collectives and send/recv)")
+    overlap_ms: float = Field(description="NCCL time that overlaps compute kernels")
+    comm_overlap_pct: float
+    exposed_comm_ms: float = Field(description="NCCL time not hidden behind compute")
+    gpu_busy_ms: float
+    gpu_idle_pct: float
+    p2p_ms: float = Field(description="NCCL send/recv share of comm_ms")
+    nccl_wait_ms: float = Field(description="NCCL time spent waiting for the last rank of a collective")
+    p2p_wait_ms: float = Field(0.0, description="send/recv time spent waiting for the peer")
+    transfer_ms: float = Field(0.0, description="exposed NCCL time that is not waiting: moving data")
+    late_count: int
+    collectives: int
+    mean_step_ms: float | None = None
+    p90_step_ms: float | None = None
+    sync_per_step: float | None = Field(None, description="host synchronisations per step")
+    sync_idle_ms_per_step: float | None = Field(None, description="GPU idle right after host syncs, per step")
+    sm_active_pct: float | None = Field(None, description="GPU metrics: mean SM active while sampled")
+    gaps_by_range_ms: dict[str, float]
+    top_gaps: list[Gap]
+    step_ms: list[StepTime]
+
+
+class StepRow(_Model):
+    step: int
+    ms_by_rank: dict[str, float]
+    spread_ms: float
+    warmup: bool
+
+
+class StageMetrics(_Model):
+    stage: int
+    ranks: list[int]
+    compute_ms: float
+    bubble_pct: float = Field(description="mean share of the window with no compute kernel running")
+    gpu_idle_pct: float
+    theory_bubble_pct: float | None = Field(None, description="(p-1)/(m+p-1) when microbatches are known")
+    microbatches: int | None = None
+
+
+class Imbalance(_Model):
+    ratio: float
+    slowest_stage: int
+    fastest_stage: int
+
+
+class Straggler(_Model):
+    rank: int
+    late_count: int
+    collectives: int
+    group_size: int
+    wait_caused_ms: float
+    median_lateness_ms: float
+    share_of_window_pct: float
+    p_value: float
+
+
+class Problem(_Model):
+    rank: int
+    status: str
+    reason: str | None = None
+
+
+class CpuPhase(_Model):
+    rank: int
+    range: str
+    ms_per_step: float
+    steps: int
+
+
+class Finding(_Model):
+    """One diagnosis: what, where, how sure (evidence), how much it costs and the fix."""
+
+    kind: str
+    severity: Severity
+    ranks: list[int]
+    title: str
+    evidence: list[str]
+    fix: str
+    cost_ms: float
+    victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
+
+
+class Window(_Model):
+    source: list[str]
+    steps: list[int] | None
+    gap_ms: float
+    note: str
+    step_source: str = Field("none", description="where steps came from: NVTX pattern, inferred, or none")
+    per_rank: dict[int, list[float]]
+
+
+class Report(_Model):
+    schema_version: int = SCHEMA_VERSION
+    orch_version: str
+    store: str
+    window: Window
+    layout: dict[str, int | bool | None]
+    ranks: list[RankMetrics]
+    steps: list[StepRow]
+    stages: list[StageMetrics]
+    imbalance: Imbalance | None
+    stragglers: list[Straggler]
+    missing_ranks: list[int]
+    problems: list[Problem]
+    cpu_phases: list[CpuPhase]
+    gpu_activity: bool
+    findings: list[Finding] = Field(default_factory=list)
+
+    def rank(self, rank: int) -> RankMetrics | None:
+        return next((r for r in self.ranks if r.rank == rank), None)
+
+
+def load_report(path: Path) -> Report:
+    """A report JSON written by `orch report --json`, or a one-line error saying what it is not."""
+    try:
+        return Report.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise OrchError(f"cannot read {path}: {e.strerror}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "top level"
+        raise OrchError(f"{path} is not a report written by this orch's `orch report --json` "
+                        f"({where}: {first['msg']}); re-run `orch report --json`") from None
+
+
+def json_schema() -> str:
+    return json.dumps(Report.model_json_schema(), indent=1, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(json_schema(), end="")

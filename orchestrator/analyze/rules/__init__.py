@@ -1,0 +1,39 @@
+"""The rules registry: every module here that defines `RULE` is a rule (see base.py).
+
+Adding a finding is one new file in this package plus its test; nothing else changes.
+`find_all` runs the ordinary rules, orders their findings by severity and cost, then runs
+the final rules (which see the others' findings).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from orchestrator.analyze.model import SEVERITY_ORDER, Finding
+from orchestrator.analyze.rules.base import Context, Rule
+
+
+def registry() -> list[Rule]:
+    rules = []
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name == "base":
+            continue
+        rule = getattr(importlib.import_module(f"{__name__}.{mod.name}"), "RULE", None)
+        if isinstance(rule, Rule):
+            rules.append(rule)
+    return rules
+
+
+def rank_findings(found: list[Finding]) -> list[Finding]:
+    return sorted(found, key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
+
+
+def find_all(ctx: Context) -> list[Finding]:
+    rules = registry()
+    for rule in (r for r in rules if not r.final):
+        ctx.findings.extend(rule.evaluate(ctx))
+    ctx.findings = rank_findings(ctx.findings)
+    for rule in (r for r in rules if r.final):
+        ctx.findings.extend(rule.evaluate(ctx))
+    return ctx.findings

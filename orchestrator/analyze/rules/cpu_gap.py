@@ -1,0 +1,40 @@
+"""GPU idle while the CPU is in some other NVTX range (not input loading)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import CPU_GAP_FIX, DATA_RANGE, Context, Rule, finding
+
+
+@dataclass
+class CpuGap(Rule):
+    kind = "cpu_gap"
+    reads = ("gap_attr",)
+    # Reported when the GPU idles in one range for at least this share of a rank's window.
+    min_share: float = 0.1
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        win = ctx.window_ms()
+        per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        for r in ctx.report.ranks:
+            for name, ms in r.gaps_by_range_ms.items():
+                if not DATA_RANGE.search(name):
+                    per[name][r.rank] += ms
+        out = []
+        for name, by_rank in per.items():
+            hit = {rk: ms for rk, ms in by_rank.items() if win.get(rk) and ms >= self.min_share * win[rk]}
+            if not hit:
+                continue
+            worst = max(100 * ms / win[rk] for rk, ms in hit.items())
+            out.append(finding(
+                self.kind, hit, f"GPU idle while the CPU is in `{name}`",
+                [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
+                 f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(hit.items())],
+                CPU_GAP_FIX, max(hit.values()), pct=worst))
+        return out
+
+
+RULE = CpuGap()

@@ -1,0 +1,37 @@
+"""GPU idle while the CPU is inside an input-pipeline range (data loading, batch fetch...)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import DATA_LOADER_FIX, DATA_RANGE, Context, Rule, finding
+
+
+@dataclass
+class DataLoaderStall(Rule):
+    kind = "data_loader_stall"
+    reads = ("gap_attr",)
+    # Reported when a rank's GPU idles in data ranges for at least this share of its window.
+    min_share: float = 0.05
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        win = ctx.window_ms()
+        data: dict[int, float] = defaultdict(float)
+        for r in ctx.report.ranks:
+            for name, ms in r.gaps_by_range_ms.items():
+                if DATA_RANGE.search(name):
+                    data[r.rank] += ms
+        stall = {rk: ms for rk, ms in data.items() if win.get(rk) and ms >= self.min_share * win[rk]}
+        if not stall:
+            return []
+        worst = max(100 * ms / win[rk] for rk, ms in stall.items())
+        return [finding(
+            self.kind, stall, "GPU idle while waiting for input data",
+            [f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges "
+             f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(stall.items())],
+            DATA_LOADER_FIX, max(stall.values()), pct=worst)]
+
+
+RULE = DataLoaderStall()

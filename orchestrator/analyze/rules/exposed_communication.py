@@ -1,0 +1,39 @@
+"""Collective communication not hidden behind compute, beyond waiting for late ranks and
+pipeline send/recv (those are stragglers and the bubble, reported by their own rules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+
+FIX = ("Overlap gradient all-reduce with backward: tune DDP bucket_cap_mb (smaller buckets start "
+       "earlier), avoid sync points in backward, consider gradient accumulation with no_sync(), "
+       "or FSDP/ZeRO prefetching; check NCCL uses the fast fabric (NCCL_DEBUG=INFO).")
+
+
+@dataclass
+class ExposedCommunication(Rule):
+    kind = "exposed_communication"
+    reads = ("rank_metrics",)
+    max_overlap_pct: float = 50.0  # reported only when less than this share of NCCL time overlaps
+    min_share: float = 0.1  # exposed transfer (not waiting, not p2p) as a share of the window
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        hit = {}
+        for r in ctx.report.ranks:
+            transfer = r.exposed_comm_ms - r.nccl_wait_ms - r.p2p_ms
+            if r.comm_ms and r.comm_overlap_pct < self.max_overlap_pct and transfer >= self.min_share * r.window_ms:
+                hit[r.rank] = (r, transfer)
+        if not hit:
+            return []
+        return [finding(
+            self.kind, hit, "communication is not overlapped with compute",
+            [f"rank {rk}: {r.comm_overlap_pct}% of {r.comm_ms} ms NCCL time overlaps compute; "
+             f"{round(t, 3)} ms exposed beyond waiting for other ranks and pipeline send/recv"
+             for rk, (r, t) in sorted(hit.items())],
+            FIX, max(t for _, t in hit.values()), pct=max(100 * t / r.window_ms for r, t in hit.values()))]
+
+
+RULE = ExposedCommunication()

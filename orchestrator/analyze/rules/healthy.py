@@ -1,0 +1,29 @@
+"""No high or medium finding: say so, with how busy the GPUs were."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+
+
+@dataclass
+class Healthy(Rule):
+    kind = "healthy"
+    reads = ("rank_metrics",)
+    final = True  # runs after every other rule and reads their findings
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        if any(f.severity in ("high", "medium") for f in ctx.findings):
+            return []
+        ranks = ctx.report.ranks
+        busy = [100 - r.gpu_idle_pct for r in ranks if r.gpu_busy_ms > 0]
+        evidence = (f"GPU busy {min(busy):.1f}-{max(busy):.1f}% of the window across ranks" if busy
+                    else "no GPU activity was captured (CPU-only run or CUDA tracing off): GPU metrics "
+                         "are empty; only the CPU phases were compared")
+        return [finding(self.kind, [r.rank for r in ranks], "no significant bottleneck found", [evidence],
+                        "Nothing to fix from this profile.", 0.0, severity="info")]
+
+
+RULE = Healthy()

@@ -1,0 +1,69 @@
+-- Steps: which ranges mark training iterations, and which GPU work each step launched.
+-- Reads: nvtx, cuda_api, kernels, memcpy, memset, params.
+-- Provides:
+--   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
+--   steps(rank, tid, start, end, step)               the chosen step ranges, numbered
+--   step_source(family, pattern, numbered)           which family was chosen (one row or none)
+--   gpu_ops(rank, kind, is_comm, start, end, correlation_id, name, step)
+--   first_step(rank, first_step)
+-- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
+-- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
+-- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
+-- (`train_step`, `training_step`, Lightning's `[...]X.training_step`). Numbers are used when
+-- they are unique per rank (else steps restart per epoch: numbered by order instead).
+CREATE OR REPLACE TEMP TABLE step_marks AS
+SELECT n.rank, n.tid, n.start, n."end", n.text,
+       CASE
+           WHEN p.steps_from IS NOT NULL THEN CASE WHEN regexp_matches(n.text, p.steps_from) THEN 0 END
+           WHEN regexp_matches(n.text, '(?i)^\s*(?:train(?:ing)?[ _-]*)?(?:step|iteration|iter)[ _#:=-]*\d+(?:[ _-]*(?:start|begin))?\s*$') THEN 1
+           WHEN regexp_matches(n.text, '^ProfilerStep#\d+$') THEN 2
+           WHEN regexp_matches(n.text, '(?i)(?:^|[.\]: ])(?:train(?:ing)?_step|train_batch|run_training_batch)$') THEN 3
+       END AS family
+FROM nvtx n, params p
+WHERE n.domain_id = 0 AND n.text IS NOT NULL AND n."end" > n.start;
+DELETE FROM step_marks WHERE family IS NULL;
+
+CREATE OR REPLACE TEMP TABLE step_source AS
+SELECT family, any_value(text) AS pattern FROM step_marks
+WHERE family = (SELECT min(family) FROM (SELECT family FROM step_marks GROUP BY family HAVING count(*) >= 2))
+GROUP BY family;
+
+CREATE OR REPLACE TEMP TABLE steps AS
+WITH fam AS (
+    SELECT m.* FROM step_marks m JOIN step_source s USING (family)
+), thread AS (  -- the thread that drives the loop: the one with the most step ranges
+    SELECT rank, tid FROM (
+        SELECT rank, tid, row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, tid) AS i
+        FROM fam GROUP BY rank, tid) WHERE i = 1
+), picked AS (
+    SELECT f.*, TRY_CAST(regexp_extract(f.text, '(\d+)\D*$', 1) AS INTEGER) AS num,
+           CAST(row_number() OVER (PARTITION BY f.rank ORDER BY f.start) - 1 AS INTEGER) AS ordinal
+    FROM fam f JOIN thread t USING (rank, tid)
+), uniq AS (
+    SELECT rank, count(DISTINCT num) = count(*) AND count(num) = count(*) AS numbered FROM picked GROUP BY rank
+)
+SELECT p.rank, p.tid, p.start, p."end", CASE WHEN u.numbered THEN p.num ELSE p.ordinal END AS step
+FROM picked p JOIN uniq u USING (rank);
+
+CREATE OR REPLACE TEMP TABLE gpu_raw AS
+SELECT rank, 'kernel' AS kind, is_comm(short_name) AS is_comm, start, "end", correlation_id, short_name AS name
+FROM kernels
+UNION ALL
+SELECT rank, 'memcpy', false, start, "end", correlation_id, 'memcpy ' || kind FROM memcpy
+UNION ALL
+SELECT rank, 'memset', false, start, "end", correlation_id, 'memset' FROM memset;
+
+-- A GPU op belongs to the step its CUDA launch happened in (on the step's thread).
+CREATE OR REPLACE TEMP TABLE launch_step AS
+SELECT a.rank, a.correlation_id, max(s.step) AS step
+FROM cuda_api a JOIN steps s
+  ON s.rank = a.rank AND s.tid = a.tid AND a.start >= s.start AND a.start < s."end"
+WHERE a.correlation_id IS NOT NULL
+GROUP BY a.rank, a.correlation_id;
+
+CREATE OR REPLACE TEMP TABLE gpu_ops AS
+SELECT g.*, l.step FROM gpu_raw g
+LEFT JOIN launch_step l ON l.rank = g.rank AND l.correlation_id = g.correlation_id;
+
+CREATE OR REPLACE TEMP TABLE first_step AS
+SELECT rank, min(step) AS first_step FROM steps GROUP BY rank;

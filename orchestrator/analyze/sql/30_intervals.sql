@@ -1,0 +1,34 @@
+-- GPU time per rank by class, as interval unions clipped to the window.
+-- Reads: gpu_ops, win. Provides:
+--   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels), comm (NCCL
+--                             kernels), busy (kernels + memcpy + memset), p2p (NCCL send/recv)
+--   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
+CREATE OR REPLACE TEMP TABLE clipped AS
+SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
+FROM gpu_ops o JOIN win w USING (rank)
+CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
+WHERE o."end" > w.w0 AND o.start < w.w1
+  AND (c.cls = 'busy'
+       OR (c.cls = 'compute' AND o.kind = 'kernel' AND NOT o.is_comm)
+       OR (c.cls = 'comm' AND o.is_comm)
+       OR (c.cls = 'p2p' AND is_p2p(o.name)));
+
+CREATE OR REPLACE TEMP TABLE islands AS SELECT * FROM union_intervals('clipped');
+
+CREATE OR REPLACE TEMP TABLE gpu_time AS
+WITH u AS (
+    SELECT rank,
+           sum(CASE WHEN cls = 'compute' THEN e - s ELSE 0 END) AS compute_ns,
+           sum(CASE WHEN cls = 'comm' THEN e - s ELSE 0 END) AS comm_ns,
+           sum(CASE WHEN cls = 'busy' THEN e - s ELSE 0 END) AS busy_ns,
+           sum(CASE WHEN cls = 'p2p' THEN e - s ELSE 0 END) AS p2p_ns
+    FROM islands GROUP BY rank
+), o AS (
+    SELECT a.rank, sum(least(a.e, b.e) - greatest(a.s, b.s)) AS ns
+    FROM islands a JOIN islands b ON a.rank = b.rank AND a.s < b.e AND b.s < a.e
+    WHERE a.cls = 'comm' AND b.cls = 'compute'
+    GROUP BY a.rank
+)
+SELECT w.rank, coalesce(u.compute_ns, 0) AS compute_ns, coalesce(u.comm_ns, 0) AS comm_ns,
+       coalesce(u.busy_ns, 0) AS busy_ns, coalesce(u.p2p_ns, 0) AS p2p_ns, coalesce(o.ns, 0) AS overlap_ns
+FROM win w LEFT JOIN u USING (rank) LEFT JOIN o USING (rank);

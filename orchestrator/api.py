@@ -1,0 +1,83 @@
+"""The Python API for notebooks and scripts (in the spirit of HTA's one facade).
+
+    import orchestrator as orch
+    rep = orch.analyze(["runs/x/exports"], layout="dp=2,pp=2")   # -> Report (pydantic)
+    rep.findings[0].title, rep.rank(1).nccl_wait_ms
+    st = orch.open_store("runs/x/profile.duckdb")
+    st.table("kernels")                     # pyarrow.Table
+    st.sql("SELECT rank, count(*) FROM nvtx GROUP BY rank").fetchall()
+    st.view("rank_metrics")                 # any analysis view (analyze/sql/), as pyarrow
+
+Everything here calls the same stage modules the CLI calls.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from orchestrator.analyze.engine import Options, check_regex, run_sql
+from orchestrator.analyze.engine import open_store as _attach
+from orchestrator.analyze.model import Report
+
+
+def analyze(paths: Iterable[str | Path], *, layout: str | None = None, out: str | Path | None = None,
+            workers: int | None = None, **options: Any) -> Report:
+    """Collect the reports/exports under `paths` into a store (in `out`, else a temp dir) and
+    return the cross-rank `Report`. `options` are `analyze.engine.Options` fields
+    (gap_ms, steps=(a, b), steps_from, microbatches, top_gaps)."""
+    from orchestrator.analyze.report import build_report
+    from orchestrator.collect.collect import collect
+    from orchestrator.commands import parse_layout
+
+    opts = Options(**options)
+    check_regex(opts.steps_from)
+    with tempfile.TemporaryDirectory(prefix="orch-analyze-") as tmp:
+        dest = Path(out) if out else Path(tmp)
+        res = collect([Path(p) for p in paths], dest, layout=parse_layout(layout), workers=workers)
+        return build_report(res.store, opts)
+
+
+class Store:
+    """A collected store, read-only: raw tables, SQL, and the analysis views."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.con = _attach(self.path)
+        self._analysed: Options | None = None
+
+    def sql(self, query: str, params: list | None = None) -> duckdb.DuckDBPyConnection:
+        return self.con.execute(query, params or [])
+
+    def table(self, name: str):  # -> pyarrow.Table
+        """One store table (kernels, memcpy, memset, cuda_api, nvtx, gpu_metrics, ranks, env, meta...)."""
+        names = {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'")
+                 .fetchall()}
+        if name not in names:
+            raise KeyError(f"no table {name!r} in {self.path}; tables: {', '.join(sorted(names))}")
+        return self.con.execute(f'SELECT * FROM "{name}"').fetch_arrow_table()
+
+    def view(self, name: str, **options: Any):  # -> pyarrow.Table
+        """An analysis view (e.g. rank_metrics, gap_attr, coll, step_gpu), computed on first use."""
+        opts = Options(**options)
+        if self._analysed != opts:
+            run_sql(self.con, opts)
+            self._analysed = opts
+        return self.con.execute(f'SELECT * FROM "{name}"').fetch_arrow_table()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(path: str | Path) -> Store:
+    return Store(path)

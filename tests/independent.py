@@ -79,8 +79,8 @@ class Rank:
     def _step(self, launch: tuple[int, int] | None) -> int | None:
         if launch is None:
             return None
-        s, tid = launch
-        hits = [n for t, a, b, n in self.steps if t == tid and a <= s < b]
+        s, _tid = launch  # any launching thread: backward kernels come from the autograd thread
+        hits = [n for _t, a, b, n in self.steps if a <= s < b]
         return max(hits) if hits else None
 
     def window(self) -> tuple[int, int]:

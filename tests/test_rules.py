@@ -72,13 +72,52 @@ def test_launch_bound() -> None:
 def test_straggler_cause_and_victims() -> None:
     ctx = context(
         [rank(0, comm_ms=50.0, nccl_wait_ms=45.0), rank(1)],
-        {"late_busy": [{"rank": 1, "wait_ns": 45_000_000, "busy_ns": 2_000_000}],
-         "straggler_context": [{"rank": 1, "range_group": "data_load", "ns": 40_000_000}]},
+        {"root_blame": [{"root": 1, "caused_ns": 45_000_000, "n_waits": 10, "victims": [0], "vias": None,
+                         "max_hops": 0}],
+         "root_busy": [{"rank": 1, "wait_ns": 45_000_000, "busy_ns": 2_000_000}],
+         "root_context": [{"rank": 1, "range_group": "data_load", "ns": 40_000_000}]},
         stragglers=[Straggler(rank=1, late_count=10, collectives=10, group_size=2, wait_caused_ms=45.0,
                               median_lateness_ms=4.5, share_of_window_pct=45.0, p_value=0.001)])
     (f,) = _run("straggler", ctx)
     assert f.ranks == [1] and f.victims == [0] and "`data_load`" in f.title and f.severity == "high"
     assert "GPU sat idle for 40.0 ms (89% of the wait)" in f.evidence[-1]
+
+
+def test_straggler_blames_the_root_not_the_last_arriver() -> None:
+    """Rank 3 starts its all-reduce last (statistically), but it was waiting for rank 0's p2p
+    send: the blame was passed on (one hop) and rank 0 is the root; rank 3 is a victim."""
+    ranks = [rank(0), rank(1, comm_ms=30.0, nccl_wait_ms=20.0), rank(2, comm_ms=30.0, nccl_wait_ms=20.0), rank(3)]
+    ctx = context(
+        ranks,
+        {"root_blame": [{"root": 0, "caused_ns": 40_000_000, "n_waits": 20, "victims": [1, 2], "vias": [3],
+                         "max_hops": 1}],
+         "root_busy": [{"rank": 0, "wait_ns": 20_000_000, "busy_ns": 1_000_000}],
+         "root_context": [{"rank": 0, "range_group": "fetch batch", "ns": 18_000_000}]},
+        stragglers=[Straggler(rank=3, late_count=10, collectives=10, group_size=2, wait_caused_ms=20.0,
+                              median_lateness_ms=2.0, share_of_window_pct=20.0, p_value=0.001)])
+    (f,) = _run("straggler", ctx)
+    assert f.ranks == [0] and f.victims == [1, 2]
+    assert f.title == "rank 0 holds up rank(s) 1, 2 (in `fetch batch`)"
+    assert any(e.startswith("rank 3 started last in 10 of 10 collectives, but was itself waiting for rank 0")
+               for e in f.evidence)
+    assert f.severity == "high" and f.cost_ms == 40.0  # 40 ms of 200 ms of victims' windows
+
+
+def test_pipeline_bubble_against_theory() -> None:
+    stages = [StageMetrics(stage=0, ranks=[0], compute_ms=70.0, bubble_pct=25.0, gpu_idle_pct=1.0,
+                           theory_bubble_pct=20.0, microbatches=4),
+              StageMetrics(stage=1, ranks=[1], compute_ms=72.0, bubble_pct=22.0, gpu_idle_pct=1.0,
+                           theory_bubble_pct=20.0, microbatches=4)]
+    rows = [{"stage": 0, "p2p_wait_ns": 20_000_000, "window_ns": 100_000_000},
+            {"stage": 1, "p2p_wait_ns": 18_000_000, "window_ns": 100_000_000}]
+    ctx = context([rank(0), rank(1)], {"stage_metrics": rows}, stages=stages,
+                  imbalance=Imbalance(ratio=1.03, slowest_stage=1, fastest_stage=0))
+    (f,) = _run("pipeline_bubble", ctx)
+    assert f.ranks == [0, 1] and f.severity == "high" and f.cost_ms == 25.0
+    assert "(p-1)/(m+p-1) = 20.0%" in f.evidence[-1]
+    heavy = context([rank(0), rank(1)], {"stage_metrics": rows}, stages=stages,
+                    imbalance=Imbalance(ratio=2.0, slowest_stage=1, fastest_stage=0))
+    assert _run("pipeline_bubble", heavy) == []  # the imbalance is the cause: stage_imbalance says so
 
 
 def test_cpu_phase_outlier_data_range_cannot_be_waiting() -> None:

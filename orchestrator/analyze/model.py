@@ -58,14 +58,16 @@ class RankMetrics(_Model):
     p2p_ms: float = Field(description="NCCL send/recv share of comm_ms")
     nccl_wait_ms: float = Field(description="NCCL time spent waiting for the last rank of a collective")
     p2p_wait_ms: float = Field(0.0, description="send/recv time spent waiting for the peer")
-    transfer_ms: float = Field(0.0, description="exposed NCCL time that is not waiting: moving data")
+    transfer_ms: float = Field(0.0, description="NCCL kernel time not spent waiting for another rank: moving data")
     late_count: int
     collectives: int
     mean_step_ms: float | None = None
+    median_step_ms: float | None = None
     p90_step_ms: float | None = None
     sync_per_step: float | None = Field(None, description="host synchronisations per step")
     sync_idle_ms_per_step: float | None = Field(None, description="GPU idle right after host syncs, per step")
-    sm_active_pct: float | None = Field(None, description="GPU metrics: mean SM active while sampled")
+    sm_active_pct: float | None = Field(None, description="GPU metrics: mean SMs active over the window")
+    tensor_active_pct: float | None = Field(None, description="GPU metrics: mean tensor cores active")
     gaps_by_range_ms: dict[str, float]
     top_gaps: list[Gap]
     step_ms: list[StepTime]

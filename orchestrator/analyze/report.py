@@ -56,8 +56,11 @@ def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
             comm_ms=ns_to_ms(r["comm_ns"]), overlap_ms=ns_to_ms(r["overlap_ns"]),
             comm_overlap_pct=r["comm_overlap_pct"], exposed_comm_ms=ns_to_ms(r["exposed_comm_ns"]),
             gpu_busy_ms=ns_to_ms(r["busy_ns"]), gpu_idle_pct=r["gpu_idle_pct"], p2p_ms=ns_to_ms(r["p2p_ns"]),
-            nccl_wait_ms=ns_to_ms(r["nccl_wait_ns"]), late_count=int(r["late_count"]),
-            collectives=int(r["n_coll"]), mean_step_ms=_ms(r["mean_step_ns"]), p90_step_ms=_ms(r["p90_step_ns"]),
+            nccl_wait_ms=ns_to_ms(r["nccl_wait_ns"]), p2p_wait_ms=ns_to_ms(r["p2p_wait_ns"]),
+            transfer_ms=ns_to_ms(r["transfer_ns"]), late_count=int(r["late_count"]),
+            collectives=int(r["n_coll"]), mean_step_ms=_ms(r["mean_step_ns"]),
+            median_step_ms=_ms(r["median_step_ns"]), p90_step_ms=_ms(r["p90_step_ns"]),
+            sm_active_pct=r["sm_active_pct"], tensor_active_pct=r["tensor_active_pct"],
             gaps_by_range_ms=gaps_by.get(rk, {}), top_gaps=top.get(rk, []), step_ms=steps.get(rk, []),
         ))
     return out
@@ -83,9 +86,14 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
         note, step_source = "no step ranges found: the whole capture is the window", "none"
     else:
         note = "steps " + (f"{opts.steps[0]}..{opts.steps[1]}" if opts.steps else "after each rank's first")
-        label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
-                 3: "repeated NVTX ranges"}[src[0]["family"]]
-        step_source = f"{label} (e.g. `{src[0]['pattern']}`)"
+        fam, pattern = src[0]["family"], src[0]["pattern"]
+        if fam == 4:
+            note = "no step markers: iterations inferred; " + note
+            step_source = f"inferred iterations (no step markers): the period of `{pattern}`"
+        else:
+            label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
+                     3: "repeated NVTX ranges"}[fam]
+            step_source = f"{label} (e.g. `{pattern}`)"
     return Window(source=sources, steps=list(opts.steps) if opts.steps else None, gap_ms=opts.gap_ms, note=note,
                   step_source=step_source, per_rank=per_rank)
 
@@ -101,7 +109,8 @@ def build_report(store: Path, opts: Options) -> Report:
             orch_version=__version__, store=str(store), window=_window(v, opts, ranks), layout=layout,
             ranks=ranks, steps=_steps(v),
             stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
-                                 bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"])
+                                 bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
+                                 theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"])
                     for s in v.rows("stage_metrics")],
             imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
             stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],

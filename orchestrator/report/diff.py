@@ -17,7 +17,9 @@ METRICS: dict[str, tuple[bool, float, str]] = {
     "exposed_comm_ms": (True, 0.10, "relative"),
     "compute_ms": (True, 0.10, "relative"),
     "nccl_wait_ms": (True, 0.25, "relative"),
+    "p2p_wait_ms": (True, 0.25, "relative"),
     "mean_step_ms": (True, 0.05, "relative"),
+    "median_step_ms": (True, 0.05, "relative"),
     "p90_step_ms": (True, 0.10, "relative"),
 }
 # Relative changes below this many ms are noise whatever their percentage.

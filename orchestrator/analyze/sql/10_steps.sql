@@ -1,11 +1,9 @@
--- Steps: which ranges mark training iterations, and which GPU work each step launched.
--- Reads: nvtx, cuda_api, kernels, memcpy, memset, params.
+-- Steps: which NVTX ranges mark training iterations.
+-- Reads: nvtx, params.
 -- Provides:
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
---   steps(rank, tid, start, end, step)               the chosen step ranges, numbered
---   step_source(family, pattern, numbered)           which family was chosen (one row or none)
---   gpu_ops(rank, kind, is_comm, start, end, correlation_id, name, step)
---   first_step(rank, first_step)
+--   steps(rank, tid, start, end, step, family)       the chosen step ranges, numbered
+--   step_source(family, pattern)                     which family was chosen (one row or none)
 -- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
 -- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
@@ -42,28 +40,6 @@ WITH fam AS (
 ), uniq AS (
     SELECT rank, count(DISTINCT num) = count(*) AND count(num) = count(*) AS numbered FROM picked GROUP BY rank
 )
-SELECT p.rank, p.tid, p.start, p."end", CASE WHEN u.numbered THEN p.num ELSE p.ordinal END AS step
+SELECT p.rank, p.tid, p.start, p."end", CASE WHEN u.numbered THEN p.num ELSE p.ordinal END AS step,
+       p.family
 FROM picked p JOIN uniq u USING (rank);
-
-CREATE OR REPLACE TEMP TABLE gpu_raw AS
-SELECT rank, 'kernel' AS kind, is_comm(short_name) AS is_comm, start, "end", correlation_id, short_name AS name
-FROM kernels
-UNION ALL
-SELECT rank, 'memcpy', false, start, "end", correlation_id, 'memcpy ' || kind FROM memcpy
-UNION ALL
-SELECT rank, 'memset', false, start, "end", correlation_id, 'memset' FROM memset;
-
--- A GPU op belongs to the step its CUDA launch happened in (on the step's thread).
-CREATE OR REPLACE TEMP TABLE launch_step AS
-SELECT a.rank, a.correlation_id, max(s.step) AS step
-FROM cuda_api a JOIN steps s
-  ON s.rank = a.rank AND s.tid = a.tid AND a.start >= s.start AND a.start < s."end"
-WHERE a.correlation_id IS NOT NULL
-GROUP BY a.rank, a.correlation_id;
-
-CREATE OR REPLACE TEMP TABLE gpu_ops AS
-SELECT g.*, l.step FROM gpu_raw g
-LEFT JOIN launch_step l ON l.rank = g.rank AND l.correlation_id = g.correlation_id;
-
-CREATE OR REPLACE TEMP TABLE first_step AS
-SELECT rank, min(step) AS first_step FROM steps GROUP BY rank;

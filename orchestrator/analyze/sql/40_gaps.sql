@@ -1,6 +1,8 @@
 -- GPU idle gaps >= params.gap_ns inside the window, each attributed to what the CPU was
--- doing: the innermost default-domain NVTX range (not a step range) on the rank's threads
--- that covers at least half of the gap.
+-- doing: the innermost default-domain NVTX range on the rank's threads that covers at least
+-- half of the gap. Step ranges and the ranges that contain them (epochs) say nothing about
+-- the cause and are skipped. A gap outside every step range, between two steps, is where
+-- `for batch in loader` waits for the next batch: `between steps (input pipeline)`.
 -- Reads: islands, nvtx, steps, params. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   cpu_ranges(rank, tid, start, end, depth, text)  default-domain ranges that are not steps
@@ -13,8 +15,10 @@ SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT N
 
 CREATE OR REPLACE TEMP TABLE cpu_ranges AS
 SELECT n.rank, n.tid, n.start, n."end", n.depth, n.text
-FROM nvtx n LEFT JOIN steps s ON s.rank = n.rank AND s.tid = n.tid AND s.start = n.start AND s."end" = n."end"
-WHERE n.domain_id = 0 AND n.text IS NOT NULL AND s.rank IS NULL;
+FROM nvtx n
+WHERE n.domain_id = 0 AND n.text IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.rank = n.rank AND s.tid = n.tid
+                  AND n.start <= s.start AND n."end" >= s."end");
 
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH gaps AS (
@@ -26,7 +30,12 @@ WITH gaps AS (
       ON c.rank = g.rank AND c.start < g.e AND c."end" > g.s
     WHERE 2 * (least(c."end", g.e) - greatest(c.start, g.s)) >= g.dur
 )
-SELECT g.rank, g.s, g.e, g.dur, coalesce(range_group(c.text), '(no NVTX range)') AS range_group,
+SELECT g.rank, g.s, g.e, g.dur,
+       coalesce(range_group(c.text),
+                CASE WHEN g.rank IN (SELECT rank FROM steps WHERE family < 4) AND NOT EXISTS (
+                         SELECT 1 FROM steps st WHERE st.rank = g.rank
+                         AND st.start < g.s + g.dur // 2 AND st."end" > g.s + g.dur // 2)
+                     THEN 'between steps (input pipeline)' ELSE '(no NVTX range)' END) AS range_group,
        c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1;
 

@@ -3,13 +3,11 @@
 -- stage and tp index when the layout is known; all ranks otherwise) is one collective. Only
 -- collectives seen on every rank of the group, inside every rank's window, count. A rank
 -- waits from its own start until the latest start in the group, at most the kernel's length.
--- Reads: gpu_ops, ranks, win, islands, gap_attr, gpu_time. Provides:
+-- Reads: gpu_ops, ranks, win. Provides:
 --   coll(rank, g1, g2, name, start, end, kth, latest, earliest, wait_ns, is_last, group_size)
 --   coll_rank(rank, n_coll, nccl_wait_ns, late_count, group_size, wait_caused_ns, median_lateness_ns)
---   late_windows(rank, s, e)  union of the time others waited for a late rank (its clock)
---   stragglers   ranks that start last far more often than chance (binomial p < 0.01)
---   straggler_context(rank, range_group, ns)  the late rank's GPU gaps while others waited
---   late_busy(rank, wait_ns, busy_ns)         how much of that wait its GPU was busy
+--   stragglers   ranks that start last far more often than chance (binomial p < 0.01); who
+--                is to blame for the waiting is 56_root_cause.sql's question
 CREATE OR REPLACE TEMP TABLE coll AS
 WITH k AS (
     SELECT o.rank, coalesce(r.stage, 0) AS g1, coalesce(r.tp_index, 0) AS g2, o.name, o.start, o."end",
@@ -45,9 +43,6 @@ SELECT c.rank, count(*) AS n_coll, sum(c.wait_ns) AS nccl_wait_ns,
 FROM coll c LEFT JOIN caused cs USING (rank)
 GROUP BY c.rank;
 
-CREATE OR REPLACE TEMP VIEW late_raw AS SELECT rank, 'late' AS cls, earliest AS s, start AS e FROM coll WHERE is_last;
-CREATE OR REPLACE TEMP TABLE late_windows AS SELECT rank, s, e FROM union_intervals('late_raw');
-
 CREATE OR REPLACE TEMP VIEW stragglers AS
 WITH w AS (SELECT rank, (w1 - w0) AS win_ns, count(*) OVER () AS n_ranks, sum(w1 - w0) OVER () AS all_ns FROM win),
 s AS (
@@ -60,16 +55,3 @@ SELECT rank, late_count, n_coll AS collectives, group_size, wait_caused_ns, medi
        coalesce(round(100.0 * wait_caused_ns / ((group_size - 1) * others_mean_win_ns), 2), 0.0) AS share_of_window_pct
 FROM s
 WHERE p_value < 0.01 AND late_count / n_coll > 1.5 / group_size;
-
-CREATE OR REPLACE TEMP VIEW straggler_context AS
-SELECT w.rank, g.range_group, sum(least(g.e, w.e) - greatest(g.s, w.s)) AS ns
-FROM late_windows w JOIN gap_attr g ON g.rank = w.rank AND g.s < w.e AND g.e > w.s
-GROUP BY ALL;
-
-CREATE OR REPLACE TEMP VIEW late_busy AS
-SELECT w.rank, any_value(t.ns) AS wait_ns,
-       coalesce(sum(least(i.e, w.e) - greatest(i.s, w.s)), 0) AS busy_ns
-FROM late_windows w
-JOIN (SELECT rank, sum(e - s) AS ns FROM late_windows GROUP BY rank) t USING (rank)
-LEFT JOIN islands i ON i.rank = w.rank AND i.cls = 'busy' AND i.s < w.e AND i.e > w.s
-GROUP BY w.rank;

@@ -1,8 +1,9 @@
 -- Every per-rank metric of the report, one row per analysed rank (ns unless _pct).
--- Reads: win, gpu_time, coll_rank, step_stats. Provides:
+-- Reads: win, gpu_time, coll_rank, p2p_rank, step_stats, gpu_util. Provides:
 --   rank_metrics(rank, host, stage, status, w0, w1, window_source, window_ns, compute_ns,
 --     comm_ns, overlap_ns, busy_ns, p2p_ns, exposed_comm_ns, comm_overlap_pct, compute_pct,
---     gpu_idle_pct, nccl_wait_ns, late_count, n_coll, mean_step_ns, p90_step_ns)
+--     gpu_idle_pct, nccl_wait_ns, p2p_wait_ns, transfer_ns (NCCL kernel time not spent waiting),
+--     late_count, n_coll, mean_step_ns, median_step_ns, p90_step_ns, sm_active_pct, tensor_active_pct)
 CREATE OR REPLACE TEMP TABLE rank_metrics AS
 SELECT r.rank, r.host, r.stage, r.status, w.w0, w.w1, w.source AS window_source, w.w1 - w.w0 AS window_ns,
        t.compute_ns, t.comm_ns, t.overlap_ns, t.busy_ns, t.p2p_ns,
@@ -12,6 +13,10 @@ SELECT r.rank, r.host, r.stage, r.status, w.w0, w.w1, w.source AS window_source,
        CASE WHEN w.w1 > w.w0 THEN round(100.0 - round(100.0 * t.busy_ns / (w.w1 - w.w0), 2), 2) ELSE 0.0 END
            AS gpu_idle_pct,
        coalesce(c.nccl_wait_ns, 0) AS nccl_wait_ns, coalesce(c.late_count, 0) AS late_count,
-       coalesce(c.n_coll, 0) AS n_coll, st.mean_ns AS mean_step_ns, st.p90_ns AS p90_step_ns
+       coalesce(p.p2p_wait_ns, 0) AS p2p_wait_ns,
+       greatest(t.comm_ns - coalesce(c.nccl_wait_ns, 0) - coalesce(p.p2p_wait_ns, 0), 0) AS transfer_ns,
+       coalesce(c.n_coll, 0) AS n_coll, st.mean_ns AS mean_step_ns, st.median_ns AS median_step_ns,
+       st.p90_ns AS p90_step_ns, g.sm_active_pct, g.tensor_active_pct
 FROM ranks r JOIN win w USING (rank) JOIN gpu_time t USING (rank)
-LEFT JOIN coll_rank c USING (rank) LEFT JOIN step_stats st USING (rank);
+LEFT JOIN coll_rank c USING (rank) LEFT JOIN p2p_rank p USING (rank) LEFT JOIN step_stats st USING (rank)
+LEFT JOIN gpu_util g USING (rank);

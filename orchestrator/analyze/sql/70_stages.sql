@@ -1,15 +1,38 @@
 -- Pipeline stages (layout known): mean compute per stage, the bubble (share of the window
 -- with no compute kernel running; waiting send/recv counts as bubble), and the imbalance
 -- between the heaviest and lightest stage.
--- Reads: rank_metrics, meta (layout). Provides:
---   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct)
+-- Microbatches per step: --microbatches, else counted from NVTX microbatch ranges
+-- (`forward mb3`, `microbatch 3`) of the first stage's steps. Theory (GPipe/1F1B): the bubble
+-- is (p-1)/(m+p-1) of the step with p stages and m microbatches.
+-- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
+--   microbatches(m, source)
+--   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
+--                 theory_bubble_pct, microbatches)
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
+CREATE OR REPLACE TEMP TABLE microbatches AS
+WITH mb AS (
+    SELECT n.rank, s.step, count(DISTINCT regexp_extract(n.text, '(?i)(?:mb|microbatch)[ _#:]*(\d+)', 1)) AS m
+    FROM nvtx n JOIN steps s ON s.rank = n.rank AND n.start >= s.start AND n."end" <= s."end"
+    WHERE n.domain_id = 0 AND regexp_matches(n.text, '(?i)(?:mb|microbatch)[ _#:]*\d+')
+    GROUP BY n.rank, s.step
+)
+SELECT p.microbatches AS m, '--microbatches' AS source FROM params p WHERE p.microbatches IS NOT NULL
+UNION ALL
+SELECT CAST(median(m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p
+WHERE p.microbatches IS NULL HAVING count(*) > 0;
+
 CREATE OR REPLACE TEMP VIEW stage_metrics AS
-SELECT stage, list(rank ORDER BY rank) AS ranks, avg(compute_ns) AS compute_ns,
-       round(avg(100.0 - compute_pct), 2) AS bubble_pct, round(avg(gpu_idle_pct), 2) AS gpu_idle_pct
-FROM rank_metrics
-WHERE stage IS NOT NULL AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
-GROUP BY stage;
+WITH s AS (
+    SELECT stage, list(rank ORDER BY rank) AS ranks, avg(compute_ns) AS compute_ns,
+           round(avg(100.0 - compute_pct), 2) AS bubble_pct, round(avg(gpu_idle_pct), 2) AS gpu_idle_pct,
+           avg(p2p_wait_ns) AS p2p_wait_ns, avg(window_ns) AS window_ns
+    FROM rank_metrics
+    WHERE stage IS NOT NULL
+      AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
+    GROUP BY stage
+)
+SELECT s.*, round(100.0 * (n.p - 1) / (m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches
+FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true;
 
 CREATE OR REPLACE TEMP VIEW imbalance AS
 WITH s AS (SELECT * FROM stage_metrics)

@@ -1,0 +1,26 @@
+-- GPU metrics (nsys --gpu-metrics-devices) per rank over its window. One process per node
+-- samples every GPU of the node (orch's collector rank), so a rank's samples are the
+-- collector's rows for that rank's device, on the same host.
+-- Reads: kernels, ranks, win, gpu_metrics. Provides:
+--   rank_device(rank, device)            the GPU a rank's kernels ran on
+--   gpu_metric_rank(rank, metric, mean, n, collector)   mean of each sampled metric
+--   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
+CREATE OR REPLACE TEMP TABLE rank_device AS
+SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
+
+CREATE OR REPLACE TEMP TABLE gpu_metric_rank AS
+SELECT d.rank, m.metric, avg(m.value) AS mean, count(*) AS n, any_value(c.rank) AS collector
+FROM rank_device d JOIN ranks r USING (rank) JOIN win w USING (rank)
+JOIN ranks c ON c.host IS NOT DISTINCT FROM r.host
+JOIN gpu_metrics m ON m.rank = c.rank AND m.gpu = d.device AND m.start >= w.w0 AND m.start < w.w1
+GROUP BY d.rank, m.metric;
+
+CREATE OR REPLACE TEMP VIEW gpu_util AS
+SELECT rank,
+       round(max(CASE WHEN metric LIKE 'SMs Active%' OR metric LIKE 'SM Active%' THEN mean END), 2) AS sm_active_pct,
+       round(max(CASE WHEN metric LIKE 'Tensor Active%' THEN mean END), 2) AS tensor_active_pct,
+       round(max(CASE WHEN metric LIKE 'DRAM Read Bandwidth%' THEN mean END), 2) AS dram_read_pct,
+       round(max(CASE WHEN metric LIKE 'DRAM Write Bandwidth%' THEN mean END), 2) AS dram_write_pct,
+       round(max(CASE WHEN metric LIKE 'NVLink TX Requests User Data%' THEN mean END), 2) AS nvlink_tx_pct,
+       max(n) AS n
+FROM gpu_metric_rank GROUP BY rank;

@@ -58,7 +58,9 @@ def test_html_renders_in_chromium(analyzed: dict[str, Path], tmp_path: Path) -> 
     dom = p.stdout
     assert p.returncode == 0 and "</html>" in dom, p.stderr[-2000:]
     bars = re.search(r'<svg id="rank-bars".*?</svg>', dom, re.S).group(0)
-    assert len(re.findall(r'<rect class="seg"', bars)) == 2 * 4  # 2 ranks x 4 segments
+    # 2 ranks x 5 segments (compute, NCCL transfer, NCCL waiting, other GPU, idle)
+    assert len(re.findall(r'<rect class="seg"', bars)) == 2 * 5
+    assert 'data-part="comm waiting"' in bars
     heat = re.search(r'<svg id="step-heatmap".*?</svg>', dom, re.S).group(0)
     rep = json.loads((analyzed["pp_imbalance"] / "r.json").read_text())
     assert len(re.findall(r'<rect class="cell"', heat)) == sum(len(s["ms_by_rank"]) for s in rep["steps"])

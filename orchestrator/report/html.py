@@ -1,6 +1,7 @@
 """One self-contained HTML file (inline SVG and CSS, no scripts, no network).
 
-Plots: per-rank stacked bars (compute / exposed comm / other GPU work / idle), a rank x step
+Plots: per-rank stacked bars (compute / exposed NCCL transfer / NCCL waiting for another rank /
+other GPU work / idle), a rank x step
 heatmap of GPU step time, stage compute bars; tables: findings, top gaps by CPU range.
 Every user- or trace-derived string goes through html.escape.
 """
@@ -11,7 +12,8 @@ from html import escape
 
 from orchestrator.analyze.model import Report
 
-COLORS = {"compute": "#2e7d32", "exposed comm": "#c62828", "other GPU": "#f9a825", "idle": "#cfd8dc"}
+COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
+          "idle": "#cfd8dc"}
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}h2{margin-top:28px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
 .sev-high{color:#b71c1c;font-weight:bold}.sev-medium{color:#e65100}.sev-low{color:#01579b}
@@ -29,8 +31,10 @@ def rank_bars(report: Report) -> str:
     top = max((r.window_ms for r in ranks), default=0) or 1
     rows = []
     for i, r in enumerate(ranks):
+        # NCCL time outside compute, split into waiting for another rank and moving data.
+        waiting = min(r.exposed_comm_ms, r.nccl_wait_ms + r.p2p_wait_ms)
         other = max(0.0, r.gpu_busy_ms - r.compute_ms - r.exposed_comm_ms)
-        parts = [("compute", r.compute_ms), ("exposed comm", r.exposed_comm_ms),
+        parts = [("compute", r.compute_ms), ("comm transfer", r.exposed_comm_ms - waiting), ("comm waiting", waiting),
                  ("other GPU", other), ("idle", max(0.0, r.window_ms - r.gpu_busy_ms))]
         x, y = left, 10 + i * (bar_h + 6)
         rows.append(f'<text x="0" y="{y + 13}">rank {_e(r.rank)}</text>')
@@ -102,7 +106,7 @@ def render_html(report: Report) -> str:
     m_rows = "".join(
         "<tr>" + "".join(f"<td>{_e('' if getattr(r, k) is None else getattr(r, k))}</td>" for k in (
             "rank", "host", "stage", "window_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
-            "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "late_count")) + "</tr>"
+            "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "p2p_wait_ms", "late_count")) + "</tr>"
         for r in report.ranks
     )
     problems = "".join(f"<li>rank {_e(p.rank)}: {_e(p.status)} {_e(p.reason or '')}</li>"
@@ -111,7 +115,7 @@ def render_html(report: Report) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>
-<p>Window: {_e(w.note)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
+<p>Window: {_e(w.note)}; steps from {_e(w.step_source)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
 {f'<h2>Problems</h2><ul id="problems">{problems}</ul>' if problems else ''}
 <h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>
 <th>evidence</th><th>fix</th></tr>{f_rows}</table>
@@ -121,6 +125,6 @@ def render_html(report: Report) -> str:
 <h2>GPU gaps by CPU range (ms)</h2><table id="gaps"><tr><th>rank</th><th>range</th><th>ms</th></tr>{g_rows}</table>
 <h2>Metrics</h2><table id="metrics"><tr><th>rank</th><th>host</th><th>stage</th><th>window ms</th>
 <th>compute ms</th><th>comm ms</th><th>overlap %</th><th>exposed comm ms</th><th>GPU idle %</th>
-<th>NCCL wait ms</th><th>late</th></tr>{m_rows}</table>
+<th>NCCL wait ms</th><th>p2p wait ms</th><th>late</th></tr>{m_rows}</table>
 </body></html>
 """

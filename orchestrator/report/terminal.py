@@ -28,7 +28,7 @@ def _cpu_table(report: Report) -> Table:
 def _rank_table(report: Report) -> Table:
     t = Table(title="per rank (ms unless %)", show_lines=False)
     for col in ("rank", "host", "stage", "window", "step", "compute", "comm", "overlap %", "exposed comm",
-                "GPU idle %", "NCCL wait", "late", "top gap range"):
+                "GPU idle %", "waiting", "late", "top gap range"):
         t.add_column(col, justify="right" if col not in ("host", "top gap range") else "left")
     for r in report.ranks:
         gaps = r.gaps_by_range_ms
@@ -38,7 +38,7 @@ def _rank_table(report: Report) -> Table:
             f"{r.window_ms:.1f}", "" if r.mean_step_ms is None else f"{r.mean_step_ms:.1f}",
             f"{r.compute_ms:.1f}", f"{r.comm_ms:.1f}",
             f"{r.comm_overlap_pct:.1f}", f"{r.exposed_comm_ms:.1f}", f"{r.gpu_idle_pct:.1f}",
-            f"{r.nccl_wait_ms:.1f}", f"{r.late_count}/{r.collectives}",
+            f"{r.nccl_wait_ms + r.p2p_wait_ms:.1f}", f"{r.late_count}/{r.collectives}",
             cell(f"{top[0]} {top[1]:.1f}") if top else "",
         )
     return t

@@ -91,5 +91,9 @@ def test_reports_written_on_the_device_agree(runs, tmp_path: Path) -> None:
     for run in ("ddp", "pp", "ok"):
         device = json.loads((tmp_path / f"{run}.json").read_text())
         here, _ = runs[run]
-        assert [f["kind"] for f in device["findings"]] == [f["kind"] for f in here["findings"]]
+        # The device ran an orch without the rules added since (host_sync, pipeline_bubble):
+        # compare the kinds that orch could find.
+        then = {"straggler", "data_loader_stall", "cpu_gap", "pageable_memcpy", "exposed_communication",
+                "stage_imbalance", "launch_bound", "cpu_phase_outlier", "layout_needed", "healthy"}
+        assert [f["kind"] for f in device["findings"]] == [f["kind"] for f in here["findings"] if f["kind"] in then]
         assert "<svg" in (tmp_path / f"{run}.html").read_text()

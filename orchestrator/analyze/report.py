@@ -47,9 +47,11 @@ def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
     steps: dict[int, list[StepTime]] = defaultdict(list)
     for s in v.query("SELECT rank, step, ns, warmup FROM step_gpu ORDER BY step, rank"):
         steps[s["rank"]].append(StepTime(step=s["step"], ms=ns_to_ms(s["ns"]), warmup=bool(s["warmup"])))
+    sync = v.by_rank("sync_stats")
     out = []
     for r in v.rows("rank_metrics"):
         rk = r["rank"]
+        sy = sync.get(rk) or {}
         out.append(RankMetrics(
             rank=rk, host=r["host"], stage=r["stage"], status=r["status"],
             window_ms=ns_to_ms(r["window_ns"]), compute_ms=ns_to_ms(r["compute_ns"]),
@@ -61,6 +63,8 @@ def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
             collectives=int(r["n_coll"]), mean_step_ms=_ms(r["mean_step_ns"]),
             median_step_ms=_ms(r["median_step_ns"]), p90_step_ms=_ms(r["p90_step_ns"]),
             sm_active_pct=r["sm_active_pct"], tensor_active_pct=r["tensor_active_pct"],
+            sync_per_step=None if sy.get("sync_per_step") is None else round(sy["sync_per_step"], 2),
+            sync_idle_ms_per_step=_ms(sy.get("idle_after_ns_per_step")),
             gaps_by_range_ms=gaps_by.get(rk, {}), top_gaps=top.get(rk, []), step_ms=steps.get(rk, []),
         ))
     return out

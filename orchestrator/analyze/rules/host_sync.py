@@ -1,0 +1,57 @@
+"""Host syncs in the hot loop: the CPU waits for the GPU every step (`.item()`, `print(tensor)`,
+`.cpu()`, `.tolist()`, `torch.cuda.synchronize()`, blocking DtoH copies), so the GPU's queue
+drains and the GPU idles while the CPU refills it. Cost: that GPU idle right after the syncs
+(view `sync_stats`, from analyze/sql/55_host_sync.sql), less the part the CPU spent in an
+input-pipeline range (that is a data-loader stall, reported by its own rule)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding, ns_to_ms
+
+FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`total += loss.detach()`) "
+       "and call `.item()` / log every N steps; avoid `print(tensor)`, `.cpu()`, `.tolist()` and "
+       "`torch.cuda.synchronize()` in the training loop; copy to the host with `.to('cpu', non_blocking=True)` "
+       "into pinned memory. Find the sync points with `torch.cuda.set_sync_debug_mode(\"warn\")`.")
+
+
+@dataclass
+class HostSync(Rule):
+    kind = "host_sync"
+    reads = ("sync_stats", "sync_idle_ranges")
+    # A sync at least this often per step on average is "in the hot loop" (per-step logging).
+    min_per_step: float = 1.0
+    # Reported when the GPU idle right after the syncs is at least this share of the window.
+    min_share: float = 0.02
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        win = ctx.window_ms()
+        hit: dict[int, tuple[dict, float]] = {}
+        in_data: dict[int, float] = {}
+        for g in ctx.views.rows("sync_idle_ranges"):
+            if DATA_RANGE.search(g["range_group"]):
+                in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ns_to_ms(g["ns"])
+        for s in ctx.views.rows("sync_stats"):
+            rk, per = s["rank"], s["sync_per_step"]
+            idle_ms = max(0.0, ns_to_ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
+            if per is None or per < self.min_per_step or not win.get(rk):
+                continue
+            if idle_ms >= self.min_share * win[rk]:
+                hit[rk] = (s, idle_ms)
+        if not hit:
+            return []
+        evidence = [
+            f"rank {rk}: {s['n_syncs']} host syncs in {s['n_steps']} steps ({s['sync_per_step']:.1f} per step: "
+            f"{s['names'] or s['top_name']}); CPU blocked in them {ns_to_ms(s['blocked_ns'])} ms; GPU idle right "
+            f"after them {round(idle / s['n_steps'], 3)} ms per step ({round(100 * idle / win[rk], 1)}% "
+            "of its window" + (", input-pipeline time excluded" if in_data.get(rk) else "") + ")"
+            for rk, (s, idle) in sorted(hit.items())]
+        worst = max(100 * idle / win[rk] for rk, (_, idle) in hit.items())
+        top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]
+        return [finding(self.kind, hit, f"GPU idle after host syncs every step (`{top}`)", evidence, FIX,
+                        max(idle for _, idle in hit.values()), pct=worst)]
+
+
+RULE = HostSync()

@@ -1,0 +1,120 @@
+-- Inferred iterations: for ranks without step ranges, the trace's own period.
+-- Reads: steps, step_source, kernels, cuda_api.
+-- Provides (adds rows to steps and step_source from 10_steps.sql):
+--   beat_candidates(rank, src, name, run, ..., regular)  each candidate's longest run, judged
+--   beat_bursts(rank, src, name, n, burst, ts, tid)  each candidate's occurrences merged in bursts
+--   beat_runs(rank, src, name, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
+--   beat(rank, src, name, t0, t1, bursts, period_ns, rcv)                          the chosen beat
+--   steps rows with family = 4: [beat_i, beat_{i+1}) on the beat's launching thread, step = i
+--   step_source row (4, beat name) when no rank had NVTX steps
+-- Method (no NVTX: the loop's own period), per rank that has no step ranges:
+--   1. Candidate beats: every kernel short name, timed by the start of its CUDA launch call
+--      (cuda_api.correlation_id = kernels.correlation_id), and every host-sync API name
+--      (is_sync_api), timed by the call's start. A candidate needs >= 4 occurrences.
+--   2. Bursts: a loop that does a thing k times per iteration (`.item()` once per
+--      microbatch) repeats in bursts. Sort the intervals between occurrences; a break is an
+--      interval at least burst_ratio = 4 times the next smaller one (intervals under 1 us
+--      count as 1 us), with at least 3 intervals above it. The lowest such break is used (the
+--      least merging: merging too much would fake a longer period): occurrences closer than it
+--      merge into one burst, timed by its first occurrence. No break: each occurrence is a burst.
+--   3. Regular run: consecutive burst-to-burst intervals each within 25 % of the one before
+--      form a run (start-up, warm-up and tear-down break it off). A candidate's longest run is
+--      regular with >= 4 bursts, a robust coefficient of variation (1.4826 * MAD / median)
+--      below max_rcv = 0.2, and at least a third of the candidate's bursts (a stretch of a
+--      kernel that repeats every layer within one step is not the loop).
+--   4. The iteration count is the burst count most regular candidates agree on (ties: the
+--      smaller count); the beat is the regular candidate with that count and the lowest robust
+--      CV (ties: a host sync first, then by name).
+--   5. Steps: [burst_i, burst_{i+1}) over the beat's run, on the thread that launched burst_i,
+--      numbered 0.. in order, family = 4; the interval into the run (the warm-up iteration)
+--      is step 0, which the window leaves out like any first step.
+-- Ranks with NVTX step ranges are left alone. Known limit: when the warm-up repeats a pattern
+-- more often than the steady loop does (e.g. a pipeline stage waiting at start), the vote
+-- can pick the warm-up's pattern.
+CREATE OR REPLACE TEMP TABLE beat_occ AS
+WITH todo AS (
+    SELECT DISTINCT rank FROM cuda_api WHERE rank NOT IN (SELECT rank FROM steps)
+)
+SELECT a.rank, 'kernel' AS src, k.short_name AS name, a.tid, a.start AS ts
+FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id
+WHERE k.rank IN (SELECT rank FROM todo) AND k.short_name IS NOT NULL
+UNION ALL
+SELECT a.rank, 'sync', a.name, a.tid, a.start FROM cuda_api a
+WHERE a.rank IN (SELECT rank FROM todo) AND is_sync_api(a.name);
+
+CREATE OR REPLACE TEMP TABLE beat_bursts AS
+WITH occ AS (
+    SELECT *, ts - lag(ts) OVER (PARTITION BY rank, src, name ORDER BY ts, tid) AS gap,
+           count(*) OVER (PARTITION BY rank, src, name) AS n
+    FROM beat_occ
+), sorted AS (
+    SELECT rank, src, name, gap,
+           row_number() OVER (PARTITION BY rank, src, name ORDER BY gap DESC) AS r,
+           lead(gap) OVER (PARTITION BY rank, src, name ORDER BY gap DESC) AS below
+    FROM occ WHERE gap IS NOT NULL AND n >= 4
+), brk AS (  -- the natural break between within-burst and between-burst intervals
+    SELECT rank, src, name, arg_max(below, r) AS merge_le
+    FROM sorted
+    WHERE r >= 3 AND below IS NOT NULL AND gap >= 4 * greatest(below, 1000)
+    GROUP BY ALL
+), burst_id AS (
+    SELECT o.rank, o.src, o.name, o.n, o.tid, o.ts,
+           sum(CASE WHEN o.gap IS NULL OR o.gap > coalesce(b.merge_le, 0) THEN 1 ELSE 0 END)
+               OVER (PARTITION BY o.rank, o.src, o.name ORDER BY o.ts, o.tid ROWS UNBOUNDED PRECEDING) AS burst
+    FROM occ o LEFT JOIN brk b USING (rank, src, name)
+    WHERE o.n >= 4
+)
+SELECT rank, src, name, any_value(n) AS n, burst, min(ts) AS ts, arg_min(tid, ts) AS tid
+FROM burst_id GROUP BY rank, src, name, burst;
+
+CREATE OR REPLACE TEMP TABLE beat_runs AS
+WITH iv AS (  -- iv: from this burst to the next
+    SELECT *, CAST(lead(ts) OVER w - ts AS DOUBLE) AS iv,
+           count(*) OVER (PARTITION BY rank, src, name) AS n_bursts
+    FROM beat_bursts WINDOW w AS (PARTITION BY rank, src, name ORDER BY ts)
+), sim AS (
+    SELECT *, lag(iv) OVER (PARTITION BY rank, src, name ORDER BY ts) AS prev_iv FROM iv WHERE iv IS NOT NULL
+), runs AS (  -- a run: consecutive intervals each within 25 % of the one before
+    SELECT *, sum(CASE WHEN prev_iv IS NULL OR abs(iv - prev_iv) > 0.25 * greatest(iv, prev_iv) THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY rank, src, name ORDER BY ts ROWS UNBOUNDED PRECEDING) AS run
+    FROM sim
+)
+SELECT rank, src, name, run, any_value(n) AS n, any_value(n_bursts) AS n_bursts,
+       count(*) + 1 AS bursts, min(ts) AS t0, max(ts + iv) AS t1, median(iv) AS period_ns,
+       1.4826 * mad(iv) / greatest(median(iv), 1) AS rcv
+FROM runs GROUP BY rank, src, name, run;
+
+CREATE OR REPLACE TEMP TABLE beat_candidates AS
+SELECT * EXCLUDE (i), bursts >= 4 AND rcv < 0.2 AND bursts >= n_bursts / 3.0 AS regular FROM (
+    SELECT *, row_number() OVER (PARTITION BY rank, src, name ORDER BY bursts DESC, rcv, run) AS i FROM beat_runs)
+WHERE i = 1;
+
+CREATE OR REPLACE TEMP TABLE beat AS
+WITH votes AS (
+    SELECT rank, bursts, row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, bursts) AS i
+    FROM beat_candidates WHERE regular GROUP BY rank, bursts
+)
+SELECT rank, src, name, t0, t1, bursts, period_ns, rcv FROM (
+    SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.src = 'sync' DESC, c.name) AS j
+    FROM beat_candidates c JOIN votes v ON v.rank = c.rank AND v.bursts = c.bursts AND v.i = 1
+    WHERE c.regular)
+WHERE j = 1;
+
+-- The beat's bursts inside its regular run, plus the burst just before it: the interval into
+-- the run is the warm-up iteration (step 0), which the window leaves out like any first step.
+INSERT INTO steps BY NAME
+WITH lead_in AS (
+    SELECT b.rank, coalesce(max(bb.ts), any_value(b.t0)) AS t_first
+    FROM beat b LEFT JOIN beat_bursts bb ON bb.rank = b.rank AND bb.src = b.src AND bb.name = b.name AND bb.ts < b.t0
+    GROUP BY b.rank
+)
+SELECT rank, tid, start, "end", CAST(row_number() OVER (PARTITION BY rank ORDER BY start) - 1 AS INTEGER) AS step,
+       4 AS family
+FROM (
+    SELECT bb.rank, bb.tid, bb.ts AS start, lead(bb.ts) OVER (PARTITION BY bb.rank ORDER BY bb.ts) AS "end"
+    FROM beat_bursts bb JOIN beat b USING (rank, src, name) JOIN lead_in l USING (rank)
+    WHERE bb.ts BETWEEN l.t_first AND b.t1)
+WHERE "end" IS NOT NULL;
+
+INSERT INTO step_source
+SELECT 4, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM step_source) HAVING count(*) > 0;

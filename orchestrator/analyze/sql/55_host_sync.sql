@@ -1,0 +1,80 @@
+-- Host syncs: CPU calls that wait for the GPU (what `.item()`, `print(tensor)`, `.cpu()`,
+-- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind.
+-- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params.
+-- Provides:
+--   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
+--       is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy (same correlation_id)
+--       is DtoH into pageable memory (those block until the copy is done); name without the
+--       `_vNNNN` suffix; step = the step whose range holds the call's start (any thread)
+--   sync_idle(rank, start, idle_ns)  per sync: GPU idle from its return (end) until the next GPU
+--       op on the rank starts, the cost that matters (after a sync the CPU must refill the
+--       queue). 0 when GPU work is running at the return; cut at the next sync's return (so idle
+--       after back-to-back syncs is counted once) and at the window's end.
+--   sync_stats(rank, n_syncs, n_steps, sync_per_step, blocked_ns, idle_after_ns,
+--       idle_after_ns_per_step, top_name, names)  per rank with a window, 0 syncs included (names: `api xN, ...`,
+--       most frequent first); n_steps = the selected
+--       steps (NULL without steps, and then the per-step columns are NULL too)
+--   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
+CREATE OR REPLACE TEMP TABLE host_syncs AS
+WITH calls AS (
+    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a
+    WHERE is_sync_api(a.name)
+       OR (starts_with(a.name, 'cudaMemcpy') AND EXISTS (
+               SELECT 1 FROM memcpy m
+               WHERE m.rank = a.rank AND m.correlation_id = a.correlation_id
+                 AND m.kind = 'DtoH' AND m.dst_kind = 'pageable'))
+), in_win AS (
+    SELECT c.* FROM calls c JOIN win w USING (rank) WHERE c.start >= w.w0 AND c.start < w.w1
+), stepped AS (
+    SELECT h.rank, h.tid, h.start, h."end", h.name, max(s.step) AS step
+    FROM in_win h LEFT JOIN steps s ON s.rank = h.rank AND h.start >= s.start AND h.start < s."end"
+    GROUP BY h.rank, h.tid, h.start, h."end", h.name
+)
+SELECT rank, tid, start, "end", regexp_replace(name, '_v\d+$', '') AS name, step FROM stepped;
+
+CREATE OR REPLACE TEMP TABLE sync_idle AS
+WITH ops AS (  -- the latest end of any GPU op started so far: is the GPU busy at time t?
+    SELECT rank, start, max("end") OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS busy_until
+    FROM gpu_ops
+), s AS (
+    SELECT h.*, lead(h."end") OVER (PARTITION BY h.rank ORDER BY h."end", h.start, h.tid) AS next_sync_end
+    FROM host_syncs h
+), nxt AS (
+    SELECT s.*, g.start AS next_op FROM s ASOF LEFT JOIN gpu_ops g ON g.rank = s.rank AND g.start >= s."end"
+), busy AS (
+    SELECT n.*, o.busy_until FROM nxt n ASOF LEFT JOIN ops o ON o.rank = n.rank AND o.start < n."end"
+)
+SELECT b.rank, b.start, b."end", b.tid,
+       CASE WHEN coalesce(b.busy_until, 0) > b."end" THEN 0
+            ELSE greatest(0, least(coalesce(b.next_op, w.w1), coalesce(b.next_sync_end, w.w1), w.w1) - b."end")
+       END AS idle_ns
+FROM busy b JOIN win w USING (rank);
+
+CREATE OR REPLACE TEMP TABLE sync_stats AS
+WITH n_steps AS (
+    SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
+    WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
+), agg AS (
+    SELECT rank, count(*) AS n_syncs, sum("end" - start) AS blocked_ns FROM host_syncs GROUP BY rank
+), idle AS (
+    SELECT rank, sum(idle_ns) AS idle_after_ns FROM sync_idle GROUP BY rank
+), top AS (
+    SELECT rank, arg_max(name, k) AS top_name,
+           string_agg(name || ' x' || n, ', ' ORDER BY n DESC, name) AS names FROM (
+        SELECT rank, name, count(*) AS n, (count(*), sum("end" - start), name) AS k FROM host_syncs GROUP BY rank, name)
+    GROUP BY rank
+)
+SELECT w.rank, coalesce(a.n_syncs, 0) AS n_syncs, n.n_steps, coalesce(a.n_syncs, 0) / n.n_steps AS sync_per_step,
+       coalesce(a.blocked_ns, 0) AS blocked_ns, coalesce(i.idle_after_ns, 0) AS idle_after_ns,
+       coalesce(i.idle_after_ns, 0) / n.n_steps AS idle_after_ns_per_step, t.top_name, t.names
+FROM win w LEFT JOIN agg a USING (rank) LEFT JOIN n_steps n USING (rank) LEFT JOIN idle i USING (rank)
+LEFT JOIN top t USING (rank);
+
+-- Where the CPU was while the GPU idled after a sync: the GPU gaps (gap_attr) inside each
+-- sync's idle interval, by CPU range. Idle spent in an input-pipeline range is reported as
+-- a data-loader stall, not again as a sync cost.
+CREATE OR REPLACE TEMP VIEW sync_idle_ranges AS
+SELECT i.rank, g.range_group, sum(least(g.e, i."end" + i.idle_ns) - greatest(g.s, i."end")) AS ns
+FROM sync_idle i JOIN gap_attr g ON g.rank = i.rank AND g.s < i."end" + i.idle_ns AND g.e > i."end"
+WHERE i.idle_ns > 0
+GROUP BY ALL;

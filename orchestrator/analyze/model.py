@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
 
 SCHEMA_VERSION = 2
@@ -157,6 +158,7 @@ class Report(_Model):
     problems: list[Problem]
     cpu_phases: list[CpuPhase]
     gpu_activity: bool
+    tables: StatsTables = Field(default_factory=StatsTables, description="nsys stats tables across ranks")
     findings: list[Finding] = Field(default_factory=list)
 
     def rank(self, rank: int) -> RankMetrics | None:

@@ -26,6 +26,7 @@ from orchestrator.analyze.model import (
     Window,
 )
 from orchestrator.analyze.rules import find_all
+from orchestrator.analyze.tables import build_tables
 from orchestrator.analyze.rules.base import Context, ns_to_ms
 
 
@@ -128,6 +129,7 @@ def build_report(store: Path, opts: Options) -> Report:
             cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ns_to_ms(c["ns_per_step"]),
                                  steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
             gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
+            tables=build_tables(v, opts),
         )
         report.findings = find_all(Context(views=v, report=report, opts=opts))
         return report

@@ -23,19 +23,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def parse_layout(text: str | None):
-    from orchestrator.collect.identity import Layout
+    from orchestrator.layout import Layout
 
-    if not text:
-        return Layout()
-    vals: dict[str, int] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        key = key.strip()
-        if key not in ("tp", "pp", "dp") or not value.strip().isdigit() or int(value) < 1:
-            raise OrchError(f"--layout {text!r}: use e.g. tp=1,dp=2,pp=2 (positive integers)")
-        vals[key] = int(value)
-    tp, pp, dp = vals.get("tp", 1), vals.get("pp", 1), vals.get("dp")
-    return Layout(tp=tp, pp=pp, dp=dp, world_size=tp * pp * dp if dp else None, known=True)
+    return Layout.parse(text)
 
 
 def _run_arg(a: argparse.Namespace) -> Path:

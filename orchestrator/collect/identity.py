@@ -7,27 +7,9 @@ from dataclasses import dataclass, field
 
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import Probe
+from orchestrator.layout import Layout
 
-
-@dataclass
-class Layout:
-    """Enough of the job's shape to place ranks on nodes and stages."""
-
-    world_size: int | None = None
-    nproc_per_node: int | None = None
-    tp: int = 1
-    pp: int = 1
-    dp: int | None = None
-    known: bool = False  # stage/dp/tp indices are only filled when a layout was given
-
-    def place(self, rank: int) -> dict[str, int | None]:
-        dp = self.dp or (self.world_size // (self.tp * self.pp) if self.world_size else None)
-        return {
-            "node": rank // self.nproc_per_node if self.nproc_per_node else None,
-            "stage": rank // (self.tp * dp) if (self.known and dp) else None,
-            "dp_index": (rank // self.tp) % dp if (self.known and dp) else None,
-            "tp_index": rank % self.tp if self.known else None,
-        }
+__all__ = ["Layout", "Member", "identify", "infer_world_size"]  # Layout re-exported for callers
 
 
 @dataclass
@@ -82,3 +64,10 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
             "ranks were assigned in file order: " + ", ".join(f"{m.report.origin.name}->{m.rank}" for m in unknown)
         )
     return members, warnings
+
+
+def infer_world_size(members: list[Member]) -> int | None:
+    """The world size as far as the reports show it: the highest rank found + 1 (at least
+    the number of ranks found). Used only to complete a partial `--layout`."""
+    ranks = {m.rank for m in members if m.rank is not None and not m.probe.error}
+    return max(len(ranks), max(ranks) + 1) if ranks else None

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.errors import OrchError
+from orchestrator.layout import Layout
 from orchestrator.spec.model import ClusterConfig, JobSpec, SlurmOptions
 from orchestrator.spec.ranks import collector_ranks, select_ranks
 
@@ -53,9 +54,7 @@ class ResolvedJob:
     nodes: int
     nproc_per_node: int
     gpus_per_node: int
-    tp: int
-    pp: int
-    dp: int
+    layout: Layout  # resolved: dp filled from the world size
     profiled_ranks: list[int]
     collector_ranks: list[int]
     gpu_metrics_set: str | None
@@ -65,6 +64,19 @@ class ResolvedJob:
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        assert self.layout.dp is not None  # resolve() always fills it
+        return self.layout.dp
 
     @property
     def stage_size(self) -> int:
@@ -218,22 +230,12 @@ def resolve(spec: JobSpec, spec_path: Path | None = None) -> ResolvedJob:
                         f"{MAX_WORLD}; lower nodes or nproc_per_node")
     gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else cluster.gpu.per_node
     world = nodes * nproc
-    lay = spec.layout
-    if world % (lay.tp * lay.pp):
-        raise OrchError(
-            f"layout: tp*pp = {lay.tp * lay.pp} does not divide the world size {world}; "
-            "fix layout or nodes/nproc_per_node"
-        )
-    dp = lay.dp or world // (lay.tp * lay.pp)
-    if lay.tp * lay.pp * dp != world:
-        raise OrchError(
-            f"layout: tp*pp*dp = {lay.tp * lay.pp * dp} but the world size is {world}; "
-            "fix layout.dp or drop it to derive it"
-        )
-    has_layout = "pp" in lay.model_fields_set or "tp" in lay.model_fields_set or "dp" in lay.model_fields_set
+    lay = spec.layout.resolve(world, exact=True, nproc_per_node=nproc)
+    if not lay.known:  # no layout given: one stage, data parallel over the world
+        lay = lay.model_copy(update={"dp": world // (lay.tp * lay.pp), "world_size": world})
     profiled = select_ranks(
         spec.profile.ranks, world=world, nproc_per_node=nproc,
-        stage_size=lay.tp * dp if has_layout else None,
+        stage_size=lay.stage_size if lay.known else None,
     )
     gm = spec.profile.gpu_metrics
     metric_set = None
@@ -250,7 +252,7 @@ def resolve(spec: JobSpec, spec_path: Path | None = None) -> ResolvedJob:
     return ResolvedJob(
         spec=spec, cluster=cluster, slurm=slurm, spec_path=spec_path,
         nodes=nodes, nproc_per_node=nproc, gpus_per_node=gpus or 0,
-        tp=lay.tp, pp=lay.pp, dp=dp,
+        layout=lay,
         profiled_ranks=profiled,
         collector_ranks=collector_ranks(profiled, nproc) if metric_set else [],
         gpu_metrics_set=metric_set,

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchestrator.layout import Layout
+
 # Job and output names end up in file names and `#SBATCH --job-name`: keep them boring.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -193,14 +195,6 @@ class Launch(Strict):
         return self
 
 
-class Layout(Strict):
-    """Parallel layout, Megatron order: tp fastest, then dp, then pp (stage = rank // (tp*dp))."""
-
-    tp: int = Field(default=1, ge=1, le=4096)
-    pp: int = Field(default=1, ge=1, le=4096)
-    dp: int | None = Field(default=None, ge=1, le=65536)
-
-
 class GpuMetrics(Strict):
     enabled: bool = False
     set: str = "auto"
@@ -288,6 +282,11 @@ class JobSpec(Strict):
     layout: Layout = Layout()
     profile: Profile = Profile()
     run_root: str | None = None  # where `orch submit` creates run directories
+
+    @field_validator("layout", mode="before")
+    @classmethod
+    def _layout(cls, v: object) -> Layout:
+        return Layout.from_spec(v)
 
     @field_validator("name")
     @classmethod

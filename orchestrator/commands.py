@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrator import naming
 from orchestrator.errors import OrchError
 from orchestrator.rundir import STORE, find_run, read_manifest
 
@@ -125,7 +126,7 @@ def _collect_from_run(run: Path, a: argparse.Namespace):
     layout = Layout(world_size=m["world_size"], nproc_per_node=m["nproc_per_node"], tp=lay["tp"],
                     pp=lay["pp"], dp=lay["dp"], known=lay.get("known", True))
     return collect([Path(m["report_dir"])], run, layout=layout, expected=m["profiled_ranks"],
-                   name_prefix=f"{m['output_name']}_{m['job_id']}_r", nsys=a.nsys or m.get("nsys"),
+                   name_prefix=naming.name_prefix(m["output_name"], m["job_id"]), nsys=a.nsys or m.get("nsys"),
                    workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
                    console=err, extra_meta={"job_id": m["job_id"], "run": str(run)})
 

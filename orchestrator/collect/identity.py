@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator import naming
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import Probe
 from orchestrator.layout import Layout
@@ -22,11 +23,13 @@ class Member:
     notes: list[str] = field(default_factory=list)
 
 
-def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None and v.strip() != "" else None
-    except ValueError:
-        return None
+def _rank(env: dict[str, str], key: str, notes: list[str]) -> int | None:
+    """A captured rank variable, range-checked in one place (naming.checked_int)."""
+    raw = env.get(key)
+    value = naming.checked_int(raw, naming.MAX_RANK)
+    if value is None and raw is not None and raw.strip():
+        notes.append(f"captured {key}={raw[:40]!r} is not a rank (0..{naming.MAX_RANK}); ignored")
+    return value
 
 
 def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Member], list[str]]:
@@ -35,9 +38,9 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
     members = [Member(report=r, probe=p) for r, p in zip(reports, probes, strict=True)]
     for m in members:
         env = m.probe.env
-        env_rank = _int(env.get("RANK"))
+        env_rank = _rank(env, "RANK", m.notes)
         if env_rank is None and "LOCAL_RANK" not in env:
-            env_rank = _int(env.get("SLURM_PROCID"))  # srun-launched ranks, no torchrun
+            env_rank = _rank(env, "SLURM_PROCID", m.notes)  # srun-launched ranks, no torchrun
         if m.report.rank is not None:
             m.rank, m.source = m.report.rank, "file name"
             if env_rank is not None and env_rank != m.rank:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__
+from orchestrator import __version__, naming
 from orchestrator.fsutil import write_json_atomic
 from orchestrator.render import render
 from orchestrator.rundir import MANIFEST, default_root, read_manifest
@@ -37,7 +37,7 @@ def new_run_dir(job: ResolvedJob, root: Path) -> Path:
 
 def expected_reports(job: ResolvedJob, report_dir: Path, job_id: str) -> list[dict[str, Any]]:
     return [{"rank": r, "node": r // job.nproc_per_node,
-             "glob": str(report_dir / f"{job.output_name}_{job_id}_r{r}_*.nsys-rep")}
+             "glob": str(report_dir / naming.expected_glob(job.output_name, job_id, r))}
             for r in job.profiled_ranks]
 
 

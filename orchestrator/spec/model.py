@@ -31,6 +31,16 @@ def _no_control(value: str) -> str:
     return value
 
 
+NSYS_VERSION_RE = re.compile(r"(\d{4})\.(\d+)(\.\d+)*")
+
+
+def parse_nsys_version(text: str) -> tuple[int, int] | None:
+    """Parse "2025.3" / "2022.4.2" -> (year, minor); None when it is not an nsys version. The one
+    place a version string is read: flag spellings (GPU metrics, --pytorch) key on it."""
+    m = NSYS_VERSION_RE.fullmatch(text)
+    return (int(m[1]), int(m[2])) if m else None
+
+
 class NsysInstall(Strict):
     """Which nsys a cluster has; flag spellings changed across releases."""
 
@@ -47,15 +57,21 @@ class NsysInstall(Strict):
     @field_validator("version")
     @classmethod
     def _version(cls, v: str) -> str:
-        if not re.fullmatch(r"\d{4}\.\d+(\.\d+)*", v):
+        if parse_nsys_version(v) is None:
             raise ValueError("must look like 2025.3 or 2022.4.2")
         return v
+
+    @property
+    def release(self) -> tuple[int, int]:
+        """(year, minor) of this install, e.g. (2023, 4)."""
+        parsed = parse_nsys_version(self.version)
+        assert parsed is not None  # validated above
+        return parsed
 
     def metrics_flag(self) -> str:
         if self.gpu_metrics_flag != "auto":
             return self.gpu_metrics_flag
-        year, minor = (int(x) for x in self.version.split(".")[:2])
-        return "--gpu-metrics-devices" if (year, minor) >= (2023, 4) else "--gpu-metrics-device"
+        return "--gpu-metrics-devices" if self.release >= (2023, 4) else "--gpu-metrics-device"
 
 
 class SlurmOptions(Strict):

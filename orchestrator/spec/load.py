@@ -101,6 +101,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         return f"{source}: '{loc}' is required; add it (see README, Job spec)"
     msg = e["msg"].removeprefix("Value error, ")
     got = e.get("input")
+    if isinstance(got, bool) and kind in ("int_type", "float_type", "string_type", "literal_error"):
+        msg = f"{msg}; true/false is not a number or a name here"
     shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
     if len(shown) > 60:
         shown = shown[:57] + "..."
@@ -117,8 +119,26 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # PyYAML keeps the last of two equal keys; a spec that says `nodes` twice is a mistake.
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKeyError(key, key_node.start_mark.line + 1)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 class _AliasError(Exception):
     pass
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: object, line: int) -> None:
+        super().__init__(key, line)
+        self.key, self.line = key, line
 
 
 MAX_SPEC_BYTES = 1 << 20
@@ -137,6 +157,10 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
         data = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
     except _AliasError:
         raise OrchError(f"{what} {path} uses YAML aliases (*name); write the values out") from None
+    except _DuplicateKeyError as e:
+        key = repr(e.key)[:60]
+        raise OrchError(f"{what} {path}: line {e.line}: key {key} appears twice in one mapping; "
+                        "keep one (YAML would silently use the last)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -7,9 +7,10 @@ silently ignored option on a 512-GPU job.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from orchestrator.layout import Layout
 
@@ -22,7 +23,10 @@ SBATCH_LINE_RE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\n\r\x00]*)?$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors, and so are values of the wrong type: no coercion, so
+    `nproc_per_node: true` is not 1 and `exclusive: 1` is not true."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _no_control(value: str) -> str:
@@ -127,7 +131,14 @@ class SlurmOptions(Strict):
     @field_validator("container_exec")
     @classmethod
     def _container(cls, v: str | None) -> str | None:
-        return None if v is None else _no_control(v)
+        if v is None:
+            return None
+        try:
+            shlex.split(_no_control(v))  # the per-node launch splits it the same way
+        except ValueError:
+            raise ValueError("has an unbalanced quote; close it or drop the quotes "
+                             "(it is split like a shell command line)") from None
+        return v
 
 
 class GpuInfo(Strict):
@@ -303,6 +314,10 @@ class JobSpec(Strict):
     @classmethod
     def _layout(cls, v: object) -> Layout:
         return Layout.from_spec(v)
+
+    @field_serializer("layout")
+    def _dump_layout(self, lay: Layout) -> dict[str, int | None]:
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}  # the spec's keys, as written
 
     @field_validator("name")
     @classmethod

@@ -81,7 +81,7 @@ def _complete_layout(layout: Layout, members: list[Member], warnings: list[str])
     world = infer_world_size(members)
     if world is None:  # no readable rank: nothing to place
         return layout
-    layout = layout.resolve(world)
+    layout = layout.resolve(world, source="--layout")
     warnings.append(f"layout: dp={layout.dp} inferred from a world size of {world} (highest rank found + 1); "
                     "pass dp in --layout if ranks are missing")
     return layout

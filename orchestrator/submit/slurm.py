@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,14 +65,22 @@ class _Watcher(SlurmInfoWatcher):
 
 @contextlib.contextmanager
 def _quiet_submitit() -> Iterator[None]:
-    """submitit logs 'Bypassing sacct error' to stdout and stderr when accounting is off;
-    orch falls back and names its source instead."""
+    """Without accounting, sacct writes its error to our stderr (submitit does not capture
+    it) and submitit logs 'Bypassing sacct error' to stdout and stderr; orch falls back and
+    names its source instead, so both are muted for the one sacct call."""
     log = logging.getLogger("submitit")
     level = log.level
     log.setLevel(logging.ERROR)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
     try:
         yield
     finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
         log.setLevel(level)
 
 

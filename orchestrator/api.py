@@ -32,13 +32,13 @@ def analyze(paths: Iterable[str | Path], *, layout: str | None = None, out: str 
     (gap_ms, steps=(a, b), steps_from, microbatches, top_gaps)."""
     from orchestrator.analyze.report import build_report
     from orchestrator.collect.collect import collect
-    from orchestrator.commands import parse_layout
+    from orchestrator.layout import Layout
 
     opts = Options(**options)
     check_regex(opts.steps_from)
     with tempfile.TemporaryDirectory(prefix="orch-analyze-") as tmp:
         dest = Path(out) if out else Path(tmp)
-        res = collect([Path(p) for p in paths], dest, layout=parse_layout(layout), workers=workers)
+        res = collect([Path(p) for p in paths], dest, layout=Layout.parse(layout), workers=workers)
         return build_report(res.store, opts)
 
 

@@ -18,7 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer, field_validator
+
 from orchestrator.errors import OrchError
+from orchestrator.fsutil import write_json_atomic
+from orchestrator.layout import Layout
 
 MANIFEST = "manifest.json"
 STORE = "profile.duckdb"
@@ -28,13 +32,88 @@ def default_root() -> Path:
     return Path(os.environ.get("ORCH_RUNS", "orch-runs"))
 
 
-def read_manifest(run: Path) -> dict[str, Any]:
+class ExpectedReport(BaseModel):
+    """One profiled rank's report: where it will appear (host and pid are globbed)."""
+
+    rank: int
+    node: int
+    glob: str
+
+
+class Manifest(BaseModel):
+    """`manifest.json`: what was submitted and what to expect from it.
+
+    Written once by `orch submit`; read by status, cancel and collect. Keys are those of
+    earlier orch versions, so old run directories still read; keys this version does not
+    know are ignored on read.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    orch_version: str
+    name: str
+    job_id: str
+    executor: str
+    cluster: str
+    submitted_at: str
+    spec_path: str | None = None
+    spec: dict[str, Any] = {}
+    cluster_config: dict[str, Any] = {}
+    nodes: int
+    nproc_per_node: int
+    world_size: int
+    gpus_per_node: int = 0
+    layout: Layout = Layout()
+    profiled_ranks: list[int]
+    collector_ranks: list[int] = []
+    gpu_metrics_set: str | None = None
+    output_name: str
+    report_dir: str
+    report_pattern: str
+    expected_reports: list[ExpectedReport]
+    scripts: dict[str, str] = {}
+    node_command: list[str] = []
+    submitit_folder: str
+    nsys: str | None = None
+
+    @field_validator("job_id", mode="before")
+    @classmethod
+    def _job_id(cls, v: object) -> object:
+        return str(v) if isinstance(v, int) else v
+
+    @field_validator("layout", mode="before")
+    @classmethod
+    def _layout(cls, v: object) -> object:
+        # Manifests before `known` was recorded always had a layout from the spec.
+        return {"known": True, **v} if isinstance(v, dict) else v
+
+    @field_serializer("layout")
+    def _dump_layout(self, lay: Layout) -> dict[str, Any]:
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "known": lay.known}
+
+    def job_layout(self) -> Layout:
+        """The layout with the job's world size and node width, as collect needs it."""
+        return self.layout.model_copy(update={"world_size": self.world_size,
+                                              "nproc_per_node": self.nproc_per_node})
+
+    def write(self, run: Path) -> None:
+        write_json_atomic(run / MANIFEST, self.model_dump(mode="json"))
+
+
+def read_manifest(run: Path) -> Manifest:
+    path = run / MANIFEST
     try:
-        return json.loads((run / MANIFEST).read_text(encoding="utf-8"))
+        return Manifest.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         raise OrchError(f"{run} has no {MANIFEST}: not an orch run directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise OrchError(f"{run / MANIFEST} is corrupt (not JSON); restore it or resubmit") from None
+    except OSError as e:
+        raise OrchError(f"{path} cannot be read ({e.__class__.__name__}); check its permissions") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"].startswith("json_"):
+            raise OrchError(f"{path} is corrupt (not JSON); restore it or resubmit") from None
+        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise OrchError(f"{path} is corrupt ({where}: {err['msg']}); restore it or resubmit") from None
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:

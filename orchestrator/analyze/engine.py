@@ -47,8 +47,8 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
         a, b = int(lo), int(hi if sep else lo)
     except ValueError:
         raise OrchError(f"--steps {text!r}: use A:B with step numbers, e.g. --steps 3:8") from None
-    if a > b or a < 0:
-        raise OrchError(f"--steps {text!r}: A must be <= B and >= 0")
+    if a > b or a < 0 or b > 2**31 - 1:
+        raise OrchError(f"--steps {text!r}: A must be <= B, both between 0 and {2**31 - 1}")
     return a, b
 
 

@@ -26,8 +26,8 @@ from orchestrator.analyze.model import (
     Window,
 )
 from orchestrator.analyze.rules import find_all
-from orchestrator.analyze.tables import build_tables
 from orchestrator.analyze.rules.base import Context, ns_to_ms
+from orchestrator.analyze.tables import build_tables
 
 
 def _ms(ns: float | None) -> float | None:

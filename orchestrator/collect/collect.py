@@ -18,10 +18,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.collect.gather import ReportFile, discover, export_all, find_nsys
-from orchestrator.collect.identity import Layout, Member, identify
+from orchestrator.collect.identity import Member, identify, infer_world_size
 from orchestrator.collect.ingest import build_store
 from orchestrator.collect.probe import Probe, probe
 from orchestrator.errors import OrchError
+from orchestrator.layout import Layout
 from orchestrator.rundir import STORE
 
 
@@ -72,6 +73,20 @@ def _progress(console: Console) -> Progress:
                     disable=not console.is_terminal)
 
 
+def _complete_layout(layout: Layout, members: list[Member], warnings: list[str]) -> Layout:
+    """A partial --layout (dp left out, world size unknown until now) gets dp from the ranks
+    found; when tp*pp does not divide that, one-line error instead of dropping stages."""
+    if not layout.known or layout.dp is not None:
+        return layout
+    world = infer_world_size(members)
+    if world is None:  # no readable rank: nothing to place
+        return layout
+    layout = layout.resolve(world, source="--layout")
+    warnings.append(f"layout: dp={layout.dp} inferred from a world size of {world} (highest rank found + 1); "
+                    "pass dp in --layout if ranks are missing")
+    return layout
+
+
 def collect(
     paths: list[Path], run: Path, *, layout: Layout, expected: list[int] | None = None,
     name_prefix: str | None = None, nsys: str | None = None, workers: int | None = None,
@@ -101,6 +116,7 @@ def collect(
                 probes = list(pool.map(probe_one, reports))
             members, warnings = identify(reports, probes)
             ranks = [m.rank for m in members if m.rank is not None]
+            layout = _complete_layout(layout, members, warnings)
             if layout.world_size:
                 for m in members:
                     if m.rank is not None and m.rank >= layout.world_size:

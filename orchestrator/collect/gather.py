@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import shutil
 import subprocess
 import uuid
@@ -19,12 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator import naming
 from orchestrator.errors import OrchError
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
-# orch's names: <name>_<jobid>_r<RANK>_<host>.<pid>; the seed sbatch's: <name>_<host>.<pid>.
-_RANK_HOST_PID = re.compile(r"_r(?P<rank>\d+)_(?P<host>[^/]+)\.(?P<pid>\d+)$")
-_HOST_PID = re.compile(r"_(?P<host>[^_/]+)\.(?P<pid>\d+)$")
 
 
 @dataclass
@@ -43,16 +40,6 @@ def split_suffix(path: Path) -> tuple[str, str] | None:
         if path.name.endswith(suf) and len(path.name) > len(suf):
             return path.name[: -len(suf)], suf
     return None
-
-
-def parse_name(stem: str) -> tuple[int | None, str | None, int | None]:
-    m = _RANK_HOST_PID.search(stem)
-    if m:
-        return int(m["rank"]), m["host"], int(m["pid"])
-    m = _HOST_PID.search(stem)
-    if m:
-        return None, m["host"], int(m["pid"])
-    return None, None, None
 
 
 def discover(paths: Iterable[Path], name_prefix: str | None = None) -> list[ReportFile]:
@@ -78,8 +65,8 @@ def discover(paths: Iterable[Path], name_prefix: str | None = None) -> list[Repo
         gz = by_suf.get(".sqlite.gz")
         origin = rep or sq or gz
         assert origin is not None
-        rank, host, pid = parse_name(stem)
-        r = ReportFile(origin=origin, stem=stem, rank=rank, host=host, pid=pid)
+        name = naming.parse(stem)  # orch's or the seed sbatch's name pattern
+        r = ReportFile(origin=origin, stem=stem, rank=name.rank, host=name.host, pid=name.pid)
         if sq is not None and (rep is None or sq.stat().st_mtime >= rep.stat().st_mtime):
             r.sqlite = sq
         reports.append(r)

@@ -5,29 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator import naming
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import Probe
+from orchestrator.layout import Layout
 
-
-@dataclass
-class Layout:
-    """Enough of the job's shape to place ranks on nodes and stages."""
-
-    world_size: int | None = None
-    nproc_per_node: int | None = None
-    tp: int = 1
-    pp: int = 1
-    dp: int | None = None
-    known: bool = False  # stage/dp/tp indices are only filled when a layout was given
-
-    def place(self, rank: int) -> dict[str, int | None]:
-        dp = self.dp or (self.world_size // (self.tp * self.pp) if self.world_size else None)
-        return {
-            "node": rank // self.nproc_per_node if self.nproc_per_node else None,
-            "stage": rank // (self.tp * dp) if (self.known and dp) else None,
-            "dp_index": (rank // self.tp) % dp if (self.known and dp) else None,
-            "tp_index": rank % self.tp if self.known else None,
-        }
+__all__ = ["Layout", "Member", "identify", "infer_world_size"]  # Layout re-exported for callers
 
 
 @dataclass
@@ -40,11 +23,13 @@ class Member:
     notes: list[str] = field(default_factory=list)
 
 
-def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None and v.strip() != "" else None
-    except ValueError:
-        return None
+def _rank(env: dict[str, str], key: str, notes: list[str]) -> int | None:
+    """A captured rank variable, range-checked in one place (naming.checked_int)."""
+    raw = env.get(key)
+    value = naming.checked_int(raw, naming.MAX_RANK)
+    if value is None and raw is not None and raw.strip():
+        notes.append(f"captured {key}={raw[:40]!r} is not a rank (0..{naming.MAX_RANK}); ignored")
+    return value
 
 
 def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Member], list[str]]:
@@ -53,9 +38,9 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
     members = [Member(report=r, probe=p) for r, p in zip(reports, probes, strict=True)]
     for m in members:
         env = m.probe.env
-        env_rank = _int(env.get("RANK"))
+        env_rank = _rank(env, "RANK", m.notes)
         if env_rank is None and "LOCAL_RANK" not in env:
-            env_rank = _int(env.get("SLURM_PROCID"))  # srun-launched ranks, no torchrun
+            env_rank = _rank(env, "SLURM_PROCID", m.notes)  # srun-launched ranks, no torchrun
         if m.report.rank is not None:
             m.rank, m.source = m.report.rank, "file name"
             if env_rank is not None and env_rank != m.rank:
@@ -82,3 +67,10 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
             "ranks were assigned in file order: " + ", ".join(f"{m.report.origin.name}->{m.rank}" for m in unknown)
         )
     return members, warnings
+
+
+def infer_world_size(members: list[Member]) -> int | None:
+    """The world size as far as the reports show it: the highest rank found + 1 (at least
+    the number of ranks found). Used only to complete a partial `--layout`."""
+    ranks = {m.rank for m in members if m.rank is not None and not m.probe.error}
+    return max(len(ranks), max(ranks) + 1) if ranks else None

@@ -14,7 +14,6 @@ def profile_args(job: ResolvedJob) -> list[str]:
     """Options every profiled rank gets (the output name is added by the wrapper)."""
     p = job.spec.profile
     nsys = job.cluster.nsys
-    year = int(nsys.version.split(".")[0])
     args = [
         f"--trace={','.join(p.trace)}",
         f"--sample={p.sample}",
@@ -31,7 +30,7 @@ def profile_args(job: ResolvedJob) -> list[str]:
     if p.duration is not None:
         args.append(f"--duration={_fmt_seconds(p.duration)}")
     if p.pytorch:
-        if year < 2023:
+        if nsys.release < (2023, 0):
             raise OrchError(
                 f"profile.pytorch: nsys {nsys.version} of cluster {job.cluster.name} has no "
                 "--pytorch option; use a newer nsys (cluster nsys.version/path) or drop it"

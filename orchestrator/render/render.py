@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from orchestrator import __version__
+from orchestrator import __version__, naming
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, profile_args
@@ -68,12 +68,6 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def report_stem(job: ResolvedJob) -> str:
-    """nsys expands %q{VAR}, %h and %p per process: job id, global rank, host and pid make
-    every report name unique across nodes and restarts."""
-    return f"{job.output_name}_%q{{ORCH_JOB_ID}}_r%q{{RANK}}_%h.%p"
-
-
 def sbatch_lines(job: ResolvedJob) -> list[str]:
     s = job.slurm
     lines = []
@@ -113,7 +107,7 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
                 f"{label} {str(p)!r} has spaces or special characters that #SBATCH lines "
                 "cannot carry; choose a plain path (letters, digits, ._-/)"
             )
-    stem = report_stem(job)
+    stem = naming.report_stem(job.output_name)
     nc = node_command(job, script_dir)
     ctx = {
         "job": job,

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrator.errors import OrchError
+from orchestrator.layout import Layout
 from orchestrator.spec.model import ClusterConfig, JobSpec, SlurmOptions
 from orchestrator.spec.ranks import collector_ranks, select_ranks
 
@@ -53,9 +54,7 @@ class ResolvedJob:
     nodes: int
     nproc_per_node: int
     gpus_per_node: int
-    tp: int
-    pp: int
-    dp: int
+    layout: Layout  # resolved: dp filled from the world size
     profiled_ranks: list[int]
     collector_ranks: list[int]
     gpu_metrics_set: str | None
@@ -65,6 +64,19 @@ class ResolvedJob:
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        assert self.layout.dp is not None  # resolve() always fills it
+        return self.layout.dp
 
     @property
     def stage_size(self) -> int:
@@ -89,6 +101,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         return f"{source}: '{loc}' is required; add it (see README, Job spec)"
     msg = e["msg"].removeprefix("Value error, ")
     got = e.get("input")
+    if isinstance(got, bool) and kind in ("int_type", "float_type", "string_type", "literal_error"):
+        msg = f"{msg}; true/false is not a number or a name here"
     shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
     if len(shown) > 60:
         shown = shown[:57] + "..."
@@ -105,8 +119,26 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # PyYAML keeps the last of two equal keys; a spec that says `nodes` twice is a mistake.
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKeyError(key, key_node.start_mark.line + 1)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 class _AliasError(Exception):
     pass
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: object, line: int) -> None:
+        super().__init__(key, line)
+        self.key, self.line = key, line
 
 
 MAX_SPEC_BYTES = 1 << 20
@@ -125,6 +157,10 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
         data = yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
     except _AliasError:
         raise OrchError(f"{what} {path} uses YAML aliases (*name); write the values out") from None
+    except _DuplicateKeyError as e:
+        key = repr(e.key)[:60]
+        raise OrchError(f"{what} {path}: line {e.line}: key {key} appears twice in one mapping; "
+                        "keep one (YAML would silently use the last)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -218,22 +254,12 @@ def resolve(spec: JobSpec, spec_path: Path | None = None) -> ResolvedJob:
                         f"{MAX_WORLD}; lower nodes or nproc_per_node")
     gpus = slurm.gpus_per_node if slurm.gpus_per_node is not None else cluster.gpu.per_node
     world = nodes * nproc
-    lay = spec.layout
-    if world % (lay.tp * lay.pp):
-        raise OrchError(
-            f"layout: tp*pp = {lay.tp * lay.pp} does not divide the world size {world}; "
-            "fix layout or nodes/nproc_per_node"
-        )
-    dp = lay.dp or world // (lay.tp * lay.pp)
-    if lay.tp * lay.pp * dp != world:
-        raise OrchError(
-            f"layout: tp*pp*dp = {lay.tp * lay.pp * dp} but the world size is {world}; "
-            "fix layout.dp or drop it to derive it"
-        )
-    has_layout = "pp" in lay.model_fields_set or "tp" in lay.model_fields_set or "dp" in lay.model_fields_set
+    lay = spec.layout.resolve(world, exact=True, nproc_per_node=nproc)
+    if not lay.known:  # no layout given: one stage, data parallel over the world
+        lay = lay.model_copy(update={"dp": world // (lay.tp * lay.pp), "world_size": world})
     profiled = select_ranks(
         spec.profile.ranks, world=world, nproc_per_node=nproc,
-        stage_size=lay.tp * dp if has_layout else None,
+        stage_size=lay.stage_size if lay.known else None,
     )
     gm = spec.profile.gpu_metrics
     metric_set = None
@@ -250,7 +276,7 @@ def resolve(spec: JobSpec, spec_path: Path | None = None) -> ResolvedJob:
     return ResolvedJob(
         spec=spec, cluster=cluster, slurm=slurm, spec_path=spec_path,
         nodes=nodes, nproc_per_node=nproc, gpus_per_node=gpus or 0,
-        tp=lay.tp, pp=lay.pp, dp=dp,
+        layout=lay,
         profiled_ranks=profiled,
         collector_ranks=collector_ranks(profiled, nproc) if metric_set else [],
         gpu_metrics_set=metric_set,

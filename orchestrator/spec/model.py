@@ -7,9 +7,12 @@ silently ignored option on a 512-GPU job.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+from orchestrator.layout import Layout
 
 # Job and output names end up in file names and `#SBATCH --job-name`: keep them boring.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -20,13 +23,26 @@ SBATCH_LINE_RE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\n\r\x00]*)?$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors, and so are values of the wrong type: no coercion, so
+    `nproc_per_node: true` is not 1 and `exclusive: 1` is not true."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _no_control(value: str) -> str:
     if any(ord(c) < 32 and c != "\t" for c in value) or "\x7f" in value:
         raise ValueError("must not contain newlines or control characters")
     return value
+
+
+NSYS_VERSION_RE = re.compile(r"(\d{4})\.(\d+)(\.\d+)*")
+
+
+def parse_nsys_version(text: str) -> tuple[int, int] | None:
+    """Parse "2025.3" / "2022.4.2" -> (year, minor); None when it is not an nsys version. The one
+    place a version string is read: flag spellings (GPU metrics, --pytorch) key on it."""
+    m = NSYS_VERSION_RE.fullmatch(text)
+    return (int(m[1]), int(m[2])) if m else None
 
 
 class NsysInstall(Strict):
@@ -45,15 +61,21 @@ class NsysInstall(Strict):
     @field_validator("version")
     @classmethod
     def _version(cls, v: str) -> str:
-        if not re.fullmatch(r"\d{4}\.\d+(\.\d+)*", v):
+        if parse_nsys_version(v) is None:
             raise ValueError("must look like 2025.3 or 2022.4.2")
         return v
+
+    @property
+    def release(self) -> tuple[int, int]:
+        """(year, minor) of this install, e.g. (2023, 4)."""
+        parsed = parse_nsys_version(self.version)
+        assert parsed is not None  # validated above
+        return parsed
 
     def metrics_flag(self) -> str:
         if self.gpu_metrics_flag != "auto":
             return self.gpu_metrics_flag
-        year, minor = (int(x) for x in self.version.split(".")[:2])
-        return "--gpu-metrics-devices" if (year, minor) >= (2023, 4) else "--gpu-metrics-device"
+        return "--gpu-metrics-devices" if self.release >= (2023, 4) else "--gpu-metrics-device"
 
 
 class SlurmOptions(Strict):
@@ -109,7 +131,14 @@ class SlurmOptions(Strict):
     @field_validator("container_exec")
     @classmethod
     def _container(cls, v: str | None) -> str | None:
-        return None if v is None else _no_control(v)
+        if v is None:
+            return None
+        try:
+            shlex.split(_no_control(v))  # the per-node launch splits it the same way
+        except ValueError:
+            raise ValueError("has an unbalanced quote; close it or drop the quotes "
+                             "(it is split like a shell command line)") from None
+        return v
 
 
 class GpuInfo(Strict):
@@ -191,14 +220,6 @@ class Launch(Strict):
         if (self.script is None) == (self.module is None):
             raise ValueError("give exactly one of launch.script or launch.module")
         return self
-
-
-class Layout(Strict):
-    """Parallel layout, Megatron order: tp fastest, then dp, then pp (stage = rank // (tp*dp))."""
-
-    tp: int = Field(default=1, ge=1, le=4096)
-    pp: int = Field(default=1, ge=1, le=4096)
-    dp: int | None = Field(default=None, ge=1, le=65536)
 
 
 class GpuMetrics(Strict):
@@ -288,6 +309,15 @@ class JobSpec(Strict):
     layout: Layout = Layout()
     profile: Profile = Profile()
     run_root: str | None = None  # where `orch submit` creates run directories
+
+    @field_validator("layout", mode="before")
+    @classmethod
+    def _layout(cls, v: object) -> Layout:
+        return Layout.from_spec(v)
+
+    @field_serializer("layout")
+    def _dump_layout(self, lay: Layout) -> dict[str, int | None]:
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}  # the spec's keys, as written
 
     @field_validator("name")
     @classmethod

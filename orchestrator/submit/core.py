@@ -9,18 +9,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__
-from orchestrator.fsutil import write_json_atomic
+from orchestrator import __version__, naming
 from orchestrator.render import render
-from orchestrator.rundir import MANIFEST, default_root, read_manifest
+from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_manifest
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.executors import (
-    TERMINAL,
-    local_state,
-    slurm_state,
-    submit_job,
-    task_results,
-)
+from orchestrator.submit.backend import TERMINAL, backend_for, tail
 
 
 def new_run_dir(job: ResolvedJob, root: Path) -> Path:
@@ -35,13 +28,13 @@ def new_run_dir(job: ResolvedJob, root: Path) -> Path:
     raise RuntimeError("could not create a unique run directory")
 
 
-def expected_reports(job: ResolvedJob, report_dir: Path, job_id: str) -> list[dict[str, Any]]:
-    return [{"rank": r, "node": r // job.nproc_per_node,
-             "glob": str(report_dir / f"{job.output_name}_{job_id}_r{r}_*.nsys-rep")}
+def expected_reports(job: ResolvedJob, report_dir: Path, job_id: str) -> list[ExpectedReport]:
+    return [ExpectedReport(rank=r, node=r // job.nproc_per_node,
+                           glob=str(report_dir / naming.expected_glob(job.output_name, job_id, r)))
             for r in job.profiled_ranks]
 
 
-def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, dict[str, Any]]:
+def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, Manifest]:
     """Render into a new run directory and submit; on failure nothing is left behind."""
     root = Path(root or job.spec.run_root or default_root())
     run = new_run_dir(job, root)
@@ -50,61 +43,47 @@ def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, dict[str, 
                           else run / "reports", log_dir=run / "logs")
         rendered.write()
         (run / "logs").mkdir(exist_ok=True)
-        sj = submit_job(job, rendered, run / "submitit")
-        job_id = str(sj.job_id)
-        manifest = {
-            "orch_version": __version__, "name": job.spec.name, "job_id": job_id,
-            "executor": job.cluster.executor, "cluster": job.cluster.name,
-            "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "spec_path": str(job.spec_path) if job.spec_path else None,
-            "spec": job.spec.model_dump(mode="json"),
-            "cluster_config": job.cluster.model_dump(mode="json"),
-            "nodes": job.nodes, "nproc_per_node": job.nproc_per_node, "world_size": job.world_size,
-            "gpus_per_node": job.gpus_per_node,
-            "layout": {"tp": job.tp, "pp": job.pp, "dp": job.dp,
-                       "known": bool(job.spec.layout.model_fields_set)},
-            "profiled_ranks": job.profiled_ranks, "collector_ranks": job.collector_ranks,
-            "gpu_metrics_set": job.gpu_metrics_set,
-            "output_name": job.output_name, "report_dir": str(rendered.report_dir),
-            "report_pattern": rendered.report_pattern,
-            "expected_reports": expected_reports(job, rendered.report_dir, job_id),
-            "scripts": {name: str(rendered.script_dir / name) for name in rendered.scripts},
-            "node_command": rendered.node_command, "submitit_folder": str(run / "submitit"),
-            "nsys": job.cluster.nsys.path,
-        }
-        write_json_atomic(run / MANIFEST, manifest)
+        job_id = backend_for(job.cluster.executor).submit(job, rendered, run / "submitit")
+        manifest = Manifest(
+            orch_version=__version__, name=job.spec.name, job_id=job_id,
+            executor=job.cluster.executor, cluster=job.cluster.name,
+            submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            spec_path=str(job.spec_path) if job.spec_path else None,
+            spec=job.spec.model_dump(mode="json"),
+            cluster_config=job.cluster.model_dump(mode="json"),
+            nodes=job.nodes, nproc_per_node=job.nproc_per_node, world_size=job.world_size,
+            gpus_per_node=job.gpus_per_node, layout=job.layout,
+            profiled_ranks=job.profiled_ranks, collector_ranks=job.collector_ranks,
+            gpu_metrics_set=job.gpu_metrics_set,
+            output_name=job.output_name, report_dir=str(rendered.report_dir),
+            report_pattern=rendered.report_pattern,
+            expected_reports=expected_reports(job, rendered.report_dir, job_id),
+            scripts={name: str(rendered.script_dir / name) for name in rendered.scripts},
+            node_command=rendered.node_command, submitit_folder=str(run / "submitit"),
+            nsys=job.cluster.nsys.path,
+        )
+        manifest.write(run)
     except BaseException:
         shutil.rmtree(run, ignore_errors=True)
         raise
     return run, manifest
 
 
-def existing_reports(manifest: dict[str, Any]) -> dict[int, list[str]]:
+def existing_reports(manifest: Manifest) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
-    for e in manifest["expected_reports"]:
-        pattern = Path(e["glob"])
-        found[e["rank"]] = sorted(str(p) for p in pattern.parent.glob(pattern.name))
+    for e in manifest.expected_reports:
+        pattern = Path(e.glob)
+        found[e.rank] = sorted(str(p) for p in pattern.parent.glob(pattern.name))
     return found
 
 
 def job_status(run: Path) -> dict[str, Any]:
+    """State, per-task results (with log tails of failed tasks) and reports so far."""
     m = read_manifest(run)
-    folder = Path(m["submitit_folder"])
-    tasks = task_results(folder, m["job_id"], m["nodes"] if m["executor"] == "slurm" else 1)
-    if m["executor"] == "local":
-        state = local_state(m["job_id"], tasks)
-    else:
-        state = slurm_state(m["job_id"])
-        # A job Slurm has forgotten (no accounting, past MinJobAge) is judged by its tasks.
-        if state["state"] == "UNKNOWN" and all(t["result"] != "pending" for t in tasks):
-            state["state"] = "COMPLETED" if all(t["result"] == "success" for t in tasks) else "FAILED"
-            state["source"] += "; submitit results"
-        # submitit ends a non-checkpointable job itself at the USR2 sent shortly before the
-        # time limit, so Slurm records FAILED; its log says why.
-        if state["state"] == "FAILED" and any(
-                "this job is timed-out" in _tail(Path(t["stderr"]), 200) for t in tasks):
-            state["state"] = "TIMEOUT"
-            state["source"] += "; submitit time-limit signal"
+    folder = Path(m.submitit_folder)
+    backend = backend_for(m.executor)
+    tasks = backend.task_results(folder, m.job_id, backend.ntasks(m.nodes))
+    state = backend.state(folder, m.job_id, tasks)
     if state["state"] in TERMINAL:
         for t in tasks:
             if t["result"] == "pending":  # the job is over and this task never reported back
@@ -112,24 +91,21 @@ def job_status(run: Path) -> dict[str, Any]:
                 t["error"] = "no result: its node died or the job was killed before it finished"
     for t in tasks:
         if t["result"] not in ("success", "pending"):
-            t["log_tail"] = _tail(Path(t["stderr"])) or _tail(Path(t["stdout"]))
+            t["log_tail"] = tail(Path(t["stderr"])) or tail(Path(t["stdout"]))
     if state["state"] in ("FAILED", "TIMEOUT", "NODE_FAIL", "CANCELLED"):
         for t in tasks:
             if "log_tail" not in t:
-                t["log_tail"] = _tail(Path(t["stderr"]))
-    return {"run": str(run), "job_id": m["job_id"], "name": m["name"], "executor": m["executor"],
-            **state, "tasks": tasks, "profiled_ranks": m["profiled_ranks"],
+                t["log_tail"] = tail(Path(t["stderr"]))
+    return {"run": str(run), "job_id": m.job_id, "name": m.name, "executor": m.executor,
+            **state, "tasks": tasks, "profiled_ranks": m.profiled_ranks,
             "reports": existing_reports(m)}
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
-            return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+def cancel(run: Path) -> Manifest:
+    """Ask the job's scheduler to cancel it; returns the manifest (for its job id)."""
+    m = read_manifest(run)
+    backend_for(m.executor).cancel(Path(m.submitit_folder), m.job_id)
+    return m
 
 
 def wait(run: Path, on_poll: Callable[[dict[str, Any]], None] | None = None,

@@ -1,0 +1,62 @@
+"""`orch` command line: one subcommand per pipeline stage, thin over the stage modules.
+
+One module per stage: `spec` (validate, render), `submit` (submit, status, cancel),
+`collect` (collect, redact), `report` (report, analyze, diff, export-trace). Every
+user-fixable problem surfaces as `OrchError`: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from orchestrator import __version__
+from orchestrator.cli.common import Handler, err
+from orchestrator.errors import OrchError
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with a one-line message (its default prints usage too)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise OrchError(f"{self.prog}: {message}; see `{self.prog} --help`")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    from orchestrator.cli import collect, report, spec, submit
+
+    parser = _Parser(prog="orch", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"orch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    handlers: dict[str, Handler] = {}
+    for module in (spec, submit, collect, report):  # the order `orch --help` lists them in
+        handlers.update(module.register(sub))
+    return parser, handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser, handlers = build_parser()
+        a = parser.parse_args(argv)
+        return handlers[a.command](a)
+    except OrchError as e:
+        err.print(f"orch: error: {e}", markup=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return _interrupted()
+    except Exception as e:
+        # DuckDB turns Ctrl-C during a query into RuntimeError("Query interrupted").
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    err.print("orch: interrupted; nothing half-written was kept", markup=False)
+    return 130
+

@@ -1,0 +1,115 @@
+"""What every subcommand module shares: the consoles, argument types that reject bad values at
+parse time, and output-path checks made before any work starts.
+
+A value or path the user can fix is an `OrchError` (one line, exit 2) raised *before* the
+first file is written, so a bad `--json` never costs a 10-minute collect or leaves half a
+result behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.errors import OrchError
+from orchestrator.rundir import STORE, find_run
+
+# Wide enough for the per-rank table when the output goes to a file or a CI log.
+out = Console(highlight=False, soft_wrap=True, width=None if Console().is_terminal else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+Handler = Callable[[argparse.Namespace], int]
+MAX_WORKERS = 64
+
+
+def positive_float(example: str) -> Callable[[str], float]:
+    """argparse type: a finite number > 0 (nan, inf, 0 and negatives are refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0; use e.g. {example}")
+        return value
+
+    return parse
+
+
+def workers(text: str) -> int:
+    """argparse type for --workers: 1..64 (each worker may run one `nsys export`)."""
+    t = text.strip()
+    value = int(t) if t.isascii() and t.isdigit() and len(t) <= 6 else 0
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a worker count from 1 to {MAX_WORKERS}; "
+                                         "use e.g. --workers 4 or leave it out")
+    return value
+
+
+def _probe_writable(folder: Path, flag: str, path: Path) -> None:
+    """Create and remove a temp file: the only test that holds for root, read-only mounts
+    and /proc alike."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".orch-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except (OSError, ValueError) as e:
+        raise OrchError(f"{flag} {path}: cannot write in {folder} ({getattr(e, 'strerror', None) or e}); "
+                        "choose a writable location") from None
+
+
+def check_output_file(path: str | None, flag: str, created: str | None = None) -> None:
+    """An output file: not a directory, its folder exists (or is `created`, the directory
+    this command makes first, e.g. analyze's --out) and is writable."""
+    if not path:
+        return
+    p = Path(path)
+    if created and not p.parent.exists() and p.parent.absolute() == Path(created).absolute():
+        check_output_dir(created, flag)
+        return
+    if p.is_dir():
+        raise OrchError(f"{flag} {path} is a directory; give a file name, e.g. {flag} {p / 'report'}"
+                        f"{p.suffix or ('.html' if 'html' in flag else '.json')}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        raise OrchError(f"{flag} {path}: folder {parent} does not exist; create it first (mkdir -p {parent})")
+    if not parent.is_dir():
+        raise OrchError(f"{flag} {path}: {parent} is not a folder; fix the path")
+    _probe_writable(parent, flag, p)
+
+
+def check_output_dir(path: str | None, flag: str) -> None:
+    """An output directory: if it exists it is a directory; else its nearest existing
+    ancestor is a writable directory (it will be created)."""
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OrchError(f"{flag} {path} is a file, not a directory; give a directory (it is created if missing)")
+    anc = p if p.exists() else next((a for a in p.absolute().parents if a.exists()), Path("/"))
+    if not anc.is_dir():
+        raise OrchError(f"{flag} {path}: {anc} is a file, not a directory; fix the path")
+    _probe_writable(anc, flag, p)
+
+
+def run_arg(a: argparse.Namespace) -> Path:
+    """The run directory named by a job id or a path (`run` and `--runs` arguments)."""
+    return find_run(a.run, Path(a.runs) if a.runs else None)
+
+
+def store_of(ref: str, runs: str | None) -> Path:
+    """A `profile.duckdb` given directly, or the one of a run (job id or run directory)."""
+    p = Path(ref)
+    if p.is_file() and p.suffix == ".duckdb":
+        return p
+    return find_run(ref, Path(runs) if runs else None) / STORE
+
+
+def runs_opt(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", help="run root to search for job ids (default ./orch-runs or $ORCH_RUNS)")

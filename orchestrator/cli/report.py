@@ -1,0 +1,192 @@
+"""`orch report`, `orch analyze`, `orch diff`, `orch export-trace`: the analyze and report stages.
+
+Every output path is checked before the analysis starts, so a bad `--json` or `--html`
+fails in one line with nothing written instead of after minutes of work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.cli.collect import collect_from_paths, collect_opts, print_collect
+from orchestrator.cli.common import (
+    Handler,
+    check_output_dir,
+    check_output_file,
+    err,
+    out,
+    positive_float,
+    runs_opt,
+    store_of,
+)
+from orchestrator.errors import OrchError
+from orchestrator.layout import Layout
+
+if TYPE_CHECKING:
+    from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.model import Report
+
+
+def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
+    check_output_file(a.json, "--json", created)
+    check_output_file(a.html, "--html", created)
+
+
+def _emit(report: Report, a: argparse.Namespace) -> None:
+    from orchestrator.fsutil import write_text_atomic
+    from orchestrator.report.html import render_html
+    from orchestrator.report.terminal import print_report
+
+    print_report(report, out)
+    if a.json:
+        write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
+        out.print(f"wrote {a.json}", markup=False)
+    if a.html:
+        write_text_atomic(Path(a.html), render_html(report))
+        out.print(f"wrote {a.html}", markup=False)
+
+
+def _options(a: argparse.Namespace) -> Options:
+    from orchestrator.analyze.engine import Options, check_regex, parse_steps
+
+    return Options(gap_ms=a.gap_ms, steps=parse_steps(a.steps), steps_from=check_regex(a.steps_from),
+                   microbatches=a.microbatches)
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from orchestrator.analyze.report import build_report
+
+    _check_outputs(a)
+    _emit(build_report(store_of(a.run, a.runs), _options(a)), a)
+    return 0
+
+
+def cmd_analyze(a: argparse.Namespace) -> int:
+    """Collect then report. Without --out the store lives in a temp directory that is
+    removed after a good report and KEPT (and named) when the analysis fails."""
+    from orchestrator.analyze.report import build_report
+
+    opts = _options(a)
+    Layout.parse(a.layout)  # a bad --layout fails before any work
+    check_output_dir(a.out, "--out")
+    _check_outputs(a, created=a.out)
+    if a.out:
+        res = collect_from_paths(a.paths, Path(a.out), a)
+        print_collect(res)
+        _emit(build_report(res.store, opts), a)
+        return 0
+    dest = Path(tempfile.mkdtemp(prefix="orch-analyze-"))
+    res = None
+    try:
+        res = collect_from_paths(a.paths, dest, a)
+        print_collect(res)
+        _emit(build_report(res.store, opts), a)
+    except Exception as e:
+        if res is None or not res.store.exists():
+            shutil.rmtree(dest, ignore_errors=True)  # nothing was collected: nothing to inspect
+            raise
+        if isinstance(e, OrchError):
+            raise OrchError(f"{e}; the collected store is kept in {res.store} (pass --out DIR to choose "
+                            "where; delete it when done)") from None
+        err.print(f"orch: the analysis failed; the collected store is kept in {res.store}", markup=False)
+        raise
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)  # interrupted: nothing half-done is kept
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    return 0
+
+
+def _load_report(ref: str, runs: str | None) -> Report:
+    from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.model import load_report
+    from orchestrator.analyze.report import build_report
+
+    p = Path(ref)
+    if p.is_file() and p.suffix == ".json":
+        not_report = f"{p} is not a report JSON written by `orch report --json`; give one, or a run/store"
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise OrchError(not_report) from None
+        if not isinstance(data, dict) or not {"schema_version", "ranks"} <= set(data) \
+                or not isinstance(data["ranks"], list):
+            raise OrchError(not_report + " (it lacks schema_version/ranks)")
+        return load_report(p)  # the typed model: a field that is off is named in one line
+    return build_report(store_of(ref, runs), Options())
+
+
+def cmd_diff(a: argparse.Namespace) -> int:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from orchestrator.report.diff import diff_reports
+
+    check_output_file(a.json, "--json")
+    d = diff_reports(_load_report(a.a, a.runs), _load_report(a.b, a.runs), scale=a.threshold_scale)
+    t = Table(title=escape(f"{a.a} -> {a.b}"))
+    for c in ("rank", "metric", "A", "B", "delta", ""):
+        t.add_column(c)
+    for r in d["rows"]:
+        if r["delta"] or r["regressed"]:
+            t.add_row(str(r["rank"]), escape(str(r["metric"])), str(r["a"]), str(r["b"]), f"{r['delta']:+}",
+                      "[red]REGRESSED[/red]" if r["regressed"] else "")
+    out.print(t)
+    if d["only_in_a"] or d["only_in_b"]:
+        out.print(f"ranks only in A: {d['only_in_a']}, only in B: {d['only_in_b']}", markup=False)
+    if a.json:
+        from orchestrator.fsutil import write_json_atomic
+
+        write_json_atomic(Path(a.json), d)
+    out.print(f"{len(d['regressions'])} regression(s)")
+    return 1 if d["regressions"] else 0
+
+
+def cmd_export_trace(a: argparse.Namespace) -> int:
+    from orchestrator.report.trace import export_trace
+
+    check_output_file(a.output, "-o")
+    n = export_trace(store_of(a.run, a.runs), Path(a.output))
+    out.print(f"wrote {a.output} ({n} events); open it in https://ui.perfetto.dev", markup=False)
+    return 0
+
+
+def report_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", help="write the report as JSON (schema: README, Report)")
+    p.add_argument("--html", help="write a self-contained HTML report")
+    p.add_argument("--steps", help="A:B: analyze steps A..B (default: all steps after the first)")
+    p.add_argument("--gap-ms", type=positive_float("--gap-ms 1"), default=1.0,
+                   help="smallest GPU idle gap reported (ms)")
+    p.add_argument("--steps-from", metavar="REGEX",
+                   help="NVTX ranges whose name matches REGEX are the steps (default: detected)")
+    p.add_argument("--microbatches", type=int, help="pipeline microbatches per step (for the bubble's theory)")
+
+
+def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
+    p = sub.add_parser("report", help="cross-rank comparison report from a collected run")
+    p.add_argument("run", help="job id, run directory or profile.duckdb")
+    report_opts(p)
+    runs_opt(p)
+    p = sub.add_parser("analyze", help="collect reports made elsewhere and report in one step")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--layout", help="tp=..,pp=..,dp=.. (dp may be left out: inferred from the ranks)")
+    p.add_argument("--out", help="keep the store in this directory (default: a temp one)")
+    report_opts(p)
+    collect_opts(p)
+    p = sub.add_parser("diff", help="compare two runs; exit 1 when a metric regresses")
+    p.add_argument("a", help="baseline: report JSON, job id, run directory or profile.duckdb")
+    p.add_argument("b", help="candidate: same kinds")
+    p.add_argument("--threshold-scale", type=positive_float("--threshold-scale 1.5"), default=1.0,
+                   help="multiply every threshold")
+    p.add_argument("--json", help="write the deltas as JSON")
+    runs_opt(p)
+    p = sub.add_parser("export-trace", help="all ranks as one Chrome/Perfetto JSON timeline")
+    p.add_argument("run", help="job id, run directory or profile.duckdb")
+    p.add_argument("-o", "--output", required=True)
+    runs_opt(p)
+    return {"report": cmd_report, "analyze": cmd_analyze, "diff": cmd_diff, "export-trace": cmd_export_trace}

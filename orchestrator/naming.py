@@ -1,0 +1,72 @@
+"""Report file names: the one home of the nsys `-o` format orch renders and of its parse.
+
+orch's reports are `<output_name>_<jobid>_r<RANK>_<host>.<pid>.nsys-rep` (nsys expands
+`%q{VAR}`, `%h` and `%p` per process, so job id, global rank, host and pid make every name
+unique across nodes and restarts). Reports from the seed-style sbatch are `<name>_<host>.<pid>`.
+Render writes the format, submit expects it, collect parses it: all through this module.
+
+Numbers in a file name are data from outside (a user can name a file anything): they are
+parsed as ASCII digits and range-checked here, and an out-of-range value counts as absent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# int32, what the store's rank/pid columns hold; far above any real world size or pid.
+MAX_RANK = 2**31 - 1
+MAX_PID = 2**31 - 1
+REPORT_SUFFIX = ".nsys-rep"
+
+_RANK_HOST_PID = re.compile(r"_r(?P<rank>[0-9]+)_(?P<host>[^/]+)\.(?P<pid>[0-9]+)$")
+_HOST_PID = re.compile(r"_(?P<host>[^_/]+)\.(?P<pid>[0-9]+)$")
+
+
+def report_stem(output_name: str) -> str:
+    """The nsys `-o` value (without directory and suffix) every profiled rank gets."""
+    return f"{output_name}_%q{{ORCH_JOB_ID}}_r%q{{RANK}}_%h.%p"
+
+
+def name_prefix(output_name: str, job_id: str) -> str:
+    """What every report of one job starts with: collect ignores other files in the folder."""
+    return f"{output_name}_{job_id}_r"
+
+
+def expected_glob(output_name: str, job_id: str, rank: int) -> str:
+    """Glob for one rank's report (host and pid are only known once it ran)."""
+    return f"{name_prefix(output_name, job_id)}{rank}_*{REPORT_SUFFIX}"
+
+
+def checked_int(text: str | None, hi: int, lo: int = 0) -> int | None:
+    """ASCII digits within [lo, hi] -> int; anything else (None, '', '²', 20 digits) -> None."""
+    if text is None:
+        return None
+    t = text.strip()
+    neg = t.startswith("-")
+    digits = t[1:] if neg else t
+    if not digits or len(digits) > 19 or not digits.isascii() or not digits.isdigit():
+        return None
+    value = -int(digits) if neg else int(digits)
+    return value if lo <= value <= hi else None
+
+
+@dataclass(frozen=True)
+class ReportName:
+    """What a report's file name says; any part may be unknown."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+
+
+def parse(stem: str) -> ReportName:
+    """`..._r<RANK>_<host>.<pid>` or `..._<host>.<pid>` -> ReportName (rank/pid None when
+    absent or out of range)."""
+    m = _RANK_HOST_PID.search(stem)
+    if m:
+        return ReportName(checked_int(m["rank"], MAX_RANK), m["host"], checked_int(m["pid"], MAX_PID))
+    m = _HOST_PID.search(stem)
+    if m:
+        return ReportName(None, m["host"], checked_int(m["pid"], MAX_PID))
+    return ReportName()

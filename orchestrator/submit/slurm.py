@@ -1,0 +1,166 @@
+"""The Slurm backend: submitit's `SlurmExecutor`, and job state that never sticks at UNKNOWN.
+
+State comes from submitit's own sacct watcher; orch adds only what submitit lacks: without
+accounting (sacct fails or has not seen the job) it asks squeue, then `scontrol show job`,
+then judges by submitit's result files. submitit ends a non-checkpointable job itself at the
+signal sent shortly before the time limit, so Slurm records FAILED; its log says TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+from orchestrator.errors import OrchError
+from orchestrator.spec import ResolvedJob
+from orchestrator.submit.backend import TERMINAL, SubmititBackend, tail
+
+
+def slurm_minutes(time: str | None) -> int:
+    """Slurm time string -> whole minutes (rounded up), the unit submitit expects."""
+    if not time:
+        return 60
+    days, _, rest = time.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+        h, m, s = parts
+    elif len(parts) == 3:
+        h, m, s = parts
+    elif len(parts) == 2:
+        h, m, s = 0, parts[0], parts[1]
+    else:
+        h, m, s = 0, parts[0], 0
+    total_s = ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
+    return max(1, -(-total_s // 60))
+
+
+def _extra_params(lines: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for line in lines:
+        key, sep, value = line.lstrip("-").partition("=")
+        out[key.replace("-", "_")] = value if sep else True
+    return out
+
+
+class _Watcher(SlurmInfoWatcher):
+    """submitit's sacct watcher, asking for the exit code too (its parser reads columns by name)."""
+
+    def _make_command(self) -> list[str] | None:
+        cmd = super()._make_command()
+        if cmd and "JobID,State,NodeList" in cmd:
+            cmd[cmd.index("JobID,State,NodeList")] = "JobID,State,ExitCode,NodeList"
+        return cmd
+
+
+@contextlib.contextmanager
+def _quiet_submitit() -> Iterator[None]:
+    """Without accounting, sacct writes its error to our stderr (submitit does not capture
+    it) and submitit logs 'Bypassing sacct error' to stdout and stderr; orch falls back and
+    names its source instead, so both are muted for the one sacct call."""
+    log = logging.getLogger("submitit")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        log.setLevel(level)
+
+
+def _run(cmd: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _norm(state: str) -> str:
+    s = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
+    return "CANCELLED" if s.startswith("CANCELLED") else s
+
+
+def scheduler_state(job_id: str) -> dict[str, Any]:
+    """{'state', 'source', 'nodes', 'exit_code', 'steps'}: submitit's sacct watcher, else
+    squeue, else scontrol."""
+    with _quiet_submitit():
+        info = _Watcher(delay_s=0).get_info(job_id, mode="force")
+    if info.get("State"):
+        return {"state": _norm(info["State"]), "exit_code": info.get("ExitCode"), "nodes": info.get("NodeList"),
+                "steps": [], "source": "sacct"}
+    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%N"])
+    if q is not None and q.returncode == 0 and q.stdout.strip():
+        state, _, nodes = q.stdout.strip().splitlines()[0].partition("|")
+        if _norm(state) not in TERMINAL:
+            return {"state": _norm(state), "nodes": nodes, "steps": [], "source": "squeue"}
+    c = _run(["scontrol", "show", "job", job_id])
+    if c is not None and c.returncode == 0:
+        m = re.search(r"JobState=(\S+)", c.stdout)
+        ec = re.search(r"ExitCode=(\S+)", c.stdout)
+        nodes = re.search(r"\bNodeList=(\S+)", c.stdout)
+        if m:
+            return {"state": _norm(m.group(1)), "exit_code": ec.group(1) if ec else None,
+                    "nodes": nodes.group(1) if nodes else None, "steps": [], "source": "scontrol"}
+    return {"state": "UNKNOWN", "steps": [], "source": "none (job no longer known to Slurm)"}
+
+
+class SlurmBackend(SubmititBackend):
+    name = "slurm"
+
+    def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
+        s = job.slurm
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        params: dict[str, Any] = {
+            "job_name": job.spec.name, "nodes": job.nodes, "ntasks_per_node": 1,
+            "time": slurm_minutes(s.time), "signal_delay_s": 30,
+            # As in sbatch.sh: one failing node ends the job instead of leaving the others
+            # blocked in a collective until NCCL/gloo time out.
+            "srun_args": ["--kill-on-bad-exit=1"],
+        }
+        for key in ("partition", "account", "qos", "constraint", "mem", "cpus_per_task", "exclusive"):
+            value = getattr(s, key)
+            if value:
+                params[key] = value
+        if job.gpus_per_node:
+            params["gpus_per_node"] = job.gpus_per_node
+        setup = list(s.setup or []) + [f"module load {m}" for m in (s.modules or [])]
+        if setup:
+            params["setup"] = setup
+        if s.extra_sbatch:
+            params["additional_parameters"] = _extra_params(s.extra_sbatch)
+        ex.update_parameters(**params)
+        return ex
+
+    def state(self, folder: Path, job_id: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+        state = scheduler_state(job_id)
+        # A job Slurm has forgotten (no accounting, past MinJobAge) is judged by its tasks.
+        if state["state"] == "UNKNOWN" and all(t["result"] != "pending" for t in tasks):
+            state["state"] = "COMPLETED" if all(t["result"] == "success" for t in tasks) else "FAILED"
+            state["source"] += "; submitit results"
+        if state["state"] == "FAILED" and any(
+                "this job is timed-out" in tail(Path(t["stderr"]), 200) for t in tasks):
+            state["state"] = "TIMEOUT"
+            state["source"] += "; submitit time-limit signal"
+        return state
+
+    def cancel(self, folder: Path, job_id: str) -> None:
+        p = _run(["scancel", job_id])
+        if p is None or p.returncode != 0:
+            raise OrchError(f"scancel {job_id} failed: {(p.stderr.strip() if p else 'scancel not found')}")
+

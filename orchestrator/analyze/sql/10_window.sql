@@ -11,7 +11,7 @@ FROM nvtx
 WHERE domain_id = 0 AND regexp_matches(text, '^(?:[Ss]tep|[Ii]teration)[ _#:]*\d+$');
 
 CREATE OR REPLACE TEMP TABLE gpu_raw AS
-SELECT rank, 'kernel' AS kind, category, start, "end", correlation_id, short_name AS name FROM kernels
+SELECT rank, 'kernel' AS kind, CASE WHEN short_name LIKE 'nccl%' THEN 'comm' ELSE 'compute' END AS category, start, "end", correlation_id, short_name AS name FROM kernels
 UNION ALL
 SELECT rank, 'memcpy', 'memory', start, "end", correlation_id, 'memcpy ' || kind FROM memcpy
 UNION ALL

@@ -8,7 +8,6 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
@@ -19,12 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.errors import OrchError
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
 # orch's names: <name>_<jobid>_r<RANK>_<host>.<pid>; the seed sbatch's: <name>_<host>.<pid>.
 _RANK_HOST_PID = re.compile(r"_r(?P<rank>\d+)_(?P<host>[^/]+)\.(?P<pid>\d+)$")
 _HOST_PID = re.compile(r"_(?P<host>[^_/]+)\.(?P<pid>\d+)$")
+# Export temps carry the writer's pid, so a later run can remove those of a killed one.
+_EXPORT_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{32}\.sqlite")
 
 
 @dataclass
@@ -104,12 +106,14 @@ def _export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float
     if _fresh(target, r.origin):
         r.sqlite = target
         return
-    tmp = out_dir / f".{uuid.uuid4().hex}.{r.stem}.sqlite"
+    tmp = out_dir / f".{r.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex}.sqlite"
     try:
         if r.origin.name.endswith(".sqlite.gz"):
             try:
-                with gzip.open(r.origin, "rb") as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                gunzip_capped(r.origin, tmp)
+            except TooLarge as e:
+                r.error = f"cannot decompress: {e}"
+                return
             except (OSError, EOFError) as e:
                 r.error = f"cannot decompress ({e}): the .gz file is truncated or corrupt"
                 return
@@ -138,6 +142,7 @@ def export_all(reports: list[ReportFile], out_dir: Path, *, nsys: str | None, wo
                on_done: Callable[[ReportFile], None] | None = None, timeout_s: float = 3600) -> None:
     """Export/decompress in a bounded pool; nsys runs in subprocesses, so threads suffice."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale(out_dir, _EXPORT_TMP)
 
     def work(r: ReportFile) -> ReportFile:
         _export_one(r, out_dir, nsys, timeout_s)

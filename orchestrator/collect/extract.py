@@ -107,7 +107,8 @@ def select_sql(table: str, p: Probe, rank: int, offset_ns: int, s: str) -> str |
         else:
             exprs["process"] = "NULL"
     cols = [f"{int(rank)} AS rank"] + [f'{exprs[c.name]} AS "{c.name}"' for c in t.columns]
-    return f"SELECT {', '.join(cols)} FROM {ctx.source()} x{''.join(ctx.joins)}"
+    where = f" WHERE {t.where}" if t.where and all(p.has(t.source, c) for c in ("start", "end")) else ""
+    return f"SELECT {', '.join(cols)} FROM {ctx.source()} x{''.join(ctx.joins)}{where}"
 
 
 def _nvtx(ctx: _Ctx, rank: int) -> str:

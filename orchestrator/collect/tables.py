@@ -22,10 +22,18 @@ it never needs a new collect.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 STORE_VERSION = 2  # 2: kernels.category dropped; osrt, threads, sync added; ranks.untraced
+
+# OS runtime calls shorter than this are not stored: a training process makes tens of
+# thousands of microsecond calls (non-blocking accept/stat/ioctl polls) that would double the
+# ingest, while the waits that matter (pthread_cond_wait, poll, read for a batch) are long.
+# nsys itself drops calls under 1 us. ORCH_OSRT_MIN_NS=0 keeps every call.
+_OSRT_ENV = os.environ.get("ORCH_OSRT_MIN_NS", "").strip()
+OSRT_MIN_NS = int(_OSRT_ENV) if _OSRT_ENV.isascii() and _OSRT_ENV.isdigit() and len(_OSRT_ENV) < 16 else 10_000
 
 # CUPTI enums.
 COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
@@ -58,6 +66,8 @@ class Table:
     # The FROM item for the source, when it is not the table itself ({s}: schema prefix).
     from_sql: str = ""
     extra_expected: tuple[str, ...] = field(default=())  # source columns the builder needs
+    where: str = ""  # row filter over the source row `x` (rows that end before they start always pass,
+    # so that finalize counts them)
 
     @property
     def store_columns(self) -> list[tuple[str, str]]:
@@ -127,7 +137,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
         Col("name", "VARCHAR", ("nameId",), "string"),
         Col("return_value", "BIGINT", ("returnValue",)),
-    ), "OS runtime calls (pthread_cond_wait, poll, read, ...), when traced (-t osrt)", noted=False),
+    ), "OS runtime calls (pthread_cond_wait, poll, read, ...) of at least OSRT_MIN_NS, when traced (-t osrt)",
+        noted=False, where=f'x."end" - x."start" >= {OSRT_MIN_NS} OR x."end" < x."start"'),
     Table("threads", "ThreadNames", (
         Col("tid", "BIGINT", ("globalTid",)),
         Col("pid", "BIGINT", ("globalTid",), "expr", expr="(x.globalTid >> 24) & 16777215"),

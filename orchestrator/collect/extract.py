@@ -14,6 +14,10 @@ from orchestrator.collect.tables import TABLES, Col, Table
 
 # NVTX event types: 59 push/pop range, 60 start/end range, 75 domain create.
 NVTX_RANGE_TYPES = (59, 60)
+# Strings from a trace are cut to this many characters: the program controls them, and a
+# megabyte NVTX text on every range would otherwise take the collect's memory (real names,
+# even demangled C++ templates, stay far below).
+MAX_TEXT = 16384
 
 
 def missing_columns(p: Probe) -> list[str]:
@@ -62,6 +66,10 @@ class _Ctx:
         return f"{a}.value"
 
     def expr(self, col: Col) -> str:
+        e = self._expr(col)
+        return f"substr({e}, 1, {MAX_TEXT})" if col.type == "VARCHAR" and col.how != "enum" and e != "NULL" else e
+
+    def _expr(self, col: Col) -> str:
         if col.how == "text_or_string":
             plain = f'x."{col.src[0]}"' if self.p.has(self.t.source, col.src[0]) else "NULL"
             sid = f'x."{col.src[1]}"' if self.p.has(self.t.source, col.src[1]) else None
@@ -97,11 +105,11 @@ def select_sql(table: str, p: Probe, rank: int, offset_ns: int, s: str) -> str |
     if t.builder == "gpu_metrics":
         if not (p.has("TARGET_INFO_GPU_METRICS") and p.has(t.source, "metricId") and p.has(t.source, "typeId")):
             return None
-        exprs["metric"] = "m.metricName"
+        exprs["metric"] = f"substr(m.metricName, 1, {MAX_TEXT})"
         ctx.joins.append(f" JOIN {s}TARGET_INFO_GPU_METRICS m ON m.typeId = x.typeId AND m.metricId = x.metricId")
     if t.builder == "threads":
         if p.has("PROCESSES", "globalPid") and p.has("PROCESSES", "name") and p.has(t.source, "globalTid"):
-            exprs["process"] = "pr.pname"
+            exprs["process"] = f"substr(pr.pname, 1, {MAX_TEXT})"
             ctx.joins.append(f" LEFT JOIN (SELECT globalPid, min(name) AS pname FROM {s}PROCESSES GROUP BY globalPid)"
                              " pr ON pr.globalPid = x.globalTid - (x.globalTid & 16777215)")
         else:
@@ -119,7 +127,7 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     text = ctx.expr(by["text"])
     dom = 'x."domainId"' if p.has(src, "domainId") else "0"
     if p.has(src, "domainId") and p.has(src, "eventType"):
-        dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE dm.dname END"
+        dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE substr(dm.dname, 1, {MAX_TEXT}) END"
         ctx.joins.append(f" LEFT JOIN (SELECT domainId AS did, min(text) AS dname FROM {tbl} "
                          f"WHERE eventType = 75 GROUP BY domainId) dm ON dm.did = x.domainId")
     else:

@@ -121,6 +121,16 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
         for m, off in batch:
             # DuckDB pulls the Arrow batches from its own threads; one reader at a time.
             scon = open_ro(m.report.sqlite, check_same_thread=False)  # type: ignore[arg-type]
+            bad_text = [0]
+
+            def decode(raw: bytes, bad_text: list[int] = bad_text) -> str:
+                try:
+                    return raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad_text[0] += 1
+                    return numbers.decode(raw)
+
+            scon.text_factory = decode
             try:
                 for table in EVENT_SCHEMA:
                     sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
@@ -135,6 +145,8 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                         con.unregister("src_batches")
             finally:
                 scon.close()
+            if bad_text[0]:
+                m.probe.notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -180,8 +192,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
             if use_scanner and _INVALID_UNICODE.search(str(e)):
                 # DuckDB refuses invalid UTF-8; sqlite3 reads it with U+FFFD in its place.
                 try:
-                    _ingest_sqlite3(cur, batch, stage)
-                    m.probe.notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
+                    _ingest_sqlite3(cur, batch, stage)  # notes the replacement on the rank
                 except (duckdb.Error, sqlite3.Error, ValueError) as e2:
                     m.status = "error"
                     m.notes.append(f"ingest failed: {_line(e2)}")
@@ -226,6 +237,10 @@ def build_store(
     on_rank: Callable[[Member], None] | None = None,
 ) -> str:
     """Write `store` atomically; returns the engine used ('scanner' or 'sqlite3')."""
+    if "?" in str(store.resolve()):
+        # DuckDB reads `?` in a database path as the start of options and writes elsewhere.
+        raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
+                        "the path of a database; choose an output folder without '?'")
     tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     # Temp stores of earlier runs that were killed (their pid is gone) are removed.
@@ -332,7 +347,7 @@ def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, 
             place["node"], place["stage"], place["dp_index"], place["tp_index"], p.gpu_name,
             p.session_start_ns, (p.session_start_ns - base) if p.session_start_ns is not None else None,
             0, p.nsys_version, p.schema_version, str(r.origin), m.source or None, status,
-            "; ".join([x for x in [p.error, *m.notes, *p.notes] if x]) or None,
+            "; ".join(dict.fromkeys(x for x in [p.error, *m.notes, *p.notes] if x)) or None,
             ",".join(p.untraced) if not p.error else None,
         ))
         for k, v in p.env.items():

@@ -6,7 +6,8 @@ unique across nodes and restarts). Reports from the seed-style sbatch are `<name
 Render writes the format, submit expects it, collect parses it: all through this module.
 
 Numbers in a file name are data from outside (a user can name a file anything): they are
-parsed as ASCII digits and range-checked here, and an out-of-range value counts as absent.
+parsed and range-checked by `orchestrator.numbers` (the one place for such numbers), and a
+value out of range counts as absent.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# int32, what the store's rank/pid columns hold; far above any real world size or pid.
-MAX_RANK = 2**31 - 1
-MAX_PID = 2**31 - 1
+from orchestrator import numbers
+
+# What the store's rank (INTEGER) and pid (BIGINT) columns hold.
+MAX_RANK = numbers.INT32_MAX
+MAX_PID = numbers.INT64_MAX
 REPORT_SUFFIX = ".nsys-rep"
 
 _RANK_HOST_PID = re.compile(r"_r(?P<rank>[0-9]+)_(?P<host>[^/]+)\.(?P<pid>[0-9]+)$")
@@ -42,13 +45,10 @@ def checked_int(text: str | None, hi: int, lo: int = 0) -> int | None:
     """ASCII digits within [lo, hi] -> int; anything else (None, '', '²', 20 digits) -> None."""
     if text is None:
         return None
-    t = text.strip()
-    neg = t.startswith("-")
-    digits = t[1:] if neg else t
-    if not digits or len(digits) > 19 or not digits.isascii() or not digits.isdigit():
+    try:
+        return numbers.parse_int(text, "value", lo, hi)
+    except numbers.BadValue:
         return None
-    value = -int(digits) if neg else int(digits)
-    return value if lo <= value <= hi else None
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,20 @@ class ReportName:
     rank: int | None = None
     host: str | None = None
     pid: int | None = None
+    problems: tuple[str, ...] = ()  # numbers in the name that were out of range (then None)
 
 
 def parse(stem: str) -> ReportName:
     """`..._r<RANK>_<host>.<pid>` or `..._<host>.<pid>` -> ReportName (rank/pid None when
     absent or out of range)."""
-    m = _RANK_HOST_PID.search(stem)
-    if m:
-        return ReportName(checked_int(m["rank"], MAX_RANK), m["host"], checked_int(m["pid"], MAX_PID))
-    m = _HOST_PID.search(stem)
-    if m:
-        return ReportName(None, m["host"], checked_int(m["pid"], MAX_PID))
-    return ReportName()
+    m = _RANK_HOST_PID.search(stem) or _HOST_PID.search(stem)
+    if not m:
+        return ReportName()
+    problems = []
+    rank, bad = numbers.optional(numbers.rank, m.groupdict().get("rank"), "rank in the file name")
+    if bad:
+        problems.append(f"{bad}: ignored")
+    pid, bad = numbers.optional(lambda v, w: numbers.parse_int(v, w, 0, MAX_PID), m["pid"], "pid in the file name")
+    if bad:
+        problems.append(f"{bad}: not stored")
+    return ReportName(rank, m["host"], pid, tuple(problems))

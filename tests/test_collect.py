@@ -64,9 +64,13 @@ def test_counts_and_one_clock(gpu_fixtures: Path, tmp_path: Path, engine: str) -
         row = con.execute("SELECT session_start_utc_ns, clock_offset_ns, host, gpu_name, nsys_version, status "
                           "FROM ranks WHERE rank = ?", [rank]).fetchone()
         assert row == (starts[rank], starts[rank] - base, "vm", "NVIDIA H200", "2025.3.2.0", "ok")
-    # NCCL kernels are the comm category, everything else compute.
-    assert con.execute("SELECT count(*) FROM kernels WHERE category = 'comm' AND NOT starts_with(short_name, 'nccl')"
-                       ).fetchone()[0] == 0
+    # No classification is stored (analysis classifies NCCL kernels by name): the store's
+    # columns are exactly the registry's.
+    from orchestrator.collect.tables import TABLES as REGISTRY
+
+    for name, t in REGISTRY.items():
+        cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
+        assert cols == [c for c, _ in t.store_columns] and "category" not in cols
     assert con.execute("SELECT count(DISTINCT metric) FROM gpu_metrics WHERE rank = 0").fetchone()[0] > 10
     con.close()
 
@@ -263,3 +267,58 @@ def test_exports_reused_when_newer_than_report(tmp_path: Path, nsys: str) -> Non
     shutil.copy(export, reports / "x_1_r0_h.1.sqlite")  # newer than the .nsys-rep beside it
     res = collect([reports], tmp_path / "run2", layout=Layout(), nsys="/nonexistent/nsys")
     assert res.ok_ranks == [0] and not (tmp_path / "run2" / "exports" / "x_1_r0_h.1.sqlite").exists()
+
+
+def test_new_tables_osrt_threads_sync(gpu_fixtures: Path, tmp_path: Path, nsys: str) -> None:
+    """osrt, threads and sync against plain sqlite3 over the exports: the real H200 exports
+    (nsys 2025.3) and a real nsys 2022.4 CPU capture (no CUPTI: sync untraced, not an error)."""
+    from orchestrator.collect.tables import OSRT_MIN_NS
+
+    files = sorted((gpu_fixtures / "ddp_straggler").glob("*.sqlite"))
+    res = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "gpu", layout=Layout())
+    con = duckdb.connect(str(res.store), read_only=True)
+    for rank, f in enumerate(files):
+        raw = sqlite3.connect(f)
+        want_osrt = raw.execute(f"SELECT count(*), sum(end - start) FROM OSRT_API WHERE end - start >= {OSRT_MIN_NS}"
+                                ).fetchone()
+        want_sync = dict(raw.execute("SELECT e.name, count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION s "
+                                     "JOIN ENUM_CUPTI_SYNC_TYPE e ON e.id = s.syncType GROUP BY 1").fetchall())
+        want_threads = dict(raw.execute("SELECT t.globalTid, s.value FROM ThreadNames t "
+                                        "JOIN StringIds s ON s.id = t.nameId").fetchall())
+        raw.close()
+        got = con.execute('SELECT count(*), sum("end" - start) FROM osrt WHERE rank = ?', [rank]).fetchone()
+        assert got == want_osrt
+        got_sync = dict(con.execute("SELECT sync_type, count(*) FROM sync WHERE rank = ? GROUP BY 1",
+                                    [rank]).fetchall())
+        assert {("CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_" + k.upper()): v for k, v in got_sync.items()} == want_sync
+        threads = dict(con.execute("SELECT tid, name FROM threads WHERE rank = ?", [rank]).fetchall())
+        assert threads == want_threads
+        assert con.execute("SELECT count(*) FROM threads WHERE rank = ? AND process = 'python' AND name = 'python'",
+                           [rank]).fetchone()[0] >= 1
+        # GPU metrics were sampled by local rank 0 only.
+        assert con.execute("SELECT untraced FROM ranks WHERE rank = ?", [rank]).fetchone()[0] == \
+            ("" if rank == 0 else "gpu_metrics")
+    con.close()
+    # nsys 2022.4, CPU only: OSRT and thread names are there, CUPTI tables are not.
+    prog = tmp_path / "p.py"
+    prog.write_text("import threading, time\nt = threading.Thread(target=time.sleep, args=(0.05,))\nt.start()\n"
+                    "for _ in range(3):\n    time.sleep(0.01)\nt.join()\n")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    p = subprocess.run([nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none",
+                        "-o", str(reports / "cpu_1_r0_h.1"), sys.executable, str(prog)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = collect([reports], tmp_path / "cpu", layout=Layout(), nsys=nsys)
+    export = tmp_path / "cpu" / "exports" / "cpu_1_r0_h.1.sqlite"
+    raw = sqlite3.connect(export)
+    want = raw.execute(f"SELECT count(*), sum(end - start) FROM OSRT_API WHERE end - start >= {OSRT_MIN_NS}").fetchone()
+    n_threads = raw.execute("SELECT count(DISTINCT globalTid) FROM ThreadNames").fetchone()[0]
+    raw.close()
+    con = duckdb.connect(str(res.store), read_only=True)
+    assert want[0] > 0 and con.execute('SELECT count(*), sum("end" - start) FROM osrt').fetchone() == want
+    assert con.execute("SELECT count(*) FROM threads").fetchone()[0] == n_threads > 0
+    assert con.execute("SELECT count(*) FROM sync").fetchone()[0] == 0
+    untraced = con.execute("SELECT untraced FROM ranks").fetchone()[0].split(",")
+    assert {"kernels", "sync", "gpu_metrics"} <= set(untraced) and "osrt" not in untraced
+    con.close()

@@ -62,7 +62,7 @@ def test_ddp_capture_range_metrics_and_pytorch_ranges(runs, tmp_path: Path) -> N
     per_rank = dict(con.execute("SELECT rank, count(*) FROM gpu_metrics GROUP BY rank").fetchall())
     assert per_rank.get(0, 0) > 0 and 1 not in per_rank  # one collector per node: rank 0
     assert con.execute("SELECT count(*) FROM nvtx WHERE text LIKE '%op_id = %'").fetchone()[0] > 0  # autograd-nvtx
-    assert con.execute("SELECT count(*) FROM kernels WHERE category = 'comm'").fetchone()[0] > 0
+    assert con.execute("SELECT count(*) FROM kernels WHERE short_name LIKE 'nccl%'").fetchone()[0] > 0
 
 
 def test_pipeline_heavy_stage_found(runs) -> None:

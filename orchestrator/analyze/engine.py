@@ -19,7 +19,7 @@ import duckdb
 from orchestrator.errors import OrchError
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
-STORE_VERSIONS = {"1", "2"}  # store layouts this analysis reads
+STORE_VERSIONS = {"2"}  # store layouts this analysis reads (2: names classified at analysis time)
 
 
 @dataclass(frozen=True)

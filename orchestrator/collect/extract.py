@@ -1,38 +1,35 @@
-"""Per-table SELECTs that turn one nsys export into the store's columns (the map step).
+"""Per-table SELECTs that turn one nsys export into the store's columns (the map step),
+generated from the registry in tables.py.
 
 The same SQL runs in DuckDB over the attached SQLite file (fast path: sqlite scanner) and in
 SQLite itself (fallback: sqlite3 -> Arrow -> DuckDB), so it sticks to the common dialect.
-Columns a given nsys version lacks become NULL; missing tables yield no query at all.
+Columns a given nsys version lacks become NULL; missing tables yield no query at all. Every
+SELECT names its output columns so that inserts go by name (`insert_sql`), never by position.
 """
 
 from __future__ import annotations
 
-from orchestrator.collect.probe import EVENT_TABLES, Probe
+from orchestrator.collect.probe import Probe
+from orchestrator.collect.tables import TABLES, Col, Table
 
-# CUPTI enums (stable across nsys versions; the ENUM_* tables are not always exported).
-_COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
-_MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
-             5: "device static", 6: "managed static"}
 # NVTX event types: 59 push/pop range, 60 start/end range, 75 domain create.
 NVTX_RANGE_TYPES = (59, 60)
-
-
-# Columns each source table should have; a missing one becomes NULL and a note on the rank.
-EXPECTED_COLUMNS = {
-    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "streamId", "correlationId", "shortName",
-                                   "demangledName"),
-    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "deviceId", "streamId", "correlationId", "copyKind", "bytes",
-                                   "srcKind", "dstKind"),
-    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "deviceId", "streamId", "correlationId", "bytes"),
-    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId", "nameId"),
-    "NVTX_EVENTS": ("start", "end", "eventType", "globalTid", "domainId"),
-}
+# Strings from a trace are cut to this many characters: the program controls them, and a
+# megabyte NVTX text on every range would otherwise take the collect's memory (real names,
+# even demangled C++ templates, stay far below).
+MAX_TEXT = 16384
 
 
 def missing_columns(p: Probe) -> list[str]:
-    """'TABLE.column' for every expected column a present table lacks."""
-    return [f"{t}.{c}" for t, cols in EXPECTED_COLUMNS.items() if p.has(t) for c in cols if not p.has(t, c)]
+    """'TABLE.column' for every expected column group a present source table lacks."""
+    out = []
+    for t in TABLES.values():
+        if not p.has(t.source):
+            continue
+        for group in t.expected:
+            if not any(p.has(t.source, c) for c in group):
+                out.append(f"{t.source}.{group[0]}")
+    return list(dict.fromkeys(out))
 
 
 def _case(expr: str, mapping: dict[int, str], default: str = "'unknown'") -> str:
@@ -40,89 +37,123 @@ def _case(expr: str, mapping: dict[int, str], default: str = "'unknown'") -> str
     return f"CASE {expr} {whens} ELSE {default} END"
 
 
-def _col(p: Probe, table: str, alias: str, column: str, default: str = "NULL") -> str:
-    return f'{alias}."{column}"' if p.has(table, column) else default
+class _Ctx:
+    """One SELECT being built: its joins, the schema prefix and the clock offset."""
 
+    def __init__(self, t: Table, p: Probe, s: str, offset_ns: int) -> None:
+        self.t, self.p, self.s, self.offset = t, p, s, int(offset_ns)
+        self.joins: list[str] = []
 
-def _string(p: Probe, s: str, table: str, alias: str, column: str, join_alias: str) -> tuple[str, str]:
-    """(select expression, join clause) for a StringIds reference column."""
-    if not (p.has(table, column) and p.has("StringIds")):
-        return "NULL", ""
-    return f"{join_alias}.value", f' LEFT JOIN {s}StringIds {join_alias} ON {join_alias}.id = {alias}."{column}"'
+    def ref(self, col: Col) -> str | None:
+        present = [c for c in col.src if self.p.has(self.t.source, c)]
+        if not present:
+            return None
+        refs = [f'x."{c}"' for c in present]
+        return refs[0] if len(refs) == 1 else f"coalesce({', '.join(refs)})"
+
+    def strings(self) -> str:
+        """StringIds, deduplicated when its ids are not guaranteed unique (a duplicated id
+        must not multiply the rows that reference it)."""
+        if self.p.string_ids_unique:
+            return f"{self.s}StringIds"
+        return f"(SELECT id, min(value) AS value FROM {self.s}StringIds GROUP BY id)"
+
+    def string(self, ref: str) -> str:
+        if not self.p.has("StringIds"):
+            return "NULL"
+        a = f"j{len(self.joins)}"
+        self.joins.append(f" LEFT JOIN {self.strings()} {a} ON {a}.id = {ref}")
+        return f"{a}.value"
+
+    def expr(self, col: Col) -> str:
+        e = self._expr(col)
+        return f"substr({e}, 1, {MAX_TEXT})" if col.type == "VARCHAR" and col.how != "enum" and e != "NULL" else e
+
+    def _expr(self, col: Col) -> str:
+        if col.how == "text_or_string":
+            plain = f'x."{col.src[0]}"' if self.p.has(self.t.source, col.src[0]) else "NULL"
+            sid = f'x."{col.src[1]}"' if self.p.has(self.t.source, col.src[1]) else None
+            return f"coalesce({plain}, {self.string(sid)})" if sid else plain
+        if col.how == "expr":
+            return col.expr if all(self.p.has(self.t.source, c) for c in col.src) else "NULL"
+        ref = self.ref(col)
+        if col.how == "enum":
+            return _case(ref or "NULL", dict(col.enum or {}))
+        if ref is None:
+            return "NULL"
+        if col.how == "time":
+            return f"{ref} + {self.offset}"
+        if col.how == "string":
+            return self.string(ref)
+        return ref
+
+    def source(self) -> str:
+        return self.t.from_sql.format(s=self.s) if self.t.from_sql else f"{self.s}{self.t.source}"
 
 
 def select_sql(table: str, p: Probe, rank: int, offset_ns: int, s: str) -> str | None:
-    """SELECT for store `table` from probe `p`; `s` is the schema prefix ('' or 'src.')."""
-    src = EVENT_TABLES[table]
-    if not p.has(src) or (table != "gpu_metrics" and not p.has(src, "start")):
+    """SELECT for store `table` from probe `p`, its output columns named as the store's;
+    `s` is the schema prefix ('' or 'src0.')."""
+    t = TABLES[table]
+    first_time = next((c for c in t.columns if c.how == "time"), None)
+    if not p.has(t.source) or (first_time and not p.has(t.source, first_time.src[0])):
         return None
-    t = f"{s}{src}"
-    start = f'x."start" + {offset_ns}'
-    if table in ("kernels", "memcpy", "memset", "cuda_api", "nvtx"):
-        end = f'x."end" + {offset_ns}'
-    if table == "kernels":
-        short, j1 = _string(p, s, src, "x", "shortName", "sn")
-        name, j2 = _string(p, s, src, "x", "demangledName", "dn")
-        return (
-            f"SELECT {rank}, {start}, {end}, {_col(p, src, 'x', 'deviceId')}, "
-            f"{_col(p, src, 'x', 'streamId')}, {_col(p, src, 'x', 'correlationId')}, {short}, {name}, "
-            f"CASE WHEN substr({short}, 1, 4) = 'nccl' THEN 'comm' ELSE 'compute' END "
-            f"FROM {t} x{j1}{j2}"
-        )
-    if table == "memcpy":
-        return (
-            f"SELECT {rank}, {start}, {end}, {_col(p, src, 'x', 'deviceId')}, "
-            f"{_col(p, src, 'x', 'streamId')}, {_col(p, src, 'x', 'correlationId')}, "
-            f"{_case(_col(p, src, 'x', 'copyKind'), _COPY_KIND)}, {_col(p, src, 'x', 'bytes')}, "
-            f"{_case(_col(p, src, 'x', 'srcKind'), _MEM_KIND)}, "
-            f"{_case(_col(p, src, 'x', 'dstKind'), _MEM_KIND)} FROM {t} x"
-        )
-    if table == "memset":
-        return (
-            f"SELECT {rank}, {start}, {end}, {_col(p, src, 'x', 'deviceId')}, "
-            f"{_col(p, src, 'x', 'streamId')}, {_col(p, src, 'x', 'correlationId')}, "
-            f"{_col(p, src, 'x', 'bytes')} FROM {t} x"
-        )
-    if table == "cuda_api":
-        name, j = _string(p, s, src, "x", "nameId", "sn")
-        return (
-            f"SELECT {rank}, {start}, {end}, {_col(p, src, 'x', 'globalTid')}, "
-            f"{_col(p, src, 'x', 'correlationId')}, {name} FROM {t} x{j}"
-        )
-    if table == "nvtx":
-        # Registered strings live in StringIds (textId), plain ones in `text`.
-        txt, j = _string(p, s, src, "x", "textId", "sn")
-        text = f"coalesce({_col(p, src, 'x', 'text')}, {txt})"
-        dom = _col(p, src, "x", "domainId", "0")
-        if p.has(src, "domainId") and p.has(src, "eventType"):
-            dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE dm.dname END"
-            j += (f" LEFT JOIN (SELECT domainId AS did, min(text) AS dname FROM {t} "
-                  f"WHERE eventType = 75 GROUP BY domainId) dm ON dm.did = x.domainId")
-        else:
-            dom_name = "'default'"
-        types = ", ".join(str(v) for v in NVTX_RANGE_TYPES)
-        where = 'x."end" IS NOT NULL' + (f" AND x.eventType IN ({types})" if p.has(src, "eventType") else "")
-        # Nesting depth per (thread, domain), computed here per rank (map step, in parallel):
-        # a running count of open ranges; at equal times ends come before starts (siblings)
-        # and longer ranges open first (parents).
-        return (
-            f"WITH r AS (SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
-            f"{_col(p, src, 'x', 'globalTid')} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt "
-            f"FROM {t} x{j} WHERE {where}), "
-            "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r "
-            "UNION ALL SELECT NULL, tid, dom, e, 0, NULL FROM r), "
-            "run AS (SELECT id, sum(CASE WHEN kind = 1 THEN 1 ELSE -1 END) OVER (PARTITION BY tid, dom "
-            "ORDER BY ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
-            "FROM ev) "
-            f"SELECT {rank}, r.s, r.e, r.tid, r.dom, r.dname, r.txt, CAST(run.depth AS INTEGER) "
-            "FROM r JOIN run ON run.id = r.id"
-        )
-    if table == "gpu_metrics":
-        names = f"{s}TARGET_INFO_GPU_METRICS"
-        if not (p.has("TARGET_INFO_GPU_METRICS") and p.has(src, "timestamp") and p.has(src, "metricId")):
+    ctx = _Ctx(t, p, s, offset_ns)
+    if t.builder == "nvtx":
+        return _nvtx(ctx, int(rank))
+    exprs = {c.name: ctx.expr(c) for c in t.columns if c.how != "builder"}
+    if t.builder == "gpu_metrics":
+        if not (p.has("TARGET_INFO_GPU_METRICS") and p.has(t.source, "metricId") and p.has(t.source, "typeId")):
             return None
-        return (
-            f'SELECT {rank}, x."timestamp" + {offset_ns}, CAST(x.typeId % 256 AS INTEGER), m.metricName, '
-            f"x.value FROM {s}{src} x JOIN {names} m ON m.typeId = x.typeId AND m.metricId = x.metricId"
-        )
-    raise KeyError(table)
+        exprs["metric"] = f"substr(m.metricName, 1, {MAX_TEXT})"
+        ctx.joins.append(f" JOIN {s}TARGET_INFO_GPU_METRICS m ON m.typeId = x.typeId AND m.metricId = x.metricId")
+    if t.builder == "threads":
+        if p.has("PROCESSES", "globalPid") and p.has("PROCESSES", "name") and p.has(t.source, "globalTid"):
+            exprs["process"] = f"substr(pr.pname, 1, {MAX_TEXT})"
+            ctx.joins.append(f" LEFT JOIN (SELECT globalPid, min(name) AS pname FROM {s}PROCESSES GROUP BY globalPid)"
+                             " pr ON pr.globalPid = x.globalTid - (x.globalTid & 16777215)")
+        else:
+            exprs["process"] = "NULL"
+    cols = [f"{int(rank)} AS rank"] + [f'{exprs[c.name]} AS "{c.name}"' for c in t.columns]
+    where = f" WHERE {t.where}" if t.where and all(p.has(t.source, c) for c in ("start", "end")) else ""
+    return f"SELECT {', '.join(cols)} FROM {ctx.source()} x{''.join(ctx.joins)}{where}"
+
+
+def _nvtx(ctx: _Ctx, rank: int) -> str:
+    p, t, src = ctx.p, ctx.t, ctx.t.source
+    tbl = f"{ctx.s}{src}"
+    by = {c.name: c for c in t.columns}
+    start, end, tid = ctx.expr(by["start"]), ctx.expr(by["end"]), ctx.expr(by["tid"])
+    text = ctx.expr(by["text"])
+    dom = 'x."domainId"' if p.has(src, "domainId") else "0"
+    if p.has(src, "domainId") and p.has(src, "eventType"):
+        dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE substr(dm.dname, 1, {MAX_TEXT}) END"
+        ctx.joins.append(f" LEFT JOIN (SELECT domainId AS did, min(text) AS dname FROM {tbl} "
+                         f"WHERE eventType = 75 GROUP BY domainId) dm ON dm.did = x.domainId")
+    else:
+        dom_name = "'default'"
+    types = ", ".join(str(v) for v in NVTX_RANGE_TYPES)
+    where = 'x."end" IS NOT NULL' + (f" AND x.eventType IN ({types})" if p.has(src, "eventType") else "")
+    # Nesting depth per (thread, domain), computed here per rank (map step, in parallel): a
+    # running count of open ranges; at equal times ends come before starts (siblings) and
+    # longer ranges open first (parents). Ranges that end before they start are impossible:
+    # they get no depth, take no part in the count, and are dropped (and counted) at finalize.
+    return (
+        f"WITH r AS (SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
+        f"{tid} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt "
+        f"FROM {tbl} x{''.join(ctx.joins)} WHERE {where}), "
+        "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r WHERE e >= s "
+        "UNION ALL SELECT NULL, tid, dom, e, 0, NULL FROM r WHERE e >= s), "
+        "run AS (SELECT id, sum(CASE WHEN kind = 1 THEN 1 ELSE -1 END) OVER (PARTITION BY tid, dom "
+        "ORDER BY ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
+        "FROM ev) "
+        f'SELECT {rank} AS rank, r.s AS "start", r.e AS "end", r.tid AS "tid", r.dom AS "domain_id", '
+        'r.dname AS "domain", r.txt AS "text", CAST(run.depth AS INTEGER) AS "depth" '
+        "FROM r LEFT JOIN run ON run.id = r.id"
+    )
+
+
+def insert_sql(target: str, table: str, select: str) -> str:
+    """INSERT naming the store's columns (never by position)."""
+    names = ", ".join(f'"{c}"' for c, _ in TABLES[table].store_columns)
+    return f"INSERT INTO {target} ({names}) {select}"

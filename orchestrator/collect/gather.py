@@ -8,8 +8,8 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 
 from __future__ import annotations
 
-import gzip
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import naming
+from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.errors import OrchError
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
+# Export temps carry the writer's pid, so a later run can remove those of a killed one.
+_EXPORT_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{32}\.sqlite")
 
 
 @dataclass
@@ -33,6 +36,7 @@ class ReportFile:
     pid: int | None = None
     sqlite: Path | None = None  # export to read
     error: str | None = None
+    notes: tuple[str, ...] = ()  # what was wrong with the name (out-of-range numbers)
 
 
 def split_suffix(path: Path) -> tuple[str, str] | None:
@@ -66,7 +70,7 @@ def discover(paths: Iterable[Path], name_prefix: str | None = None) -> list[Repo
         origin = rep or sq or gz
         assert origin is not None
         name = naming.parse(stem)  # orch's or the seed sbatch's name pattern
-        r = ReportFile(origin=origin, stem=stem, rank=name.rank, host=name.host, pid=name.pid)
+        r = ReportFile(origin=origin, stem=stem, rank=name.rank, host=name.host, pid=name.pid, notes=name.problems)
         if sq is not None and (rep is None or sq.stat().st_mtime >= rep.stat().st_mtime):
             r.sqlite = sq
         reports.append(r)
@@ -91,12 +95,14 @@ def _export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float
     if _fresh(target, r.origin):
         r.sqlite = target
         return
-    tmp = out_dir / f".{uuid.uuid4().hex}.{r.stem}.sqlite"
+    tmp = out_dir / f".{r.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex}.sqlite"
     try:
         if r.origin.name.endswith(".sqlite.gz"):
             try:
-                with gzip.open(r.origin, "rb") as src, open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                gunzip_capped(r.origin, tmp)
+            except TooLarge as e:
+                r.error = f"cannot decompress: {e}"
+                return
             except (OSError, EOFError) as e:
                 r.error = f"cannot decompress ({e}): the .gz file is truncated or corrupt"
                 return
@@ -125,6 +131,7 @@ def export_all(reports: list[ReportFile], out_dir: Path, *, nsys: str | None, wo
                on_done: Callable[[ReportFile], None] | None = None, timeout_s: float = 3600) -> None:
     """Export/decompress in a bounded pool; nsys runs in subprocesses, so threads suffice."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale(out_dir, _EXPORT_TMP)
 
     def work(r: ReportFile) -> ReportFile:
         _export_one(r, out_dir, nsys, timeout_s)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator import naming
+from orchestrator import numbers
+from orchestrator.collect.consistency import job_warnings
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import Probe
 from orchestrator.layout import Layout
@@ -23,13 +24,18 @@ class Member:
     notes: list[str] = field(default_factory=list)
 
 
-def _rank(env: dict[str, str], key: str, notes: list[str]) -> int | None:
-    """A captured rank variable, range-checked in one place (naming.checked_int)."""
-    raw = env.get(key)
-    value = naming.checked_int(raw, naming.MAX_RANK)
-    if value is None and raw is not None and raw.strip():
-        notes.append(f"captured {key}={raw[:40]!r} is not a rank (0..{naming.MAX_RANK}); ignored")
+def _env_rank(m: Member, key: str) -> int | None:
+    """A rank variable from the captured env; a bad value is a note, never an exception."""
+    value, bad = numbers.optional(numbers.rank, m.probe.env.get(key), key)
+    if bad:
+        m.probe.notes.append(f"captured {bad}: ignored")
     return value
+
+
+def _check_name_numbers(m: Member) -> None:
+    """Numbers in the file name that `naming.parse` found out of range: a note on this rank
+    (the rank then comes from the captured environment)."""
+    m.probe.notes.extend(m.report.notes)
 
 
 def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Member], list[str]]:
@@ -37,10 +43,13 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
     warnings: list[str] = []
     members = [Member(report=r, probe=p) for r, p in zip(reports, probes, strict=True)]
     for m in members:
+        _check_name_numbers(m)
+        if m.status == "error":
+            continue
         env = m.probe.env
-        env_rank = _rank(env, "RANK", m.notes)
+        env_rank = _env_rank(m, "RANK")
         if env_rank is None and "LOCAL_RANK" not in env:
-            env_rank = _rank(env, "SLURM_PROCID", m.notes)  # srun-launched ranks, no torchrun
+            env_rank = _env_rank(m, "SLURM_PROCID")  # srun-launched ranks, no torchrun
         if m.report.rank is not None:
             m.rank, m.source = m.report.rank, "file name"
             if env_rank is not None and env_rank != m.rank:
@@ -49,14 +58,14 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
             m.rank, m.source = env_rank, "captured env"
     claimed: dict[int, Member] = {}
     for m in members:
-        if m.probe.error or m.rank is None:
+        if m.probe.error or m.rank is None or m.status == "error":
             continue
         if m.rank in claimed:
             m.status = "duplicate"
             m.notes.append(f"rank {m.rank} is already claimed by {claimed[m.rank].report.origin.name}")
             continue
         claimed[m.rank] = m
-    unknown = [m for m in members if not m.probe.error and m.rank is None]
+    unknown = [m for m in members if not m.probe.error and m.rank is None and m.status == "ok"]
     if unknown:
         free = (r for r in range(len(members) + len(claimed)) if r not in claimed)
         for m in unknown:
@@ -66,7 +75,7 @@ def identify(reports: list[ReportFile], probes: list[Probe]) -> tuple[list[Membe
             f"{len(unknown)} report(s) carry no rank in their name or captured environment; "
             "ranks were assigned in file order: " + ", ".join(f"{m.report.origin.name}->{m.rank}" for m in unknown)
         )
-    return members, warnings
+    return members, warnings + job_warnings(members)
 
 
 def infer_world_size(members: list[Member]) -> int | None:

@@ -9,8 +9,10 @@ only ever see a complete store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,21 +22,24 @@ from pathlib import Path
 
 import duckdb
 
-from orchestrator import __version__
-from orchestrator.collect.extract import missing_columns, select_sql
+from orchestrator import __version__, numbers
+from orchestrator.collect.decompress import clean_stale
+from orchestrator.collect.extract import insert_sql, missing_columns, select_sql
 from orchestrator.collect.identity import Layout, Member
-from orchestrator.collect.probe import ENV_ALLOW
+from orchestrator.collect.probe import ENV_ALLOW, open_ro
 from orchestrator.collect.schema import (
     EVENT_SCHEMA,
     RANKS_DDL,
     STORE_VERSION,
+    align_clocks_sql,
     arrow_schema,
     create_event_tables_sql,
+    finalize_sql,
+    negative_durations_sql,
 )
 from orchestrator.errors import OrchError
 
 _FETCH_ROWS = 65536
-_SQL_DIR = resources.files("orchestrator.collect") / "sql"
 
 
 def scanner_extension_path() -> Path | None:
@@ -66,24 +71,32 @@ def sql_literal(s: str) -> str:
 def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
     """Ranks of one batch in ONE transaction, inserted one after the other into this worker's
     own staging tables (workers never contend for a table). (Not one UNION ALL across ranks:
-    DuckDB 1.5.5 answered such a query with the first attached file's rows for every branch.)"""
-    for m, _ in batch:
-        con.execute(f"ATTACH '{sql_literal(str(m.report.sqlite))}' AS src_{m.rank} (TYPE sqlite, READ_ONLY)")
+    DuckDB 1.5.5 answered such a query with the first attached file's rows for every branch.)
+    Aliases are positions in the batch (never a number from the trace), and every ATTACH is
+    undone whatever fails, so a bad rank leaves nothing behind for the next one. ATTACH takes
+    no bound parameter: the absolute path goes in as a quoted literal (a plain path, not a
+    URI, so `#`, `?` and `%` in names are just characters)."""
+    worker = stage.rsplit("_stage", 1)[-1]  # attached databases are shared by the workers' cursors
+    aliases = [f"src_w{worker}_{i}" for i in range(len(batch))]
     try:
+        for (m, _), alias in zip(batch, aliases, strict=True):
+            path = str(Path(m.report.sqlite).resolve())  # type: ignore[arg-type]
+            con.execute(f"ATTACH '{sql_literal(path)}' AS {alias} (TYPE sqlite, READ_ONLY)")
         con.execute("BEGIN")
         try:
             for table in EVENT_SCHEMA:
-                for m, off in batch:
-                    sql = select_sql(table, m.probe, m.rank, off, f"src_{m.rank}.")  # type: ignore[arg-type]
+                for (m, off), alias in zip(batch, aliases, strict=True):
+                    sql = select_sql(table, m.probe, m.rank, off, f"{alias}.")  # type: ignore[arg-type]
                     if sql:
-                        con.execute(f"INSERT INTO {stage.format(table=table)} {sql}")
+                        con.execute(insert_sql(stage.format(table=table), table, sql))
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
     finally:
-        for m, _ in batch:
-            con.execute(f"DETACH src_{m.rank}")
+        for alias in aliases:
+            with contextlib.suppress(duckdb.Error):
+                con.execute(f"DETACH DATABASE IF EXISTS {alias}")
 
 
 def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
@@ -106,7 +119,17 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
     try:
         for m, off in batch:
             # DuckDB pulls the Arrow batches from its own threads; one reader at a time.
-            scon = sqlite3.connect(f"file:{m.report.sqlite}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            scon = open_ro(m.report.sqlite, check_same_thread=False)  # type: ignore[arg-type]
+            bad_text = [0]
+
+            def decode(raw: bytes, bad_text: list[int] = bad_text) -> str:
+                try:
+                    return raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad_text[0] += 1
+                    return numbers.decode(raw)
+
+            scon.text_factory = decode
             try:
                 for table in EVENT_SCHEMA:
                     sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
@@ -115,15 +138,26 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                     reader = pa.RecordBatchReader.from_batches(arrow_schema(table), _batches(scon.execute(sql), table))
                     con.register("src_batches", reader)
                     try:
-                        con.execute(f"INSERT INTO {stage.format(table=table)} SELECT * FROM src_batches")
+                        cols = ", ".join(f'"{c}"' for c, _ in EVENT_SCHEMA[table])
+                        con.execute(insert_sql(stage.format(table=table), table, f"SELECT {cols} FROM src_batches"))
                     finally:
                         con.unregister("src_batches")
             finally:
                 scon.close()
+            if bad_text[0]:
+                m.probe.notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+_INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
 
 
 BATCH = 32  # ranks attached and inserted together by the scanner path
@@ -148,14 +182,22 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     def run(cur: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
         try:
             ingest(cur, batch, stage)
-        except (duckdb.Error, sqlite3.Error) as e:
+        except (duckdb.Error, sqlite3.Error, ValueError) as e:
             if len(batch) > 1:
                 for one in batch:
                     run(cur, [one], stage)
                 return
             m = batch[0][0]
-            m.status = "error"
-            m.notes.append(f"ingest failed: {str(e).splitlines()[0][:200]}")
+            if use_scanner and _INVALID_UNICODE.search(str(e)):
+                # DuckDB refuses invalid UTF-8; sqlite3 reads it with U+FFFD in its place.
+                try:
+                    _ingest_sqlite3(cur, batch, stage)  # notes the replacement on the rank
+                except (duckdb.Error, sqlite3.Error, ValueError) as e2:
+                    m.status = "error"
+                    m.notes.append(f"ingest failed: {_line(e2)}")
+            else:
+                m.status = "error"
+                m.notes.append(f"ingest failed: {_line(e)}")
         if on_rank:
             for m, _ in batch:
                 on_rank(m)
@@ -194,8 +236,14 @@ def build_store(
     on_rank: Callable[[Member], None] | None = None,
 ) -> str:
     """Write `store` atomically; returns the engine used ('scanner' or 'sqlite3')."""
+    if "?" in str(store.resolve()):
+        # DuckDB reads `?` in a database path as the start of options and writes elsewhere.
+        raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
+                        "the path of a database; choose an output folder without '?'")
     tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
+    # Temp stores of earlier runs that were killed (their pid is gone) are removed.
+    clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
     con: duckdb.DuckDBPyConnection | None = None
     try:
         con = duckdb.connect(str(tmp))
@@ -217,7 +265,7 @@ def build_store(
         _finalize(con, members, base, layout, keep_env, expected)
         drop_staging(con)
         if align:
-            con.execute((_SQL_DIR / "align_clocks.sql").read_text())
+            con.execute(align_clocks_sql())
         meta = {
             "orch_version": __version__, "store_version": STORE_VERSION,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -227,7 +275,7 @@ def build_store(
                                   "nproc_per_node": layout.nproc_per_node}),
             "aligned_collectives": align, **(extra_meta or {}),
         }
-        _append(con, "meta", [(k, str(v)) for k, v in meta.items()])
+        _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
         con.execute("CHECKPOINT")
     except BaseException:
         if con is not None:
@@ -240,20 +288,47 @@ def build_store(
     return used
 
 
-def _append(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> None:
-    """Bulk insert through Arrow: DuckDB's executemany costs milliseconds per row."""
+_RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", "tp_index", "gpu_name",
+              "session_start_utc_ns", "clock_offset_ns", "clock_correction_ns", "nsys_version", "schema_version",
+              "source_file", "identity_source", "status", "error", "untraced")
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], rows: list[tuple]) -> None:
+    """Bulk insert through Arrow, by column name (DuckDB's executemany costs milliseconds per
+    row). Strings pass through `numbers.text`: a file name in another encoding never fails it."""
     if not rows:
         return
     import pyarrow as pa
 
-    names = [d[0] for d in con.execute(f"SELECT * FROM {table} LIMIT 0").description]
-    cols = list(zip(*rows, strict=True))
+    cols = [[numbers.text(v) if isinstance(v, str) else v for v in c] for c in zip(*rows, strict=True)]
     batch = pa.table({n: pa.array(c) for n, c in zip(names, cols, strict=True)})  # noqa: F841 - read by DuckDB
-    con.execute(f"INSERT INTO {table} SELECT * FROM batch")
+    quoted = ", ".join(f'"{n}"' for n in names)
+    con.execute(f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM batch")
+
+
+def _drop_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> None:
+    """Rows that end before they start are dropped at finalize; count them on their rank."""
+    by_rank = {m.rank: m for m in members if m.rank is not None and m.status == "ok" and not m.probe.error}
+    per: dict[int, list[str]] = {}
+    for rank, table, n in con.execute(negative_durations_sql()).fetchall():
+        per.setdefault(rank, []).append(f"{n} {table}")
+    for rank, what in per.items():
+        if rank in by_rank:
+            by_rank[rank].probe.notes.append(f"dropped rows that end before they start: {', '.join(what)}")
+
+
+def _local_rank(m: Member, layout: Layout) -> int | None:
+    local, bad = numbers.optional(numbers.rank, m.probe.env.get("LOCAL_RANK"), "LOCAL_RANK")
+    if bad:
+        m.probe.notes.append(f"captured {bad}: ignored")
+    if local is not None:
+        return local
+    return m.rank % layout.nproc_per_node if (layout.nproc_per_node and m.rank is not None) else None
 
 
 def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
               keep_env: bool, expected: list[int] | None) -> None:
+    _drop_impossible(con, members)
     rows, env_rows, src_rows = [], [], []
     seen: set[int] = set()
     for m in members:
@@ -263,17 +338,16 @@ def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, 
         if m.rank is None or m.status == "duplicate":
             continue
         seen.add(m.rank)
-        status = "error" if (p.error or m.status == "error") else ("partial" if p.notes else "ok")
         place = layout.place(m.rank)
-        local = p.env.get("LOCAL_RANK")
+        local = _local_rank(m, layout)
+        status = "error" if (p.error or m.status == "error") else ("partial" if p.notes else "ok")
         rows.append((
-            m.rank, r.host or p.host, r.pid or p.pid,
-            int(local) if local and local.isdigit() else (
-                m.rank % layout.nproc_per_node if layout.nproc_per_node else None),
+            m.rank, r.host or p.host, r.pid or p.pid, local,
             place["node"], place["stage"], place["dp_index"], place["tp_index"], p.gpu_name,
             p.session_start_ns, (p.session_start_ns - base) if p.session_start_ns is not None else None,
             0, p.nsys_version, p.schema_version, str(r.origin), m.source or None, status,
-            "; ".join([x for x in [p.error, *m.notes, *p.notes] if x]) or None,
+            "; ".join(dict.fromkeys(x for x in [p.error, *m.notes, *p.notes] if x)) or None,
+            ",".join(p.untraced) if not p.error else None,
         ))
         for k, v in p.env.items():
             if keep_env or ENV_ALLOW.match(k):
@@ -282,12 +356,12 @@ def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, 
         place = layout.place(rank)
         rows.append((rank, None, None, None, place["node"], place["stage"], place["dp_index"],
                      place["tp_index"], None, None, None, None, None, None, None, None, "missing",
-                     "no report found for this rank"))
-    _append(con, "ranks", rows)
-    _append(con, "env", env_rows)
-    _append(con, "sources", src_rows)
+                     "no report found for this rank", None))
+    _append(con, "ranks", _RANK_COLS, rows)
+    _append(con, "env", ("rank", "name", "value"), env_rows)
+    _append(con, "sources", ("file", "rank", "status", "reason"), src_rows)
     # Hosts fill `node` when no layout says nproc_per_node (one node per distinct host).
     con.execute("""UPDATE ranks SET node = h.n FROM (SELECT host, dense_rank() OVER (ORDER BY host) - 1 AS n
                    FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h
                    WHERE ranks.node IS NULL AND ranks.host = h.host""")
-    con.execute((_SQL_DIR / "finalize.sql").read_text())
+    con.execute(finalize_sql())

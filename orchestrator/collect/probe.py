@@ -12,6 +12,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import numbers
+from orchestrator.collect.tables import EVENT_TABLES, TABLES
+
 # Launcher/Slurm variables kept in the store; everything else nsys captured (tokens,
 # passwords, cloud keys) is dropped unless --keep-env.
 ENV_ALLOW = re.compile(
@@ -21,14 +24,7 @@ ENV_ALLOW = re.compile(
     r"JOB_NUM_NODES|STEP_ID|ARRAY_TASK_ID|JOB_NAME|JOB_PARTITION|CLUSTER_NAME|TOPOLOGY_ADDR)|"
     r"CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|OMP_NUM_THREADS|HOSTNAME)$"
 )
-EVENT_TABLES = {
-    "kernels": "CUPTI_ACTIVITY_KIND_KERNEL",
-    "memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY",
-    "memset": "CUPTI_ACTIVITY_KIND_MEMSET",
-    "cuda_api": "CUPTI_ACTIVITY_KIND_RUNTIME",
-    "nvtx": "NVTX_EVENTS",
-    "gpu_metrics": "GPU_METRICS",
-}
+__all__ = ["ENV_ALLOW", "EVENT_TABLES", "Probe", "open_ro", "probe"]
 
 
 @dataclass
@@ -44,6 +40,9 @@ class Probe:
     gpu_name: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # captured env (all of it, in memory)
     notes: list[str] = field(default_factory=list)
+    string_ids_unique: bool = True  # False: StringIds ids repeat (join on a deduplicated copy)
+    command: tuple[str, ...] = ()  # captured command line (compared across ranks, never stored)
+    untraced: list[str] = field(default_factory=list)  # store tables whose source table is absent
 
     def has(self, table: str, column: str | None = None) -> bool:
         cols = self.tables.get(table)
@@ -54,8 +53,14 @@ def _kv(con: sqlite3.Connection, table: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in con.execute(f'SELECT name, value FROM "{table}"')}
 
 
-def _open_ro(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+def open_ro(path: Path, **kw: object) -> sqlite3.Connection:
+    """Read-only, by path: the URI comes from `Path.as_uri()`, which percent-encodes `#`, `?`
+    and `%` in folder and file names (a URI pasted from the name would read another file).
+    Text is decoded with U+FFFD for invalid UTF-8: a trace string never fails a read."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
+    con = sqlite3.connect(uri, uri=True, **kw)  # type: ignore[arg-type]
+    con.text_factory = numbers.decode
+    return con
 
 
 def probe(path: Path) -> Probe:
@@ -68,22 +73,37 @@ def probe(path: Path) -> Probe:
             if fh.read(16) != b"SQLite format 3\x00":
                 p.error = "not a SQLite file: re-export it with `nsys export --type sqlite`"
                 return p
-        con = _open_ro(path)
+        con = open_ro(path)
+        bad_text: list[bytes] = []
+
+        def decode(raw: bytes) -> str:
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                bad_text.append(raw)
+                return numbers.decode(raw)
+
+        con.text_factory = decode
         try:
             _read(con, p)
         finally:
             con.close()
+        if bad_text:
+            p.notes.append(f"invalid UTF-8 in {len(bad_text)} metadata string(s) replaced with U+FFFD")
     except sqlite3.DatabaseError as e:
         p.error = f"unreadable SQLite ({e}): the file is truncated or corrupt; re-export the report"
     except OSError as e:
         p.error = f"cannot read file ({e.strerror})"
+    except Exception as e:
+        p.error = f"unexpected content ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
     return p
 
 
 def _read(con: sqlite3.Connection, p: Probe) -> None:
     names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     for t in names:
-        p.tables[t] = {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')}
+        quoted = str(t).replace('"', '""')
+        p.tables[t] = {r[1] for r in con.execute(f'PRAGMA table_info("{quoted}")')}
     # No integrity scan here (it would read every page): a truncated file fails on the first
     # page it lacks, either below or in ingest, and the rank is marked with that error.
     meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in p.tables), None)
@@ -95,16 +115,27 @@ def _read(con: sqlite3.Connection, p: Probe) -> None:
     p.nsys_version = meta.get("EXPORT_PRODUCT_VERSION")
     p.schema_version = meta.get("EXPORT_SCHEMA_VERSION")
     row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
-    p.session_start_ns = int(row[0]) if row and row[0] is not None else None
+    p.session_start_ns, bad = numbers.optional(numbers.epoch_ns, row[0] if row else None, "utcEpochNs")
+    if bad:
+        p.error = f"TARGET_INFO_SESSION_START_TIME: {bad}: cannot place this rank on the shared clock"
+        return
     if p.session_start_ns is None:
         p.error = "TARGET_INFO_SESSION_START_TIME is empty: cannot place this rank on the shared clock"
         return
     if "META_DATA_CAPTURE" in p.tables:
-        for (value,) in con.execute(
-            "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'"
+        args: list[tuple[int, str]] = []
+        for name, value in con.execute(
+            "SELECT name, value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE' "
+            "OR name LIKE 'PROCESS_0:COMMAND' OR name LIKE 'PROCESS_0:ARGUMENT_%'"
         ):
-            key, _, val = str(value).partition("=")
-            p.env[key] = val.strip('"')
+            name, value = str(name), str(value)
+            if name.endswith("ENVIRONMENT_VARIABLE"):
+                key, _, val = value.partition("=")
+                p.env[key] = val.strip('"')
+            else:
+                n = name.rpartition("_")[2]
+                args.append((int(n) if n.isascii() and n.isdigit() else -1, value))
+        p.command = tuple(v for _, v in sorted(args))
     else:
         p.notes.append("no META_DATA_CAPTURE (nsys < 2023?): rank identity from file name only")
     if "TARGET_INFO_SYSTEM_ENV" in p.tables:
@@ -114,11 +145,35 @@ def _read(con: sqlite3.Connection, p: Probe) -> None:
         rows = con.execute("SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL").fetchall()
         py = [r for r in rows if r[1] and "python" in str(r[1]).lower()]
         pick = (py or rows or [None])[0]
-        p.pid = int(pick[0]) if pick else None
+        p.pid, bad = numbers.optional(numbers.pid, pick[0] if pick else None, "PROCESSES.pid")
+        if bad:
+            p.notes.append(f"{bad}: pid not stored")
     if p.has("TARGET_INFO_GPU", "name"):
         r = con.execute("SELECT name FROM TARGET_INFO_GPU ORDER BY id LIMIT 1").fetchone()
         p.gpu_name = r[0] if r else None
-    absent = [(t, src) for t, src in EVENT_TABLES.items() if src not in p.tables and t != "gpu_metrics"]
+    if "StringIds" in p.tables:
+        _check_string_ids(con, p)
+    elif "CUPTI_ACTIVITY_KIND_KERNEL" in p.tables:
+        p.notes.append("no StringIds table: kernel and API names are NULL, kernels unclassifiable")
+    p.untraced = [t for t, src in EVENT_TABLES.items() if src not in p.tables]
+    absent = [(t, src) for t, src in EVENT_TABLES.items() if src not in p.tables and TABLES[t].noted]
     if absent:
         p.notes.append(f"no {', '.join(src for _, src in absent)} table(s): "
                        f"{', '.join(t for t, _ in absent)} empty for this rank")
+
+
+def _check_string_ids(con: sqlite3.Connection, p: Probe) -> None:
+    """nsys declares `id INTEGER PRIMARY KEY` (unique by construction, nothing to scan);
+    a table without that key is checked, and repeated ids are joined deduplicated."""
+    info = con.execute('PRAGMA table_info("StringIds")').fetchall()
+    if any(r[1] == "id" and r[5] == 1 and str(r[2]).upper() == "INTEGER" for r in info):
+        return
+    if not p.has("StringIds", "id") or not p.has("StringIds", "value"):
+        p.string_ids_unique = True
+        p.notes.append("StringIds lacks id/value columns: names are NULL")
+        p.tables.pop("StringIds", None)
+        return
+    dup = con.execute("SELECT count(*) - count(DISTINCT id) FROM StringIds").fetchone()[0]
+    if dup:
+        p.string_ids_unique = False
+        p.notes.append(f"StringIds repeats {dup} id(s): each id's first value (lowest) used, rows not multiplied")

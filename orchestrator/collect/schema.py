@@ -1,4 +1,5 @@
-"""The merged store's tables: one definition feeds the DDL, the Arrow fallback and the docs.
+"""The merged store's DDL, Arrow schemas, staging -> store copy and clock alignment, all
+generated from the event-table registry (tables.py).
 
 All times are integer ns on ONE clock: ns since the earliest session start among the
 collected ranks (each report's `TARGET_INFO_SESSION_START_TIME.utcEpochNs` + its own
@@ -9,37 +10,25 @@ DuckDB's zone maps on `rank` prune per-rank queries.
 
 from __future__ import annotations
 
-STORE_VERSION = 1
+from importlib import resources
 
-# table -> [(column, duckdb type)]
-EVENT_SCHEMA: dict[str, list[tuple[str, str]]] = {
-    "kernels": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("end", "BIGINT"), ("device", "INTEGER"),
-        ("stream", "BIGINT"), ("correlation_id", "BIGINT"), ("short_name", "VARCHAR"),
-        ("name", "VARCHAR"), ("category", "VARCHAR"),
-    ],
-    "memcpy": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("end", "BIGINT"), ("device", "INTEGER"),
-        ("stream", "BIGINT"), ("correlation_id", "BIGINT"), ("kind", "VARCHAR"),
-        ("bytes", "BIGINT"), ("src_kind", "VARCHAR"), ("dst_kind", "VARCHAR"),
-    ],
-    "memset": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("end", "BIGINT"), ("device", "INTEGER"),
-        ("stream", "BIGINT"), ("correlation_id", "BIGINT"), ("bytes", "BIGINT"),
-    ],
-    "cuda_api": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("end", "BIGINT"), ("tid", "BIGINT"),
-        ("correlation_id", "BIGINT"), ("name", "VARCHAR"),
-    ],
-    "nvtx": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("end", "BIGINT"), ("tid", "BIGINT"),
-        ("domain_id", "BIGINT"), ("domain", "VARCHAR"), ("text", "VARCHAR"), ("depth", "INTEGER"),
-    ],
-    "gpu_metrics": [
-        ("rank", "INTEGER"), ("start", "BIGINT"), ("gpu", "INTEGER"), ("metric", "VARCHAR"),
-        ("value", "BIGINT"),
-    ],
-}
+from orchestrator.collect.tables import STORE_VERSION, TABLES
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "RANKS_DDL",
+    "STORE_VERSION",
+    "align_clocks_sql",
+    "arrow_schema",
+    "create_event_tables_sql",
+    "finalize_sql",
+    "negative_durations_sql",
+]
+
+_SQL_DIR = resources.files("orchestrator.collect") / "sql"
+
+# table -> [(column, duckdb type)], rank first.
+EVENT_SCHEMA: dict[str, list[tuple[str, str]]] = {name: t.store_columns for name, t in TABLES.items()}
 
 RANKS_DDL = """
 CREATE TABLE ranks (
@@ -47,7 +36,7 @@ CREATE TABLE ranks (
     stage INTEGER, dp_index INTEGER, tp_index INTEGER, gpu_name VARCHAR,
     session_start_utc_ns BIGINT, clock_offset_ns BIGINT, clock_correction_ns BIGINT,
     nsys_version VARCHAR, schema_version VARCHAR, source_file VARCHAR,
-    identity_source VARCHAR, status VARCHAR, error VARCHAR
+    identity_source VARCHAR, status VARCHAR, error VARCHAR, untraced VARCHAR
 );
 CREATE TABLE sources (file VARCHAR, rank INTEGER, status VARCHAR, reason VARCHAR);
 CREATE TABLE env (rank INTEGER, name VARCHAR, value VARCHAR);
@@ -68,3 +57,32 @@ def arrow_schema(table: str):  # -> pyarrow.Schema
 
     types = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
     return pa.schema([(c, types[t]) for c, t in EVENT_SCHEMA[table]])
+
+
+def negative_durations_sql() -> str:
+    """(rank, table, n) for rows that end before they start, in the staging views."""
+    parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {name}_stage WHERE \"end\" < start GROUP BY rank"
+             for name, t in TABLES.items() if t.has_duration]
+    return " UNION ALL ".join(parts) + " ORDER BY rank, tbl"
+
+
+def finalize_sql() -> str:
+    """Staging views -> store tables (impossible rows dropped), then the fixed part."""
+    stmts = []
+    for name, t in TABLES.items():
+        where = ' WHERE NOT coalesce("end" < start, false)' if t.has_duration else ""
+        stmts.append(f"CREATE TABLE {name} AS SELECT * FROM {name}_stage{where};")
+    return "\n".join(stmts) + "\n" + (_SQL_DIR / "finalize.sql").read_text()
+
+
+def align_clocks_sql() -> str:
+    """The per-rank correction (align_clocks.sql), applied to every shifted column."""
+    updates = []
+    for name, t in TABLES.items():
+        if not t.shifted:
+            continue
+        sets = ", ".join(f'"{c}" = "{c}" + corr.ns' for c in t.shifted)
+        updates.append(f"UPDATE {name} SET {sets} FROM corr WHERE {name}.rank = corr.rank;")
+    return "\n".join([(_SQL_DIR / "align_clocks.sql").read_text(), *updates,
+                      "UPDATE ranks SET clock_correction_ns = corr.ns FROM corr WHERE ranks.rank = corr.rank;",
+                      "DROP TABLE corr;"])

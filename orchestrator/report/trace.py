@@ -27,7 +27,8 @@ SELECT to_json({{name: 'thread_name', ph: 'M', pid: rank, tid: tid % {_GPU_TID},
                  args: {{name: 'CPU thread ' || (tid % {_GPU_TID})}}}})
 FROM (SELECT DISTINCT rank, tid FROM nvtx)
 UNION ALL
-SELECT to_json({{name: short_name, cat: category, ph: 'X', pid: rank, tid: {_GPU_TID} + stream,
+SELECT to_json({{name: short_name, cat: CASE WHEN short_name LIKE 'nccl%' THEN 'comm' ELSE 'compute' END,
+                 ph: 'X', pid: rank, tid: {_GPU_TID} + stream,
                  ts: start / 1000.0, dur: ("end" - start) / 1000.0}}) FROM kernels
 UNION ALL
 SELECT to_json({{name: 'memcpy ' || kind, cat: 'memory', ph: 'X', pid: rank, tid: {_GPU_TID} + stream,

@@ -1,0 +1,159 @@
+"""The store's event tables, ONE home: per table its nsys source table, its columns and types,
+where each column comes from, and which columns sit on the shared clock.
+
+Everything else is generated from `TABLES`: the DDL and Arrow schema (schema.py), the probe's
+list of source tables and expected columns (probe.py), the SELECT per rank (extract.py), the
+staging -> store copy with its sanity filter and the clock alignment (schema.py). Adding a
+column or a table is one edit here (plus a special builder only when the SELECT is not a
+plain per-row mapping, as for NVTX depth).
+
+Column `how`:
+- `raw`: the first present source column of `src` (alternatives, older names last);
+- `time`: a timestamp, shifted onto the shared clock (+ the rank's offset) and by alignment;
+- `string`: a StringIds id, replaced by its text (NULL when StringIds is missing);
+- `text_or_string`: plain text in src[0], else the StringIds text of src[1] (NVTX);
+- `enum`: an integer mapped through `enum` (CUPTI enums are stable; the ENUM_* tables are
+  not always exported), `'unknown'` for other values;
+- `expr`: `expr` over the source row `x` (common SQLite/DuckDB dialect), when all `src` exist;
+- `builder`: filled by the table's special builder in extract.py.
+Classification (comm vs compute) is NOT stored: analysis derives it from names, so changing
+it never needs a new collect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+STORE_VERSION = 2  # 2: kernels.category dropped; osrt, threads, sync added; ranks.untraced
+
+# OS runtime calls shorter than this are not stored: a training process makes tens of
+# thousands of microsecond calls (non-blocking accept/stat/ioctl polls) that would double the
+# ingest, while the waits that matter (pthread_cond_wait, poll, read for a batch) are long.
+# nsys itself drops calls under 1 us. ORCH_OSRT_MIN_NS=0 keeps every call.
+_OSRT_ENV = os.environ.get("ORCH_OSRT_MIN_NS", "").strip()
+OSRT_MIN_NS = int(_OSRT_ENV) if _OSRT_ENV.isascii() and _OSRT_ENV.isdigit() and len(_OSRT_ENV) < 16 else 10_000
+
+# CUPTI enums.
+COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+             8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
+MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
+            5: "device static", 6: "managed static"}
+SYNC_TYPE = {0: "unknown", 1: "event_synchronize", 2: "stream_wait_event", 3: "stream_synchronize",
+             4: "context_synchronize"}
+
+
+@dataclass(frozen=True)
+class Col:
+    name: str
+    type: str  # DuckDB type
+    src: tuple[str, ...] = ()
+    how: str = "raw"
+    enum: Mapping[int, str] | None = None
+    expr: str = ""
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    source: str  # the nsys table
+    columns: tuple[Col, ...]
+    doc: str
+    noted: bool = True  # a missing source table is a note on the rank (False: a trace option was off)
+    builder: str = "plain"  # plain | nvtx | gpu_metrics | threads
+    # The FROM item for the source, when it is not the table itself ({s}: schema prefix).
+    from_sql: str = ""
+    extra_expected: tuple[str, ...] = field(default=())  # source columns the builder needs
+    where: str = ""  # row filter over the source row `x` (rows that end before they start always pass,
+    # so that finalize counts them)
+
+    @property
+    def store_columns(self) -> list[tuple[str, str]]:
+        return [("rank", "INTEGER")] + [(c.name, c.type) for c in self.columns]
+
+    @property
+    def shifted(self) -> list[str]:
+        """Columns on the shared clock: moved by the rank offset and by --align-clocks."""
+        return [c.name for c in self.columns if c.how == "time"]
+
+    @property
+    def has_duration(self) -> bool:
+        return {"start", "end"} <= set(self.shifted)
+
+    @property
+    def expected(self) -> list[tuple[str, ...]]:
+        """Source columns (alternatives grouped) a present source table should have."""
+        groups = [c.src for c in self.columns if c.src and c.how != "expr"]
+        groups += [c.src for c in self.columns if c.how == "expr"]
+        return groups + [(x,) for x in self.extra_expected]
+
+
+def _t(name: str, src: str) -> Col:
+    return Col(name, "BIGINT", (src,), "time")
+
+
+_DEV = (Col("device", "INTEGER", ("deviceId",)), Col("stream", "BIGINT", ("streamId",)),
+        Col("correlation_id", "BIGINT", ("correlationId",)))
+
+TABLES: dict[str, Table] = {t.name: t for t in (
+    Table("kernels", "CUPTI_ACTIVITY_KIND_KERNEL", (
+        _t("start", "start"), _t("end", "end"), *_DEV,
+        Col("short_name", "VARCHAR", ("shortName",), "string"),
+        Col("name", "VARCHAR", ("demangledName",), "string"),
+    ), "GPU kernels; NCCL kernels are those whose short_name starts with `nccl`"),
+    Table("memcpy", "CUPTI_ACTIVITY_KIND_MEMCPY", (
+        _t("start", "start"), _t("end", "end"), *_DEV,
+        Col("kind", "VARCHAR", ("copyKind",), "enum", COPY_KIND),
+        Col("bytes", "BIGINT", ("bytes",)),
+        Col("src_kind", "VARCHAR", ("srcKind",), "enum", MEM_KIND),
+        Col("dst_kind", "VARCHAR", ("dstKind",), "enum", MEM_KIND),
+    ), "memory copies"),
+    Table("memset", "CUPTI_ACTIVITY_KIND_MEMSET", (
+        _t("start", "start"), _t("end", "end"), *_DEV, Col("bytes", "BIGINT", ("bytes",)),
+    ), "memsets"),
+    Table("cuda_api", "CUPTI_ACTIVITY_KIND_RUNTIME", (
+        _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
+        Col("correlation_id", "BIGINT", ("correlationId",)),
+        Col("name", "VARCHAR", ("nameId",), "string"),
+    ), "CUDA runtime calls (cudaLaunchKernel, cudaStreamSynchronize, ...)"),
+    Table("nvtx", "NVTX_EVENTS", (
+        _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
+        Col("domain_id", "BIGINT", ("domainId",), "builder"),
+        Col("domain", "VARCHAR", (), "builder"),
+        Col("text", "VARCHAR", ("text", "textId"), "text_or_string"),
+        Col("depth", "INTEGER", (), "builder"),
+    ), "NVTX push/pop and start/end ranges with their nesting depth per (thread, domain)",
+        builder="nvtx", extra_expected=("eventType",)),
+    Table("gpu_metrics", "GPU_METRICS", (
+        _t("start", "timestamp"),
+        Col("gpu", "INTEGER", ("typeId",), "expr", expr="CAST(x.typeId % 256 AS INTEGER)"),
+        Col("metric", "VARCHAR", (), "builder"),
+        Col("value", "BIGINT", ("value",)),
+    ), "GPU metrics samples, long format", noted=False, builder="gpu_metrics",
+        extra_expected=("metricId",)),
+    Table("osrt", "OSRT_API", (
+        _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
+        Col("name", "VARCHAR", ("nameId",), "string"),
+        Col("return_value", "BIGINT", ("returnValue",)),
+    ), "OS runtime calls (pthread_cond_wait, poll, read, ...) of at least OSRT_MIN_NS, when traced (-t osrt)",
+        noted=False, where=f'x."end" - x."start" >= {OSRT_MIN_NS} OR x."end" < x."start"'),
+    Table("threads", "ThreadNames", (
+        Col("tid", "BIGINT", ("globalTid",)),
+        Col("pid", "BIGINT", ("globalTid",), "expr", expr="(x.globalTid >> 24) & 16777215"),
+        Col("os_tid", "BIGINT", ("globalTid",), "expr", expr="x.globalTid & 16777215"),
+        Col("name", "VARCHAR", ("nameId",), "string"),
+        Col("process", "VARCHAR", (), "builder"),
+    ), "thread names (one row per thread) and their process names", noted=False, builder="threads",
+        # One row per thread: a renamed thread keeps its latest name (the higher string id).
+        from_sql="(SELECT globalTid, max(nameId) AS nameId FROM {s}ThreadNames GROUP BY globalTid)"),
+    Table("sync", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", (
+        _t("start", "start"), _t("end", "end"), *_DEV,
+        Col("sync_type", "VARCHAR", ("syncType", "deprecatedSyncType"), "enum", SYNC_TYPE),
+    ), "CUDA synchronizations; the calling thread is cuda_api.tid of the same correlation_id",
+        noted=False),
+)}
+
+# Source tables of the event tables, by store table (the probe's list).
+EVENT_TABLES: dict[str, str] = {t.name: t.source for t in TABLES.values()}

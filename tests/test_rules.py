@@ -26,11 +26,17 @@ def test_registry_one_rule_per_module() -> None:
         assert rule.__doc__ or importlib.import_module(f"orchestrator.analyze.rules.{m}").__doc__
 
 
-def test_data_loader_stall_threshold() -> None:
-    ctx = context([rank(0, gaps_by_range_ms={"data_load": 6.0}), rank(1, gaps_by_range_ms={"data_load": 4.0})])
+def test_data_loader_stall_threshold_and_cpu_state() -> None:
+    gap_cpu = [{"rank": 0, "range_group": "between steps (input pipeline)", "call": "pthread_cond_wait", "ns": 4e6},
+               {"rank": 0, "range_group": "between steps (input pipeline)", "call": None, "ns": 2e6}]
+    ctx = context([rank(0, gaps_by_range_ms={"between steps (input pipeline)": 6.0}),
+                   rank(1, gaps_by_range_ms={"data_load": 4.0})], {"gap_cpu": gap_cpu})
     (f,) = _run("data_loader_stall", ctx)
     assert f.ranks == [0] and f.cost_ms == 6.0 and f.severity == "medium"
-    assert f.evidence == ["rank 0: GPU idle 6.0 ms inside data-loading ranges (6.0% of its window)"]
+    assert f.evidence == [
+        "rank 0: GPU idle 6.0 ms inside data-loading ranges or between steps (6.0% of its window)",
+        "rank 0's loop thread was in `pthread_cond_wait` for 67% of that idle time: blocked waiting (e.g. on the "
+        "DataLoader workers' queue or a lock)"]
 
 
 def test_cpu_gap_ignores_data_ranges() -> None:
@@ -75,12 +81,14 @@ def test_straggler_cause_and_victims() -> None:
         {"root_blame": [{"root": 1, "caused_ns": 45_000_000, "n_waits": 10, "victims": [0], "vias": None,
                          "max_hops": 0}],
          "root_busy": [{"rank": 1, "wait_ns": 45_000_000, "busy_ns": 2_000_000}],
+         "root_cpu": [{"rank": 1, "call": "read", "ns": 30_000_000}],
          "root_context": [{"rank": 1, "range_group": "data_load", "ns": 40_000_000}]},
         stragglers=[Straggler(rank=1, late_count=10, collectives=10, group_size=2, wait_caused_ms=45.0,
                               median_lateness_ms=4.5, share_of_window_pct=45.0, p_value=0.001)])
     (f,) = _run("straggler", ctx)
     assert f.ranks == [1] and f.victims == [0] and "`data_load`" in f.title and f.severity == "high"
-    assert "GPU sat idle for 40.0 ms (89% of the wait)" in f.evidence[-1]
+    assert "GPU sat idle for 40.0 ms (89% of the wait)" in f.evidence[-2]
+    assert f.evidence[-1] == "its loop thread was in `read` for 67% of that time (OS runtime trace)"
 
 
 def test_straggler_blames_the_root_not_the_last_arriver() -> None:
@@ -92,6 +100,7 @@ def test_straggler_blames_the_root_not_the_last_arriver() -> None:
         {"root_blame": [{"root": 0, "caused_ns": 40_000_000, "n_waits": 20, "victims": [1, 2], "vias": [3],
                          "max_hops": 1}],
          "root_busy": [{"rank": 0, "wait_ns": 20_000_000, "busy_ns": 1_000_000}],
+         "root_cpu": [{"rank": 9, "call": "read", "ns": 1}],
          "root_context": [{"rank": 0, "range_group": "fetch batch", "ns": 18_000_000}]},
         stragglers=[Straggler(rank=3, late_count=10, collectives=10, group_size=2, wait_caused_ms=20.0,
                               median_lateness_ms=2.0, share_of_window_pct=20.0, p_value=0.001)])

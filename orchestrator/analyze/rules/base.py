@@ -10,7 +10,7 @@ see their findings (e.g. `healthy`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -29,6 +29,36 @@ CPU_GAP_FIX = (
     "The GPU idles while the CPU runs this range: move the work off the critical path "
     "(overlap it with GPU work, do it asynchronously or less often) or make it faster."
 )
+
+
+# What an OS runtime call the loop thread sat in says about the CPU side.
+_CALL_MEANING = [
+    (re.compile(r"pthread_cond|poll|select|epoll|sem_wait|futex|recv|accept", re.I),
+     "blocked waiting (e.g. on the DataLoader workers' queue or a lock)"),
+    (re.compile(r"^(p?read|fread|open|stat|lseek)", re.I), "reading files"),
+    (re.compile(r"sleep", re.I), "sleeping"),
+]
+
+
+def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | None:
+    """One evidence line: what the rank's loop thread did during its GPU gaps in the range
+    groups `groups` accepts (view gap_cpu, from the OS runtime trace), or None when the OS
+    runtime was not traced or nothing was found."""
+    rows = [r for r in ctx.views.rows("gap_cpu") if r["rank"] == rank and groups(r["range_group"])]
+    total = sum(r["ns"] for r in rows)
+    if not total:
+        return None
+    calls: dict[str | None, float] = {}
+    for r in rows:
+        calls[r["call"]] = calls.get(r["call"], 0) + r["ns"]
+    top, ns = max(calls.items(), key=lambda kv: (kv[1], kv[0] or ""))
+    share = round(100 * ns / total)
+    if top is None:
+        return (f"rank {rank}'s loop thread was running on the CPU ({share}% of that idle time, no blocking OS "
+                "call): the loop itself does the work (e.g. DataLoader num_workers=0, decoding or augmentation "
+                "in the training process)")
+    meaning = next((m for rx, m in _CALL_MEANING if rx.search(top)), "in an OS call")
+    return f"rank {rank}'s loop thread was in `{top}` for {share}% of that idle time: {meaning}"
 
 
 def ns_to_ms(ns: float | int | None) -> float:

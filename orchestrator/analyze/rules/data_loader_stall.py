@@ -6,13 +6,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import DATA_LOADER_FIX, DATA_RANGE, Context, Rule, finding
+from orchestrator.analyze.rules.base import DATA_LOADER_FIX, DATA_RANGE, Context, Rule, cpu_state, finding
 
 
 @dataclass
 class DataLoaderStall(Rule):
     kind = "data_loader_stall"
-    reads = ("gap_attr",)
+    reads = ("gap_attr", "gap_cpu")
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = 0.05
 
@@ -27,11 +27,15 @@ class DataLoaderStall(Rule):
         if not stall:
             return []
         worst = max(100 * ms / win[rk] for rk, ms in stall.items())
-        return [finding(
-            self.kind, stall, "GPU idle while waiting for input data",
-            [f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges "
-             f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(stall.items())],
-            DATA_LOADER_FIX, max(stall.values()), pct=worst)]
+        evidence = []
+        for rk, ms in sorted(stall.items()):
+            evidence.append(f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges or between steps "
+                            f"({round(100 * ms / win[rk], 1)}% of its window)")
+            state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
+            if state:
+                evidence.append(state)
+        return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence,
+                        DATA_LOADER_FIX, max(stall.values()), pct=worst)]
 
 
 RULE = DataLoaderStall()

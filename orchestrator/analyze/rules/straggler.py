@@ -19,7 +19,7 @@ NO_CAUSE_FIX = ("No CPU-side cause is visible. Compare rank {rk}'s kernel times 
 @dataclass
 class Straggler(Rule):
     kind = "straggler"
-    reads = ("root_blame", "root_context", "root_busy", "stragglers", "rank_metrics")
+    reads = ("root_blame", "root_context", "root_busy", "root_cpu", "stragglers", "rank_metrics")
     # A CPU range is named as the cause when the root rank's GPU idled in it for at least this
     # share of the time the others waited for it.
     cause_share: float = 0.3
@@ -47,6 +47,11 @@ class Straggler(Rule):
                 evidence.append(f"rank {via} {late}was itself waiting for rank {rk} (point-to-point or "
                                 "collective) most of that time: a victim, not the cause")
             cause = self._cause(ctx, rk, busy.get(rk), evidence)
+            calls = sorted((c for c in ctx.views.rows("root_cpu") if c["rank"] == rk), key=lambda c: -c["ns"])
+            b_ms = ns_to_ms(busy[rk]["wait_ns"]) if rk in busy else 0.0
+            if calls and b_ms and ns_to_ms(calls[0]["ns"]) >= 0.2 * b_ms:
+                evidence.append(f"its loop thread was in `{calls[0]['call']}` for "
+                                f"{round(100 * ns_to_ms(calls[0]['ns']) / b_ms)}% of that time (OS runtime trace)")
             if cause and DATA_RANGE.search(cause):
                 fix = f"Rank {rk} is late because its `{cause}` is slow: " + DATA_LOADER_FIX
             elif cause:

@@ -5,13 +5,14 @@
 -- for another rank during most of [s, e], the wait is passed on to that rank, hop by hop (a
 -- stage-1 rank that reaches its DP all-reduce last only because it waited for its p2p input
 -- from a slow stage-0 rank passes the blame to that stage-0 rank).
--- Reads: nccl_waits, gap_attr, islands. Provides:
+-- Reads: nccl_waits, gap_attr, islands, loop_thread, osrt. Provides:
 --   blame_edges(victim, via, root, s, e, ns, hops)   each collective wait, the rank it waited
 --       for (via), the rank it is blamed on (root) and the interval of the last hop (when the
 --       root was late, on the root's own timeline)
 --   root_blame(root, caused_ns, n_waits, victims, vias, max_hops)
 --   root_context(rank, range_group, ns)   the root's GPU gaps by CPU range while it was late
 --   root_busy(rank, wait_ns, busy_ns)     how much of that time its GPU ran compute kernels
+--   root_cpu(rank, call, ns)              its loop thread's OS calls in that time
 -- A hop is taken when the culprit itself waited >= half of the interval it is blamed for.
 CREATE OR REPLACE TEMP TABLE blame_0 AS
 SELECT rank AS victim, waited_for AS via, waited_for AS root, s, e, e - s AS ns, 0 AS hops
@@ -61,3 +62,10 @@ FROM root_windows w
 JOIN (SELECT rank, sum(e - s) AS ns FROM root_windows GROUP BY rank) t USING (rank)
 LEFT JOIN islands i ON i.rank = w.rank AND i.cls = 'compute' AND i.s < w.e AND i.e > w.s
 GROUP BY w.rank;
+
+-- The root rank's loop thread in those windows: time in each OS call (OS runtime trace).
+CREATE OR REPLACE TEMP VIEW root_cpu AS
+SELECT w.rank, o.name AS call, sum(least(o."end", w.e) - greatest(o.start, w.s)) AS ns
+FROM root_windows w JOIN loop_thread l USING (rank)
+JOIN osrt o ON o.rank = w.rank AND o.tid = l.tid AND o.start < w.e AND o."end" > w.s
+GROUP BY ALL;

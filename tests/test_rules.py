@@ -148,3 +148,13 @@ def test_healthy_only_without_high_or_medium() -> None:
     assert _run("healthy", context([rank(0)], findings=[_run("cpu_gap", context(
         [rank(0, gaps_by_range_ms={"optimizer": 25.0})]))[0]])) == []
     assert found[0].evidence == ["GPU busy 97.0-99.0% of the window across ranks"]
+
+
+def test_gpu_underutilized_from_gpu_metrics() -> None:
+    busy_idle_sms = rank(0, compute_ms=80.0, sm_active_pct=20.0, tensor_active_pct=5.0)
+    full = rank(1, compute_ms=80.0, sm_active_pct=90.0)
+    unsampled = rank(2, compute_ms=80.0)
+    (f,) = _run("gpu_underutilized", context([busy_idle_sms, full, unsampled]))
+    assert f.ranks == [0] and f.cost_ms == 64.0 and f.severity == "high"
+    assert f.evidence == ["rank 0: compute kernels run 80% of the window, SMs active 20.0% on average, "
+                          "tensor cores 5.0% (GPU metrics)"]

@@ -159,6 +159,7 @@ class Report(_Model):
     cpu_phases: list[CpuPhase]
     gpu_activity: bool
     tables: StatsTables = Field(default_factory=StatsTables, description="nsys stats tables across ranks")
+    notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")
     findings: list[Finding] = Field(default_factory=list)
 
     def rank(self, rank: int) -> RankMetrics | None:

@@ -103,6 +103,15 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
                   step_source=step_source, per_rank=per_rank)
 
 
+def _notes(v: Views) -> list[str]:
+    notes = []
+    for o in v.rows("collector_overhead"):
+        notes.append(f"GPU metrics were sampled by rank(s) {', '.join(map(str, o['collectors']))} for their node: "
+                     f"median step {ns_to_ms(o['collector_median_ns'])} ms there vs {ns_to_ms(o['others_median_ns'])} "
+                     "ms on the other ranks (the difference includes any waiting for other ranks)")
+    return notes
+
+
 def build_report(store: Path, opts: Options) -> Report:
     con, v = analysis(store, opts)
     try:
@@ -131,6 +140,7 @@ def build_report(store: Path, opts: Options) -> Report:
             gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
             tables=build_tables(v, opts),
         )
+        report.notes = _notes(v)
         report.findings = find_all(Context(views=v, report=report, opts=opts))
         return report
     finally:

@@ -74,6 +74,8 @@ def print_report(report: Report, console: Console) -> None:
 
 
 def _print_tail(report: Report, console: Console) -> None:
+    for n in report.notes:
+        console.print(f"note: {plain(n)}", markup=False)
     for p in report.problems:
         style = "dim" if p.status == "partial" else "red"
         reason = plain(p.reason or "")

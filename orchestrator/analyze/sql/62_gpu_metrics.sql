@@ -1,10 +1,11 @@
 -- GPU metrics (nsys --gpu-metrics-devices) per rank over its window. One process per node
 -- samples every GPU of the node (orch's collector rank), so a rank's samples are the
 -- collector's rows for that rank's device, on the same host.
--- Reads: kernels, ranks, win, gpu_metrics. Provides:
+-- Reads: kernels, ranks, win, gpu_metrics, step_stats. Provides:
 --   rank_device(rank, device)            the GPU a rank's kernels ran on
 --   gpu_metric_rank(rank, metric, mean, n, collector)   mean of each sampled metric
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
+--   collector_overhead(collectors, collector_median_ns, others_median_ns)
 CREATE OR REPLACE TEMP TABLE rank_device AS
 SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
 
@@ -24,3 +25,13 @@ SELECT rank,
        round(max(CASE WHEN metric LIKE 'NVLink TX Requests User Data%' THEN mean END), 2) AS nvlink_tx_pct,
        max(n) AS n
 FROM gpu_metric_rank GROUP BY rank;
+
+-- The sampling collector's own cost: its median step time against the other ranks' median
+-- (sampling GPU metrics adds CPU work on that rank only).
+CREATE OR REPLACE TEMP VIEW collector_overhead AS
+WITH c AS (SELECT DISTINCT collector AS rank FROM gpu_metric_rank),
+s AS (SELECT st.rank, st.median_ns, st.rank IN (SELECT rank FROM c) AS is_collector FROM step_stats st)
+SELECT (SELECT list(rank ORDER BY rank) FROM c) AS collectors,
+       median(median_ns) FILTER (WHERE is_collector) AS collector_median_ns,
+       median(median_ns) FILTER (WHERE NOT is_collector) AS others_median_ns
+FROM s HAVING count(*) FILTER (WHERE is_collector) > 0 AND count(*) FILTER (WHERE NOT is_collector) > 0;

@@ -79,8 +79,8 @@ def _memory(v: Views) -> list[MemOpRow]:
 def _api(v: Views) -> list[ApiRow]:
     return [ApiRow(rank=r["rank"], api=r["api"], name=r["name"], tid=r["tid"], thread=r["thread"], role=r["role"],
                    **_dur(r), pct=round(r["pct"] or 0.0, 3))
-            for r in _top(v, "api_table", "name", TOP_CALLS, "x.api, x.rank, x.tid NULLS FIRST, x.total_ns DESC, x.name",
-                          part="api")]
+            for r in _top(v, "api_table", "name", TOP_CALLS,
+                          "x.api, x.rank, x.tid NULLS FIRST, x.total_ns DESC, x.name", part="api")]
 
 
 def _threads(v: Views) -> list[ThreadRow]:

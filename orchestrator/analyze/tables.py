@@ -22,9 +22,9 @@ from orchestrator.analyze.model_tables import (
     ThreadRow,
 )
 
-TOP_PHASES = 30  # range groups
+TOP_PHASES = 40  # range groups
 TOP_KERNELS = 25  # kernel names
-TOP_CALLS = 15  # call names per api
+TOP_CALLS = 20  # call names per api
 LOW_UTIL_PCT = 50.0  # nsys gpu-low-util's default threshold
 
 

@@ -1,6 +1,6 @@
 -- The nsys-stats tables across ranks, part 1: their scope, the cross-rank comparison, and the
 -- phase table (`nsys stats -r nvtx_sum` + `nvtx_gpu_proj_sum`, one row per rank and range group).
--- Reads: ranks, steps, first_step, win, nvtx, cuda_api, gpu_ops, params.
+-- Reads: ranks (all but missing), steps, first_step, win, nvtx, cuda_api, gpu_ops, params.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
 --       and the window `win` without steps); params.stats_scope = 'capture': everything (what
@@ -28,11 +28,11 @@ WITH sel AS (
     WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
 )
 SELECT r.rank,
-       CASE WHEN p.stats_scope = 'capture' THEN -4611686018427387904 ELSE coalesce(sel.s, w.w0) END AS s,
-       CASE WHEN p.stats_scope = 'capture' THEN 4611686018427387904 ELSE coalesce(sel.e, w.w1) END AS e,
+       CASE WHEN p.stats_scope = 'capture' THEN -1152921504606846976 ELSE coalesce(sel.s, w.w0) END AS s,
+       CASE WHEN p.stats_scope = 'capture' THEN 1152921504606846976 ELSE coalesce(sel.e, w.w1) END AS e,
        CASE WHEN p.stats_scope = 'capture' THEN NULL ELSE sel.n_steps END AS n_steps
 FROM ranks r CROSS JOIN params p LEFT JOIN sel USING (rank) LEFT JOIN win w USING (rank)
-WHERE r.status = 'ok' AND (p.stats_scope = 'capture' OR coalesce(sel.s, w.w0) IS NOT NULL);
+WHERE r.status <> 'missing' AND (p.stats_scope = 'capture' OR coalesce(sel.s, w.w0) IS NOT NULL);
 
 CREATE OR REPLACE TEMP TABLE stats_gpu AS
 SELECT c.rank,

@@ -35,10 +35,16 @@ UNION ALL
 SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end"
 FROM osrt o JOIN stats_cpu c USING (rank) WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
+-- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
+-- file name), else ranks.pid.
+CREATE OR REPLACE TEMP TABLE rank_pid AS
+SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
+FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
+
 CREATE OR REPLACE TEMP TABLE thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
-FROM threads t JOIN ranks r USING (rank)
+FROM threads t JOIN rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
 CREATE OR REPLACE TEMP TABLE api_table AS
@@ -76,7 +82,7 @@ WITH per AS (
                SELECT rank, cls, name, sum(e - s) AS tot FROM thread_blocked GROUP BY ALL) GROUP BY ALL),
    t AS (
     SELECT per.rank, per.tid, coalesce(n.thread, 'thread ' || per.tid) AS thread, coalesce(n.role, 'other') AS role,
-           CASE WHEN c.e - c.s > 4611686018427387904 THEN per.last_e - per.first_s ELSE c.e - c.s END AS span_ns,
+           CASE WHEN c.s <= -1152921504606846976 THEN per.last_e - per.first_s ELSE c.e - c.s END AS span_ns,
            coalesce(l.launch_ns, 0) AS launch_ns, per.sync_ns, per.wait_ns, coalesce(b.blocked_ns, 0) AS blocked_ns,
            c.n_steps, top.top_wait
     FROM per JOIN stats_cpu c USING (rank) LEFT JOIN thread_names n USING (rank, tid)

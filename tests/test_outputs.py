@@ -50,7 +50,8 @@ def test_html_renders_in_chromium(analyzed: dict[str, Path], tmp_path: Path) -> 
     need(chromium is not None, "chromium not installed (scripts/install_system_deps.sh)")
     html = analyzed["pp_imbalance"] / "r.html"
     text = html.read_text()
-    assert "<script" not in text and "http://" not in text and "https://" not in text  # self-contained
+    assert "<script src" not in text and "http://" not in text and "https://" not in text  # self-contained
+    assert text.count("<script") == 1  # only the tables' inline sort script
     p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                         "--disable-background-networking", "--disable-component-update", "--disable-sync",
                         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", html.as_uri()],

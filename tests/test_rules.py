@@ -158,3 +158,30 @@ def test_gpu_underutilized_from_gpu_metrics() -> None:
     assert f.ranks == [0] and f.cost_ms == 64.0 and f.severity == "high"
     assert f.evidence == ["rank 0: compute kernels run 80% of the window, SMs active 20.0% on average, "
                           "tensor cores 5.0% (GPU metrics)"]
+
+
+def test_sync_memcpy_and_memset() -> None:
+    rows = [{"rank": 0, "what": "memcpy", "n": 14, "api_ns": 7_000_000, "gpu_ns": 6_000_000, "bytes": 14 << 20,
+             "n_steps": 7, "top_api": "cudaMemcpy"},
+            {"rank": 1, "what": "memcpy", "n": 1, "api_ns": 100_000, "gpu_ns": 90_000, "bytes": 1 << 20,
+             "n_steps": 7, "top_api": "cudaMemcpy"},
+            {"rank": 1, "what": "memset", "n": 7, "api_ns": 2_000_000, "gpu_ns": 10_000, "bytes": 7 << 10,
+             "n_steps": 7, "top_api": "cudaMemset"}]
+    ctx = context([rank(0), rank(1)], {"sync_copies": rows})
+    (f,) = _run("sync_memcpy", ctx)  # rank 1's 0.1 ms is under min_share of its 100 ms window
+    assert f.ranks == [0] and f.severity == "medium" and f.cost_ms == 7.0
+    assert f.evidence == ["rank 0: 14 cudaMemcpy calls (2.0 per step), 14.0 MiB, CPU blocked 7.0 ms (GPU 6.0 ms)"]
+    (m,) = _run("sync_memset", ctx)
+    assert m.ranks == [1] and m.severity == "low" and m.kind == "sync_memset"
+
+
+def test_gpu_low_util_capped_when_explained() -> None:
+    slices = [{"rank": 0, "slice": i, "s": i * 3_000_000, "e": (i + 1) * 3_000_000,
+               "busy_ns": 300_000 if i < 10 else 3_000_000, "util_pct": 10.0 if i < 10 else 100.0} for i in range(30)]
+    slices += [{"rank": 1, "slice": i, "s": 0, "e": 3_000_000, "busy_ns": 3_000_000, "util_pct": 100.0}
+               for i in range(30)]
+    (f,) = _run("gpu_low_util", context([rank(0), rank(1)], {"gpu_slices": slices}))
+    assert f.ranks == [0] and f.cost_ms == 27.0 and f.severity == "high"  # 10 slices x 2.7 ms idle of 100 ms
+    explained = _run("cpu_gap", context([rank(0, gaps_by_range_ms={"optimizer": 25.0})]))
+    (g,) = _run("gpu_low_util", context([rank(0), rank(1)], {"gpu_slices": slices}, findings=explained))
+    assert g.severity == "low"

@@ -31,12 +31,18 @@ class Options:
     top_gaps: int = 10
     steps_from: str | None = None  # regex naming the NVTX ranges that are steps (overrides detection)
     microbatches: int | None = None  # pipeline microbatches per step, for the bubble's theory
+    tables: str = "phases"  # nsys-stats tables the terminal prints: phases | all (JSON/HTML always get all)
+    stats_scope: str = "window"  # window: the selected steps; capture: everything (what `nsys stats` sums)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.gap_ms, int | float) and math.isfinite(self.gap_ms) and self.gap_ms > 0):
             raise OrchError(f"--gap-ms {self.gap_ms}: use a positive number of milliseconds, e.g. --gap-ms 1")
         if self.microbatches is not None and self.microbatches < 1:
             raise OrchError(f"--microbatches {self.microbatches}: use a positive integer")
+        if self.tables not in ("phases", "all"):
+            raise OrchError(f"--tables {self.tables}: use phases or all")
+        if self.stats_scope not in ("window", "capture"):
+            raise OrchError(f"stats_scope {self.stats_scope!r}: use window or capture")
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -85,8 +91,8 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     lo, hi = opts.steps if opts.steps else (None, None)
     con.execute("CREATE OR REPLACE TEMP TABLE params AS SELECT CAST(? AS BIGINT) AS gap_ns, "
                 "CAST(? AS INTEGER) AS step_lo, CAST(? AS INTEGER) AS step_hi, CAST(? AS VARCHAR) AS steps_from, "
-                "CAST(? AS INTEGER) AS microbatches",
-                [int(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches])
+                "CAST(? AS INTEGER) AS microbatches, CAST(? AS VARCHAR) AS stats_scope",
+                [int(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope])
     for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
         con.execute(f.read_text())
 

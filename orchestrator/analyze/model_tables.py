@@ -1,11 +1,145 @@
-"""The `nsys stats` / `nsys analyze` tables across ranks, as typed models (Report.tables)."""
+"""The `nsys stats` / `nsys analyze` tables across ranks, as typed models (Report.tables).
+
+One row per rank and item, so that 8 or 800 ranks read side by side; the cross-rank columns
+(`*_median_*`, `outlier`) say which rank stands out. Times are ms with ns precision (6
+decimals): the tables are checked against NVIDIA's own `nsys stats` numbers, in ns.
+Definitions: analyze/sql/92_phases.sql .. 99_nsys_rules.sql (one header per table).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Durations(_Row):
+    """nsys's summary columns (count, total, mean, median, min, max) plus per step."""
+
+    count: int
+    total_ms: float
+    mean_ms: float
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    std_ms: float = Field(description="sample standard deviation, as nsys's StdDev")
+    per_step_ms: float | None = Field(None, description="total / selected steps (None without steps)")
+
+
+class PhaseRow(_Durations):
+    rank: int
+    range: str = Field(description="NVTX range group (range_group; `DOMAIN:` prefix outside the default domain)")
+    gpu_ms: float = Field(description="GPU time projected onto the range: union of the GPU ops whose CUDA "
+                                      "launch started inside one of its instances on the same thread")
+    gpu_per_step_ms: float | None = None
+    gpu_ops: int = Field(description="GPU ops launched inside the instances (nvtxgpuproj NumGPUOps, summed)")
+    gpu_span_ms: float = Field(description="sum over instances of [first op start, last op end] "
+                                           "(nvtxgpuproj's projected duration)")
+    cpu_median_ms: float = Field(description="cross-rank median of per_step_ms (total_ms without steps)")
+    gpu_median_ms: float = Field(description="cross-rank median of gpu_per_step_ms (gpu_ms without steps)")
+    cpu_outlier: bool = Field(description="above the other ranks' median by > 3 MAD, > 10 % and > 1 ms")
+    gpu_outlier: bool
+
+
+class KernelRow(_Durations):
+    rank: int
+    name: str = Field(description="demangled kernel name (nsys groups by it, and by grid/block)")
+    short_name: str
+    cls: Literal["compute", "communication", "memory"]
+    pct: float = Field(description="share of the rank's kernel time")
+    median_total_ms: float = Field(description="cross-rank median of per_step_ms (total_ms without steps)")
+    min_total_ms: float
+    max_total_ms: float
+    ranks: int = Field(description="ranks that ran this kernel")
+    outlier: bool
+
+
+class MemOpRow(_Durations):
+    rank: int
+    op: str = Field(description="HtoD, DtoH, DtoD, memset, ... (nsys: `[CUDA memcpy HtoD]`)")
+    host_kind: str = Field(description="host memory: pageable / pinned / managed; device; `all` = the op's total")
+    mb: float = Field(description="MB moved (10^6 bytes, as nsys)")
+    mean_mb: float
+    median_mb: float
+    min_mb: float
+    max_mb: float
+    pct: float = Field(description="share of the rank's memory-op time")
+    median_total_ms: float
+    outlier: bool
+
+
+class ApiRow(_Durations):
+    rank: int
+    api: Literal["cuda", "osrt"]
+    name: str = Field(description="call name; CUDA names without nsys's `_vNNNN` suffix")
+    tid: int | None = Field(None, description="None: all threads (nsys's row); else this thread's share")
+    thread: str | None = None
+    role: str | None = None
+    pct: float = Field(description="share of the rank's time in this api (cuda or osrt), all threads")
+
+
+class ThreadRow(_Row):
+    rank: int
+    tid: int
+    thread: str = Field(description="thread name as nsys names it, with the OS thread id")
+    role: str = Field(description="main / autograd / nccl / cuda / data worker / other")
+    span_ms: float
+    launch_ms: float = Field(description="in non-blocking CUDA calls (launches, async copies)")
+    sync_ms: float = Field(description="in blocking CUDA calls (synchronize, cudaMemcpy)")
+    wait_ms: float = Field(description="in blocking OS calls (pthread_cond_wait, poll, ...)")
+    blocked_ms: float = Field(description="union of sync and wait time")
+    blocked_per_step_ms: float | None = None
+    blocked_pct: float | None = None
+    launch_pct: float | None = None
+    top_wait: str | None = Field(None, description="the blocking call it spent most time in")
+
+
+class SyncCopy(_Row):
+    rank: int
+    what: Literal["memcpy", "memset"]
+    count: int
+    api_ms: float = Field(description="CPU time blocked in the calls")
+    gpu_ms: float
+    mb: float
+    per_step: float | None = None
+    top_api: str
+
+
+class SyncApi(_Row):
+    rank: int
+    name: str
+    count: int
+    ms: float
+    max_ms: float
+    per_step: float | None = None
+
+
+class GpuSlice(_Row):
+    rank: int
+    slice: int = Field(description="0..29 across the rank's GPU span")
+    start_ms: float
+    ms: float
+    util_pct: float = Field(description="union of GPU ops in the slice / slice length")
 
 
 class StatsTables(BaseModel):
     """Per-rank tables side by side (filled by analyze/tables.py)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["window", "capture"] = Field(
+        "window", description="window: the selected steps (CPU tables: span of the steps; GPU tables: the "
+                              "window); capture: everything, as `nsys stats`")
+    shown: Literal["phases", "all"] = Field("phases", description="what the terminal printed (--tables)")
+    phases: list[PhaseRow] = []
+    kernels: list[KernelRow] = []
+    memory: list[MemOpRow] = []
+    api: list[ApiRow] = []
+    threads: list[ThreadRow] = []
+    sync_copies: list[SyncCopy] = []
+    sync_apis: list[SyncApi] = []
+    low_util_slices: list[GpuSlice] = Field([], description="GPU slices under 50 % busy (nsys gpu-low-util)")

@@ -55,7 +55,7 @@ def _options(a: argparse.Namespace) -> Options:
     from orchestrator.analyze.engine import Options, check_regex, parse_steps
 
     return Options(gap_ms=a.gap_ms, steps=parse_steps(a.steps), steps_from=check_regex(a.steps_from),
-                   microbatches=a.microbatches)
+                   microbatches=a.microbatches, tables=a.tables)
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -165,6 +165,9 @@ def report_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-from", metavar="REGEX",
                    help="NVTX ranges whose name matches REGEX are the steps (default: detected)")
     p.add_argument("--microbatches", type=int, help="pipeline microbatches per step (for the bubble's theory)")
+    p.add_argument("--tables", choices=("phases", "all"), default="phases",
+                   help="nsys-stats tables in the terminal: phases (default) or all (kernels, memory ops, "
+                        "CUDA API/OS runtime, threads); JSON and HTML always carry all")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:

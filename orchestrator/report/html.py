@@ -1,4 +1,4 @@
-"""One self-contained HTML file (inline SVG and CSS, no scripts, no network).
+"""One self-contained HTML file (inline SVG, CSS and the tables' sort script, no network).
 
 Plots: per-rank stacked bars (compute / exposed NCCL transfer / NCCL waiting for another rank /
 other GPU work / idle), a rank x step
@@ -11,6 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from orchestrator.analyze.model import Report
+from orchestrator.report.tables_html import stats_html
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
@@ -119,6 +120,7 @@ def render_html(report: Report) -> str:
 {f'<h2>Problems</h2><ul id="problems">{problems}</ul>' if problems else ''}
 <h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>
 <th>evidence</th><th>fix</th></tr>{f_rows}</table>
+{stats_html(report)}
 <h2>Per-rank GPU time</h2>{rank_bars(report)}
 <h2>Step time per rank</h2>{step_heatmap(report)}
 <h2>Stages</h2>{stage_bars(report)}

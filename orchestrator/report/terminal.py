@@ -8,6 +8,7 @@ from rich.table import Table
 
 from orchestrator.analyze.model import Report
 from orchestrator.report.safe import cell, plain
+from orchestrator.report.tables_terminal import print_tables
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 
@@ -89,3 +90,4 @@ def _print_tail(report: Report, console: Console) -> None:
         for e in f.evidence:
             console.print(f"   - {plain(e)}", markup=False)
         console.print(f"   fix: {plain(f.fix)}", markup=False)
+    print_tables(report, console)

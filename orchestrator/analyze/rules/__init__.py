@@ -26,7 +26,10 @@ def registry() -> list[Rule]:
 
 
 def rank_findings(found: list[Finding]) -> list[Finding]:
-    return sorted(found, key=lambda f: (SEVERITY_ORDER[f.severity], -f.cost_ms))
+    """By severity; within one severity causes before symptoms (a rule with `symptom = True`
+    says WHEN the GPU starves, the others say why), then by cost."""
+    symptoms = {r.kind for r in registry() if r.symptom}
+    return sorted(found, key=lambda f: (SEVERITY_ORDER[f.severity], f.kind in symptoms, -f.cost_ms))
 
 
 def find_all(ctx: Context) -> list[Finding]:
@@ -36,4 +39,7 @@ def find_all(ctx: Context) -> list[Finding]:
     ctx.findings = rank_findings(ctx.findings)
     for rule in (r for r in rules if r.final):
         ctx.findings.extend(rule.evaluate(ctx))
+    # Final rules' findings take their place by severity and cost too; `healthy` (info, no
+    # cost) stays after everything it summarises.
+    ctx.findings = sorted(rank_findings(ctx.findings), key=lambda f: f.kind == "healthy")
     return ctx.findings

@@ -4,7 +4,8 @@ A rule is one module in this package defining `RULE`, an instance of a `Rule` su
 thresholds are documented dataclass fields. It reads named views (`ctx.views.rows("...")`,
 listed in `reads`) and the metrics already in the report (`ctx.report`), and returns zero or
 more `Finding`s built with `finding(...)`. Rules with `final = True` run after the others and
-see their findings (e.g. `healthy`).
+see their findings (e.g. `healthy`); rules with `symptom = True` rank after the causes of the
+same severity.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Rule:
     kind: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()
     final: ClassVar[bool] = False
+    symptom: ClassVar[bool] = False  # names when/where time is lost, not why: ranked after causes
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         raise NotImplementedError

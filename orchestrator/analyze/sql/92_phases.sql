@@ -1,0 +1,94 @@
+-- The nsys-stats tables across ranks, part 1: their scope, the cross-rank comparison, and the
+-- phase table (`nsys stats -r nvtx_sum` + `nvtx_gpu_proj_sum`, one row per rank and range group).
+-- Reads: ranks (all but missing), steps, first_step, win, nvtx, cuda_api, gpu_ops, params.
+-- Provides:
+--   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
+--       and the window `win` without steps); params.stats_scope = 'capture': everything (what
+--       `nsys stats` sums, used to check orch against it)
+--   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
+--   loo_ref(tbl)   table macro over (rank, key, x): per rank and key, the median and MAD of the
+--       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other)
+--   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
+--   phase_inst(rank, tid, start, end, grp)  NVTX ranges starting inside stats_cpu; grp =
+--       `DOMAIN:` (non-default domains, as nsys names them) || range_group(text)
+--   phase_ops(rank, cls, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
+--       each range instance: the range's projection onto the GPU
+--   phase_table(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
+--       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns, cpu_median_ns, gpu_median_ns,
+--       cpu_outlier, gpu_outlier)
+--       gpu_ns = union of the projected ops per (rank, grp) (nested same-group ranges and
+--       concurrent streams counted once); gpu_span_ns = sum over instances of [first op start,
+--       last op end] (what nvtxgpuproj calls the projected duration); *_median_ns = cross-rank
+--       median of the per-step value (total without steps)
+
+CREATE OR REPLACE TEMP TABLE stats_cpu AS
+WITH sel AS (
+    SELECT s.rank, min(s.start) AS s, max(s."end") AS e, count(*) AS n_steps
+    FROM steps s JOIN first_step f USING (rank), params p
+    WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
+)
+SELECT r.rank,
+       CASE WHEN p.stats_scope = 'capture' THEN -1152921504606846976 ELSE coalesce(sel.s, w.w0) END AS s,
+       CASE WHEN p.stats_scope = 'capture' THEN 1152921504606846976 ELSE coalesce(sel.e, w.w1) END AS e,
+       CASE WHEN p.stats_scope = 'capture' THEN NULL ELSE sel.n_steps END AS n_steps
+FROM ranks r CROSS JOIN params p LEFT JOIN sel USING (rank) LEFT JOIN win w USING (rank)
+WHERE r.status <> 'missing' AND (p.stats_scope = 'capture' OR coalesce(sel.s, w.w0) IS NOT NULL);
+
+CREATE OR REPLACE TEMP TABLE stats_gpu AS
+SELECT c.rank,
+       CASE WHEN p.stats_scope = 'capture' THEN c.s ELSE coalesce(w.w0, c.s) END AS s,
+       CASE WHEN p.stats_scope = 'capture' THEN c.e ELSE coalesce(w.w1, c.e) END AS e, c.n_steps
+FROM stats_cpu c CROSS JOIN params p LEFT JOIN win w USING (rank);
+
+CREATE OR REPLACE TEMP MACRO loo_ref(tbl) AS TABLE
+WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
+pairs AS (SELECT a.rank, a.key, b.x FROM t a JOIN t b ON a.key = b.key AND a.rank <> b.rank),
+med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key)
+SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
+FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key;
+
+CREATE OR REPLACE TEMP MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
+    x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);
+
+CREATE OR REPLACE TEMP TABLE phase_inst AS
+SELECT n.rank, n.tid, n.start, n."end",
+       CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END
+           || range_group(n.text) AS grp
+FROM nvtx n JOIN stats_cpu c USING (rank)
+WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e;
+
+CREATE OR REPLACE TEMP TABLE phase_ops AS
+SELECT p.rank, p.grp AS cls, o.start AS s, o."end" AS e, p.tid, p.start AS inst
+FROM phase_inst p
+JOIN cuda_api a ON a.rank = p.rank AND a.tid = p.tid AND a.start >= p.start AND a.start < p."end"
+JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
+WHERE a.correlation_id IS NOT NULL;
+
+CREATE OR REPLACE TEMP TABLE phase_table AS
+WITH cpu AS (
+    SELECT p.rank, p.grp, count(*) AS n, sum(p."end" - p.start) AS total_ns, avg(p."end" - p.start) AS mean_ns,
+           median(p."end" - p.start) AS med_ns, min(p."end" - p.start) AS min_ns, max(p."end" - p.start) AS max_ns,
+           coalesce(stddev_samp(p."end" - p.start), 0) AS std_ns, any_value(c.n_steps) AS n_steps
+    FROM phase_inst p JOIN stats_cpu c USING (rank) GROUP BY p.rank, p.grp
+), gpu AS (
+    SELECT rank, cls AS grp, sum(e - s) AS gpu_ns FROM union_intervals('phase_ops') GROUP BY ALL
+), inst AS (
+    SELECT rank, cls AS grp, sum(n) AS gpu_ops, sum(span) AS gpu_span_ns FROM (
+        SELECT rank, cls, count(*) AS n, max(e) - min(s) AS span FROM phase_ops GROUP BY rank, cls, tid, inst)
+    GROUP BY ALL
+), t AS (
+    SELECT cpu.*, cpu.total_ns / cpu.n_steps AS per_step_ns, coalesce(gpu.gpu_ns, 0) AS gpu_ns,
+           coalesce(gpu.gpu_ns, 0) / cpu.n_steps AS gpu_per_step_ns, coalesce(inst.gpu_ops, 0) AS gpu_ops,
+           coalesce(inst.gpu_span_ns, 0) AS gpu_span_ns
+    FROM cpu LEFT JOIN gpu USING (rank, grp) LEFT JOIN inst USING (rank, grp)
+), xc AS (SELECT rank, grp AS key, coalesce(per_step_ns, total_ns) AS x FROM t),
+   xg AS (SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t),
+   rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg')),
+   med AS (SELECT grp, median(coalesce(per_step_ns, total_ns)) AS cpu_median_ns,
+                  median(coalesce(gpu_per_step_ns, gpu_ns)) AS gpu_median_ns FROM t GROUP BY grp)
+SELECT t.*, med.cpu_median_ns, med.gpu_median_ns,
+       is_outlier(coalesce(t.per_step_ns, t.total_ns), rc.ref_med, rc.ref_mad) AS cpu_outlier,
+       is_outlier(coalesce(t.gpu_per_step_ns, t.gpu_ns), rg.ref_med, rg.ref_mad) AS gpu_outlier
+FROM t JOIN med USING (grp)
+LEFT JOIN rc ON rc.rank = t.rank AND rc.key = t.grp
+LEFT JOIN rg ON rg.rank = t.rank AND rg.key = t.grp;

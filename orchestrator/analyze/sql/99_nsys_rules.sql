@@ -1,0 +1,59 @@
+-- The `nsys analyze` rules orch did not have, across ranks (pageable async memcpy and sync
+-- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql).
+-- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, is_sync_api. Provides:
+--   sync_copies(rank, what, n, api_ns, gpu_ns, bytes, n_steps, top_api)  per rank, what =
+--       `memcpy`: cudaMemcpy* calls without Async whose copy is not a small (<= 64000 B) HtoD and
+--       not device-to-device (nsys cuda-sync-memcpy); `memset`: cudaMemset* calls without Async
+--       with a memset (nsys cuda-sync-memset also requires pinned/managed memory, which the store
+--       does not keep); api_ns = time the CPU spent in the calls (the cost), gpu_ns = on the GPU
+--   sync_api_calls(rank, name, n, ns, max_ns, n_steps)  cudaDeviceSynchronize/StreamSynchronize
+--       and the other is_sync_api calls (nsys cuda-sync-api: the first two only)
+--   gpu_slices(rank, slice, s, e, busy_ns, util_pct)  nsys gpu-low-util per rank: the rank's
+--       GPU span inside stats_gpu ([first op start, last op end]) cut in 30 equal slices; busy =
+--       union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops up,
+--       so its in-use can pass 100 % and hide idle time)
+CREATE OR REPLACE TEMP TABLE sync_copies AS
+WITH c AS (
+    SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
+           m."end" - m.start AS gpu_ns, m.bytes
+    FROM cuda_api a JOIN stats_cpu s USING (rank)
+    JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemcpy%' AND a.name NOT LIKE '%Async%'
+      AND NOT (m.bytes <= 64000 AND m.kind = 'HtoD') AND m.kind <> 'DtoD'
+    UNION ALL
+    SELECT a.rank, 'memset', a.correlation_id, a.name, a."end" - a.start, m."end" - m.start, m.bytes
+    FROM cuda_api a JOIN stats_cpu s USING (rank)
+    JOIN memset m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemset%' AND lower(a.name) NOT LIKE '%async%'
+)
+SELECT c.rank, c.what, count(*) AS n, sum(c.api_ns) AS api_ns, sum(c.gpu_ns) AS gpu_ns, sum(c.bytes) AS bytes,
+       any_value(s.n_steps) AS n_steps, mode(regexp_replace(c.name, '_v\d+$', '')) AS top_api
+FROM c JOIN stats_cpu s USING (rank) GROUP BY c.rank, c.what;
+
+CREATE OR REPLACE TEMP TABLE sync_api_calls AS
+SELECT a.rank, regexp_replace(a.name, '_v\d+$', '') AS name, count(*) AS n, sum(a."end" - a.start) AS ns,
+       max(a."end" - a.start) AS max_ns, any_value(s.n_steps) AS n_steps
+FROM cuda_api a JOIN stats_cpu s USING (rank)
+WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_with(a.name, 'cudaMemcpy')
+  AND NOT starts_with(a.name, 'cuMemcpy')
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP TABLE slice_ops AS
+SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu g USING (rank)
+WHERE o."end" > g.s AND o.start < g.e;
+
+CREATE OR REPLACE TEMP TABLE gpu_slices AS
+WITH ops AS (SELECT * FROM slice_ops), span AS (
+    SELECT o.rank, greatest(min(o.start), any_value(g.s)) AS s0, least(max(o."end"), any_value(g.e)) AS s1
+    FROM ops o JOIN stats_gpu g USING (rank) GROUP BY o.rank
+), busy AS (
+    SELECT rank, s, e FROM union_intervals('slice_ops')
+), sl AS (
+    SELECT rank, i AS slice, s0 + (i * (s1 - s0)) // 30 AS s, s0 + ((i + 1) * (s1 - s0)) // 30 AS e
+    FROM span, range(30) r(i) WHERE s1 > s0
+)
+SELECT sl.rank, sl.slice, sl.s, sl.e,
+       coalesce(sum(greatest(0, least(b.e, sl.e) - greatest(b.s, sl.s))), 0) AS busy_ns,
+       100.0 * coalesce(sum(greatest(0, least(b.e, sl.e) - greatest(b.s, sl.s))), 0) / (sl.e - sl.s) AS util_pct
+FROM sl LEFT JOIN busy b ON b.rank = sl.rank AND b.e > sl.s AND b.s < sl.e
+GROUP BY sl.rank, sl.slice, sl.s, sl.e;

@@ -1,0 +1,81 @@
+"""The nsys-stats tables in the HTML report: every row of Report.tables, one row per rank and
+item, outlier cells highlighted, sortable by clicking a header (a few lines of inline JS, no
+network). Every trace-derived string goes through html.escape."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from pydantic import BaseModel
+
+from orchestrator.analyze.model import Report
+
+CSS = ("table.stats td.out{background:#ffcdd2;font-weight:bold}table.stats th{cursor:pointer;background:#eee}"
+       "table.stats td.num{text-align:right}details{margin:8px 0}")
+SORT_JS = """<script>
+document.querySelectorAll('table.stats th').forEach(function(th){th.onclick=function(){
+var t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,d=th.dataset.d=th.dataset.d==='a'?'d':'a';
+Array.from(b.rows).sort(function(x,y){var p=x.cells[i].textContent,q=y.cells[i].textContent,
+m=parseFloat(p),n=parseFloat(q),c=(isNaN(m)||isNaN(n))?p.localeCompare(q):m-n;return d==='a'?c:-c;})
+.forEach(function(r){b.appendChild(r);});};});
+</script>"""
+
+
+def _e(x: object) -> str:
+    return escape("" if x is None else str(x), quote=True)
+
+
+def _cell(v: Any, out: bool = False) -> str:
+    if isinstance(v, float):
+        return f'<td class="num{" out" if out else ""}">{v:.6g}</td>'
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f'<td class="num">{v}</td>'
+    return f'<td{" class=out" if out else ""}>{_e(v)}</td>'
+
+
+def _table(tid: str, rows: list[BaseModel], cols: list[str], flags: dict[str, str] | None = None) -> str:
+    """A sortable table of model rows; `flags` maps a column to the bool field marking it an outlier."""
+    if not rows:
+        return f'<p id="{tid}">none in the window</p>'
+    flags = flags or {}
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_cell(getattr(r, c), bool(flags.get(c) and getattr(r, flags[c])))
+                                     for c in cols) + "</tr>" for r in rows)
+    return f'<table class="stats" id="{tid}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+_DUR = ["count", "total_ms", "mean_ms", "median_ms", "min_ms", "max_ms", "per_step_ms"]
+
+
+def stats_html(report: Report) -> str:
+    """The phase table first (open), the others folded; all sortable."""
+    t = report.tables
+    phases = _table("phases", t.phases, ["rank", "range", *_DUR, "cpu_median_ms", "gpu_ms", "gpu_per_step_ms",
+                                         "gpu_median_ms", "gpu_ops"],
+                    {"per_step_ms": "cpu_outlier", "total_ms": "cpu_outlier", "gpu_ms": "gpu_outlier",
+                     "gpu_per_step_ms": "gpu_outlier"})
+    parts = [
+        ("kernels", "Kernels across ranks (cuda_gpu_kern_sum)",
+         _table("kernels", t.kernels, ["rank", "short_name", "cls", *_DUR, "pct", "median_total_ms", "min_total_ms",
+                                       "max_total_ms"], {"total_ms": "outlier", "per_step_ms": "outlier"})),
+        ("memory", "Memory operations across ranks (cuda_gpu_mem_time_sum / cuda_gpu_mem_size_sum)",
+         _table("memory", t.memory, ["rank", "op", "host_kind", *_DUR, "pct", "mb", "median_mb", "median_total_ms"],
+                {"total_ms": "outlier", "per_step_ms": "outlier"})),
+        ("api", "CUDA API and OS runtime calls (cuda_api_sum / osrt_sum; thread rows under the all-threads row)",
+         _table("api", t.api, ["rank", "api", "name", "thread", "role", *_DUR, "pct"])),
+        ("threads", "Threads: blocked vs launching",
+         _table("threads", t.threads, ["rank", "thread", "role", "span_ms", "launch_ms", "sync_ms", "wait_ms",
+                                       "blocked_ms", "blocked_per_step_ms", "blocked_pct", "launch_pct", "top_wait"])),
+        ("sync", "Synchronous copies / memsets and sync APIs (nsys analyze)",
+         _table("sync-copies", t.sync_copies, ["rank", "what", "count", "api_ms", "gpu_ms", "mb", "per_step",
+                                               "top_api"])
+         + _table("sync-apis", t.sync_apis, ["rank", "name", "count", "ms", "max_ms", "per_step"])),
+        ("slices", "GPU time slices under 50 % busy (nsys analyze gpu-low-util)",
+         _table("low-util", t.low_util_slices, ["rank", "slice", "start_ms", "ms", "util_pct"])),
+    ]
+    folded = "".join(f'<details id="sec-{k}"><summary><b>{_e(title)}</b></summary>{body}</details>'
+                     for k, title, body in parts)
+    return (f"<style>{CSS}</style><h2>Phases across ranks (nvtx_sum + GPU projection; scope: {_e(t.scope)})</h2>"
+            f"<p>Outliers (red): above the other ranks' median by more than 3 MAD, 10 % and 1 ms.</p>"
+            f"{phases}{folded}{SORT_JS}")

@@ -1,0 +1,123 @@
+"""The nsys-stats tables on the terminal: a compact phase table by default (what users of
+`nsys stats -r nvtx_sum` look at first), kernels / memory ops / calls / threads with
+`--tables all`. Cross-rank by construction: one row per item with the median over ranks and
+the ranks that stand out, plus per-rank columns when there are few ranks. Every trace-derived
+string goes through `safe.cell`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from statistics import median
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.analyze.model import Report
+from orchestrator.report.safe import cell
+
+MAX_RANK_COLUMNS = 8  # per-rank columns up to this many ranks; beyond, median / min / max only
+TOP = 12  # rows per table
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}"
+
+
+def _ranks(rows: Iterable[Any]) -> list[int]:
+    return sorted({r.rank for r in rows})
+
+
+def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callable[[Any], float | None],
+           outlier: Callable[[Any], bool], extra: dict[str, Callable[[list[Any]], str]] | None = None) -> Table:
+    """One row per item: extra columns, median, min/max rank, outlier ranks, per-rank values."""
+    by: dict[str, list[Any]] = defaultdict(list)
+    for r in rows:
+        by[key(r)].append(r)
+    ranks = _ranks(rows)
+    per_rank = len(ranks) <= MAX_RANK_COLUMNS
+    t = Table(title=title)
+    cols = ["item", *(extra or {}), "median", "min (rank)", "max (rank)", "outliers"]
+    cols += [f"r{rk}" for rk in ranks] if per_rank else []
+    for c in cols:
+        t.add_column(c, overflow="fold", max_width=48 if c == "item" else None)
+    items = sorted(by.items(), key=lambda kv: -median(value(r) or 0 for r in kv[1]))[:TOP]
+    for name, rs in items:
+        vals = {r.rank: value(r) for r in rs}
+        lo = min(vals, key=lambda k: vals[k] or 0)
+        hi = max(vals, key=lambda k: vals[k] or 0)
+        out = sorted(r.rank for r in rs if outlier(r))
+        row = [cell(name), *(cell(f(rs)) for f in (extra or {}).values()),
+               _fmt(median(v or 0 for v in vals.values())), f"{_fmt(vals[lo])} ({lo})", f"{_fmt(vals[hi])} ({hi})",
+               f"[red]{', '.join(map(str, out))}[/]" if out else ""]
+        if per_rank:
+            row += [(f"[red]{_fmt(vals[rk])}[/]" if rk in out else _fmt(vals.get(rk))) for rk in ranks]
+        t.add_row(*row)
+    return t
+
+
+def _kernel_label(r: Any, unique: set[str]) -> str:
+    """The short name where it names one kernel, else the start of the demangled name."""
+    return r.short_name if r.short_name in unique else r.name[:80]
+
+
+def _phase_tables(report: Report) -> list[Table]:
+    p = report.tables.phases
+    unit = "ms/step" if any(r.per_step_ms is not None for r in p) else "ms"
+    return [
+        _cross(f"phases: CPU {unit} in NVTX ranges (nsys nvtx_sum across ranks)", p, lambda r: r.range,
+               lambda r: r.per_step_ms if r.per_step_ms is not None else r.total_ms, lambda r: r.cpu_outlier,
+               {"n": lambda rs: str(rs[0].count)}),
+        _cross(f"phases: GPU {unit} launched from the ranges (projection, same thread)",
+               [r for r in p if r.gpu_ops], lambda r: r.range,
+               lambda r: r.gpu_per_step_ms if r.gpu_per_step_ms is not None else r.gpu_ms, lambda r: r.gpu_outlier,
+               {"ops": lambda rs: str(rs[0].gpu_ops)}),
+    ]
+
+
+def _all_tables(report: Report) -> list[Table]:
+    t = report.tables
+    unit = "ms/step" if t.kernels and t.kernels[0].per_step_ms is not None else "ms"
+
+    def per(r: Any) -> float:
+        return r.per_step_ms if r.per_step_ms is not None else r.total_ms
+
+    names: dict[str, set[str]] = defaultdict(set)
+    for k in t.kernels:
+        names[k.short_name].add(k.name)
+    short = {s for s, n in names.items() if len(n) == 1}  # short names that identify one kernel
+    out = [
+        _cross(f"kernels ({unit}, cuda_gpu_kern_sum)", t.kernels, lambda r: _kernel_label(r, short), per,
+               lambda r: r.outlier,
+               {"class": lambda rs: rs[0].cls, "med us": lambda rs: f"{median(r.median_ms for r in rs) * 1e3:.1f}"}),
+        _cross(f"memory ops ({unit}, cuda_gpu_mem_time/size_sum)", t.memory, lambda r: f"{r.op} {r.host_kind}",
+               per, lambda r: r.outlier, {"MB": lambda rs: f"{median(r.mb for r in rs):.1f}"}),
+    ]
+    for api in ("cuda", "osrt"):
+        rows = [r for r in t.api if r.api == api and r.tid is None]
+        if rows:
+            out.append(_cross(f"{'CUDA API' if api == 'cuda' else 'OS runtime'} calls ({unit}, all threads)",
+                              rows, lambda r: r.name, per, lambda r: False,
+                              {"calls": lambda rs: str(int(median(r.count for r in rs)))}))
+    if t.threads:
+        th = Table(title="threads: blocked (sync + OS waits) vs launching, in the steps")
+        for c in ("rank", "thread", "role", "blocked %", "blocked ms/step", "launch %", "top wait"):
+            th.add_column(c)
+        for r in sorted(t.threads, key=lambda r: (r.rank, -(r.blocked_pct or 0)))[:4 * TOP]:
+            th.add_row(str(r.rank), cell(r.thread), r.role, _fmt(r.blocked_pct), _fmt(r.blocked_per_step_ms),
+                       _fmt(r.launch_pct), cell(r.top_wait or ""))
+        out.append(th)
+    return out
+
+
+def print_tables(report: Report, console: Console) -> None:
+    """The phase table (always, when there are ranges), the rest with `--tables all`."""
+    if report.tables.phases:
+        for t in _phase_tables(report):
+            if t.row_count:
+                console.print(t)
+    if report.tables.shown == "all":
+        for t in _all_tables(report):
+            if t.row_count:
+                console.print(t)

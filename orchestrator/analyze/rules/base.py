@@ -26,6 +26,13 @@ DATA_LOADER_FIX = (
     "persistent_workers=True), copy with .to(device, non_blocking=True), and move decoding/"
     "augmentation out of the training loop."
 )
+BETWEEN_STEPS_WORK = "between steps (other work)"
+OTHER_WORK_FIX = (
+    "Between steps this rank's loop synchronises with the GPU or launches other work (per-step metrics, "
+    "logging, evaluation, checkpoints: `.item()`, `.cpu()`, eval batches): keep metrics on the GPU and read "
+    "them every N steps, run evaluation less often or on all ranks at the same step, and save "
+    "checkpoints asynchronously (torch.distributed.checkpoint.async_save)."
+)
 CPU_GAP_FIX = (
     "The GPU idles while the CPU runs this range: move the work off the critical path "
     "(overlap it with GPU work, do it asynchronously or less often) or make it faster."
@@ -34,7 +41,7 @@ CPU_GAP_FIX = (
 
 # What an OS runtime call the loop thread sat in says about the CPU side.
 _CALL_MEANING = [
-    (re.compile(r"pthread_cond|poll|select|epoll|sem_wait|futex|recv|accept", re.I),
+    (re.compile(r"pthread_cond|poll|select|epoll|sem_|futex|recv|accept|pthread_join", re.I),
      "blocked waiting (e.g. on the DataLoader workers' queue or a lock)"),
     (re.compile(r"^(p?read|fread|open|stat|lseek)", re.I), "reading files"),
     (re.compile(r"sleep", re.I), "sleeping"),

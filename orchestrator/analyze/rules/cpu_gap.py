@@ -6,7 +6,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import CPU_GAP_FIX, DATA_RANGE, Context, Rule, finding
+from orchestrator.analyze.rules.base import (
+    BETWEEN_STEPS_WORK,
+    CPU_GAP_FIX,
+    DATA_RANGE,
+    OTHER_WORK_FIX,
+    Context,
+    Rule,
+    finding,
+)
 
 
 @dataclass
@@ -33,7 +41,7 @@ class CpuGap(Rule):
                 self.kind, hit, f"GPU idle while the CPU is in `{name}`",
                 [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                  f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(hit.items())],
-                CPU_GAP_FIX, max(hit.values()), pct=worst))
+                OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else CPU_GAP_FIX, max(hit.values()), pct=worst))
         return out
 
 

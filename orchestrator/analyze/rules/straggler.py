@@ -9,7 +9,16 @@ from typing import Any
 
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.model import Straggler as Stats
-from orchestrator.analyze.rules.base import DATA_LOADER_FIX, DATA_RANGE, Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.rules.base import (
+    BETWEEN_STEPS_WORK,
+    DATA_LOADER_FIX,
+    DATA_RANGE,
+    OTHER_WORK_FIX,
+    Context,
+    Rule,
+    finding,
+    ns_to_ms,
+)
 
 NO_CAUSE_FIX = ("No CPU-side cause is visible. Compare rank {rk}'s kernel times and GPU clocks with "
                 "the others (nvidia-smi -q -d CLOCK,PERFORMANCE: throttling, ECC, PCIe/NVLink), its "
@@ -52,7 +61,9 @@ class Straggler(Rule):
             if calls and b_ms and ns_to_ms(calls[0]["ns"]) >= 0.2 * b_ms:
                 evidence.append(f"its loop thread was in `{calls[0]['call']}` for "
                                 f"{round(100 * ns_to_ms(calls[0]['ns']) / b_ms)}% of that time (OS runtime trace)")
-            if cause and DATA_RANGE.search(cause):
+            if cause == BETWEEN_STEPS_WORK:
+                fix = f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
+            elif cause and DATA_RANGE.search(cause):
                 fix = f"Rank {rk} is late because its `{cause}` is slow: " + DATA_LOADER_FIX
             elif cause:
                 fix = (f"Rank {rk} is late while in `{cause}`: make that range faster on rank {rk} "

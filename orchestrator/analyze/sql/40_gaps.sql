@@ -2,9 +2,13 @@
 -- doing: the innermost default-domain NVTX range on the rank's threads that covers at least
 -- half of the gap. Step ranges and the ranges that contain them (epochs) say nothing about
 -- the cause and are skipped. A gap outside every step range, between two steps, is where
--- `for batch in loader` waits for the next batch: `between steps (input pipeline)`.
--- Reads: islands, nvtx, steps, params. Provides:
+-- `for batch in loader` waits for the next batch: `between steps (input pipeline)` - unless
+-- the loop thread synchronised with the GPU, copied results to the host or launched kernels
+-- anywhere in that interval (metrics, logging, an evaluation run between steps: `.item()`,
+-- `.cpu()`), then it is `between steps (other work)`. (Copying the next batch in is input.)
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, memcpy, params. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
+--   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(rank, tid, start, end, depth, text)  default-domain ranges that are not steps
 --   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
 CREATE OR REPLACE TEMP TABLE busy_gaps AS
@@ -20,6 +24,21 @@ WHERE n.domain_id = 0 AND n.text IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.rank = n.rank AND s.tid = n.tid
                   AND n.start <= s.start AND n."end" >= s."end");
 
+-- The intervals between two consecutive step ranges (NVTX steps only), and whether the loop
+-- thread synchronised with the GPU, copied to the host or launched kernels in them.
+CREATE OR REPLACE TEMP TABLE between_steps AS
+WITH iv AS (
+    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM steps WHERE family < 4
+)
+SELECT iv.rank, iv.s, iv.e,
+       coalesce(count(*) FILTER (WHERE is_sync_api(a.name) OR m.kind = 'DtoH') > 0
+                OR count(*) FILTER (WHERE a.name LIKE '%Launch%') >= 3, false) AS other_work
+FROM iv
+LEFT JOIN (cuda_api a JOIN loop_thread l USING (rank, tid)) ON a.rank = iv.rank AND a.start >= iv.s AND a.start < iv.e
+LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+WHERE iv.e > iv.s
+GROUP BY iv.rank, iv.s, iv.e;
+
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH gaps AS (
     SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
@@ -32,12 +51,12 @@ WITH gaps AS (
 )
 SELECT g.rank, g.s, g.e, g.dur,
        coalesce(range_group(c.text),
-                CASE WHEN g.rank IN (SELECT rank FROM steps WHERE family < 4) AND NOT EXISTS (
-                         SELECT 1 FROM steps st WHERE st.rank = g.rank
-                         AND st.start < g.s + g.dur // 2 AND st."end" > g.s + g.dur // 2)
-                     THEN 'between steps (input pipeline)' ELSE '(no NVTX range)' END) AS range_group,
+                CASE WHEN b.other_work THEN 'between steps (other work)'
+                     WHEN b.rank IS NOT NULL THEN 'between steps (input pipeline)'
+                     ELSE '(no NVTX range)' END) AS range_group,
        c.text AS range_text
-FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1;
+FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
+LEFT JOIN between_steps b ON b.rank = g.rank AND g.s + g.dur // 2 >= b.s AND g.s + g.dur // 2 < b.e;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE TEMP VIEW small_gaps AS

@@ -1,24 +1,10 @@
 -- What the training loop's CPU thread was doing while the GPU idled: blocked in an OS call
 -- (OS runtime trace: pthread_cond_wait/poll on the DataLoader's queue, read, sleep...) or
--- running Python (no blocking call traced). The loop thread is the one with the step ranges,
--- else the one that makes the most CUDA calls (autograd threads excluded).
--- Reads: steps, cuda_api, threads, osrt, gap_attr, ranks (untraced). Provides:
---   loop_thread(rank, tid)
+-- running Python (no blocking call traced).
+-- Reads: loop_thread, osrt, gap_attr, ranks (untraced). Provides:
 --   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
 --       OS call inside those gaps (call NULL: the rest, when it was not blocked)
 --   osrt_traced(rank)                      ranks whose capture traced the OS runtime
-CREATE OR REPLACE TEMP TABLE loop_thread AS
-WITH from_steps AS (SELECT DISTINCT rank, tid FROM steps),
-busiest AS (
-    SELECT a.rank, a.tid, row_number() OVER (PARTITION BY a.rank ORDER BY count(*) DESC, a.tid) AS i
-    FROM cuda_api a LEFT JOIN threads t ON t.rank = a.rank AND t.tid = a.tid
-    WHERE coalesce(t.name, '') NOT LIKE 'pt_autograd%'
-    GROUP BY a.rank, a.tid
-)
-SELECT rank, tid FROM from_steps
-UNION ALL
-SELECT rank, tid FROM busiest WHERE i = 1 AND rank NOT IN (SELECT rank FROM from_steps);
-
 CREATE OR REPLACE TEMP TABLE osrt_traced AS
 SELECT rank FROM ranks WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,])osrt([ ,]|$)')
   AND rank IN (SELECT DISTINCT rank FROM osrt);

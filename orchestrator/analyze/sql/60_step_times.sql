@@ -1,12 +1,20 @@
--- Step time per rank and step: the step's span on the GPU (first start to last end of the
--- work its CPU range launched), every step (the first one included, marked warm-up).
--- Reads: gpu_ops, first_step, params. Provides:
+-- Step time per rank and step: the iteration, from the step's start to the next step's start
+-- (so the time between two step ranges, where `for batch in loader` waits for data, counts);
+-- the last step ends at its range end or its GPU work's end, whichever is later. Every step,
+-- the first one included (marked warm-up). s/e: the span of the step's GPU work.
+-- Reads: steps, gpu_ops, first_step, params. Provides:
 --   step_gpu(rank, step, s, e, ns, warmup)
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected (steady-state) steps
 CREATE OR REPLACE TEMP TABLE step_gpu AS
-SELECT o.rank, o.step, min(o.start) AS s, max(o."end") AS e, (max(o."end") - min(o.start)) AS ns,
-       (o.step = any_value(f.first_step)) AS warmup
-FROM gpu_ops o JOIN first_step f USING (rank) WHERE o.step IS NOT NULL GROUP BY o.rank, o.step;
+WITH g AS (
+    SELECT rank, step, min(start) AS s, max("end") AS e FROM gpu_ops WHERE step IS NOT NULL GROUP BY rank, step
+), st AS (
+    SELECT rank, step, start, "end", lead(start) OVER (PARTITION BY rank ORDER BY start) AS next_start FROM steps
+)
+SELECT st.rank, st.step, g.s, g.e,
+       coalesce(st.next_start, greatest(st."end", coalesce(g.e, st."end"))) - st.start AS ns,
+       (st.step = f.first_step) AS warmup
+FROM st JOIN first_step f USING (rank) LEFT JOIN g USING (rank, step);
 
 CREATE OR REPLACE TEMP VIEW step_stats AS
 SELECT g.rank, avg(g.ns) AS mean_ns, median(g.ns) AS median_ns, quantile_cont(g.ns, 0.9) AS p90_ns, count(*) AS n

@@ -43,8 +43,10 @@ def _span(group: list[int], word: str) -> str:
 
 
 def heatmap(svg_id: str, values: dict[int, dict[int, float]], warmup: set[tuple[int, int]], *,
-            what: str, palette: list[str] | None = None) -> str:
-    """SVG heatmap of `values` (rank -> step -> ms); `warmup` cells are marked and left out of the scale."""
+            what: str, palette: list[str] | None = None, least: bool = False) -> str:
+    """SVG heatmap of `values` (rank -> step -> ms); `warmup` cells are marked and left out of the scale.
+    A binned cell shows its highest value, or with `least` its lowest (for waiting: the rank
+    that waits least is the one the others wait for)."""
     ranks = sorted(values)
     steps = sorted({s for by in values.values() for s in by})
     if not ranks or not steps:
@@ -70,13 +72,14 @@ def heatmap(svg_id: str, values: dict[int, dict[int, float]], warmup: set[tuple[
             cell = [(values[rk][s], rk, s) for rk in rg for s in cg if s in values[rk]]
             if not cell:
                 continue
-            v, wrk, wst = max(cell)
+            v, wrk, wst = min(cell) if least else max(cell)
             warm = all((rk, s) in warmup for _, rk, s in cell)
             t = (v - lo) / (hi - lo) if hi > lo else 0.0
             note = " (warm-up, not in the scale)" if warm else ""
             if len(cell) > 1:
                 med = statistics.median(c[0] for c in cell)
-                label = (f"{_span(rg, 'rank')}, {_span(cg, 'step')}: worst {v:.3f} ms (rank {wrk} step {wst}), "
+                most = "least" if least else "most"
+                label = (f"{_span(rg, 'rank')}, {_span(cg, 'step')}: {most} {v:.3f} ms (rank {wrk} step {wst}), "
                          f"median {med:.3f} ms over {len(cell)} cells{note}")
             else:
                 label = f"rank {wrk} step {wst}: {v:.3f} ms{note}"
@@ -84,7 +87,8 @@ def heatmap(svg_id: str, values: dict[int, dict[int, float]], warmup: set[tuple[
             out.append(f'<rect class="cell" data-rank="{_e(wrk)}" data-step="{_e(wst)}" data-n="{len(cell)}" '
                        f'x="{left + j * cw}" y="{y}" width="{cw - 1}" height="{ch - 1}" '
                        f'fill="{_lerp(palette, t)}"{stroke}><title>{_e(label)}</title></rect>')
-    binned = (f" Ranks binned {len(rows[0])} per row, steps {len(cols[0])} per column; each cell shows its worst rank."
+    shows = "the rank of its bin with the least (the one the others wait for)" if least else "its worst rank"
+    binned = (f" Ranks binned {len(rows[0])} per row, steps {len(cols[0])} per column; each cell shows {shows}."
               if len(rows[0]) > 1 or len(cols[0]) > 1 else "")
     scale = "".join(f'<span style="background:{_lerp(palette, k / 4)}"></span>' for k in range(5))
     return (f'<svg id="{_e(svg_id)}" class="heatmap" width="{left + len(cols) * cw + 10}" '

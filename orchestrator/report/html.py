@@ -100,7 +100,8 @@ def wait_heatmap(report: Report, extras: Extras | None) -> str:
         return "<p>No rank waited for another in NCCL: no waiting heatmap.</p>"
     values = {r.rank: {s.step: extras.wait_ms.get(r.rank, {}).get(s.step, 0.0) for s in r.step_ms if not s.warmup}
               for r in report.ranks}
-    return heatmap("wait-heatmap", values, set(), what="NCCL waiting for other ranks", palette=PURPLES)
+    return heatmap("wait-heatmap", values, set(), what="NCCL waiting for other ranks", palette=PURPLES,
+                   least=True)
 
 
 def stage_bars(report: Report) -> str:

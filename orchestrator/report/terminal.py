@@ -175,7 +175,7 @@ def _more(console: Console, hidden: int, report: Report | None = None) -> None:
         idle = [r.gpu_idle_pct for r in report.ranks]
         line += f"; GPU idle % over all {len(idle)}: min {min(idle):.1f}, median {statistics.median(idle):.1f}, " \
                 f"max {max(idle):.1f}"
-    console.print(line, markup=False, highlight=False)
+    _line(console, line, False, "    ")
 
 
 def _print_tail(report: Report, console: Console) -> None:

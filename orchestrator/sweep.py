@@ -55,6 +55,7 @@ class Sweep(BaseModel):
     job: str
     keys: list[str]
     gpu: bool = False
+    notes: list[str] = []
     points: list[Point]
     best: int | None = None
 
@@ -114,6 +115,17 @@ def apply(data: dict[str, Any], key: str, value: str) -> None:
             raise OrchError(f"--set {key}: {'.'.join(parts[:i])} is a single value, not a mapping or list")
 
 
+def _arg_note(raw: dict[str, Any], key: str) -> str | None:
+    """`launch.args.5` is `--slow-ms`: say which flag an argument index is the value of."""
+    parts = key.split(".")
+    args = (raw.get("launch") or {}).get("args") if isinstance(raw.get("launch"), dict) else None
+    if len(parts) == 3 and parts[:2] == ["launch", "args"] and parts[2].isdigit() and isinstance(args, list):
+        i = int(parts[2])
+        if 0 < i < len(args) and str(args[i - 1]).startswith("-"):
+            return f"{key} is the value of {args[i - 1]}"
+    return None
+
+
 def job_step_ms(report: Any, extras: Any) -> float | None:
     """Median over steady steps of the slowest rank's step time (GPU spans, or NVTX steps on CPU)."""
     from orchestrator.report.extras import step_times
@@ -167,7 +179,8 @@ def run_sweep(job_path: Path, sets: list[tuple[str, list[str]]], runs: Path | No
         data["name"] = f"{raw.get('name', 'job')}-sweep{i}"
         desc = f"{job_path} with " + ", ".join(f"{k}={v}" for k, v in combo.items())
         jobs.append(resolve(parse_spec(data, desc), job_path))
-    sweep = Sweep(job=str(job_path), keys=[k for k, _ in sets], points=[Point(values=c) for c in combos])
+    sweep = Sweep(job=str(job_path), keys=[k for k, _ in sets], points=[Point(values=c) for c in combos],
+                  notes=[n for k, _ in sets if (n := _arg_note(raw, k))])
     ns = types.SimpleNamespace(nsys=None, workers=None, keep_env=False, engine="auto", align_clocks=False)
     for job, point in zip(jobs, sweep.points, strict=True):
         run, m = submit(job, runs)

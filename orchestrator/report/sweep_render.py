@@ -56,6 +56,8 @@ def print_sweep(s: Sweep, console: Console) -> None:
         row.append(cell(p.top_finding or p.error or ""))
         t.add_row(*row)
     console.print(t)
+    for n in s.notes:
+        console.print(plain(n), markup=False, highlight=False)
     console.print(plain(best_line(s)), markup=False, highlight=False)
 
 
@@ -93,7 +95,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}tr.best td{{backgro
 svg text{{font-size:11px}}#best{{border-left:6px solid #2e7d32;background:#f1f8e9;padding:8px 14px}}
 </style></head><body><h1>orch sweep: {_e(", ".join(s.keys))}</h1><p>Job spec: {_e(s.job)}. One job per value,
 run one after another; step time = per step the slowest rank, median over the steady steps.</p>
-<p id="best">{_e(best_line(s))}</p>
+{"".join(f"<p>{_e(n)}</p>" for n in s.notes)}<p id="best">{_e(best_line(s))}</p>
 <svg id="sweep-bars" width="800" height="{len(s.points) * 24 + 8}">{"".join(bars)}</svg>
 <table id="sweep"><tr><th>value</th><th>job</th><th>state</th><th>median step ms</th><th>vs best</th>{gpu_head}
 <th>top finding</th><th>report</th></tr>{"".join(rows)}</table>

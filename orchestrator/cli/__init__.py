@@ -1,7 +1,7 @@
 """`orch` command line: one subcommand per pipeline stage, thin over the stage modules.
 
 One module per stage: `spec` (validate, render), `submit` (submit, status, cancel),
-`collect` (collect, redact), `report` (report, analyze, diff, export-trace). Every
+`collect` (collect, redact), `report` (report, analyze, diff, export-trace), `sweep`. Every
 user-fixable problem surfaces as `OrchError`: one line on stderr, exit status 2.
 """
 
@@ -25,13 +25,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    from orchestrator.cli import collect, report, spec, submit
+    from orchestrator.cli import collect, report, spec, submit, sweep
 
     parser = _Parser(prog="orch", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--version", action="version", version=f"orch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     handlers: dict[str, Handler] = {}
-    for module in (spec, submit, collect, report):  # the order `orch --help` lists them in
+    for module in (spec, submit, collect, report, sweep):  # the order `orch --help` lists them in
         handlers.update(module.register(sub))
     return parser, handlers
 

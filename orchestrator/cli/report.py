@@ -37,17 +37,20 @@ def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
     check_output_file(a.html, "--html", created)
 
 
-def _emit(report: Report, a: argparse.Namespace) -> None:
+def _emit(report: Report, a: argparse.Namespace, store: Path | None = None) -> None:
+    """Print, then write --json and --html; the HTML's timeline and heatmaps read `store` again."""
     from orchestrator.fsutil import write_text_atomic
+    from orchestrator.report.extras import build_extras
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
 
-    print_report(report, out)
+    print_report(report, out, wide=getattr(a, "wide", False))
     if a.json:
         write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {a.json}", markup=False)
     if a.html:
-        write_text_atomic(Path(a.html), render_html(report))
+        extras = build_extras(store, _options(a), report) if store else None
+        write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {a.html}", markup=False)
 
 
@@ -62,7 +65,8 @@ def cmd_report(a: argparse.Namespace) -> int:
     from orchestrator.analyze.report import build_report
 
     _check_outputs(a)
-    _emit(build_report(store_of(a.run, a.runs), _options(a)), a)
+    store = store_of(a.run, a.runs)
+    _emit(build_report(store, _options(a)), a, store)
     return 0
 
 
@@ -78,14 +82,14 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     if a.out:
         res = collect_from_paths(a.paths, Path(a.out), a)
         print_collect(res)
-        _emit(build_report(res.store, opts), a)
+        _emit(build_report(res.store, opts), a, res.store)
         return 0
     dest = Path(tempfile.mkdtemp(prefix="orch-analyze-"))
     res = None
     try:
         res = collect_from_paths(a.paths, dest, a)
         print_collect(res)
-        _emit(build_report(res.store, opts), a)
+        _emit(build_report(res.store, opts), a, res.store)
     except Exception as e:
         if res is None or not res.store.exists():
             shutil.rmtree(dest, ignore_errors=True)  # nothing was collected: nothing to inspect
@@ -168,6 +172,7 @@ def report_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", choices=("phases", "all"), default="phases",
                    help="nsys-stats tables in the terminal: phases (default) or all (kernels, memory ops, "
                         "CUDA API/OS runtime, threads); JSON and HTML always carry all")
+    p.add_argument("--wide", action="store_true", help="terminal: every column and every rank (default: 100 columns)")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:

@@ -1,8 +1,10 @@
 """One self-contained HTML file (inline SVG, CSS and the tables' sort script, no network).
 
-Plots: per-rank stacked bars (compute / exposed NCCL transfer / NCCL waiting for another rank /
-other GPU work / idle), a rank x step
-heatmap of GPU step time, stage compute bars; tables: findings, top gaps by CPU range.
+Order: what was captured, findings (the top one first, fixes worded for the capture), the
+stats tables (issue 20, `_stats_tables`), then the pictures: per-rank GPU time bars (GPU) or
+CPU phase bars (CPU-only), the aligned cross-rank timeline of a representative and of the
+slowest step, rank x step heatmaps of step time and of waiting, stage bars, and the tables.
+A CPU-only capture gets no GPU bars, columns or heatmaps: they would only show 100 % idle.
 Every user- or trace-derived string goes through html.escape.
 """
 
@@ -11,23 +13,46 @@ from __future__ import annotations
 from html import escape
 
 from orchestrator.analyze.model import Report
+from orchestrator.report import cpu_html, timeline_svg
+from orchestrator.report.extras import Extras, step_times
+from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
+from orchestrator.report.wording import fix_text, split_problems
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
-CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}h2{margin-top:28px}
-table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
+MAX_BARS = 48  # rank bars drawn; more ranks: the ones findings name, the extremes and a sample
+CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}h2{margin-top:28px}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;vertical-align:top}
 .sev-high{color:#b71c1c;font-weight:bold}.sev-medium{color:#e65100}.sev-low{color:#01579b}
 .sev-info{color:#1b5e20}.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
-svg text{font-size:11px}"""
+svg text{font-size:11px}.top{border-left:6px solid #b71c1c;background:#fff8f6;padding:8px 14px;margin:12px 0}
+.cpu{background:#e3f2fd;padding:8px 14px;border-left:6px solid #1565c0}.note{color:#555}"""
 
 
 def _e(x: object) -> str:
     return escape(str(x), quote=True)
 
 
+def bar_ranks(report: Report) -> list[int]:
+    """At most MAX_BARS ranks: those findings name, the most and least idle, then an even sample."""
+    ranks = [r.rank for r in report.ranks]
+    if len(ranks) <= MAX_BARS:
+        return ranks
+    pick: list[int] = []
+    for f in report.findings:
+        pick += [rk for rk in f.ranks + f.victims[:8] if rk not in pick]
+    by_idle = sorted(report.ranks, key=lambda r: r.gpu_idle_pct)
+    pick += [r.rank for r in by_idle[:3] + by_idle[-3:] if r.rank not in pick]
+    rest = [rk for rk in ranks if rk not in pick]
+    room = max(0, MAX_BARS - len(pick))
+    pick += [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))] if room else []
+    return sorted(pick[:MAX_BARS])
+
+
 def rank_bars(report: Report) -> str:
-    ranks = report.ranks
+    shown = set(bar_ranks(report))
+    ranks = [r for r in report.ranks if r.rank in shown]
     width, bar_h, left = 640, 18, 70
     top = max((r.window_ms for r in ranks), default=0) or 1
     rows = []
@@ -47,35 +72,37 @@ def rank_bars(report: Report) -> str:
             x += w
     h = 20 + len(ranks) * (bar_h + 6)
     legend = "".join(f'<span style="background:{c}"></span>{_e(n)}' for n, c in COLORS.items())
+    more = (f'<p class="note">{len(ranks)} of {len(report.ranks)} ranks drawn: the ranks findings name, the most '
+            "and least idle, and an even sample; every rank is in the Metrics table.</p>"
+            if len(ranks) < len(report.ranks) else "")
     return (f'<div class="legend">{legend}</div><svg id="rank-bars" width="{left + width + 10}" '
-            f'height="{h}" role="img">{"".join(rows)}</svg>')
+            f'height="{h}" role="img">{"".join(rows)}</svg>{more}')
 
 
-def step_heatmap(report: Report) -> str:
-    steps = report.steps
-    ranks = [r.rank for r in report.ranks]
-    if not steps or not ranks:
-        return "<p>No step ranges: no heatmap.</p>"
-    # Color by the steady-state steps; warm-up steps (often much slower) saturate at red.
-    vals = [v for s in steps if not s.warmup for v in s.ms_by_rank.values()] or [
-        v for s in steps for v in s.ms_by_rank.values()]
-    lo, hi = min(vals), max(vals)
-    cw, ch, left = max(12, min(40, 700 // len(steps))), 16, 70
-    cells = []
-    for j, s in enumerate(steps):
-        cells.append(f'<text x="{left + j * cw + 2}" y="12">{_e(s.step)}</text>')
-        for i, rk in enumerate(ranks):
-            v = s.ms_by_rank.get(str(rk))
-            if v is None:
-                continue
-            t = min(1.0, (v - lo) / (hi - lo)) if hi > lo else 0.0
-            color = f"rgb({int(255 * t)},{int(80 + 120 * (1 - t))},{int(200 * (1 - t))})"
-            cells.append(f'<rect class="cell" x="{left + j * cw}" y="{18 + i * ch}" width="{cw - 1}" '
-                         f'height="{ch - 1}" fill="{color}"><title>rank {_e(rk)} step {_e(s.step)}: '
-                         f'{v:.3f} ms{" (warm-up)" if s.warmup else ""}</title></rect>')
-    labels = "".join(f'<text x="0" y="{18 + i * ch + 12}">rank {_e(rk)}</text>' for i, rk in enumerate(ranks))
-    return (f'<svg id="step-heatmap" width="{left + len(steps) * cw + 10}" height="{24 + len(ranks) * ch}">'
-            f"{labels}{''.join(cells)}</svg><p>GPU time per step: {lo:.1f} ms (blue) to {hi:.1f} ms (red).</p>")
+def step_heatmap(report: Report, extras: Extras | None = None) -> str:
+    """Step time per rank and step: GPU step spans, or the NVTX step ranges of a CPU-only capture."""
+    times = step_times(report, extras or Extras())
+    if report.gpu_activity:
+        warm = {(int(rk), s.step) for s in report.steps if s.warmup for rk in s.ms_by_rank}
+        what = "GPU time"
+    else:
+        first = (extras or Extras()).first_step
+        warm = {(rk, first[rk]) for rk in times if rk in first}
+        what = "CPU time (NVTX step range)"
+    return heatmap("step-heatmap", times, warm, what=what)
+
+
+def wait_heatmap(report: Report, extras: Extras | None) -> str:
+    if not report.gpu_activity:
+        return ""
+    if extras is None:
+        return "<p>Waiting per step needs the store (run `orch report` on the run, not on a JSON).</p>"
+    if not extras.wait_ms:
+        return "<p>No rank waited for another in NCCL: no waiting heatmap.</p>"
+    values = {r.rank: {s.step: extras.wait_ms.get(r.rank, {}).get(s.step, 0.0) for s in r.step_ms if not s.warmup}
+              for r in report.ranks}
+    return heatmap("wait-heatmap", values, set(), what="NCCL waiting for other ranks", palette=PURPLES,
+                   least=True)
 
 
 def stage_bars(report: Report) -> str:
@@ -93,40 +120,103 @@ def stage_bars(report: Report) -> str:
     return f'<svg id="stage-bars" width="700" height="{len(stages) * 24 + 8}">{"".join(bars)}</svg>'
 
 
-def render_html(report: Report) -> str:
-    f_rows = "".join(
-        f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
-        f'<td>{_e(", ".join(map(str, f.ranks)))}</td><td><ul>'
-        + "".join(f"<li>{_e(e)}</li>" for e in f.evidence) + f"</ul></td><td>{_e(f.fix)}</td></tr>"
-        for f in report.findings
-    )
+def timeline(report: Report, extras: Extras | None) -> str:
+    if extras is None:
+        return "<p>The timeline needs the store (run `orch report` on the run, not on a JSON).</p>"
+    if not extras.views:
+        return f"<p>{_e(extras.note or 'no steps: no timeline')}</p>"
+    out = [timeline_svg.legend(report.gpu_activity)]
+    for i, v in enumerate(extras.views):
+        out.append(f"<h3>{_e(v.label)}</h3>{timeline_svg.render_view(v, i, report.gpu_activity)}")
+        if v.hidden:
+            h = v.hidden
+            bits = [f"{h.n} other rank(s) not drawn"]
+            if h.busy_ms_median is not None:
+                bits.append(f"median compute {h.busy_ms_median:.1f} ms")
+            if h.waiting_ms_max is not None:
+                bits.append(f"waiting median {h.waiting_ms_median:.1f} ms, most {h.waiting_ms_max:.1f} ms "
+                            f"(rank {h.waiting_max_rank})")
+            out.append(f'<p class="note hidden-ranks">{_e("; ".join(bits))}.</p>')
+    return "".join(out)
+
+
+def _findings(report: Report) -> str:
+    rows = "".join(
+        f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(fix_text(report, f.title))}</td>'
+        f'<td>{_e(", ".join(map(str, f.ranks)))}'
+        + (f"<br>victims: {_e(', '.join(map(str, f.victims[:20])))}" if f.victims else "") + "</td><td><ul>"
+        + "".join(f"<li>{_e(fix_text(report, e))}</li>" for e in f.evidence)
+        + f"</ul></td><td>{_e(fix_text(report, f.fix))}</td></tr>"
+        for f in report.findings)
+    top = ""
+    if report.findings and report.findings[0].kind != "healthy":
+        f = report.findings[0]
+        top = (f'<div class="top" id="top-finding"><b class="sev-{_e(f.severity)}">{_e(f.severity)}</b> '
+               f"{_e(fix_text(report, f.title))}<br><b>fix:</b> {_e(fix_text(report, f.fix))}</div>")
+    return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'
+            f"<th>evidence</th><th>fix</th></tr>{rows}</table>")
+
+
+def _stats_tables(report: Report) -> str:
+    """The nsys stats tables across ranks (Report.tables), right after the findings."""
+    return stats_html(report)
+
+
+def _gpu_tables(report: Report) -> str:
     g_rows = "".join(
         f"<tr><td>{_e(r.rank)}</td><td>{_e(name)}</td><td>{ms:.3f}</td></tr>"
         for r in report.ranks for name, ms in r.gaps_by_range_ms.items()
     ) or '<tr><td colspan="3">no GPU gaps above the threshold</td></tr>'
     m_rows = "".join(
         "<tr>" + "".join(f"<td>{_e('' if getattr(r, k) is None else getattr(r, k))}</td>" for k in (
-            "rank", "host", "stage", "window_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
+            "rank", "host", "stage", "window_ms", "median_step_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
             "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "p2p_wait_ms", "late_count")) + "</tr>"
         for r in report.ranks
     )
-    problems = "".join(f"<li>rank {_e(p.rank)}: {_e(p.status)} {_e(p.reason or '')}</li>"
-                       for p in report.problems)
-    w = report.window
+    return (f'<h2>GPU gaps by CPU range (ms)</h2><table id="gaps"><tr><th>rank</th><th>range</th><th>ms</th></tr>'
+            f'{g_rows}</table><h2>Metrics</h2><table id="metrics"><tr><th>rank</th><th>host</th><th>stage</th>'
+            "<th>window ms</th><th>median step ms</th><th>compute ms</th><th>comm ms</th><th>overlap %</th>"
+            "<th>exposed comm ms</th><th>GPU idle %</th><th>NCCL wait ms</th><th>p2p wait ms</th><th>late</th></tr>"
+            f"{m_rows}</table>")
+
+
+def _problems(report: Report, notes: bool) -> str:
+    """Failed or missing ranks at the top; notes on partial ranks at the bottom."""
+    problems, notes_ = split_problems(report)
+    problems, notes_ = ([], notes_) if notes else (problems, [])
+    out = ""
+    if problems:
+        out += '<h2>Problems</h2><ul id="problems">' + "".join(
+            f"<li>rank {_e(p.rank)}: {_e(p.status)} {_e(reason)}</li>" for p, reason in problems) + "</ul>"
+    if notes_:
+        out += '<h2>Notes</h2><ul id="notes" class="note">' + "".join(
+            f"<li>rank {_e(p.rank)}: {_e(reason)}</li>" for p, reason in notes_) + "</ul>"
+    return out
+
+
+def render_html(report: Report, extras: Extras | None = None) -> str:
+    """The page; `extras` (from the store) adds the timeline, CPU step heatmap and waiting heatmap."""
+    w, gpu = report.window, report.gpu_activity
+    sections = [_findings(report), _stats_tables(report)]  # stats tables right after the findings
+    if gpu:
+        sections += [f"<h2>Per-rank GPU time</h2>{rank_bars(report)}",
+                     f"<h2>Aligned timeline across ranks</h2>{timeline(report, extras)}",
+                     f"<h2>Step time per rank</h2>{step_heatmap(report, extras)}",
+                     f"<h2>Waiting for other ranks per step</h2>{wait_heatmap(report, extras)}",
+                     f"<h2>Stages</h2>{stage_bars(report)}", _gpu_tables(report)]
+    else:
+        sections += [f"<h2>CPU phases per rank</h2>{cpu_html.phase_bars(report)}",
+                     f"<h2>Aligned timeline across ranks (CPU)</h2>{timeline(report, extras)}",
+                     f"<h2>Step time per rank</h2>{step_heatmap(report, extras)}",
+                     cpu_html.cpu_table(report, extras)]
+    banner = "" if gpu else (
+        '<p class="cpu" id="cpu-only">CPU-only capture: no GPU activity was traced (a CPU run, or CUDA tracing '
+        "off), so this report compares the ranks' CPU phases and step times; GPU metrics do not apply.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>
 <p>Window: {_e(w.note)}; steps from {_e(w.step_source)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
-{f'<h2>Problems</h2><ul id="problems">{problems}</ul>' if problems else ''}
-<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>
-<th>evidence</th><th>fix</th></tr>{f_rows}</table>
-{stats_html(report)}
-<h2>Per-rank GPU time</h2>{rank_bars(report)}
-<h2>Step time per rank</h2>{step_heatmap(report)}
-<h2>Stages</h2>{stage_bars(report)}
-<h2>GPU gaps by CPU range (ms)</h2><table id="gaps"><tr><th>rank</th><th>range</th><th>ms</th></tr>{g_rows}</table>
-<h2>Metrics</h2><table id="metrics"><tr><th>rank</th><th>host</th><th>stage</th><th>window ms</th>
-<th>compute ms</th><th>comm ms</th><th>overlap %</th><th>exposed comm ms</th><th>GPU idle %</th>
-<th>NCCL wait ms</th><th>p2p wait ms</th><th>late</th></tr>{m_rows}</table>
+{banner}{_problems(report, notes=False)}
+{"".join(sections)}{_problems(report, notes=True)}
 </body></html>
 """

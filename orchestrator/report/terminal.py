@@ -1,67 +1,162 @@
-"""The report as rich tables on the terminal. Every trace-derived string goes through
-`safe.cell` (tables, markup prints) or is printed with markup off after `safe.plain`."""
+"""The report on the terminal: the top finding first, then the tables, in 100 columns.
+
+By default every table fits 100 columns (the narrow column set, long names cut with an
+ellipsis, at most `MAX_ROWS` ranks: the ones findings name, the extremes, a sample) and each
+finding shows its first evidence lines; `--wide` prints every column, rank and line. A
+CPU-only capture prints CPU phases instead of GPU columns, and fixes worded for it.
+Every trace-derived string goes through `safe.cell` (tables, markup prints) or is printed
+with markup off after `safe.plain`.
+"""
 
 from __future__ import annotations
 
+import statistics
+import textwrap
+
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
+from orchestrator.report.wording import fix_text, split_problems
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
+MAX_ROWS = 16
+EVIDENCE = 3  # evidence lines per finding unless --wide
+WIDTH = 100
 
 
-def _cpu_table(report: Report) -> Table:
-    ranges = sorted({c.range for c in report.cpu_phases})
-    ranks = sorted({c.rank for c in report.cpu_phases})
+def _table(title: str, wide: bool) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD if not wide else box.HEAVY_HEAD, padding=(0, 1),
+                 title_justify="left", expand=False, show_edge=wide)
+
+
+def pick_ranks(report: Report, ranks: list[int], limit: int = MAX_ROWS) -> list[int]:
+    """The ranks worth a row when there are too many: named by findings, then an even sample."""
+    if len(ranks) <= limit:
+        return ranks
+    pick: list[int] = []
+    for f in report.findings:
+        pick += [rk for rk in f.ranks + f.victims[:2] if rk in ranks and rk not in pick]
+    rest = [rk for rk in ranks if rk not in pick]
+    room = max(0, limit - len(pick))
+    pick += [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))] if room else []
+    return sorted(pick[:limit])
+
+
+def _cpu_table(report: Report, wide: bool) -> tuple[Table, int]:
     val = {(c.rank, c.range): c.ms_per_step for c in report.cpu_phases}
-    t = Table(title="CPU time per step by NVTX range (ms, self time)")
+    ranks = sorted({c.rank for c in report.cpu_phases})
+    ranges = sorted({c.range for c in report.cpu_phases},
+                    key=lambda g: -max(val.get((rk, g), 0.0) for rk in ranks))
+    if not wide:
+        ranges = ranges[:6]
+    t = _table("CPU time per step by NVTX range (ms, self time)", wide)
     t.add_column("rank", justify="right")
     for r in ranges:
-        t.add_column(cell(r), justify="right")
-    for rk in ranks:
-        t.add_row(str(rk), *(f"{val[(rk, r)]:.2f}" if (rk, r) in val else "" for r in ranges))
-    return t
+        t.add_column(cell(r), justify="right", max_width=None if wide else 12, overflow="ellipsis", no_wrap=True)
+    t.add_column("all ranges", justify="right")
+    shown = ranks if wide else pick_ranks(report, ranks)
+    for rk in shown:
+        total = sum(v for (k, _), v in val.items() if k == rk)
+        t.add_row(str(rk), *(f"{val[(rk, r)]:.2f}" if (rk, r) in val else "" for r in ranges), f"{total:.2f}")
+    return t, len(ranks) - len(shown)
 
 
-def _rank_table(report: Report) -> Table:
-    t = Table(title="per rank (ms unless %)", show_lines=False)
-    for col in ("rank", "host", "stage", "window", "step", "compute", "comm", "overlap %", "exposed comm",
-                "GPU idle %", "waiting", "late", "top gap range"):
-        t.add_column(col, justify="right" if col not in ("host", "top gap range") else "left")
-    for r in report.ranks:
-        gaps = r.gaps_by_range_ms
-        top = max(gaps.items(), key=lambda kv: kv[1]) if gaps else None
-        t.add_row(
-            str(r.rank), cell(r.host or ""), "" if r.stage is None else str(r.stage),
-            f"{r.window_ms:.1f}", "" if r.mean_step_ms is None else f"{r.mean_step_ms:.1f}",
-            f"{r.compute_ms:.1f}", f"{r.comm_ms:.1f}",
-            f"{r.comm_overlap_pct:.1f}", f"{r.exposed_comm_ms:.1f}", f"{r.gpu_idle_pct:.1f}",
-            f"{r.nccl_wait_ms + r.p2p_wait_ms:.1f}", f"{r.late_count}/{r.collectives}",
-            cell(f"{top[0]} {top[1]:.1f}") if top else "",
-        )
-    return t
+def _top_gap(r: RankMetrics, width: int | None) -> str:
+    gaps = r.gaps_by_range_ms
+    if not gaps:
+        return ""
+    name, ms = max(gaps.items(), key=lambda kv: kv[1])
+    if width and len(name) > width:
+        name = name[: width - 1] + "…"
+    return cell(f"{name} {ms:.1f}")
 
 
-def print_report(report: Report, console: Console) -> None:
-    w = report.window
-    console.print(f"window: {plain(w.note)}; steps from {plain(w.step_source)}; gaps >= {w.gap_ms} ms",
-                  markup=False)
-    if not report.gpu_activity:
-        console.print("no GPU activity was captured (CPU-only run or CUDA tracing off): comparing CPU phases")
-        if report.cpu_phases:
-            console.print(_cpu_table(report))
-        _print_tail(report, console)
+def _rank_table(report: Report, wide: bool) -> tuple[Table, int]:
+    t = _table("per rank (ms unless %)", wide)
+    cols = (["rank", "host", "stage", "window", "step", "compute", "comm", "overlap %", "exposed comm",
+             "GPU idle %", "waiting", "late", "syncs/step", "top gap range"] if wide else
+            ["rank", "step", "compute", "exposed comm", "waiting", "GPU idle %", "late", "top gap range"])
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("host", "top gap range") else "right")
+    ranks = report.ranks if wide else [report.rank(rk) for rk in pick_ranks(report, [r.rank for r in report.ranks])]
+    for r in ranks:
+        if r is None:
+            continue
+        step = "" if r.median_step_ms is None else f"{r.median_step_ms:.1f}"
+        wait, late = f"{r.nccl_wait_ms + r.p2p_wait_ms:.1f}", f"{r.late_count}/{r.collectives}"
+        if wide:
+            t.add_row(str(r.rank), cell(r.host or ""), "" if r.stage is None else str(r.stage), f"{r.window_ms:.1f}",
+                      step, f"{r.compute_ms:.1f}", f"{r.comm_ms:.1f}", f"{r.comm_overlap_pct:.1f}",
+                      f"{r.exposed_comm_ms:.1f}", f"{r.gpu_idle_pct:.1f}", wait, late,
+                      "" if r.sync_per_step is None else f"{r.sync_per_step:.1f}", _top_gap(r, None))
+        else:
+            t.add_row(str(r.rank), step, f"{r.compute_ms:.1f}", f"{r.exposed_comm_ms:.1f}", wait,
+                      f"{r.gpu_idle_pct:.1f}", late, _top_gap(r, 22))
+    return t, len(report.ranks) - len(ranks)
+
+
+def _findings(report: Report, console: Console, wide: bool) -> None:
+    if not report.findings:
+        console.print("[bold]findings[/bold]: none")
         return
-    console.print(_rank_table(report))
+    console.print("[bold]findings[/bold] (most costly first)")
+    for i, f in enumerate(report.findings, 1):
+        victims = f.victims if wide or len(f.victims) <= 8 else [*f.victims[:8]]
+        more_v = f" +{len(f.victims) - len(victims)}" if len(victims) < len(f.victims) else ""
+        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(fix_text(report, f.title))} (ranks "
+                      f"{', '.join(map(str, f.ranks[:8 if not wide else None]))}"
+                      + (f"; victims {', '.join(map(str, victims))}{more_v}" if f.victims else "") + ")",
+                      highlight=False)
+        shown = f.evidence if wide else f.evidence[:EVIDENCE]
+        for e in shown:
+            _line(console, f"   - {plain(fix_text(report, e))}", wide)
+        if len(shown) < len(f.evidence):
+            _line(console, f"   - ... {len(f.evidence) - len(shown)} more (--wide)", wide)
+        _line(console, f"   fix: {plain(fix_text(report, f.fix))}", wide)
+
+
+def _line(console: Console, text: str, wide: bool, indent: str = "     ") -> None:
+    """Plain text, wrapped under its bullet at WIDTH unless --wide (the terminal wraps then)."""
+    if not wide:
+        text = textwrap.fill(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+    console.print(text, markup=False, highlight=False)
+
+
+def _stats_tables(report: Report, console: Console, wide: bool) -> None:
+    """The nsys stats tables across ranks (Report.tables), right after the findings."""
+    print_tables(report, console)
+
+
+def print_report(report: Report, console: Console, wide: bool = False) -> None:
+    if not wide and console.width > WIDTH:
+        console.width = WIDTH
+    w = report.window
+    _line(console, f"window: {plain(w.note)}; steps from {plain(w.step_source)}; gaps >= {w.gap_ms} ms", wide, "  ")
+    if not report.gpu_activity:
+        console.print("CPU-only capture (no GPU activity traced): comparing the ranks' CPU phases", highlight=False)
+    _findings(report, console, wide)
+    _stats_tables(report, console, wide)
+    if not report.gpu_activity:
+        if report.cpu_phases:
+            t, hidden = _cpu_table(report, wide)
+            console.print(t)
+            _more(console, hidden)
+        _print_tail(report, console, wide)
+        return
+    t, hidden = _rank_table(report, wide)
+    console.print(t)
+    _more(console, hidden, report)
     if report.stages:
-        st = Table(title="stages")
+        st = _table("stages", wide)
         for col in ("stage", "ranks", "compute ms", "bubble %"):
             st.add_column(col)
         for s in report.stages:
-            st.add_row(str(s.stage), ",".join(map(str, s.ranks)), f"{s.compute_ms:.1f}", f"{s.bubble_pct:.1f}")
+            rk = ",".join(map(str, s.ranks if wide or len(s.ranks) <= 6 else [*s.ranks[:3], "…", s.ranks[-1]]))
+            st.add_row(str(s.stage), rk, f"{s.compute_ms:.1f}", f"{s.bubble_pct:.1f}")
         console.print(st)
         if report.imbalance:
             i = report.imbalance
@@ -71,23 +166,26 @@ def print_report(report: Report, console: Console) -> None:
         worst = max(steady, key=lambda s: s.spread_ms)
         console.print(f"steps: {len(report.steps)}, largest cross-rank spread {worst.spread_ms} ms "
                       f"at step {worst.step}")
-    _print_tail(report, console)
+    _print_tail(report, console, wide)
 
 
-def _print_tail(report: Report, console: Console) -> None:
+def _more(console: Console, hidden: int, report: Report | None = None) -> None:
+    if hidden <= 0:
+        return
+    line = f"... {hidden} more rank(s) not shown (--wide shows every rank)"
+    if report is not None:
+        idle = [r.gpu_idle_pct for r in report.ranks]
+        line += f"; GPU idle % over all {len(idle)}: min {min(idle):.1f}, median {statistics.median(idle):.1f}, " \
+                f"max {max(idle):.1f}"
+    _line(console, line, False, "    ")
+
+
+def _print_tail(report: Report, console: Console, wide: bool = False) -> None:
     for n in report.notes:
-        console.print(f"note: {plain(n)}", markup=False)
-    for p in report.problems:
+        _line(console, f"note: {plain(n)}", wide, "  ")
+    problems, notes = split_problems(report)
+    for p, reason in problems + notes:
         style = "dim" if p.status == "partial" else "red"
-        reason = plain(p.reason or "")
+        reason = plain(reason)
         reason = reason if len(reason) < 240 else reason[:237] + "..."
         console.print(f"[{style}]rank {p.rank}: {cell(p.status)}[/] {cell(reason)}", highlight=False)
-    console.print("[bold]findings[/bold]")
-    for i, f in enumerate(report.findings, 1):
-        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks "
-                      f"{', '.join(map(str, f.ranks))}"
-                      + (f"; victims {', '.join(map(str, f.victims))}" if f.victims else "") + ")")
-        for e in f.evidence:
-            console.print(f"   - {plain(e)}", markup=False)
-        console.print(f"   fix: {plain(f.fix)}", markup=False)
-    print_tables(report, console)

@@ -1,0 +1,281 @@
+"""What the HTML report draws beyond the `Report`: per-step times and waiting for the heatmaps,
+and the aligned cross-rank timeline of two steps (a representative one and the slowest).
+
+Why a second read of the store: the `Report` holds per-rank totals, but a timeline needs the
+individual kernels, waits and NVTX ranges of a few ranks in one step, and a CPU-only capture
+has no GPU step times in the report at all (its steps are NVTX ranges). Everything here is
+read from the analysis views (`analyze/sql/`): `steps`, `step_gpu`, `gpu_ops`, `nccl_waits`
+(waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, `blame_edges`, `nvtx`.
+Times are ms on the store's aligned clock, relative to the shown step's start (`t0`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.analyze.engine import Options, Views, analysis
+from orchestrator.analyze.model import Report
+
+NS = 1e6
+MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
+NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autograd noise)
+ROOT_KINDS = ("straggler", "cpu_phase_outlier")  # findings whose `ranks` hold the others up (`victims`)
+SegKind = Literal["compute", "comm transfer", "comm waiting", "other GPU", "sync", "nvtx"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Seg(_M):
+    """One drawn interval: ms from the step view's t0; depth only for NVTX ranges."""
+
+    s: float
+    e: float
+    kind: SegKind
+    name: str
+    depth: int = 0
+
+
+class Lane(_M):
+    rank: int
+    role: str = Field("", description="root, victim, slowest, fastest or sample: why it is shown")
+    cpu: list[Seg] = Field(default_factory=list, description="NVTX ranges of the main (loop) thread")
+    syncs: list[Seg] = Field(default_factory=list, description="host syncs (CPU blocked on the GPU)")
+    gpu: list[Seg] = Field(default_factory=list, description="kernels, NCCL split into waiting/transfer")
+
+
+class Edge(_M):
+    """One hop of the root-cause path: `victim` waited during [s, e] for `root` (through `via`)."""
+
+    victim: int
+    via: int
+    root: int
+    s: float
+    e: float
+
+
+class Hidden(_M):
+    """The ranks not drawn, summarised."""
+
+    n: int
+    busy_ms_median: float | None = None
+    waiting_ms_median: float | None = None
+    waiting_ms_max: float | None = None
+    waiting_max_rank: int | None = None
+
+
+class StepView(_M):
+    label: str
+    step: int
+    t1: float = Field(description="ms from t0 to the end of the last shown rank's step")
+    t0_ns: int = Field(description="the view's start on the store clock")
+    lanes: list[Lane]
+    edges: list[Edge] = Field(default_factory=list)
+    hidden: Hidden | None = None
+
+
+class Extras(_M):
+    cpu_step_ms: dict[int, dict[int, float]] = Field(
+        default_factory=dict, description="rank -> step -> wall time of the step's NVTX range on the loop thread")
+    first_step: dict[int, int] = Field(default_factory=dict, description="each rank's first (warm-up) step")
+    wait_ms: dict[int, dict[int, float]] = Field(
+        default_factory=dict, description="rank -> step -> NCCL waiting for other ranks (analysed steps only)")
+    views: list[StepView] = Field(default_factory=list)
+    note: str | None = None
+
+
+def build_extras(store: Path, opts: Options, report: Report) -> Extras:
+    """Open the store once more (the analysis SQL is cheap next to collect) and read the extras."""
+    con, v = analysis(store, opts)
+    try:
+        return extras_from_views(v, report)
+    finally:
+        con.close()
+
+
+def _safe(v: Views, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    """A view renamed by a newer analysis costs the timeline, never the report."""
+    import duckdb
+
+    try:
+        return v.query(sql, params)
+    except duckdb.Error:
+        return []
+
+
+def extras_from_views(v: Views, report: Report) -> Extras:
+    ex = Extras()
+    steps = _safe(v, 'SELECT rank, tid, step, start, "end" FROM steps ORDER BY rank, step')
+    for r in steps:
+        ex.cpu_step_ms.setdefault(r["rank"], {})[r["step"]] = round((r["end"] - r["start"]) / NS, 3)
+    for rk, by in ex.cpu_step_ms.items():
+        ex.first_step[rk] = min(by)
+    for r in _safe(v, """SELECT w.rank, o.step, sum(w.e - w.s) AS ns FROM nccl_waits w
+                        JOIN gpu_ops o ON o.rank = w.rank AND o.start = w.s AND o.is_comm
+                        WHERE o.step IS NOT NULL GROUP BY ALL ORDER BY ALL"""):
+        ex.wait_ms.setdefault(r["rank"], {})[r["step"]] = round(r["ns"] / NS, 3)
+    picks = pick_steps(report, ex)
+    if not picks:
+        ex.note = "no steps found: no timeline"
+        return ex
+    main_tid = {r["rank"]: r["tid"] for r in steps}
+    for label, step in picks:
+        view = _step_view(v, report, ex, label, step, steps, main_tid)
+        if view:
+            ex.views.append(view)
+    return ex
+
+
+def step_times(report: Report, ex: Extras) -> dict[int, dict[int, float]]:
+    """rank -> step -> ms: GPU step spans when the capture has GPU work, else NVTX step ranges."""
+    if report.gpu_activity and report.steps:
+        out: dict[int, dict[int, float]] = defaultdict(dict)
+        for s in report.steps:
+            for rk, ms in s.ms_by_rank.items():
+                out[int(rk)][s.step] = ms
+        return dict(out)
+    return ex.cpu_step_ms
+
+
+def pick_steps(report: Report, ex: Extras) -> list[tuple[str, int]]:
+    """The representative step (median of the per-step slowest rank) and the slowest step."""
+    times = step_times(report, ex)
+    per_step: dict[int, float] = defaultdict(float)
+    for rk, by in times.items():
+        first = ex.first_step.get(rk, min(by) if by else 0)
+        for st, ms in by.items():
+            if st != first:
+                per_step[st] = max(per_step[st], ms)
+    if not per_step:
+        return []
+    order = sorted(per_step, key=lambda s: (per_step[s], s))
+    median, slowest = order[(len(order) - 1) // 2], order[-1]
+    out = [(f"representative step {median} (median step time {per_step[median]:.1f} ms)", median)]
+    if slowest != median:
+        out.append((f"slowest step {slowest} ({per_step[slowest]:.1f} ms)", slowest))
+    return out
+
+
+def _shown_ranks(report: Report, step: int, times: dict[int, dict[int, float]]) -> dict[int, str]:
+    """Ranks on the critical path first (roots, then their victims), the step's slowest and
+    fastest, then an even sample, up to MAX_LANES: at hundreds of ranks the lanes that explain
+    the step are drawn and the rest is one summary line."""
+    have = sorted(rk for rk, by in times.items() if step in by) or sorted(r.rank for r in report.ranks)
+    chosen: dict[int, str] = {}
+
+    def add(rk: int, role: str) -> None:
+        if rk in have and rk not in chosen and len(chosen) < MAX_LANES:
+            chosen[rk] = role
+
+    for f in report.findings:
+        if f.kind in ROOT_KINDS:
+            for rk in f.ranks:
+                add(rk, "root")
+    for f in report.findings:
+        for rk in f.victims[: MAX_LANES // 2]:
+            add(rk, "victim")
+    by = sorted((times[rk][step], rk) for rk in have if step in times.get(rk, {}))
+    if by:
+        add(by[-1][1], "slowest")
+        add(by[0][1], "fastest")
+    for f in report.findings:
+        if f.kind != "healthy":
+            for rk in f.ranks[:4]:
+                add(rk, "finding")
+    room = MAX_LANES - len(chosen)
+    rest = [rk for rk in have if rk not in chosen]
+    if room > 0 and rest:
+        stride = max(1, len(rest) / room)
+        for i in range(min(room, len(rest))):
+            add(rest[int(i * stride)], "sample")
+    return dict(sorted(chosen.items()))
+
+
+def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, steps: list[dict[str, Any]],
+               main_tid: dict[int, int]) -> StepView | None:
+    times = step_times(report, ex)
+    shown = _shown_ranks(report, step, times)
+    if not shown:
+        return None
+    ranks = list(shown)
+    spans = [(r["start"], r["end"]) for r in steps if r["step"] == step and r["rank"] in shown]
+    spans += [(r["s"], r["e"]) for r in _safe(
+        v, "SELECT s, e FROM step_gpu WHERE step = ? AND list_contains(?, rank) AND s IS NOT NULL", [step, ranks])]
+    if not spans:
+        return None
+    t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
+
+    def ms(ns: int) -> float:
+        return round((ns - t0) / NS, 4)
+
+    def clip(s: int, e: int) -> tuple[float, float]:
+        return ms(max(s, t0)), ms(min(e, t1))
+
+    lanes = {rk: Lane(rank=rk, role=role) for rk, role in shown.items()}
+    waits = _safe(v, "SELECT rank, s, e, waited_for FROM nccl_waits WHERE list_contains(?, rank) AND e > ? AND s < ?",
+                  [ranks, t0, t1])
+    wait_at = {(w["rank"], w["s"]): w for w in waits}
+    for o in _safe(v, """SELECT rank, kind, is_comm, name, start, "end" FROM gpu_ops
+                        WHERE list_contains(?, rank) AND "end" > ? AND start < ? ORDER BY rank, start""",
+                   [ranks, t0, t1]):
+        lane, name = lanes[o["rank"]], o["name"] or "?"
+        if not o["is_comm"]:
+            kind = "compute" if o["kind"] == "kernel" else "other GPU"
+            lane.gpu.append(Seg(s=ms(max(o["start"], t0)), e=ms(min(o["end"], t1)), kind=kind, name=name))
+            continue
+        w = wait_at.get((o["rank"], o["start"]))
+        split = min(w["e"], o["end"]) if w else o["start"]
+        if split > o["start"]:
+            s, e = clip(o["start"], split)
+            lane.gpu.append(Seg(s=s, e=e, kind="comm waiting", name=f"{name}: waiting for rank {w['waited_for']}"))
+        if o["end"] > split:
+            s, e = clip(split, o["end"])
+            lane.gpu.append(Seg(s=s, e=e, kind="comm transfer", name=name))
+    for h in _safe(v, """SELECT rank, start, "end", name FROM host_syncs
+                        WHERE list_contains(?, rank) AND "end" > ? AND start < ?""", [ranks, t0, t1]):
+        s, e = clip(h["start"], h["end"])
+        lanes[h["rank"]].syncs.append(Seg(s=s, e=e, kind="sync", name=h["name"] or "sync"))
+    step_depth = {r["rank"]: r["d"] for r in _safe(
+        v, """SELECT s.rank, min(n.depth) AS d FROM steps s JOIN nvtx n ON n.rank = s.rank AND n.tid = s.tid
+              AND n.start = s.start AND n."end" = s."end" WHERE s.step = ? GROUP BY s.rank""", [step])}
+    for rk in ranks:
+        tid, d0 = main_tid.get(rk), step_depth.get(rk, 0) or 0
+        if tid is None:
+            continue
+        for n in _safe(v, """SELECT start, "end", depth, text FROM nvtx WHERE rank = ? AND tid = ? AND domain_id = 0
+                            AND "end" > ? AND start < ? AND depth BETWEEN ? AND ? ORDER BY start""",
+                       [rk, tid, t0, t1, d0, d0 + NVTX_DEPTH]):
+            s, e = clip(n["start"], n["end"])
+            lanes[rk].cpu.append(Seg(s=s, e=e, kind="nvtx", name=n["text"] or "", depth=int(n["depth"] - d0)))
+    edges = [Edge(victim=b["victim"], via=b["via"], root=b["root"], s=ms(max(b["s"], t0)), e=ms(min(b["e"], t1)))
+             for b in _safe(v, "SELECT victim, via, root, s, e FROM blame_edges WHERE e > ? AND s < ? ORDER BY ns DESC "
+                               "LIMIT 200", [t0, t1])]
+    return StepView(label=label, step=step, t1=ms(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
+                    hidden=_hidden(v, report, ranks, t0, t1))
+
+
+def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hidden | None:
+    rest = [r.rank for r in report.ranks if r.rank not in shown]
+    if not rest:
+        return None
+    busy = {r["rank"]: r["ns"] / NS for r in _safe(
+        v, """SELECT rank, sum(least("end", ?) - greatest(start, ?)) AS ns FROM gpu_ops
+              WHERE list_contains(?, rank) AND "end" > ? AND start < ? AND NOT is_comm GROUP BY rank""",
+        [t1, t0, rest, t0, t1])}
+    wait = {r["rank"]: r["ns"] / NS for r in _safe(
+        v, """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits
+              WHERE list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""", [t1, t0, rest, t0, t1])}
+    h = Hidden(n=len(rest))
+    if busy:
+        h.busy_ms_median = round(statistics.median(busy.get(rk, 0.0) for rk in rest), 3)
+    if wait:
+        top = max(rest, key=lambda rk: wait.get(rk, 0.0))
+        h.waiting_ms_median = round(statistics.median(wait.get(rk, 0.0) for rk in rest), 3)
+        h.waiting_ms_max, h.waiting_max_rank = round(wait.get(top, 0.0), 3), top
+    return h

@@ -1,10 +1,11 @@
 -- Step time per rank and step: the iteration, from the step's start to the next step's start
 -- (so the time between two step ranges, where `for batch in loader` waits for data, counts);
--- the last step ends at its range end or its GPU work's end, whichever is later. Every step,
--- the first one included (marked warm-up). s/e: the span of the step's GPU work.
+-- the last step ends at its range end or its GPU work's end, whichever is later (`complete` is
+-- false: what followed it is unknown, so it stays out of the statistics). Every step, the
+-- first one included (marked warm-up). s/e: the span of the step's GPU work.
 -- Reads: steps, gpu_ops, first_step, params. Provides:
---   step_gpu(rank, step, s, e, ns, warmup)
---   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected (steady-state) steps
+--   step_gpu(rank, step, s, e, ns, warmup, complete)
+--   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
 CREATE OR REPLACE TEMP TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, min(start) AS s, max("end") AS e FROM gpu_ops WHERE step IS NOT NULL GROUP BY rank, step
@@ -13,11 +14,11 @@ WITH g AS (
 )
 SELECT st.rank, st.step, g.s, g.e,
        coalesce(st.next_start, greatest(st."end", coalesce(g.e, st."end"))) - st.start AS ns,
-       (st.step = f.first_step) AS warmup
+       (st.step = f.first_step) AS warmup, st.next_start IS NOT NULL AS complete
 FROM st JOIN first_step f USING (rank) LEFT JOIN g USING (rank, step);
 
 CREATE OR REPLACE TEMP VIEW step_stats AS
 SELECT g.rank, avg(g.ns) AS mean_ns, median(g.ns) AS median_ns, quantile_cont(g.ns, 0.9) AS p90_ns, count(*) AS n
 FROM step_gpu g JOIN first_step f USING (rank), params p
-WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi)
+WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
 GROUP BY g.rank;

@@ -87,7 +87,7 @@ def test_straggler_cause_and_victims() -> None:
                               median_lateness_ms=4.5, share_of_window_pct=45.0, p_value=0.001)])
     (f,) = _run("straggler", ctx)
     assert f.ranks == [1] and f.victims == [0] and "`data_load`" in f.title and f.severity == "high"
-    assert "GPU sat idle for 40.0 ms (89% of the wait)" in f.evidence[-2]
+    assert "GPU sat idle for 40.0 ms (89% of that time)" in f.evidence[-2]
     assert f.evidence[-1] == "its loop thread was in `read` for 67% of that time (OS runtime trace)"
 
 

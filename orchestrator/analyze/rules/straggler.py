@@ -97,13 +97,14 @@ class Straggler(Rule):
                      key=lambda c: (-c["ns"], c["range_group"]))
         if top and wait_ms and ns_to_ms(top[0]["ns"]) >= self.cause_share * wait_ms:
             idle = ns_to_ms(top[0]["ns"])
-            evidence.append(f"while they waited, rank {rk}'s GPU sat idle for {idle} ms "
-                            f"({round(100 * idle / wait_ms)}% of the wait) with its CPU in `{top[0]['range_group']}`")
+            evidence.append(f"while it fell behind (since its previous collective), rank {rk}'s GPU sat idle for "
+                            f"{idle} ms ({round(100 * idle / wait_ms)}% of that time) with its CPU in "
+                            f"`{top[0]['range_group']}`")
             return top[0]["range_group"]
         if b and wait_ms:
             busy_pct = round(100 * ns_to_ms(b["busy_ns"]) / wait_ms)
-            evidence.append(f"while they waited, rank {rk}'s GPU was busy {busy_pct}% "
-                            "of the time (still running earlier work); no CPU-side range explains the lateness")
+            evidence.append(f"while it fell behind (since its previous collective), rank {rk}'s GPU ran compute "
+                            f"{busy_pct}% of the time; no CPU-side range explains the lateness")
         return None
 
 

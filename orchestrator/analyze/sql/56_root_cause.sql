@@ -1,40 +1,56 @@
 -- Root cause across ranks: who held everyone up. Every wait in a collective (V waited for the
 -- group's last starter C during [s, e]) is followed to the rank whose own work caused it, over
 -- collective and p2p waits alike (p2p waits alone are the pipeline's bubble, not a straggler,
--- so they only carry blame along): if C was itself waiting
--- for another rank during most of [s, e], the wait is passed on to that rank, hop by hop (a
--- stage-1 rank that reaches its DP all-reduce last only because it waited for its p2p input
--- from a slow stage-0 rank passes the blame to that stage-0 rank).
--- Reads: nccl_waits, gap_attr, islands, loop_thread, osrt. Provides:
+-- so they only carry blame along). C is late by e - s. If since its last synchronisation (its
+-- previous collective's end, or its window start) C spent at least half of that lateness more
+-- time waiting for other ranks than V did since V's own, C fell behind because it waited: the
+-- blame passes to the rank C waited for most, hop by hop (a stage-1 rank that reaches its DP
+-- all-reduce last only because its p2p input came late from a slow stage-0 rank passes the
+-- blame to that stage-0 rank, although it was busy computing when its peer started waiting).
+-- Reads: coll, nccl_waits, win, gap_attr, islands, loop_thread, osrt. Provides:
 --   blame_edges(victim, via, root, s, e, ns, hops)   each collective wait, the rank it waited
---       for (via), the rank it is blamed on (root) and the interval of the last hop (when the
---       root was late, on the root's own timeline)
+--       for (via), the rank it is blamed on (root) and the interval of the last hop
 --   root_blame(root, caused_ns, n_waits, victims, vias, max_hops)
---   root_context(rank, range_group, ns)   the root's GPU gaps by CPU range while it was late
+--   root_windows(rank, s, e)              when the root fell behind: from its last
+--       synchronisation before each blamed interval to that interval's end
+--   root_context(rank, range_group, ns)   the root's GPU gaps by CPU range in those windows
 --   root_busy(rank, wait_ns, busy_ns)     how much of that time its GPU ran compute kernels
 --   root_cpu(rank, call, ns)              its loop thread's OS calls in that time
--- A hop is taken when the culprit itself waited >= half of the interval it is blamed for.
 CREATE OR REPLACE TEMP TABLE blame_0 AS
 SELECT rank AS victim, waited_for AS via, waited_for AS root, s, e, e - s AS ns, 0 AS hops
 FROM nccl_waits WHERE kind = 'collective';
 
--- Three hops cover a pipeline of four stages; each hop is one set-based statement.
+-- A rank's last synchronisation at or before t: the end of its latest collective, else its w0.
+CREATE OR REPLACE TEMP MACRO last_sync(r, t) AS coalesce(
+    (SELECT max(c."end") FROM coll c WHERE c.rank = r AND c."end" <= t),
+    (SELECT w.w0 FROM win w WHERE w.rank = r));
+
+-- One hop; three hops cover a pipeline of four stages, each one set-based statement.
 CREATE OR REPLACE TEMP MACRO blame_hop(tbl) AS TABLE
-WITH own AS (  -- the culprit's own waits inside the interval it was blamed for
-    SELECT b.victim, b.via, b.root, b.s, b.e, b.ns, b.hops, w.waited_for,
-           sum(least(w.e, b.e) - greatest(w.s, b.s)) AS overlap,
-           min(greatest(w.s, b.s)) AS os, max(least(w.e, b.e)) AS oe
-    FROM query_table(tbl) b JOIN nccl_waits w ON w.rank = b.root AND w.s < b.e AND w.e > b.s AND w.waited_for <> b.victim
+WITH b AS (
+    SELECT *, last_sync(root, e) AS c_sync, last_sync(victim, s) AS v_sync FROM query_table(tbl)
+), culprit AS (  -- the culprit's waiting since its last sync, by whom it waited for
+    SELECT b.victim, b.root, b.s, w.waited_for, sum(least(w.e, b.e) - greatest(w.s, b.c_sync)) AS ns,
+           min(greatest(w.s, b.c_sync)) AS ws, max(least(w.e, b.e)) AS we
+    FROM b JOIN nccl_waits w ON w.rank = b.root AND w.s < b.e AND w.e > b.c_sync
     GROUP BY ALL
-), best AS (
-    SELECT *, row_number() OVER (PARTITION BY victim, root, s ORDER BY overlap DESC, waited_for) AS i FROM own
+), own AS (  -- the victim's waiting since its own last sync (what waiting is normal here)
+    SELECT b.victim, b.root, b.s, coalesce(sum(least(w.e, b.s) - greatest(w.s, b.v_sync)), 0) AS ns
+    FROM b LEFT JOIN nccl_waits w ON w.rank = b.victim AND w.s < b.s AND w.e > b.v_sync
+    GROUP BY ALL
+), pick AS (
+    SELECT c.*, sum(c.ns) OVER (PARTITION BY c.victim, c.root, c.s) AS total,
+           row_number() OVER (PARTITION BY c.victim, c.root, c.s ORDER BY c.ns DESC, c.waited_for) AS i
+    FROM culprit c WHERE c.waited_for <> c.victim
 )
 SELECT b.victim, b.via,
-       CASE WHEN o.overlap * 2 >= b.e - b.s THEN o.waited_for ELSE b.root END AS root,
-       CASE WHEN o.overlap * 2 >= b.e - b.s THEN o.os ELSE b.s END AS s,
-       CASE WHEN o.overlap * 2 >= b.e - b.s THEN o.oe ELSE b.e END AS e,
-       b.ns, b.hops + CASE WHEN o.overlap * 2 >= b.e - b.s THEN 1 ELSE 0 END AS hops
-FROM query_table(tbl) b LEFT JOIN best o ON o.victim = b.victim AND o.root = b.root AND o.s = b.s AND o.i = 1;
+       CASE WHEN hop THEN p.waited_for ELSE b.root END AS root,
+       CASE WHEN hop THEN p.ws ELSE b.s END AS s,
+       CASE WHEN hop THEN p.we ELSE b.e END AS e,
+       b.ns, b.hops + CASE WHEN hop THEN 1 ELSE 0 END AS hops
+FROM b LEFT JOIN pick p ON p.victim = b.victim AND p.root = b.root AND p.s = b.s AND p.i = 1
+LEFT JOIN own o ON o.victim = b.victim AND o.root = b.root AND o.s = b.s,
+LATERAL (SELECT coalesce(2 * (p.total - coalesce(o.ns, 0)) >= b.e - b.s, false) AS hop);
 
 CREATE OR REPLACE TEMP TABLE blame_1 AS SELECT * FROM blame_hop('blame_0');
 CREATE OR REPLACE TEMP TABLE blame_2 AS SELECT * FROM blame_hop('blame_1');
@@ -48,7 +64,8 @@ FROM blame_edges GROUP BY root;
 
 -- What the root rank's GPU and CPU did while it held the others up: its GPU gaps there by
 -- CPU range (gap_attr), and how much of that time its GPU was busy.
-CREATE OR REPLACE TEMP VIEW root_raw AS SELECT root AS rank, 'w' AS cls, s, e FROM blame_edges WHERE e > s;
+CREATE OR REPLACE TEMP VIEW root_raw AS
+SELECT root AS rank, 'w' AS cls, last_sync(root, e) AS s, e FROM blame_edges WHERE e > s;
 CREATE OR REPLACE TEMP TABLE root_windows AS SELECT rank, s, e FROM union_intervals('root_raw');
 
 CREATE OR REPLACE TEMP VIEW root_context AS

@@ -56,6 +56,7 @@ class RankMetrics(_Model):
     exposed_comm_ms: float = Field(description="NCCL time not hidden behind compute")
     gpu_busy_ms: float
     gpu_idle_pct: float
+    no_compute_pct: float = Field(0.0, description="share of the window with no compute kernel: a stage's bubble")
     p2p_ms: float = Field(description="NCCL send/recv share of comm_ms")
     nccl_wait_ms: float = Field(description="NCCL time spent waiting for the last rank of a collective")
     p2p_wait_ms: float = Field(0.0, description="send/recv time spent waiting for the peer")

@@ -13,6 +13,7 @@ from orchestrator.analyze.model import RankMetrics, Report
 # metric -> (direction where bigger is worse?, threshold, kind)
 METRICS: dict[str, tuple[bool, float, str]] = {
     "gpu_idle_pct": (True, 5.0, "points"),
+    "no_compute_pct": (True, 5.0, "points"),
     "comm_overlap_pct": (False, 10.0, "points"),
     "exposed_comm_ms": (True, 0.10, "relative"),
     "compute_ms": (True, 0.10, "relative"),

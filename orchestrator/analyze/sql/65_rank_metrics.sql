@@ -1,7 +1,7 @@
 -- Every per-rank metric of the report, one row per analysed rank (ns unless _pct).
 -- Reads: win, gpu_time, coll_rank, p2p_rank, step_stats, gpu_util. Provides:
 --   rank_metrics(rank, host, stage, status, w0, w1, window_source, window_ns, compute_ns,
---     comm_ns, overlap_ns, busy_ns, p2p_ns, exposed_comm_ns, comm_overlap_pct, compute_pct,
+--     comm_ns, overlap_ns, busy_ns, p2p_ns, exposed_comm_ns, comm_overlap_pct, compute_pct, no_compute_pct,
 --     gpu_idle_pct, nccl_wait_ns, p2p_wait_ns, transfer_ns (NCCL kernel time not spent waiting),
 --     late_count, n_coll, mean_step_ns, median_step_ns, p90_step_ns, sm_active_pct, tensor_active_pct)
 CREATE OR REPLACE TEMP TABLE rank_metrics AS
@@ -10,6 +10,8 @@ SELECT r.rank, r.host, r.stage, r.status, w.w0, w.w1, w.source AS window_source,
        t.comm_ns - t.overlap_ns AS exposed_comm_ns,
        CASE WHEN t.comm_ns > 0 THEN round(100.0 * t.overlap_ns / t.comm_ns, 2) ELSE 0.0 END AS comm_overlap_pct,
        CASE WHEN w.w1 > w.w0 THEN round(100.0 * t.compute_ns / (w.w1 - w.w0), 2) ELSE 0.0 END AS compute_pct,
+       CASE WHEN w.w1 > w.w0 THEN round(100.0 - 100.0 * t.compute_ns / (w.w1 - w.w0), 2) ELSE 0.0 END
+           AS no_compute_pct,
        CASE WHEN w.w1 > w.w0 THEN round(100.0 - round(100.0 * t.busy_ns / (w.w1 - w.w0), 2), 2) ELSE 0.0 END
            AS gpu_idle_pct,
        coalesce(c.nccl_wait_ns, 0) AS nccl_wait_ns, coalesce(c.late_count, 0) AS late_count,

@@ -110,6 +110,10 @@ def _notes(v: Views) -> list[str]:
         notes.append(f"GPU metrics were sampled by rank(s) {', '.join(map(str, o['collectors']))} for their node: "
                      f"median step {ns_to_ms(o['collector_median_ns'])} ms there vs {ns_to_ms(o['others_median_ns'])} "
                      "ms on the other ranks (the difference includes any waiting for other ranks)")
+    for o in v.query("SELECT list(DISTINCT rank ORDER BY rank) AS ranks, sum(out_of_range) AS n FROM gpu_metric_rank "
+                     "HAVING sum(out_of_range) > 0"):
+        notes.append(f"{o['n']} GPU metric samples outside 0..100 % (impossible) were left out of the means of "
+                     f"rank(s) {', '.join(map(str, o['ranks']))}")
     return notes
 
 

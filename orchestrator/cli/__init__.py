@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from orchestrator import __version__
 from orchestrator.cli.common import Handler, err
 from orchestrator.errors import OrchError
+from orchestrator.report.safe import plain
 
 __all__ = ["build_parser", "main"]
 
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a = parser.parse_args(argv)
         return handlers[a.command](a)
     except OrchError as e:
-        err.print(f"orch: error: {e}", markup=False)
+        err.print(f"orch: error: {plain(e)}", markup=False)  # paths and trace names are data
         return e.exit_code
     except KeyboardInterrupt:
         return _interrupted()

@@ -11,6 +11,7 @@ from orchestrator import naming
 from orchestrator.cli.common import Handler, check_output_dir, err, out, run_arg, runs_opt, workers
 from orchestrator.errors import OrchError
 from orchestrator.layout import Layout
+from orchestrator.report.safe import plain
 from orchestrator.rundir import read_manifest
 
 
@@ -40,13 +41,13 @@ def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace) -> A
 
 
 def print_collect(res: Any) -> None:
-    out.print(f"store: {res.store} ({len(res.ok_ranks)} rank(s) ok, engine {res.engine})", markup=False)
+    out.print(f"store: {plain(res.store)} ({len(res.ok_ranks)} rank(s) ok, engine {res.engine})", markup=False)
     for w in res.warnings:
-        err.print(f"warning: {w}", markup=False)
+        err.print(f"warning: {plain(w)}", markup=False)
     for m in res.bad:
         reason = m.probe.error or "; ".join(m.notes)
-        out.print(f"  {m.report.origin.name}: {m.status if not m.probe.error else 'error'}"
-                  f"{f' (rank {m.rank})' if m.rank is not None else ''}: {reason}", markup=False)
+        out.print(f"  {plain(m.report.origin.name)}: {m.status if not m.probe.error else 'error'}"
+                  f"{f' (rank {m.rank})' if m.rank is not None else ''}: {plain(reason)}", markup=False)
     if res.missing:
         out.print(f"missing ranks: {', '.join(map(str, res.missing))}")
     if res.extra:
@@ -72,7 +73,7 @@ def cmd_redact(a: argparse.Namespace) -> int:
 
     check_output_dir(a.output, "-o")
     for f in a.exports:
-        out.print(f"wrote {redact_export(Path(f), Path(a.output))}", markup=False)
+        out.print(f"wrote {plain(redact_export(Path(f), Path(a.output)))}", markup=False)
     return 0
 
 

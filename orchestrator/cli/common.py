@@ -20,9 +20,10 @@ from rich.console import Console
 from orchestrator.errors import OrchError
 from orchestrator.rundir import STORE, find_run
 
-# Wide enough for the per-rank table when the output goes to a file or a CI log.
-out = Console(highlight=False, soft_wrap=True, width=None if Console().is_terminal else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Wide enough for the per-rank table when the output goes to a file or a CI log. No emoji
+# codes: a trace name `:skull:` is printed as written (markup escaping does not cover them).
+out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if Console().is_terminal else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 Handler = Callable[[argparse.Namespace], int]
 MAX_WORKERS = 64
 

@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.errors import OrchError
 from orchestrator.layout import Layout
+from orchestrator.report.safe import cell, plain
 
 if TYPE_CHECKING:
     from orchestrator.analyze.engine import Options
@@ -47,11 +48,11 @@ def _emit(report: Report, a: argparse.Namespace, store: Path | None = None) -> N
     print_report(report, out, wide=getattr(a, "wide", False))
     if a.json:
         write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
-        out.print(f"wrote {a.json}", markup=False)
+        out.print(f"wrote {plain(a.json)}", markup=False)
     if a.html:
         extras = build_extras(store, _options(a), report) if store else None
         write_text_atomic(Path(a.html), render_html(report, extras))
-        out.print(f"wrote {a.html}", markup=False)
+        out.print(f"wrote {plain(a.html)}", markup=False)
 
 
 def _options(a: argparse.Namespace) -> Options:
@@ -97,7 +98,7 @@ def cmd_analyze(a: argparse.Namespace) -> int:
         if isinstance(e, OrchError):
             raise OrchError(f"{e}; the collected store is kept in {res.store} (pass --out DIR to choose "
                             "where; delete it when done)") from None
-        err.print(f"orch: the analysis failed; the collected store is kept in {res.store}", markup=False)
+        err.print(f"orch: the analysis failed; the collected store is kept in {plain(res.store)}", markup=False)
         raise
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # interrupted: nothing half-done is kept
@@ -126,19 +127,18 @@ def _load_report(ref: str, runs: str | None) -> Report:
 
 
 def cmd_diff(a: argparse.Namespace) -> int:
-    from rich.markup import escape
     from rich.table import Table
 
     from orchestrator.report.diff import diff_reports
 
     check_output_file(a.json, "--json")
     d = diff_reports(_load_report(a.a, a.runs), _load_report(a.b, a.runs), scale=a.threshold_scale)
-    t = Table(title=escape(f"{a.a} -> {a.b}"))
+    t = Table(title=cell(f"{a.a} -> {a.b}"))
     for c in ("rank", "metric", "A", "B", "delta", ""):
         t.add_column(c)
     for r in d["rows"]:
         if r["delta"] or r["regressed"]:
-            t.add_row(str(r["rank"]), escape(str(r["metric"])), str(r["a"]), str(r["b"]), f"{r['delta']:+}",
+            t.add_row(str(r["rank"]), cell(r["metric"]), str(r["a"]), str(r["b"]), f"{r['delta']:+}",
                       "[red]REGRESSED[/red]" if r["regressed"] else "")
     out.print(t)
     if d["only_in_a"] or d["only_in_b"]:
@@ -156,7 +156,7 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
 
     check_output_file(a.output, "-o")
     n = export_trace(store_of(a.run, a.runs), Path(a.output))
-    out.print(f"wrote {a.output} ({n} events); open it in https://ui.perfetto.dev", markup=False)
+    out.print(f"wrote {plain(a.output)} ({n} events); open it in https://ui.perfetto.dev", markup=False)
     return 0
 
 

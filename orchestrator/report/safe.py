@@ -12,10 +12,11 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def plain(text: object) -> str:
-    """Printable text: control characters shown as U+FFFD, newlines and tabs kept."""
-    return _CONTROL.sub("\ufffd", str(text))
+    """One printable line: control characters shown as U+FFFD, newlines as spaces (a name with
+    newlines must not print lines that look like orch's own), tabs kept."""
+    return _CONTROL.sub("\ufffd", str(text)).replace("\n", " ")
 
 
 def cell(text: object) -> str:
     """Text for a rich table cell or a markup-enabled print: printable and markup-escaped."""
-    return escape(plain(text).replace("\n", " "))
+    return escape(plain(text))

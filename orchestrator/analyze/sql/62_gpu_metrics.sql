@@ -3,14 +3,17 @@
 -- collector's rows for that rank's device, on the same host.
 -- Reads: kernels, ranks, win, gpu_metrics, step_stats. Provides:
 --   rank_device(rank, device)            the GPU a rank's kernels ran on
---   gpu_metric_rank(rank, metric, mean, n, collector)   mean of each sampled metric
+--   gpu_metric_rank(rank, metric, mean, n, collector, out_of_range)   mean of each sampled metric;
+--       samples of a percent metric outside 0..100 are impossible: left out of the mean, counted
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
 --   collector_overhead(collectors, collector_median_ns, others_median_ns)
 CREATE OR REPLACE TEMP TABLE rank_device AS
 SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
 
 CREATE OR REPLACE TEMP TABLE gpu_metric_rank AS
-SELECT d.rank, m.metric, avg(m.value) AS mean, count(*) AS n, any_value(c.rank) AS collector
+SELECT d.rank, m.metric, avg(m.value) FILTER (WHERE NOT m.metric LIKE '%\%]' ESCAPE '\' OR m.value BETWEEN 0 AND 100)
+       AS mean, count(*) AS n, any_value(c.rank) AS collector,
+       count(*) FILTER (WHERE m.metric LIKE '%\%]' ESCAPE '\' AND m.value NOT BETWEEN 0 AND 100) AS out_of_range
 FROM rank_device d JOIN ranks r USING (rank) JOIN win w USING (rank)
 JOIN ranks c ON c.host IS NOT DISTINCT FROM r.host
 JOIN gpu_metrics m ON m.rank = c.rank AND m.gpu = d.device AND m.start >= w.w0 AND m.start < w.w1

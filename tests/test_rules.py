@@ -185,3 +185,10 @@ def test_gpu_low_util_capped_when_explained() -> None:
     explained = _run("cpu_gap", context([rank(0, gaps_by_range_ms={"optimizer": 25.0})]))
     (g,) = _run("gpu_low_util", context([rank(0), rank(1)], {"gpu_slices": slices}, findings=explained))
     assert g.severity == "low"
+
+
+def test_layout_needed_only_without_layout() -> None:
+    ranks = [rank(0, p2p_ms=12.5), rank(1)]
+    (f,) = _run("layout_needed", context(ranks))
+    assert f.ranks == [0] and f.severity == "info" and f.evidence == ["rank 0: 12.5 ms in NCCL send/recv kernels"]
+    assert _run("layout_needed", context(ranks, layout={"known": True})) == []

@@ -133,7 +133,7 @@ def extras_from_views(v: Views, report: Report) -> Extras:
 
 
 def step_times(report: Report, ex: Extras) -> dict[int, dict[int, float]]:
-    """rank -> step -> ms: GPU step spans when the capture has GPU work, else NVTX step ranges."""
+    """rank -> step -> ms: iteration times when the capture has GPU work, else NVTX step ranges."""
     if report.gpu_activity and report.steps:
         out: dict[int, dict[int, float]] = defaultdict(dict)
         for s in report.steps:

@@ -80,11 +80,12 @@ def rank_bars(report: Report) -> str:
 
 
 def step_heatmap(report: Report, extras: Extras | None = None) -> str:
-    """Step time per rank and step: GPU step spans, or the NVTX step ranges of a CPU-only capture."""
+    """Step time per rank and step: the iteration (step start to next step start), or the NVTX step
+    ranges of a CPU-only capture."""
     times = step_times(report, extras or Extras())
     if report.gpu_activity:
         warm = {(int(rk), s.step) for s in report.steps if s.warmup for rk in s.ms_by_rank}
-        what = "GPU time"
+        what = "Iteration time"
     else:
         first = (extras or Extras()).first_step
         warm = {(rk, first[rk]) for rk in times if rk in first}

@@ -2,14 +2,15 @@
 `.cpu()`, `.tolist()`, `torch.cuda.synchronize()`, blocking DtoH copies), so the GPU's queue
 drains and the GPU idles while the CPU refills it. Cost: that GPU idle right after the syncs
 (view `sync_stats`, from analyze/sql/55_host_sync.sql), less the part the CPU spent in an
-input-pipeline range (that is a data-loader stall, reported by its own rule)."""
+input-pipeline range or in work between steps (a data-loader stall or the between-steps
+work, reported by their own rules)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.rules.base import BETWEEN_STEPS_WORK, DATA_RANGE, Context, Rule, finding, ns_to_ms
 
 FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`total += loss.detach()`) "
        "and call `.item()` / log every N steps; avoid `print(tensor)`, `.cpu()`, `.tolist()` and "
@@ -31,7 +32,7 @@ class HostSync(Rule):
         hit: dict[int, tuple[dict, float]] = {}
         in_data: dict[int, float] = {}
         for g in ctx.views.rows("sync_idle_ranges"):
-            if DATA_RANGE.search(g["range_group"]):
+            if DATA_RANGE.search(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
                 in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ns_to_ms(g["ns"])
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]

@@ -33,7 +33,8 @@ SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 # What must never reach a terminal from a trace: C0 (but \n and \t), DEL, C1, bidi overrides.
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 HTML_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "ul", "li", "table", "tr", "td",
-             "th", "thead", "tbody", "div", "span", "svg", "rect", "text", "details", "summary", "b", "script"}
+             "th", "thead", "tbody", "div", "span", "svg", "rect", "text", "details", "summary", "b", "script",
+             "g", "path", "line", "defs", "marker", "br", "h3"}
 RESULTS: dict[str, list[bool]] = defaultdict(list)
 
 

@@ -47,7 +47,8 @@ class HostSync(Rule):
             f"rank {rk}: {s['n_syncs']} host syncs in {s['n_steps']} steps ({s['sync_per_step']:.1f} per step: "
             f"{s['names'] or s['top_name']}); CPU blocked in them {ns_to_ms(s['blocked_ns'])} ms; GPU idle right "
             f"after them {round(idle / s['n_steps'], 3)} ms per step ({round(100 * idle / win[rk], 1)}% "
-            "of its window" + (", input-pipeline time excluded" if in_data.get(rk) else "") + ")"
+            "of its window" + (", time in the input pipeline or in work between steps excluded: reported "
+                               "by their own findings" if in_data.get(rk) else "") + ")"
             for rk, (s, idle) in sorted(hit.items())]
         worst = max(100 * idle / win[rk] for rk, (_, idle) in hit.items())
         top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]

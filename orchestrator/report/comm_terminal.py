@@ -3,6 +3,8 @@ the source of the byte counts and the nominal link it is compared with (or how t
 
 from __future__ import annotations
 
+import textwrap
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -11,6 +13,12 @@ from orchestrator.analyze.model import Report
 from orchestrator.report.safe import cell
 
 MAX_ROWS = 24
+WIDTH = 100
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(textwrap.fill(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False),
+                  markup=False, highlight=False)
 
 
 def _f(x: float | None) -> str:
@@ -22,11 +30,11 @@ def print_comm(report: Report, console: Console) -> None:
     if c is None:
         return
     if c.size_source == "none":
-        console.print(f"communication: no message sizes in this capture ({c.comm_kernels} NCCL kernels): "
-                      f"{cell(c.hint or '')}", markup=False, highlight=False)
+        _say(console, f"communication: no message sizes in this capture ({c.comm_kernels} NCCL kernels): "
+                      f"{cell(c.hint or '')}")
         return
-    nom = f"; % of {c.nominal.gbps_per_direction:g} GB/s per direction ({c.nominal.link})" if c.nominal else ""
-    t = Table(title=f"communication (bytes from NCCL's NVTX payload{nom})", box=box.SIMPLE_HEAD,
+    nom = f"; % link of {c.nominal.gbps_per_direction:g} GB/s/direction" if c.nominal else ""
+    t = Table(title=f"communication (bytes: NCCL NVTX payload{nom})", box=box.SIMPLE_HEAD,
               padding=(0, 1), title_justify="left", expand=False, show_edge=False)
     for col in ("kind", "size", "scope", "n", "transfer ms", "algbw GB/s", "busbw GB/s", "p10", "% link"):
         t.add_column(col, justify="left" if col in ("kind", "size", "scope") else "right")
@@ -36,6 +44,5 @@ def print_comm(report: Report, console: Console) -> None:
                   _f(k.median_busbw_gbps), _f(k.p10_busbw_gbps), _f(k.pct_of_nominal))
     console.print(t)
     for s in c.by_scope:
-        console.print(f"  {s.scope}-node: {s.gbytes} GB, transfer {s.transfer_ms_per_rank} ms per rank "
-                      f"({s.share_of_window_pct}% of the window), median busbw {_f(s.median_busbw_gbps)} GB/s",
-                      markup=False, highlight=False)
+        _say(console, f"  {s.scope}-node: {s.gbytes} GB, transfer {s.transfer_ms_per_rank} ms per rank "
+                      f"({s.share_of_window_pct}% of the window), median busbw {_f(s.median_busbw_gbps)} GB/s")

@@ -192,3 +192,53 @@ def test_layout_needed_only_without_layout() -> None:
     (f,) = _run("layout_needed", context(ranks))
     assert f.ranks == [0] and f.severity == "info" and f.evidence == ["rank 0: 12.5 ms in NCCL send/recv kernels"]
     assert _run("layout_needed", context(ranks, layout={"known": True})) == []
+
+
+def _comm(units: list[tuple[str, list[int], float]], kind_rows: list[dict] | None = None, nominal: bool = False):
+    from orchestrator.analyze.model_comm import CommKindRow, CommReport, CommUnitRow, nominal_for
+
+    return CommReport(
+        size_source="nccl_nvtx_payload", sized_kernels=10, comm_kernels=10,
+        nominal=nominal_for("NVIDIA H100 80GB HBM3") if nominal else None,
+        by_unit=[CommUnitRow(unit=u, ranks=r, scope="inter", kind="all_reduce", size_bucket="64 MiB",
+                             bucket_bytes=64 << 20, instances=10, median_busbw_gbps=bw) for u, r, bw in units],
+        by_kind=[CommKindRow(**k) for k in (kind_rows or [])])
+
+
+def test_slow_link_names_the_group_and_node() -> None:
+    """Four TP groups of 2 ranks across nodes; the two with rank 6 (host n3) move half the data rate."""
+    units = [("group 0,4", [0, 4], 40.0), ("group 1,5", [1, 5], 41.0), ("group 2,6", [2, 6], 12.0),
+             ("group 3,7", [3, 7], 39.0), ("p2p 6-7", [6, 7], 10.0), ("p2p 4-5", [4, 5], 38.0),
+             ("p2p 0-1", [0, 1], 40.0), ("p2p 2-3", [2, 3], 41.0)]
+    kinds = [dict(kind="all_reduce", size_bucket="64 MiB", bucket_bytes=64 << 20, scope="inter", instances=80,
+                  median_bytes=64 << 20, transfer_ms=80.0, median_algbw_gbps=35.0, median_busbw_gbps=35.0,
+                  p10_busbw_gbps=12.0)]
+    ranks = [rank(i, host=f"n{i // 2}") for i in range(8)]
+    (f,) = _run("slow_link", context(ranks, comm=_comm(units, kinds)))
+    assert f.kind == "slow_link" and f.ranks == [6]
+    assert "group 2,6" in f.evidence[0] or "p2p 6-7" in f.evidence[0]
+    assert any("ranks [6]" in e and "n3" in e for e in f.evidence)
+    assert "NCCL_IB_HCA" in f.fix and f.cost_ms > 0
+
+
+def test_slow_link_quiet_when_peers_agree_or_no_sizes() -> None:
+    units = [("group 0,4", [0, 4], 40.0), ("group 1,5", [1, 5], 30.0), ("group 2,6", [2, 6], 35.0)]
+    assert _run("slow_link", context([rank(i) for i in range(8)], comm=_comm(units))) == []
+    none = _comm(units).model_copy(update={"size_source": "none"})
+    assert _run("slow_link", context([rank(0)], comm=none)) == []
+
+
+def test_slow_link_against_nominal_nvlink() -> None:
+    """One host, both ranks equally slow: no peer stands out, but 2.5 GB/s is 0.6 % of NVLink."""
+    kinds = [dict(kind="all_reduce", size_bucket="1 GiB", bucket_bytes=1 << 30, scope="intra", instances=8,
+                  median_bytes=1 << 30, transfer_ms=3200.0, median_algbw_gbps=2.5, median_busbw_gbps=2.5,
+                  p10_busbw_gbps=2.4, pct_of_nominal=0.6),
+             dict(kind="all_reduce", size_bucket="4 KiB", bucket_bytes=4096, scope="intra", instances=8,
+                  median_bytes=4096, transfer_ms=1.0, median_algbw_gbps=0.1, median_busbw_gbps=0.1,
+                  p10_busbw_gbps=0.1, pct_of_nominal=0.0)]
+    ranks = [rank(0, window_ms=2000.0), rank(1, window_ms=2000.0)]
+    (f,) = _run("slow_link", context(ranks, comm=_comm([], kinds, nominal=True)))
+    assert f.ranks == [0, 1] and f.severity == "high" and f.cost_ms == 1600.0
+    assert "0.6% of 450 GB/s" in f.evidence[0] and len(f.evidence) == 2  # the 4 KiB row is latency, not judged
+    healthy = [dict(k, median_busbw_gbps=330.0, pct_of_nominal=73.3) for k in kinds[:1]]
+    assert _run("slow_link", context(ranks, comm=_comm([], healthy, nominal=True))) == []

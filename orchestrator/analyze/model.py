@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.analyze.model_comm import CommReport
 from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
 
@@ -160,6 +161,7 @@ class Report(_Model):
     cpu_phases: list[CpuPhase]
     gpu_activity: bool
     tables: StatsTables = Field(default_factory=StatsTables, description="nsys stats tables across ranks")
+    comm: CommReport | None = Field(None, description="bytes and bandwidth per collective kind, size, group, scope")
     notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")
     findings: list[Finding] = Field(default_factory=list)
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from orchestrator import __version__
+from orchestrator.analyze.comm import build_comm
 from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.model import (
     CpuPhase,
@@ -144,6 +145,7 @@ def build_report(store: Path, opts: Options) -> Report:
                                  steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
             gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
             tables=build_tables(v, opts),
+            comm=build_comm(v),
         )
         report.notes = _notes(v)
         report.findings = find_all(Context(views=v, report=report, opts=opts))

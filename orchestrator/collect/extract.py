@@ -125,6 +125,7 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     by = {c.name: c for c in t.columns}
     start, end, tid = ctx.expr(by["start"]), ctx.expr(by["end"]), ctx.expr(by["tid"])
     text = ctx.expr(by["text"])
+    payload = ctx.expr(by["payload"])
     dom = 'x."domainId"' if p.has(src, "domainId") else "0"
     if p.has(src, "domainId") and p.has(src, "eventType"):
         dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE substr(dm.dname, 1, {MAX_TEXT}) END"
@@ -140,7 +141,7 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     # they get no depth, take no part in the count, and are dropped (and counted) at finalize.
     return (
         f"WITH r AS (SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
-        f"{tid} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt "
+        f"{tid} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt, {payload} AS payload "
         f"FROM {tbl} x{''.join(ctx.joins)} WHERE {where}), "
         "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r WHERE e >= s "
         "UNION ALL SELECT NULL, tid, dom, e, 0, NULL FROM r WHERE e >= s), "
@@ -148,7 +149,8 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
         "ORDER BY ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
         "FROM ev) "
         f'SELECT {rank} AS rank, r.s AS "start", r.e AS "end", r.tid AS "tid", r.dom AS "domain_id", '
-        'r.dname AS "domain", r.txt AS "text", CAST(run.depth AS INTEGER) AS "depth" '
+        'r.dname AS "domain", r.txt AS "text", CAST(run.depth AS INTEGER) AS "depth", '
+        'r.payload AS "payload" '
         "FROM r LEFT JOIN run ON run.id = r.id"
     )
 

@@ -8,6 +8,7 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -84,6 +85,17 @@ def find_nsys(preferred: str | None = None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def payload_export_args(nsys: str) -> tuple[str, ...]:
+    """`--include-json=true` where this nsys has it (2024+): without it NVTX extended payloads,
+    such as NCCL's message sizes, are left out of the SQLite export (issue 15)."""
+    try:
+        out = subprocess.run([nsys, "export", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return ("--include-json=true",) if "--include-json" in (out.stdout + out.stderr) else ()
+
+
 def _fresh(target: Path, source: Path) -> bool:
     return target.exists() and target.stat().st_size > 0 and target.stat().st_mtime >= source.stat().st_mtime
 
@@ -111,7 +123,7 @@ def _export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float
                 r.error = "needs `nsys export` but no nsys was found; put nsys on PATH or pass --nsys"
                 return
             cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
-                   "--output", str(tmp), str(r.origin)]
+                   *payload_export_args(nsys), "--output", str(tmp), str(r.origin)]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
             except subprocess.TimeoutExpired:

@@ -53,6 +53,7 @@ class Col:
     enum: Mapping[int, str] | None = None
     expr: str = ""
     doc: str = ""
+    optional: bool = False  # absent in older exports as a matter of course: no missing-column note
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Table:
     @property
     def expected(self) -> list[tuple[str, ...]]:
         """Source columns (alternatives grouped) a present source table should have."""
-        groups = [c.src for c in self.columns if c.src and c.how != "expr"]
+        groups = [c.src for c in self.columns if c.src and c.how != "expr" and not c.optional]
         groups += [c.src for c in self.columns if c.how == "expr"]
         return groups + [(x,) for x in self.extra_expected]
 
@@ -124,7 +125,10 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         Col("domain", "VARCHAR", (), "builder"),
         Col("text", "VARCHAR", ("text", "textId"), "text_or_string"),
         Col("depth", "INTEGER", (), "builder"),
-    ), "NVTX push/pop and start/end ranges with their nesting depth per (thread, domain)",
+        # NVTX extended payloads as JSON (nsys >= 2024 exports them with --include-json):
+        # NCCL's own ranges carry {"Message size [bytes]": N, ...}, the bytes per collective.
+        Col("payload", "VARCHAR", ("jsonText", "jsonTextId"), "text_or_string", optional=True),
+    ), "NVTX push/pop and start/end ranges with their nesting depth per (thread, domain) and payload",
         builder="nvtx", extra_expected=("eventType",)),
     Table("gpu_metrics", "GPU_METRICS", (
         _t("start", "timestamp"),

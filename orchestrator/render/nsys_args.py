@@ -14,8 +14,18 @@ def profile_args(job: ResolvedJob) -> list[str]:
     """Options every profiled rank gets (the output name is added by the wrapper)."""
     p = job.spec.profile
     nsys = job.cluster.nsys
+    trace = list(p.trace)
+    if p.comm_sizes:
+        if nsys.release < (2024, 0):
+            raise OrchError(
+                f"profile.comm_sizes: nsys {nsys.version} of cluster {job.cluster.name} does not record or "
+                "export NCCL's NVTX payloads (message sizes); use nsys >= 2024 or drop comm_sizes"
+            )
+        trace = [t for t in trace if t != "none"]
+        if "nvtx" not in trace:
+            trace.append("nvtx")  # NCCL's own ranges carry the message size
     args = [
-        f"--trace={','.join(p.trace)}",
+        f"--trace={','.join(trace)}",
         f"--sample={p.sample}",
         f"--cpuctxsw={p.cpuctxsw}",
     ]

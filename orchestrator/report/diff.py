@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.analyze.model import RankMetrics, Report
+from orchestrator.report.comm_diff import comm_rows
 
 # metric -> (direction where bigger is worse?, threshold, kind)
 METRICS: dict[str, tuple[bool, float, str]] = {
@@ -54,5 +55,9 @@ def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
             rows.append(row)
             if regressed:
                 regressions.append(row)
+    for row in comm_rows(a, b, scale):  # bandwidth per collective kind and size (issue 15)
+        rows.append(row)
+        if row["regressed"]:
+            regressions.append(row)
     return {"rows": rows, "regressions": regressions,
             "only_in_a": sorted(set(ra) - set(rb)), "only_in_b": sorted(set(rb) - set(ra))}

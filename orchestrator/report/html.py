@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 
 from orchestrator.analyze.model import Report
-from orchestrator.report import cpu_html, timeline_svg
+from orchestrator.report import comm_html, cpu_html, timeline_svg
 from orchestrator.report.extras import Extras, step_times
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
@@ -204,7 +204,7 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
                      f"<h2>Aligned timeline across ranks</h2>{timeline(report, extras)}",
                      f"<h2>Step time per rank</h2>{step_heatmap(report, extras)}",
                      f"<h2>Waiting for other ranks per step</h2>{wait_heatmap(report, extras)}",
-                     f"<h2>Stages</h2>{stage_bars(report)}", _gpu_tables(report)]
+                     f"<h2>Stages</h2>{stage_bars(report)}", comm_html.comm_section(report), _gpu_tables(report)]
     else:
         sections += [f"<h2>CPU phases per rank</h2>{cpu_html.phase_bars(report)}",
                      f"<h2>Aligned timeline across ranks (CPU)</h2>{timeline(report, extras)}",

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.analyze.model import RankMetrics, Report
+from orchestrator.report.comm_terminal import print_comm
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
 from orchestrator.report.wording import fix_text, split_problems
@@ -150,6 +151,7 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     t, hidden = _rank_table(report, wide)
     console.print(t)
     _more(console, hidden, report)
+    print_comm(report, console)
     if report.stages:
         st = _table("stages", wide)
         for col in ("stage", "ranks", "compute ms", "bubble %"):

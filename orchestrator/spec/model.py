@@ -254,6 +254,9 @@ class Profile(Strict):
     pytorch: Literal["autograd-nvtx", "autograd-shapes-nvtx"] | None = None
     cuda_memory_usage: bool = False
     cuda_graph_trace: Literal["graph", "node"] | None = None
+    # Record NCCL message sizes (bytes/bandwidth per collective): NVTX tracing on, so NCCL's own
+    # ranges and their payloads ("Message size [bytes]") are captured; nsys >= 2024.
+    comm_sizes: bool = False
     gpu_metrics: GpuMetrics = GpuMetrics()
     extra_args: list[str] = []
     output_dir: str | None = None

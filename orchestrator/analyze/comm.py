@@ -1,0 +1,55 @@
+"""Shape the communication views (54_comm_bytes.sql, 58_bandwidth.sql) into `CommReport`:
+units only (ns -> ms, bytes/ns = GB/s), the nominal link rate for the GPU model, and the hint
+that says how to record sizes when the export has none."""
+
+from __future__ import annotations
+
+from orchestrator.analyze.engine import Views
+from orchestrator.analyze.model_comm import (
+    SIZE_HINT,
+    CommKindRow,
+    CommReport,
+    CommScopeRow,
+    CommUnitRow,
+    bucket_label,
+    nominal_for,
+)
+from orchestrator.analyze.rules.base import ns_to_ms
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def build_comm(v: Views) -> CommReport | None:
+    """The communication section, or None when no NCCL kernel ran."""
+    info = v.query("SELECT * FROM comm_size_info")[0]
+    if not info["n_comm_kernels"]:
+        return None
+    hint = None
+    if not info["n_sized_kernels"]:
+        hint = SIZE_HINT["no_payload" if info["n_calls"] else "no_nvtx"]
+    gpus = [r["gpu_name"] for r in v.query("SELECT DISTINCT gpu_name FROM ranks WHERE gpu_name IS NOT NULL")]
+    nominal = nominal_for(gpus[0]) if len(gpus) == 1 else None
+    rate = nominal.gbps_per_direction if nominal else None
+    by_kind = [CommKindRow(
+        kind=r["kind"], size_bucket=bucket_label(r["bucket"]), bucket_bytes=r["bucket"], scope=r["scope"],
+        instances=r["n"], median_bytes=float(r["median_bytes"]), transfer_ms=ns_to_ms(r["transfer_ns"]),
+        median_algbw_gbps=_r(r["median_algbw_gbps"]), median_busbw_gbps=_r(r["median_busbw_gbps"]),
+        p10_busbw_gbps=_r(r["p10_busbw_gbps"]),
+        pct_of_nominal=_r(100 * r["median_busbw_gbps"] / rate, 1)
+        if rate and r["scope"] == "intra" and r["median_busbw_gbps"] is not None else None,
+    ) for r in v.query("SELECT * FROM comm_kind_table ORDER BY kind, bucket, scope")]
+    by_unit = [CommUnitRow(
+        unit=r["unit"], ranks=[int(x) for x in r["ranks"].split(",")], scope=r["scope"], kind=r["kind"],
+        size_bucket=bucket_label(r["bucket"]), bucket_bytes=r["bucket"], instances=r["n"],
+        median_busbw_gbps=_r(r["median_busbw_gbps"]),
+    ) for r in v.query("SELECT * FROM comm_unit_table ORDER BY unit, kind, bucket")]
+    by_scope = [CommScopeRow(
+        scope=r["scope"], instances=r["n"], gbytes=round((r["bytes"] or 0) / 1e9, 3),
+        transfer_ms_per_rank=ns_to_ms(r["transfer_ns"]), wait_ms_per_rank=ns_to_ms(r["wait_ns"]),
+        share_of_window_pct=round(r["share_of_window_pct"] or 0.0, 2), median_busbw_gbps=_r(r["median_busbw_gbps"]),
+    ) for r in v.query("SELECT * FROM comm_scope_table ORDER BY scope")]
+    return CommReport(size_source="nccl_nvtx_payload" if info["n_sized_kernels"] else "none",
+                      sized_kernels=info["n_sized_kernels"], comm_kernels=info["n_comm_kernels"], hint=hint,
+                      nominal=nominal, by_kind=by_kind, by_unit=by_unit, by_scope=by_scope)

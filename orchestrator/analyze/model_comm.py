@@ -1,0 +1,114 @@
+"""Typed communication section of the report (issue 15): bytes, transfer time and bandwidth per
+collective kind, message-size bucket, communicator group / p2p pair and scope (intra/inter-node),
+with the source of the byte counts and the nominal link rate they are compared with.
+
+Kept apart from model.py so the report's other parts evolve independently; `Report.comm` holds
+one `CommReport` (None when the capture has no NCCL kernels).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scope = Literal["intra", "inter"]
+
+# Nominal NVLink rate per GPU and direction (GB/s), by GPU model. busbw (nccl-tests) is what
+# each GPU's link carries in one direction while the other direction carries as much, so it is
+# compared with the one-direction rate, not the "bidirectional" marketing number (2x).
+NVLINK_GBPS: tuple[tuple[str, str, float], ...] = (
+    ("B200", "NVLink 5 (18 links x 50 GB/s)", 900.0),
+    ("H200", "NVLink 4 (18 links x 25 GB/s)", 450.0),
+    ("H100", "NVLink 4 (18 links x 25 GB/s)", 450.0),
+    ("H800", "NVLink 4 (8 links x 25 GB/s)", 200.0),
+    ("A100", "NVLink 3 (12 links x 25 GB/s)", 300.0),
+    ("A800", "NVLink 3 (8 links x 25 GB/s)", 200.0),
+)
+
+SIZE_HINT = {
+    "no_nvtx": ("no NCCL NVTX ranges in the capture: profile with NVTX tracing (`-t nvtx`; "
+                "`profile.comm_sizes: true` in the job spec adds it) and leave NCCL's NVTX on "
+                "(NCCL_NVTX_DISABLE unset); NCCL >= 2.19 attaches the message size to each call"),
+    "no_payload": ("NCCL's NVTX ranges are there but their payloads were not exported: re-export the "
+                   ".nsys-rep with nsys >= 2024 `nsys export --type sqlite --include-json=true` "
+                   "(orch collect passes it when its nsys has it) and collect again"),
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NominalLink(_Model):
+    gpu: str
+    link: str = Field(description="the link the rate is for")
+    gbps_per_direction: float = Field(description="nominal GB/s per GPU and direction, what busbw is compared with")
+    why: str
+
+
+class CommKindRow(_Model):
+    kind: str = Field(description="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, send_recv")
+    size_bucket: str = Field(description="message size bucket: [size, 2 x size) of nccl-tests' S")
+    bucket_bytes: int
+    scope: Scope
+    instances: int = Field(description="rank-instances (each rank's kernel of one collective counts once)")
+    median_bytes: float
+    transfer_ms: float = Field(description="sum over rank-instances of kernel time minus waiting")
+    median_algbw_gbps: float | None
+    median_busbw_gbps: float | None
+    p10_busbw_gbps: float | None
+    pct_of_nominal: float | None = Field(None, description="median busbw / nominal link rate (intra-node only)")
+
+
+class CommUnitRow(_Model):
+    unit: str = Field(description="`group 0,1,...` (a communicator group) or `p2p a-b` (a send/recv pair)")
+    ranks: list[int]
+    scope: Scope
+    kind: str
+    size_bucket: str
+    bucket_bytes: int
+    instances: int
+    median_busbw_gbps: float | None
+
+
+class CommScopeRow(_Model):
+    scope: Scope
+    instances: int
+    gbytes: float
+    transfer_ms_per_rank: float
+    wait_ms_per_rank: float
+    share_of_window_pct: float = Field(description="transfer time (sum, per rank, mean over ranks) / window")
+    median_busbw_gbps: float | None
+
+
+class CommReport(_Model):
+    size_source: Literal["nccl_nvtx_payload", "none"] = Field(
+        description="where byte counts came from: NCCL's NVTX payload ('Message size [bytes]'), or none recorded")
+    sized_kernels: int
+    comm_kernels: int
+    hint: str | None = Field(None, description="how to capture sizes, when they are missing")
+    nominal: NominalLink | None = None
+    by_kind: list[CommKindRow] = Field(default_factory=list)
+    by_unit: list[CommUnitRow] = Field(default_factory=list)
+    by_scope: list[CommScopeRow] = Field(default_factory=list)
+
+
+def nominal_for(gpu_name: str | None) -> NominalLink | None:
+    """The NVLink rate for a known SXM GPU model; None for PCIe cards and unknown models."""
+    if not gpu_name or "PCIe" in gpu_name or "PCIE" in gpu_name.upper().split():
+        return None
+    for key, link, gbps in NVLINK_GBPS:
+        if key in gpu_name:
+            return NominalLink(gpu=gpu_name, link=link, gbps_per_direction=gbps,
+                               why="busbw counts what one GPU's link carries in one direction (nccl-tests); "
+                                   f"{gbps:g} GB/s per direction ({2 * gbps:g} GB/s both ways) is the "
+                                   "SXM NVLink rate; intra-node groups only")
+    return None
+
+
+def bucket_label(b: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b} B"

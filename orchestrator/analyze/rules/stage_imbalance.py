@@ -29,7 +29,9 @@ class StageImbalance(Rule):
         return [finding(
             self.kind, hi.ranks, f"pipeline stage {hi.stage} is {imb.ratio}x heavier than stage {lo.stage}",
             [f"stage {s.stage} (ranks {s.ranks}): compute {s.compute_ms} ms, "
-             f"no-compute share (bubble) {s.bubble_pct}%" for s in ctx.report.stages],
+             f"no-compute share (bubble) {s.bubble_pct}%"
+             + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"
+                if s.theory_bubble_pct is not None else "") for s in ctx.report.stages],
             FIX + f" Moving about {move}% of stage {hi.stage}'s compute to stage {lo.stage} evens them.",
             hi.compute_ms - lo.compute_ms, severity="high" if imb.ratio >= self.high_ratio else "medium",
             victims=[r for s in ctx.report.stages if s.stage != hi.stage for r in s.ranks])]

@@ -1,7 +1,7 @@
 """The per-rank Parquet layout that the map step writes and the reduce (or any engine) reads.
 
     <run>/parts/
-        table=<table>/rank=<NNNNN>/<id>.parquet   one file per report and event table
+        table=<table>/rank=<N>/<id>.parquet       one file per report and event table
         reports/<id>.json                          one per report: probe, identity, files, costs
 
 Hive-partitioned (`table=`, `rank=`) so DuckDB, Spark, Dask, Arrow and pandas can read it
@@ -48,7 +48,8 @@ def report_id(origin: Path, stem: str) -> str:
 
 
 def rank_dir(rank: int | None) -> str:
-    return f"rank={rank:05d}" if rank is not None and rank >= 0 else "rank=-1"
+    # Unpadded: DuckDB, Arrow and Spark then infer an integer partition column.
+    return f"rank={rank}" if rank is not None and rank >= 0 else "rank=-1"
 
 
 def part_path(parts: Path, table: str, rank: int | None, rid: str) -> Path:

@@ -167,7 +167,9 @@ def run_array(tasks: list[MapTask], folder: Path, opts: ArrayOptions, console: C
                         o.error = f"still {o.state} after {opts.timeout_s:.0f}s (orch stopped waiting)"
                 break
             time.sleep(opts.poll_s)
+    final = _states(array_id, len(groups))  # nodes of tasks that ended between two polls
     for o, job in zip(outcomes, jobs, strict=True):
+        o.node = o.node or final.get(o.task, ("", None))[1]
         if o.state != "COMPLETED":
             o.log_tail = tail(Path(job.paths.stderr)) or tail(Path(job.paths.stdout))
     return outcomes

@@ -92,9 +92,13 @@ def collect_parts(
         if todo and array is not None:
             outcomes = run_array(todo, run / "submitit-collect", array, console)
             failed = [o for o in outcomes if o.state != "COMPLETED"]
+            by_origin = {t.report.origin: t for t in todo}
             for o in failed:
                 for origin in o.reports:
-                    t = next(t for t in todo if t.report.origin == origin)
+                    t = by_origin[origin]
+                    meta = read_meta(t.meta)
+                    if not o.node and meta and meta.get("slurm_task") is not None:
+                        o.node = meta.get("host")  # accounting may lag: the node the map ran on
                     lost[t.rid] = _task_error(o)
         elif todo:
             lost = _map_local(todo, workers, console)

@@ -84,15 +84,29 @@ def _cast_cols(table: str) -> str:
     return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in EVENT_SCHEMA[table])
 
 
+_CON: duckdb.DuckDBPyConnection | None = None
+
+
+def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB per process with the scanner loaded, reused across reports:
+    connecting and loading the extension cost more than extracting a small rank."""
+    global _CON
+    if _CON is None:
+        con = duckdb.connect()
+        if not load_scanner(con):
+            con.close()
+            raise RuntimeError("sqlite scanner unavailable")
+        _CON = con
+    _CON.execute(f"SET threads = {max(1, threads)}")
+    return _CON
+
+
 def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) -> dict[str, int]:
     """DuckDB's sqlite scanner runs the registry's SELECT and writes Parquet directly."""
-    con = duckdb.connect()
+    con = _scanner_con(task.threads)
+    path = str(Path(p.path).resolve())
+    con.execute(f"ATTACH '{sql_literal(path)}' AS src (TYPE sqlite, READ_ONLY)")
     try:
-        con.execute(f"SET threads = {max(1, task.threads)}")
-        if not load_scanner(con):
-            raise RuntimeError("sqlite scanner unavailable")
-        path = str(Path(p.path).resolve())
-        con.execute(f"ATTACH '{sql_literal(path)}' AS src (TYPE sqlite, READ_ONLY)")
         rows = {}
         for table in EVENT_SCHEMA:
             sql = select_sql(table, p, rank, 0, "src.")
@@ -105,7 +119,7 @@ def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) 
             rows[table] = int(n)
         return rows
     finally:
-        con.close()
+        con.execute("DETACH DATABASE IF EXISTS src")
 
 
 def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], notes: list[str]) -> dict[str, int]:

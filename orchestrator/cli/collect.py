@@ -15,26 +15,53 @@ from orchestrator.report.safe import plain
 from orchestrator.rundir import read_manifest
 
 
+def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None) -> Any:
+    """The in-process collect (default), or the map/reduce over Parquet parts (--parts: a
+    local process pool; --on-cluster: a Slurm job array with `cluster`'s settings)."""
+    from functools import partial
+
+    on_cluster = getattr(a, "on_cluster", False)  # callers with their own Namespace (sweep) lack them
+    if not (getattr(a, "parts", False) or on_cluster):
+        from orchestrator.collect.collect import collect
+
+        return collect
+    from orchestrator.collect.mapreduce import collect_parts
+
+    if not on_cluster:
+        return collect_parts
+    from orchestrator.collect.cluster import ArrayOptions
+    from orchestrator.spec.load import find_cluster, load_cluster
+    from orchestrator.spec.model import ClusterConfig
+
+    if a.cluster:
+        config = load_cluster(find_cluster(a.cluster, None))
+    elif cluster:
+        config = ClusterConfig.model_validate(cluster)
+    else:
+        raise OrchError("--on-cluster with --from needs --cluster NAME (the cluster config to submit the map to)")
+    return partial(collect_parts, array=ArrayOptions(cluster=config, time=a.time, cpus=a.task_cpus,
+                                                     chunk=a.chunk, timeout_s=a.timeout))
+
+
 def collect_from_run(run: Path, a: argparse.Namespace) -> Any:
     """Collect the reports a submitted job's manifest expects."""
-    from orchestrator.collect.collect import collect
-
     m = read_manifest(run)
+    collect = _collector(a, m.cluster_config)
     if not m.profiled_ranks:
         raise OrchError(f"job {m.job_id} profiled no ranks (profile.ranks: none): nothing to collect")
     if not Path(m.report_dir).is_dir():
         raise OrchError(f"no reports from job {m.job_id} in {m.report_dir} (expected ranks "
                         f"{m.profiled_ranks}); see `orch status {m.job_id}`")
     return collect([Path(m.report_dir)], run, layout=m.job_layout(), expected=m.profiled_ranks,
-                   name_prefix=naming.name_prefix(m.output_name, m.job_id), nsys=a.nsys or m.nsys,
+                   name_prefix=naming.name_prefix(m.output_name, m.job_id),
+                   nsys=a.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path"),
                    workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
                    console=err, extra_meta={"job_id": m.job_id, "run": str(run)})
 
 
 def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace) -> Any:
     """Collect reports orch did not submit; a partial --layout gets dp from the ranks found."""
-    from orchestrator.collect.collect import collect
-
+    collect = _collector(a)
     return collect([Path(p) for p in paths], dest, layout=Layout.parse(a.layout), nsys=a.nsys,
                    workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
                    console=err)
@@ -42,6 +69,17 @@ def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace) -> A
 
 def print_collect(res: Any) -> None:
     out.print(f"store: {plain(res.store)} ({len(res.ok_ranks)} rank(s) ok, engine {res.engine})", markup=False)
+    if res.engine == "parts":
+        out.print(f"parts: {plain(res.store.parent / 'parts')} ({res.mapped} report(s) mapped, {res.reused} reused)",
+                  markup=False)
+    for t in res.failed_tasks:
+        names = plain(", ".join(p.name for p in t.reports))
+        out.print(f"map task {t.job_id} {t.state}{f' on {t.node}' if t.node else ''}: {names}", markup=False)
+        if t.error:
+            out.print(f"  error: {plain(t.error)}", markup=False)
+        if t.log_tail:
+            for ln in ["  log tail:"] + [f"    {plain(x)}" for x in t.log_tail.splitlines()[-8:]]:
+                out.print(ln, markup=False)
     for w in res.warnings:
         err.print(f"warning: {plain(w)}", markup=False)
     for m in res.bad:
@@ -77,6 +115,13 @@ def cmd_redact(a: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    t = text.strip()
+    if not (t.isascii() and t.isdigit() and 0 < len(t) <= 6 and int(t) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count; use e.g. --chunk 8")
+    return int(t)
+
+
 def collect_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=workers, default=None, help="parallel exports/ingests (default: cores, max 8)")
     p.add_argument("--keep-env", action="store_true", help="keep the whole captured environment (secrets!)")
@@ -85,6 +130,18 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--align-clocks", action="store_true",
                    help="refine the shared clock by aligning matched NCCL kernel ends across ranks")
     p.add_argument("--nsys", help="nsys binary for `nsys export` (default: the job's, $NSYS, PATH)")
+    g = p.add_argument_group("map/reduce over Parquet parts (docs/scale.md)")
+    g.add_argument("--parts", action="store_true",
+                   help="map every report to Parquet parts in a local process pool, then reduce them into "
+                        "the store (incremental: fresh parts are reused)")
+    g.add_argument("--on-cluster", action="store_true",
+                   help="map as one Slurm job array (submitit) with the job's cluster config (implies --parts)")
+    g.add_argument("--cluster", help="with --on-cluster: the cluster config (name or path); default the job's")
+    g.add_argument("--time", help="with --on-cluster: Slurm time limit per array task (default the cluster's)")
+    g.add_argument("--task-cpus", type=workers, help="with --on-cluster: CPUs per array task")
+    g.add_argument("--chunk", type=_count, help="with --on-cluster: reports per array task "
+                   "(default: enough for at most 1000 tasks)")
+    g.add_argument("--timeout", type=float, help="with --on-cluster: stop waiting for the array after this many s")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,6 +35,9 @@ class CollectResult:
     missing: list[int] = field(default_factory=list)
     extra: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    mapped: int = 0  # --parts/--on-cluster: reports mapped by this run
+    reused: int = 0  # --parts/--on-cluster: reports whose parts were fresh
+    failed_tasks: list[Any] = field(default_factory=list)  # --on-cluster: array tasks not COMPLETED
 
     @property
     def ok_ranks(self) -> list[int]:

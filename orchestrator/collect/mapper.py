@@ -1,0 +1,265 @@
+"""The map step, one report at a time: export (if needed), probe, identify as far as one
+report can tell, and write the store's columns as Parquet parts (layout in parts.py).
+
+The same function runs in a local process pool (`orch collect --parts`) and in every task of
+a Slurm job array (`--on-cluster`): one code path. It reuses the collect modules as they
+are (gather's export, probe, identity, extract.select_sql over the registry), so a part holds
+exactly the rows the in-process ingest would insert for that rank, before the shared clock.
+Every failure is recorded in the report's meta, never raised past the report: one bad file
+cannot stop a chunk (`map_chunk_strict` raises afterwards, so Slurm marks the task FAILED).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import socket
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from orchestrator import numbers
+from orchestrator.collect.extract import select_sql
+from orchestrator.collect.gather import ReportFile, _export_one, find_nsys
+from orchestrator.collect.identity import identify
+from orchestrator.collect.ingest import _batches, load_scanner, sql_literal
+from orchestrator.collect.parts import (
+    MAP_VERSION,
+    is_fresh,
+    meta_path,
+    part_path,
+    probe_to_json,
+    read_meta,
+    report_id,
+    report_to_json,
+    source_stamp,
+)
+from orchestrator.collect.probe import Probe, open_ro, probe
+from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
+from orchestrator.fsutil import write_json_atomic
+
+_INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
+COMPRESSION = "zstd"  # smallest parts for the CPU it costs (docs/scale.md)
+
+
+@dataclass
+class MapTask:
+    """One report to map; picklable (submitit ships it to the array task)."""
+
+    report: ReportFile
+    parts: Path
+    exports: Path
+    nsys: str | None = None
+    engine: str = "auto"  # auto | scanner | sqlite3
+    keep_env: bool = False
+    threads: int = 1
+    export_timeout_s: float = 3600
+
+    @property
+    def rid(self) -> str:
+        return report_id(self.report.origin, self.report.stem)
+
+    @property
+    def meta(self) -> Path:
+        return meta_path(self.parts, self.rid)
+
+    def fresh(self) -> bool:
+        return is_fresh(read_meta(self.meta), self.report.origin, self.parts, self.keep_env, self.engine)
+
+
+def _map_rank(r: ReportFile, p: Probe) -> int | None:
+    """The rank one report tells on its own (name, else captured env), without touching
+    the originals' notes (the reduce identifies again across all reports)."""
+    members, _ = identify([copy.deepcopy(r)], [copy.deepcopy(p)])
+    m = members[0]
+    return m.rank if m.source in ("file name", "captured env") else None
+
+
+def _cast_cols(table: str) -> str:
+    return ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in EVENT_SCHEMA[table])
+
+
+_CON: duckdb.DuckDBPyConnection | None = None
+
+
+def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB per process with the scanner loaded, reused across reports:
+    connecting and loading the extension cost more than extracting a small rank."""
+    global _CON
+    if _CON is None:
+        con = duckdb.connect()
+        if not load_scanner(con):
+            con.close()
+            raise RuntimeError("sqlite scanner unavailable")
+        _CON = con
+    _CON.execute(f"SET threads = {max(1, threads)}")
+    return _CON
+
+
+def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) -> dict[str, int]:
+    """DuckDB's sqlite scanner runs the registry's SELECT and writes Parquet directly."""
+    con = _scanner_con(task.threads)
+    path = str(Path(p.path).resolve())
+    con.execute(f"ATTACH '{sql_literal(path)}' AS src (TYPE sqlite, READ_ONLY)")
+    try:
+        rows = {}
+        for table in EVENT_SCHEMA:
+            sql = select_sql(table, p, rank, 0, "src.")
+            if not sql:
+                continue
+            out = tmp_of[table]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            n = con.execute(f"COPY (SELECT {_cast_cols(table)} FROM ({sql})) TO '{sql_literal(str(out))}' "
+                            f"(FORMAT parquet, COMPRESSION {COMPRESSION})").fetchone()[0]
+            rows[table] = int(n)
+        return rows
+    finally:
+        con.execute("DETACH DATABASE IF EXISTS src")
+
+
+def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], notes: list[str]) -> dict[str, int]:
+    """Fallback without the extension, and for invalid UTF-8 (U+FFFD, noted): sqlite3 runs
+    the same SELECTs, Arrow batches stream into a Parquet writer (never a whole table)."""
+    import pyarrow.parquet as pq
+
+    scon = open_ro(p.path)
+    bad = [0]
+
+    def decode(raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            bad[0] += 1
+            return numbers.decode(raw)
+
+    scon.text_factory = decode
+    rows = {}
+    try:
+        for table in EVENT_SCHEMA:
+            sql = select_sql(table, p, rank, 0, "")
+            if not sql:
+                continue
+            out = tmp_of[table]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            n = 0
+            with pq.ParquetWriter(out, arrow_schema(table), compression=COMPRESSION) as w:
+                for batch in _batches(scon.execute(sql), table):
+                    w.write_batch(batch)
+                    n += batch.num_rows
+            rows[table] = n
+    finally:
+        scon.close()
+    if bad[0]:
+        notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
+    return rows
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+def _extract(task: MapTask, p: Probe, rank: int | None,
+             rid: str) -> tuple[dict[str, str], dict[str, int], list[str], str]:
+    """Parts of one report: (files by table, rows by table, notes, engine used)."""
+    r = -1 if rank is None else rank
+    final = {t: part_path(task.parts, t, rank, rid) for t in EVENT_SCHEMA}
+    tmp_of = {t: f.with_name(f".{f.stem}.tmp-{os.getpid()}.parquet") for t, f in final.items()}
+    notes: list[str] = []
+    try:
+        used = "sqlite3"
+        rows: dict[str, int] | None = None
+        if task.engine in ("auto", "scanner"):
+            try:
+                rows, used = _write_scanner(task, p, r, tmp_of), "scanner"
+            except (duckdb.Error, RuntimeError) as e:
+                # DuckDB refuses invalid UTF-8 (sqlite3 reads it as U+FFFD); `auto` also
+                # falls back when the extension is missing, as the in-process ingest does.
+                unavailable = isinstance(e, RuntimeError) and task.engine == "auto"
+                if not (_INVALID_UNICODE.search(str(e)) or unavailable):
+                    raise
+        if rows is None:
+            rows = _write_sqlite3(task, p, r, tmp_of, notes)
+        files = {}
+        for t, n in rows.items():
+            if n:
+                tmp_of[t].replace(final[t])
+                files[t] = str(final[t].relative_to(task.parts))
+        return files, {t: n for t, n in rows.items() if n}, notes, used
+    finally:
+        for f in tmp_of.values():
+            f.unlink(missing_ok=True)
+
+
+def map_report(task: MapTask) -> dict[str, Any]:
+    """Map one report; returns (and writes last) its meta. Fresh parts are reused as is."""
+    old = read_meta(task.meta)
+    if is_fresh(old, task.report.origin, task.parts, task.keep_env, task.engine):
+        return {**old, "reused": True}  # type: ignore[dict-item]
+    r = copy.copy(task.report)
+    rid = task.rid
+    t0 = time.perf_counter()
+    stamp = source_stamp(r.origin)
+    if r.sqlite is None:
+        task.exports.mkdir(parents=True, exist_ok=True)
+        _export_one(r, task.exports, find_nsys(task.nsys), task.export_timeout_s)
+    t1 = time.perf_counter()
+    p = probe(r.sqlite) if r.sqlite else Probe(path=r.origin, error=r.error or "no export")
+    rank = _map_rank(r, p) if not p.error else None
+    files: dict[str, str] = {}
+    rows: dict[str, int] = {}
+    notes: list[str] = []
+    error = None
+    used = None
+    t2 = time.perf_counter()
+    if not p.error:
+        try:
+            files, rows, notes, used = _extract(task, p, rank, rid)
+        except (duckdb.Error, sqlite3.Error, ValueError, OSError, RuntimeError) as e:
+            error = f"ingest failed: {_line(e)}"
+    t3 = time.perf_counter()
+    for f in (old or {}).get("files", {}).values():  # parts of an earlier map at another rank
+        if f not in files.values():
+            (task.parts / f).unlink(missing_ok=True)
+    meta = {
+        "map_version": MAP_VERSION, "id": rid, "report": report_to_json(r),
+        "probe": probe_to_json(p, task.keep_env), "map_rank": rank, "files": files, "rows": rows,
+        "notes": notes, "error": error, "engine": used, "keep_env": task.keep_env, "source": stamp,
+        "export_bytes": r.sqlite.stat().st_size if r.sqlite and r.sqlite.exists() else None,
+        "part_bytes": sum((task.parts / f).stat().st_size for f in files.values()),
+        "seconds": {"export": round(t1 - t0, 4), "probe": round(t2 - t1, 4), "extract": round(t3 - t2, 4)},
+        "host": socket.gethostname(), "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "written_ns": time.time_ns(),
+    }
+    task.meta.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(task.meta, meta)
+    return {**meta, "reused": False}
+
+
+def summary(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a task sends back (small: the full meta is on disk)."""
+    return {"id": meta["id"], "origin": meta["report"]["origin"], "reused": meta["reused"],
+            "error": meta["error"] or meta["probe"]["error"], "host": meta["host"]}
+
+
+def map_chunk(tasks: list[MapTask]) -> list[dict[str, Any]]:
+    """Map several reports in one process (one array task, or one pool job)."""
+    return [summary(map_report(t)) for t in tasks]
+
+
+class MapFailed(RuntimeError):
+    """Raised at the end of an array task whose chunk had failed reports (the others in the
+    chunk are mapped): Slurm records the task FAILED and its log names the reports."""
+
+
+def map_chunk_strict(tasks: list[MapTask]) -> list[dict[str, Any]]:
+    out = map_chunk(tasks)
+    bad = [s for s in out if s["error"]]
+    if bad:
+        raise MapFailed("; ".join(f"{Path(s['origin']).name}: {s['error']}" for s in bad))
+    return out

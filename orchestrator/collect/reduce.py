@@ -1,0 +1,137 @@
+"""The reduce step: every rank's Parquet parts -> one DuckDB store, in bounded memory.
+
+Python holds one small record per report (its meta), never event rows: DuckDB reads the
+parts with `read_parquet`, shifts each rank onto the shared clock through a tiny
+(file -> rank, offset) table, and copies them into the store under `memory_limit`, spilling
+to `temp_directory` past it. The result is the in-process ingest's store: the same
+identity (`identify` across all reports), the same finalize (ingest._finalize: ranks,
+env, sources, dropped impossible rows, finalize.sql) and the same meta, so `orch report`
+gives the same answer either way (tests/test_parts.py compares them table by table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from orchestrator import __version__, numbers
+from orchestrator.collect.decompress import clean_stale
+from orchestrator.collect.extract import missing_columns
+from orchestrator.collect.identity import Layout, Member, identify
+from orchestrator.collect.ingest import _append, _finalize, sql_literal
+from orchestrator.collect.parts import probe_from_json, report_from_json
+from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, STORE_VERSION, align_clocks_sql
+from orchestrator.collect.tables import TABLES
+from orchestrator.errors import OrchError
+
+MEMORY_LIMIT = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
+
+
+def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
+    """Identify across every report (duplicates, file order), as the in-process path does."""
+    reports = [report_from_json(m["report"]) for m in metas]
+    probes = [probe_from_json(m["probe"]) for m in metas]
+    return identify(reports, probes)
+
+
+def _stage_view(table: str, files: list[str]) -> str:
+    """`{table}_stage`: the parts of one table on the shared clock, with the final rank."""
+    cols = []
+    shifted = set(TABLES[table].shifted)
+    for c, _ in EVENT_SCHEMA[table]:
+        if c == "rank":
+            cols.append("m.rank AS rank")
+        elif c in shifted:
+            cols.append(f'p."{c}" + m.off AS "{c}"')
+        else:
+            cols.append(f'p."{c}"')
+    if not files:
+        empty = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_SCHEMA[table])
+        return f"CREATE TEMP VIEW {table}_stage AS SELECT {empty} WHERE false"
+    listing = ", ".join(f"'{sql_literal(f)}'" for f in files)
+    return (f"CREATE TEMP VIEW {table}_stage AS SELECT {', '.join(cols)} "
+            f"FROM read_parquet([{listing}], filename = true) p JOIN part_map m ON m.file = p.filename")
+
+
+def build_store_from_parts(
+    metas: list[dict[str, Any]], parts: Path, store: Path, *, layout: Layout, keep_env: bool = False,
+    align: bool = False, expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
+    threads: int = 2, members: list[Member] | None = None,
+) -> str:
+    """Write `store` atomically from the parts that `metas` list; returns the engine label.
+    `members` (from members_from_metas, in metas' order) may be passed when the caller
+    already identified them (and completed the layout)."""
+    if "?" in str(store.resolve()):
+        raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
+                        "the path of a database; choose an output folder without '?'")
+    if members is None:
+        members, _ = members_from_metas(metas)
+    ok = [(m, meta) for m, meta in zip(members, metas, strict=True)
+          if m.status == "ok" and not m.probe.error and m.report.sqlite]
+    starts = [m.probe.session_start_ns for m, _ in ok if m.probe.session_start_ns is not None]
+    base = min(starts) if starts else 0
+    part_map: list[tuple[str, int, int]] = []
+    files: dict[str, list[str]] = {t: [] for t in EVENT_SCHEMA}
+    for m, meta in ok:
+        # The order of notes is the in-process ingest's: missing columns, then what the
+        # extraction found (invalid UTF-8), then its failure.
+        gone = missing_columns(m.probe)
+        if gone:
+            m.probe.notes.append(f"missing columns (stored as NULL): {', '.join(gone)}")
+        m.probe.notes.extend(meta["notes"])
+        if meta["error"]:
+            m.status = "error"
+            m.notes.append(meta["error"])
+            continue
+        off = m.probe.session_start_ns - base  # type: ignore[operator]
+        for table, rel in meta["files"].items():
+            path = str((parts / rel).resolve())
+            files[table].append(path)
+            part_map.append((path, m.rank, off))  # type: ignore[arg-type]
+    tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
+    spill = store.parent / ".duckdb-spill"
+    con: duckdb.DuckDBPyConnection | None = None
+    try:
+        con = duckdb.connect(str(tmp))
+        con.execute(f"SET threads = {max(1, threads)}")
+        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+        con.execute(f"SET temp_directory = '{sql_literal(str(spill))}'")
+        con.execute(RANKS_DDL)
+        con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
+        _append(con, "part_map", ("file", "rank", "off"), part_map)
+        for table in EVENT_SCHEMA:
+            con.execute(_stage_view(table, files[table]))
+        _finalize(con, members, base, layout, keep_env, expected)
+        for table in EVENT_SCHEMA:
+            con.execute(f"DROP VIEW {table}_stage")
+        con.execute("DROP TABLE part_map")
+        if align:
+            con.execute(align_clocks_sql())
+        meta = {
+            "orch_version": __version__, "store_version": STORE_VERSION,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "engine": "parts", "clock_base_utc_ns": base,
+            "layout": json.dumps({"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
+                                  "known": layout.known, "world_size": layout.world_size,
+                                  "nproc_per_node": layout.nproc_per_node}),
+            "aligned_collectives": align, "parts": str(parts.resolve()), **(extra_meta or {}),
+        }
+        _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
+        con.execute("CHECKPOINT")
+    except BaseException:
+        if con is not None:
+            con.close()
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+        raise
+    con.close()
+    os.replace(tmp, store)
+    return "parts"

@@ -1,0 +1,123 @@
+"""The map/reduce collect (`--parts`): per-report Parquet parts reduced into the store must
+give exactly the in-process store and report, on every real fixture; a corrupt report is
+marked while the others are collected; a re-run maps only what is missing or replaced."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from rich.console import Console
+
+from orchestrator.analyze.engine import Options
+from orchestrator.analyze.report import build_report
+from orchestrator.collect.collect import collect
+from orchestrator.collect.mapreduce import collect_parts
+from orchestrator.layout import Layout
+from tests.conftest import REPO, run_orch
+
+QUIET = Console(stderr=True, quiet=True)
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def _groups() -> list[tuple[str, list[Path]]]:
+    """One case per captured job: tests/fixtures/{real,gpu_e2e}/<case>_r<N>_*.sqlite.gz."""
+    out: dict[str, list[Path]] = {}
+    for f in sorted([*(FIXTURES / "real").glob("*.sqlite.gz"), *(FIXTURES / "gpu_e2e").glob("*.sqlite.gz")]):
+        out.setdefault(f"{f.parent.name}/{f.name.rsplit('_r', 1)[0]}", []).append(f)
+    return sorted(out.items())
+
+
+def assert_same_store(a: Path, b: Path) -> None:
+    """Every table row for row (as multisets: both paths keep each rank's rows together but
+    may order ranks differently), and meta except its time and engine."""
+    con = duckdb.connect(str(a), read_only=True)
+    con.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
+    tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                        "WHERE table_catalog = current_database() ORDER BY 1").fetchall()]
+    other = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                       "WHERE table_catalog = 'other' ORDER BY 1").fetchall()]
+    assert tables == other
+    for t in tables:
+        if t == "meta":
+            continue
+        assert con.execute(f"DESCRIBE {t}").fetchall() == con.execute(f"DESCRIBE other.{t}").fetchall(), t
+        n = con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        assert n == con.execute(f"SELECT count(*) FROM other.{t}").fetchone()[0], t
+        for x, y in ((t, f"other.{t}"), (f"other.{t}", t)):
+            assert con.execute(f"SELECT count(*) FROM (FROM {x} EXCEPT ALL FROM {y})").fetchone()[0] == 0, t
+    differ = con.execute("SELECT coalesce(a.key, b.key) FROM meta a FULL JOIN other.meta b ON a.key = b.key "
+                         "WHERE a.value IS DISTINCT FROM b.value ORDER BY 1").fetchall()
+    assert {k for (k,) in differ} <= {"created_at", "engine", "parts"}, differ
+    con.close()
+
+
+def assert_same_report(a: Path, b: Path) -> None:
+    ra = build_report(a, Options()).model_dump(mode="json")
+    rb = build_report(b, Options()).model_dump(mode="json")
+    assert ra.pop("store") != rb.pop("store")
+    assert ra == rb
+
+
+@pytest.mark.parametrize("case", [name for name, _ in _groups()])
+def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in dict(_groups())[case]:
+        shutil.copy(f, src / f.name)
+    a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
+    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2)
+    assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
+    assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
+    assert_same_store(a.store, b.store)
+    assert_same_report(a.store, b.store)
+    parts = tmp_path / "b" / "parts"
+    for rank in a.ok_ranks:  # the documented layout
+        assert (parts / "table=nvtx" / f"rank={rank}").is_dir()
+    assert len(list((parts / "reports").glob("*.json"))) == len(a.members)
+
+
+def test_sqlite3_engine_parts_identical(gpu_fixtures: Path, tmp_path: Path) -> None:
+    a = collect([gpu_fixtures / "pp_imbalance"], tmp_path / "a", layout=Layout(), engine="sqlite3", console=QUIET)
+    b = collect_parts([gpu_fixtures / "pp_imbalance"], tmp_path / "b", layout=Layout(), engine="sqlite3",
+                      console=QUIET)
+    assert_same_store(a.store, b.store)
+
+
+def test_corrupt_report_marked_then_fixed_incrementally(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """One corrupt export: every other rank is collected and the bad one named; once the file
+    is replaced, a re-run maps only it and the store equals the in-process one."""
+    src = tmp_path / "src"
+    src.mkdir()
+    good = {}
+    for case in ("ddp_straggler", "pp_imbalance"):
+        for i, f in enumerate(sorted((gpu_fixtures / case).glob("*.sqlite"))):
+            rank = len(good)
+            dest = src / f"job_1_r{rank}_{case}{i}.{100 + rank}.sqlite"
+            shutil.copy(f, dest)
+            good[rank] = dest
+    backup = tmp_path / "r2.sqlite"
+    shutil.copy(good[2], backup)
+    good[2].write_bytes(good[2].read_bytes()[:50_000])  # truncated mid-file
+    run = tmp_path / "run"
+    p = run_orch("collect", "--from", str(src), "--out", str(run), "--parts")
+    assert p.returncode == 0, p.stderr
+    assert "3 rank(s) ok" in p.stdout and "4 report(s) mapped, 0 reused" in p.stdout
+    assert "job_1_r2_" in p.stdout and "error" in p.stdout
+    con = duckdb.connect(str(run / "profile.duckdb"), read_only=True)
+    assert con.execute("SELECT list(status ORDER BY rank) FROM ranks").fetchone()[0] == ["ok", "ok", "error", "ok"]
+    assert con.execute("SELECT count(DISTINCT rank) FROM kernels").fetchone()[0] == 3
+    con.close()
+    metas = sorted((run / "parts" / "reports").glob("*.json"))
+    before = {m.name: m.stat().st_mtime_ns for m in metas}
+
+    shutil.copy(backup, good[2])  # replaced (newer than its parts)
+    p = run_orch("collect", "--from", str(src), "--out", str(run), "--parts")
+    assert p.returncode == 0, p.stderr
+    assert "4 rank(s) ok" in p.stdout and "1 report(s) mapped, 3 reused" in p.stdout
+    changed = [m.name for m in metas if m.stat().st_mtime_ns != before[m.name]]
+    assert len(changed) == 1 and changed[0].startswith("job_1_r2_")
+    ref = collect([src], tmp_path / "ref", layout=Layout(), console=QUIET)
+    assert_same_store(ref.store, run / "profile.duckdb")

@@ -7,7 +7,8 @@
 --       `nsys stats` sums, used to check orch against it)
 --   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
 --   loo_ref(tbl)   table macro over (rank, key, x): per rank and key, the median and MAD of the
---       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other)
+--       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other;
+--       past 16 ranks the median and MAD of all ranks, which one rank barely moves)
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
 --   phase_inst(rank, tid, start, end, grp)  NVTX ranges starting inside stats_cpu; grp =
 --       `DOMAIN:` (non-default domains, as nsys names them) || range_group(text)
@@ -42,10 +43,23 @@ FROM stats_cpu c CROSS JOIN params p LEFT JOIN win w USING (rank);
 
 CREATE OR REPLACE TEMP MACRO loo_ref(tbl) AS TABLE
 WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
-pairs AS (SELECT a.rank, a.key, b.x FROM t a JOIN t b ON a.key = b.key AND a.rank <> b.rank),
-med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key)
-SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
-FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key;
+n AS (SELECT key, count(*) AS n FROM t GROUP BY key),
+-- Up to 16 ranks per key: leave-one-out (ranks x ranks pairs, cheap at that size).
+small AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n <= 16),
+pairs AS (SELECT a.rank, a.key, b.x FROM small a JOIN small b ON a.key = b.key AND a.rank <> b.rank),
+med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key),
+loo AS (
+    SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
+    FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key
+),
+-- More ranks: one rank barely moves the median, and pairs would grow with ranks squared
+-- (2,048 ranks x 50 kernels = 200 M rows): the median and MAD of all ranks instead.
+big AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n > 16),
+gmed AS (SELECT key, median(x) AS ref_med FROM big GROUP BY key),
+gmad AS (SELECT b.key, median(abs(b.x - g.ref_med)) AS ref_mad FROM big b JOIN gmed g USING (key) GROUP BY b.key)
+SELECT * FROM loo
+UNION ALL
+SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);
 
 CREATE OR REPLACE TEMP MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

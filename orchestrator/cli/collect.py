@@ -84,6 +84,12 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--align-clocks", action="store_true",
                    help="refine the shared clock by aligning matched NCCL kernel ends across ranks")
     p.add_argument("--nsys", help="nsys binary for `nsys export` (default: the job's, $NSYS, PATH)")
+    timings_opt(p)
+
+
+def timings_opt(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timings", action="store_true",
+                   help="print the wall time of each phase (export, probe, ingest per table, analysis SQL) to stderr")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:

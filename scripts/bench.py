@@ -33,11 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_data as bd
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _child(fn, args, q) -> None:  # runs in a fresh process: its own peak RSS
-    t = time.perf_counter()
+    """Wall seconds, and CPU seconds (user + system, all threads): on a shared machine the
+    CPU time moves far less with other people's load than the wall time does."""
+    t, c = time.perf_counter(), _cpu()
     info = fn(*args)
-    q.put({"s": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           **info})
+    q.put({"s": time.perf_counter() - t, "cpu_s": _cpu() - c,
+           "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **info})
 
 
 def run_phase(fn, *args) -> dict:
@@ -76,6 +83,11 @@ def _analyze_only(d: Path) -> dict:
         shutil.rmtree(store, ignore_errors=True)
 
 
+# Timed in the first round only: pandas takes minutes at 128 ranks (once is enough against a
+# >= 10x goal); ingest and analyze alone only say where orch's time goes.
+ONCE = ("pandas", "ingest", "analyze")
+
+
 def measure(d: Path, runs: int, pandas: bool, baseline: Path | None = None) -> dict:
     """Each phase `runs` times, interleaved; medians (and the peak RSS over runs)."""
     phases = {
@@ -93,12 +105,13 @@ def measure(d: Path, runs: int, pandas: bool, baseline: Path | None = None) -> d
     got: dict[str, list[dict]] = {k: [] for k in phases}
     for _ in range(runs):
         for k, fn in phases.items():
-            if k == "pandas" and got[k]:
-                continue  # minutes at 128 ranks: once is enough against a >= 10x goal
+            if k in ONCE and got[k]:
+                continue
             got[k].append(fn())
     out = {}
     for k, rs in got.items():
         out[k] = {"s": statistics.median(r["s"] for r in rs), "runs": [round(r["s"], 3) for r in rs],
+                  "cpu_s": statistics.median(r["cpu_s"] for r in rs),
                   "rss_mb": max(r["rss_mb"] for r in rs),
                   **{x: v for x, v in rs[0].items() if x not in ("s", "rss_mb")}}
     o = out["orch"]["s"]
@@ -106,7 +119,10 @@ def measure(d: Path, runs: int, pandas: bool, baseline: Path | None = None) -> d
                      "orch/floor_py5": o / out["floor_py5"]["s"],
                      "pandas/orch": out["pandas"]["s"] / o if pandas else None,
                      "before/floor_c": out["orch_before"]["s"] / out["floor_c"]["s"] if baseline else None,
-                     "before/floor_py": out["orch_before"]["s"] / out["floor_py"]["s"] if baseline else None}
+                     "before/floor_py": out["orch_before"]["s"] / out["floor_py"]["s"] if baseline else None,
+                     "cpu orch/floor_c": out["orch"]["cpu_s"] / out["floor_c"]["cpu_s"],
+                     "cpu orch/floor_py": out["orch"]["cpu_s"] / out["floor_py"]["cpu_s"],
+                     "cpu before/floor_c": out["orch_before"]["cpu_s"] / out["floor_c"]["cpu_s"] if baseline else None}
     return out
 
 

@@ -44,6 +44,16 @@ def render(results: list[dict], meta: dict) -> str:
             f"{_f(q['pandas/orch'], '{:.1f}')} | {r['orch']['rss_mb']:.0f} | "
             f"{_f(r['orch_before']['s'] if 'orch_before' in r else None)} | {_f(q.get('before/floor_c'))} | "
             f"{_f(q.get('before/floor_py'))} |")
+    lines += ["", "CPU seconds (user + system, all threads; less sensitive to other load on a shared machine "
+              "than wall time):", "",
+              "| dataset | floor C cpu s | floor py cpu s | orch cpu s | before cpu s | orch/floor C (cpu) | "
+              "orch/floor py (cpu) | before/floor C (cpu) |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        q, b = r["ratios"], r.get("orch_before")
+        lines.append(f"| {r['dataset']} | {r['floor_c']['cpu_s']:.2f} | {r['floor_py']['cpu_s']:.2f} | "
+                     f"{r['orch']['cpu_s']:.2f} | {_f(b['cpu_s'] if b else None)} | "
+                     f"{q['cpu orch/floor_c']:.2f} | {q['cpu orch/floor_py']:.2f} | "
+                     f"{_f(q.get('cpu before/floor_c'))} |")
     lines += ["", "## Goals (issue 16)", ""]
     real = [r for r in results if r["dataset"].startswith("real")]
     if real:

@@ -76,7 +76,7 @@ def render(results: list[dict], meta: dict) -> str:
     if 512 in syn:
         v = max(syn[512][k]["rss_mb"] for k in ("orch", "ingest", "analyze"))
         lines.append(f"- peak RSS <= 2 GiB at 512 ranks: {v:.0f} MB ({_verdict(v <= 2048)})")
-    lines += ["", GPU_PLAN]
+    lines += ["", "Where the time goes, before and after, with proposals: docs/benchmarks-profile.md.", "", GPU_PLAN]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
@@ -94,7 +95,8 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
                 "CAST(? AS INTEGER) AS microbatches, CAST(? AS VARCHAR) AS stats_scope",
                 [int(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope])
     for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
-        con.execute(f.read_text())
+        with phase(f"analyze: {f.name}"):
+            con.execute(f.read_text())
 
 
 class Views:

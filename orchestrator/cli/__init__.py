@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)
-        return handlers[a.command](a)
+        return _run(handlers[a.command], a)
     except OrchError as e:
         err.print(f"orch: error: {plain(e)}", markup=False)  # paths and trace names are data
         return e.exit_code
@@ -55,6 +55,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cause is None:
             raise
         return _interrupted()
+
+
+def _run(handler: Handler, a: argparse.Namespace) -> int:
+    """Run one subcommand; with --timings, its per-phase wall times go to stderr at the end."""
+    if not getattr(a, "timings", False):
+        return handler(a)
+    from orchestrator.collect.timings import TIMINGS
+
+    TIMINGS.reset(True)
+    try:
+        return handler(a)
+    finally:
+        err.print("\n".join(["timings:", *TIMINGS.lines()]), markup=False)
 
 
 def _interrupted() -> int:

@@ -142,6 +142,12 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunk", type=_count, help="with --on-cluster: reports per array task "
                    "(default: enough for at most 1000 tasks)")
     g.add_argument("--timeout", type=float, help="with --on-cluster: stop waiting for the array after this many s")
+    timings_opt(p)
+
+
+def timings_opt(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timings", action="store_true",
+                   help="print the wall time of each phase (export, probe, ingest per table, analysis SQL) to stderr")
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:

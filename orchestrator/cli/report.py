@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.collect import collect_from_paths, collect_opts, print_collect
+from orchestrator.cli.collect import collect_from_paths, collect_opts, print_collect, timings_opt
 from orchestrator.cli.common import (
     Handler,
     check_output_dir,
@@ -180,6 +180,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     p.add_argument("run", help="job id, run directory or profile.duckdb")
     report_opts(p)
     runs_opt(p)
+    timings_opt(p)
     p = sub.add_parser("analyze", help="collect reports made elsewhere and report in one step")
     p.add_argument("paths", nargs="+")
     p.add_argument("--layout", help="tp=..,pp=..,dp=.. (dp may be left out: inferred from the ranks)")

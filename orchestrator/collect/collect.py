@@ -22,6 +22,7 @@ from orchestrator.collect.gather import ReportFile, discover, export_all, find_n
 from orchestrator.collect.identity import Member, identify, infer_world_size
 from orchestrator.collect.ingest import build_store
 from orchestrator.collect.probe import Probe, probe
+from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.layout import Layout
 from orchestrator.rundir import STORE
@@ -107,8 +108,9 @@ def collect(
                             "check the path or wait for the job to finish writing them")
         with _progress(console) as prog:
             t = prog.add_task("export", total=len(reports))
-            export_all(reports, run / "exports", nsys=find_nsys(nsys), workers=workers,
-                       on_done=lambda _r: prog.advance(t))
+            with phase("collect: export/decompress"):
+                export_all(reports, run / "exports", nsys=find_nsys(nsys), workers=workers,
+                           on_done=lambda _r: prog.advance(t))
             t2 = prog.add_task("probe", total=len(reports))
 
             def probe_one(r: ReportFile) -> Probe:
@@ -116,7 +118,7 @@ def collect(
                 prog.advance(t2)
                 return pr
 
-            with ThreadPoolExecutor(max_workers=workers) as pool:
+            with phase("collect: probe"), ThreadPoolExecutor(max_workers=workers) as pool:
                 probes = list(pool.map(probe_one, reports))
             members, warnings = identify(reports, probes)
             ranks = [m.rank for m in members if m.rank is not None]
@@ -126,9 +128,10 @@ def collect(
                     if m.rank is not None and m.rank >= layout.world_size:
                         m.notes.append(f"rank {m.rank} is outside the world size {layout.world_size}")
             t3 = prog.add_task("ingest", total=sum(1 for m in members if not m.probe.error))
-            used = build_store(members, run / STORE, layout=layout, keep_env=keep_env, engine=engine,
-                               workers=workers, align=align, expected=expected, extra_meta=extra_meta,
-                               on_rank=lambda _m: prog.advance(t3))
+            with phase("collect: build store (total)"):
+                used = build_store(members, run / STORE, layout=layout, keep_env=keep_env, engine=engine,
+                                   workers=workers, align=align, expected=expected, extra_meta=extra_meta,
+                                   on_rank=lambda _m: prog.advance(t3))
     exp = set(expected or [])
     ok = {m.rank for m in members if m.rank is not None and not m.probe.error and m.status == "ok"}
     return CollectResult(

@@ -1,0 +1,262 @@
+"""Datasets and timed phases of scripts/bench.py (each phase runs in its own child process).
+
+Datasets: REAL exports (every H200 capture in ../shared/fixtures and tests/fixtures/gpu_e2e,
+renamed as the ranks of one job, plus the largest real job alone), and synthetic ranks made
+from one real export (per-rank clock skew, time shift and jitter) for scale.
+Floors: `floor_py` (plain sqlite3 read of every row orch reads), `floor_c` (DuckDB's sqlite
+scanner materializing every column of every source table orch reads, of every export, into
+memory: the C-level floor any DuckDB-based ingest must at least pay).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import shutil
+import sqlite3
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", Path.home() / ".cache" / "orch-bench"))
+# The issue's original floor: five event tables, every row.
+FLOOR5 = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+          "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"]
+# Every source table orch reads today (store v2).
+SOURCES = [*FLOOR5, "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "GPU_METRICS", "ThreadNames", "StringIds"]
+TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+         "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"}
+REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e"]
+
+
+def default_source() -> Path:
+    return REAL_DIRS[0] / "ddp_straggler" / "ddp_straggler_r1_vm.2402.sqlite.gz"
+
+
+def _unpack(src: Path, dest: Path) -> None:
+    if src.suffix == ".gz":
+        with gzip.open(src, "rb") as fi, open(dest, "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+    else:
+        shutil.copy(src, dest)
+
+
+def real_dataset(job: str | None = None) -> Path | None:
+    """All real exports as the ranks of one job (job=None), or one real job's own ranks."""
+    files = sorted(f for d in REAL_DIRS if d.is_dir() for f in d.rglob("*.sqlite.gz"))
+    if job:
+        files = [f for f in files if f.name.startswith(f"{job}_r")]
+    if not files:
+        return None
+    d = CACHE / f"real-{job or 'all'}"
+    if (d / ".complete").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    for r, f in enumerate(files):
+        host = f.name.split("_r")[0].replace("_", "-")
+        name = f.name[: -len(".gz")] if job else f"real_1_r{r}_{host}.{1000 + r}.sqlite"
+        _unpack(f, d / name)
+    (d / ".complete").touch()
+    return d
+
+
+def make_template(source: Path, repeat: int, dest: Path) -> None:
+    """One rank's export, optionally with its steps repeated `repeat` times (shifted copies)."""
+    _unpack(source, dest)
+    con = sqlite3.connect(dest)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.execute("DROP TABLE IF EXISTS GPU_METRICS")  # rank 1 of the source has none either
+    if repeat > 1:
+        lo, hi = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+        span = hi - lo + 1_000_000
+        for t in TIMED & tables:
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
+            sel = ", ".join(
+                f"{c} + {{k}} * {span}" if c in ("start", "end") else
+                (f"{c} + {{k}} * 100000000" if c == "correlationId" else c) for c in cols)
+            for k in range(1, repeat):
+                con.execute(f"INSERT INTO {t} SELECT {sel.format(k=k)} FROM {t} WHERE start <= {hi}")
+    con.commit()
+    con.execute("VACUUM")
+    con.close()
+
+
+def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Random) -> None:
+    """A copy with its own rank, session start (clock skew) and a few ms of jitter."""
+    shutil.copy(template, dest)
+    con = sqlite3.connect(dest)
+    skew = rng.randint(-2_000_000_000, 2_000_000_000)
+    con.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = utcEpochNs + ?", [skew])
+    shift = -skew + rng.randint(0, 3_000_000)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    for t in TIMED & tables:
+        con.execute(f"UPDATE {t} SET start = start + ?, end = end + ?", [shift, shift])
+    con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE value LIKE 'RANK=%'", [f'RANK="{rank}"'])
+    con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE value LIKE 'WORLD_SIZE=%'", [f'WORLD_SIZE="{world}"'])
+    con.commit()
+    con.close()
+
+
+def synthetic_dataset(n: int, repeat: int, source: Path) -> Path:
+    d = CACHE / f"{source.name.split('.')[0]}-x{repeat}" / f"n{n}"
+    if (d / ".complete").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    tpl = d.parent / "template.sqlite"
+    if not tpl.exists():
+        make_template(source, repeat, tpl)
+    rng = random.Random(n)
+    for r in range(n):
+        make_rank(tpl, r, n, d / f"bench_1_r{r}_host{r // 8}.{1000 + r}.sqlite", rng)
+    (d / ".complete").touch()
+    return d
+
+
+# ---------------------------------------------------------------- phases (each in a child)
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def phase_floor_py(d: Path, tables: list[str]) -> dict:
+    """Plain sequential sqlite3 read of every row of `tables` (OSRT_API: the rows orch keeps,
+    filtered by SQLite as any reader would)."""
+    from orchestrator.collect.tables import OSRT_MIN_NS
+
+    rows = 0
+    for f in sorted(d.glob("*.sqlite")):
+        con = sqlite3.connect(f)
+        have = _tables(con)
+        for t in tables:
+            if t not in have:
+                continue
+            where = f" WHERE end - start >= {OSRT_MIN_NS} OR end < start" if t == "OSRT_API" else ""
+            cur = con.execute(f"SELECT * FROM {t}{where}")
+            while chunk := cur.fetchmany(65536):
+                rows += len(chunk)
+        con.close()
+    return {"rows": rows}
+
+
+def phase_floor_c(d: Path, tables: list[str]) -> dict:
+    """DuckDB (default threads) + the sqlite scanner: CREATE TABLE AS SELECT * of every source
+    table of every export, in memory. Includes `import duckdb` and the extension load."""
+    import duckdb
+
+    from orchestrator.collect.ingest import scanner_extension_path
+
+    con = duckdb.connect()
+    con.execute(f"LOAD '{scanner_extension_path()}'")
+    rows = 0
+    for i, f in enumerate(sorted(d.glob("*.sqlite"))):
+        con.execute(f"ATTACH '{f}' AS s{i} (TYPE sqlite, READ_ONLY)")
+        have = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = ?", [f"s{i}"]).fetchall()}
+        for t in tables:
+            if t in have:
+                con.execute(f"CREATE TABLE m{i}_{t} AS SELECT * FROM s{i}.{t}")
+                rows += con.execute(f"SELECT count(*) FROM m{i}_{t}").fetchone()[0]
+        con.execute(f"DETACH s{i}")
+    return {"rows": rows}
+
+
+def phase_ingest(d: Path, store_dir: Path) -> dict:
+    from rich.console import Console
+
+    from orchestrator.collect.collect import collect
+    from orchestrator.collect.identity import Layout
+
+    res = collect([d], store_dir, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True))
+    assert len(res.ok_ranks) == len(list(d.glob("*.sqlite"))), res.bad[:3]
+    return {"engine": res.engine}
+
+
+def phase_analyze(store_dir: Path) -> dict:
+    from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.report import build_report
+
+    rep = build_report(store_dir / "profile.duckdb", Options())
+    return {"ranks": len(rep.ranks)}
+
+
+def phase_orch_in(tree: str, d: Path, store_dir: Path) -> dict:
+    """`phase_orch` with another orch tree first on sys.path (the before of an A/B)."""
+    import sys
+
+    sys.path.insert(0, tree)
+    for name in [m for m in sys.modules if m == "orchestrator" or m.startswith("orchestrator.")]:
+        del sys.modules[name]
+    return phase_orch(d, store_dir)
+
+
+def phase_orch(d: Path, store_dir: Path) -> dict:
+    """`orch analyze` in one process: collect then report (imports paid once, as the CLI)."""
+    phase_ingest(d, store_dir)
+    return phase_analyze(store_dir)
+
+
+def phase_pandas(d: Path) -> dict:
+    """Per rank DataFrames and Python interval merges, as HTA / the nsys recipes do it."""
+    import itertools
+    import re
+
+    import pandas as pd
+
+    step_re = re.compile(r"^(?:[Ss]tep|[Ii]teration)[ _#:]*(\d+)$")
+    out = {}
+    for f in sorted(d.glob("*.sqlite")):
+        con = sqlite3.connect(f)
+        sid = pd.read_sql("SELECT id, value FROM StringIds", con).set_index("id")["value"]
+        k = pd.read_sql("SELECT start, end, correlationId, shortName FROM CUPTI_ACTIVITY_KIND_KERNEL", con)
+        k["name"] = k["shortName"].map(sid)
+        m = pd.concat([pd.read_sql(f"SELECT start, end, correlationId FROM {t}", con)
+                       for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")])
+        rt = pd.read_sql("SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME", con)
+        nv = pd.read_sql("SELECT start, end, globalTid, text, textId, domainId FROM NVTX_EVENTS "
+                         "WHERE eventType IN (59, 60) AND end IS NOT NULL", con)
+        con.close()
+        nv["text"] = nv["text"].fillna(nv["textId"].map(sid))
+        steps = nv[(nv["domainId"].fillna(0) == 0) & nv["text"].str.match(step_re.pattern, na=False)].copy()
+        steps["n"] = steps["text"].str.extract(step_re.pattern, expand=False).astype(int)
+        rt["step"] = None
+        for s in steps.itertuples():  # launch -> step, one step range at a time
+            sel = (rt["globalTid"] == s.globalTid) & (rt["start"] >= s.start) & (rt["start"] < s.end)
+            rt.loc[sel, "step"] = s.n
+        ops = pd.concat([k[["start", "end", "correlationId", "name"]], m.assign(name="memory")])
+        ops = ops.merge(rt[["correlationId", "step"]], on="correlationId", how="left")
+        first = steps["n"].min()
+        sel = ops[ops["step"].notna() & (ops["step"] > first)]
+        w0, w1 = sel["start"].min(), sel["end"].max()
+        ops = ops[(ops["end"] > w0) & (ops["start"] < w1)].copy()
+        ops["s"], ops["e"] = ops["start"].clip(lower=w0), ops["end"].clip(upper=w1)
+
+        def merge(df: pd.DataFrame) -> list[list[int]]:
+            res: list[list[int]] = []
+            for s, e in df.sort_values("s")[["s", "e"]].itertuples(index=False):
+                if res and s <= res[-1][1]:
+                    res[-1][1] = max(res[-1][1], e)
+                else:
+                    res.append([s, e])
+            return res
+
+        is_comm = ops["name"].fillna("").str.startswith("nccl")
+        comp, comm = merge(ops[~is_comm & (ops["name"] != "memory")]), merge(ops[is_comm])
+        busy = merge(ops)
+        overlap = 0
+        for a in comm:
+            for b in comp:
+                overlap += max(0, min(a[1], b[1]) - max(a[0], b[0]))
+        gaps = [(a[1], b[0]) for a, b in itertools.pairwise(busy) if b[0] - a[1] >= 1_000_000]
+        ranges = nv[~nv.index.isin(steps.index) & (nv["domainId"].fillna(0) == 0)]
+        attributed = {}
+        for gs, ge in gaps:
+            cover = ranges[(ranges["start"] < ge) & (ranges["end"] > gs)]
+            ov = cover["end"].clip(upper=ge) - cover["start"].clip(lower=gs)
+            cover = cover[2 * ov >= ge - gs]
+            if len(cover):
+                name = cover.assign(d=cover["end"] - cover["start"]).sort_values("d").iloc[0]["text"]
+                attributed[name] = attributed.get(name, 0) + ge - gs
+        out[f.name] = {"busy": sum(e - s for s, e in busy), "overlap": overlap, "window": int(w1 - w0),
+                       "gaps": attributed}
+    return {"ranks": len(out)}

@@ -1,0 +1,102 @@
+"""docs/benchmarks.md from scripts/bench.py's results: the tables, each goal of issue 16 as a
+ratio measured side by side in one run (met/MISSED), and the GPU-machine plan (not run here)."""
+
+from __future__ import annotations
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def render(results: list[dict], meta: dict) -> str:
+    lines = [
+        "# Benchmarks", "",
+        f"`python scripts/bench.py --ranks {' '.join(map(str, meta['ranks']))} --runs {meta['runs']}` on "
+        f"{meta['date']}, {meta['machine']}. Synthetic ranks are copies of the real export `{meta['source']}` "
+        "(per-rank clock skew, time shift, jitter); `real:` rows are the H200 exports themselves "
+        "(../shared/fixtures/h200-nsys2025.3 and tests/fixtures/gpu_e2e; `all 12` renames them as ranks "
+        "0..11 of one job). Each phase runs in its own child process (imports included, RSS is that "
+        "child's peak); phases run alternately, medians of the runs are shown (512 ranks: 2 runs).", "",
+        "- **floor C**: DuckDB's sqlite scanner materializing every column of every source table orch "
+        "reads (kernels, memcpy, memset, runtime, NVTX, OSRT, sync, GPU metrics, thread names, StringIds), "
+        "all rows, of every export, into memory (import duckdb and the extension load included).",
+        "- **floor py**: plain sqlite3 read of every row of the same tables (OSRT: the rows orch keeps, "
+        "filtered by SQLite); **floor py5**: the issue's original floor (five event tables).",
+        "- **orch**: `orch analyze` in one process: collect (probe, ingest, store) + report (every view "
+        "and rule); ingest and analyze are also timed alone. **before**: the same with the orch of "
+        "`--baseline` (main before issue 16), alternated with the others in the same run.", "",
+        "| dataset | ranks | MB | floor C s | floor py s | floor py5 s | orch s | ingest s | analyze s | "
+        "orch/floor C | orch/floor py | orch/py5 | pandas s | pandas/orch | RSS orch MB | before s | "
+        "before/floor C | before/floor py |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        q, p = r["ratios"], r.get("pandas")
+        lines.append(
+            f"| {r['dataset']} | {r['ranks']} | {r['bytes'] / 2**20:.0f} | {r['floor_c']['s']:.2f} | "
+            f"{r['floor_py']['s']:.2f} | {r['floor_py5']['s']:.2f} | {r['orch']['s']:.2f} | "
+            f"{r['ingest']['s']:.2f} | {r['analyze']['s']:.2f} | {q['orch/floor_c']:.2f} | "
+            f"{q['orch/floor_py']:.2f} | {q['orch/floor_py5']:.2f} | {_f(p['s'] if p else None)} | "
+            f"{_f(q['pandas/orch'], '{:.1f}')} | {r['orch']['rss_mb']:.0f} | "
+            f"{_f(r['orch_before']['s'] if 'orch_before' in r else None)} | {_f(q.get('before/floor_c'))} | "
+            f"{_f(q.get('before/floor_py'))} |")
+    lines += ["", "CPU seconds (user + system, all threads; less sensitive to other load on a shared machine "
+              "than wall time):", "",
+              "| dataset | floor C cpu s | floor py cpu s | orch cpu s | before cpu s | orch/floor C (cpu) | "
+              "orch/floor py (cpu) | before/floor C (cpu) |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        q, b = r["ratios"], r.get("orch_before")
+        lines.append(f"| {r['dataset']} | {r['floor_c']['cpu_s']:.2f} | {r['floor_py']['cpu_s']:.2f} | "
+                     f"{r['orch']['cpu_s']:.2f} | {_f(b['cpu_s'] if b else None)} | "
+                     f"{q['cpu orch/floor_c']:.2f} | {q['cpu orch/floor_py']:.2f} | "
+                     f"{_f(q.get('cpu before/floor_c'))} |")
+    lines += ["", "## Goals (issue 16)", ""]
+    real = [r for r in results if r["dataset"].startswith("real")]
+    if real:
+        worst = max(r["ratios"]["orch/floor_c"] for r in real)
+        lines.append(f"- `orch analyze` on real multi-rank exports <= 1.5x the C floor: worst {worst:.2f}x "
+                     f"({_verdict(worst <= 1.5)}; moonshot <= 1.0x: {_verdict(worst <= 1.0)})")
+    syn = {r["ranks"]: r for r in results if r["dataset"].startswith("synthetic")}
+    if 8 in syn:
+        v = syn[8]["ratios"]["orch/floor_py"]
+        lines.append(f"- 8 ranks <= 1.5x the Python floor: {v:.2f}x ({_verdict(v <= 1.5)}; "
+                     f"against the 5-table floor {syn[8]['ratios']['orch/floor_py5']:.2f}x)")
+    big = [syn[n] for n in sorted(syn) if n >= 32]
+    if big:
+        worst = max(r["ratios"]["orch/floor_py"] for r in big)
+        lines.append(f"- 32-512 ranks <= 1.2x the Python floor: worst {worst:.2f}x ({_verdict(worst <= 1.2)}; "
+                     + ", ".join(f"{r['ranks']}: {r['ratios']['orch/floor_py']:.2f}x" for r in big) + ")")
+    if 128 in syn and syn[128]["ratios"]["pandas/orch"]:
+        v = syn[128]["ratios"]["pandas/orch"]
+        lines.append(f"- pandas >= 10x slower at 128 ranks: {v:.1f}x ({_verdict(v >= 10)})")
+    if 512 in syn:
+        v = max(syn[512][k]["rss_mb"] for k in ("orch", "ingest", "analyze"))
+        lines.append(f"- peak RSS <= 2 GiB at 512 ranks: {v:.0f} MB ({_verdict(v <= 2048)})")
+    lines += ["", "Where the time goes, before and after, with proposals: docs/benchmarks-profile.md.", "", GPU_PLAN]
+    return "\n".join(lines) + "\n"
+
+
+GPU_PLAN = """## On a GPU node: export formats and `nsys recipe` (NOT run)
+
+Issue 16 also asks for the whole pipeline on real `.nsys-rep` files, export included, against
+NVIDIA's `nsys recipe nccl_gpu_overlap_trace` and `gpu_gaps` on the same reports, and for the
+export format (sqlite, arrow/arrowdir, parquetdir) to be chosen by measurement. That needs a
+node with nsys >= 2024 and real reports; it was **not run** for this change (no device time
+was left). `scripts/bench_recipe.sh REPORT_DIR [OUT]` does it, in one call, side by side:
+
+1. `nsys export` of every report to each format the version offers (`--type sqlite`, `arrowdir`,
+   `parquetdir`), timed per format, with and without `--tables` limited to the tables orch reads
+   where the version accepts it; sizes of the outputs.
+2. `orch collect --from` + `orch report --json` (export included: a fresh copy of the reports,
+   so no export is reused), with `--timings`.
+3. `nsys recipe nccl_gpu_overlap_trace` and `nsys recipe gpu_gaps` on the same reports, each
+   timed alone (their own export/caching included, as a user would run them).
+
+It prints one table: seconds per step, and the goal ratios (orch complete / one recipe <= 1.0,
+moonshot <= 0.5). What it cannot decide without data: whether reading parquet (DuckDB's native
+reader, parallel, column-pruned) beats the SQLite scanner once the export time is counted.
+"""

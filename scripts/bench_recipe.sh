@@ -26,7 +26,7 @@ secs() {  # secs LABEL CMD...: run, print "LABEL seconds", keep the log
     t0=$(date +%s.%N)
     "$@" >"$out/$label.log" 2>&1 || echo "  ($label failed: see $out/$label.log)" >&2
     t1=$(date +%s.%N)
-    printf '%-44s %8.2f\n' "$label" "$(echo "$t1 - $t0" | bc)" | tee -a "$out/times.txt"
+    printf "%-44s %8.2f\n" "$label" "$(awk -v a="$t0" -v b="$t1" "BEGIN { print b - a }")" | tee -a "$out/times.txt"
 }
 
 fresh() {  # a fresh copy of the reports: no export or recipe cache is reused
@@ -55,9 +55,9 @@ done
 # 2. orch, complete: export + collect + report (JSON and HTML), with per-phase timings.
 d=$(fresh orch)
 secs "orch collect + report (export included)" bash -c "orch collect --from '$d' --out '$out/run' \
-    --nsys '$nsys' --timings && orch report '$out/run' --json '$out/run/r.json' --html '$out/run/r.html'"
+    --nsys '$nsys' --timings && orch report '$out/run/profile.duckdb' --json '$out/run/r.json' --html '$out/run/r.html'"
 # the same again with the exports in place: what a second report costs
-secs "orch report (store kept)" orch report "$out/run" --json "$out/run/r2.json"
+secs "orch report (store kept)" orch report "$out/run/profile.duckdb" --json "$out/run/r2.json"
 
 # 3. NVIDIA's recipes on the same reports, each alone (its own export and cache included).
 for recipe in nccl_gpu_overlap_trace gpu_gaps; do

@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import duckdb
@@ -22,13 +23,20 @@ from tests.test_parts import assert_same_report, assert_same_store
 ARRAY = ["--on-cluster", "--task-cpus", "4", "--chunk", "1", "--timeout", "400"]  # 4 CPUs: one task per node
 
 
-def _array_nodes(stdout: str, env: dict[str, str]) -> tuple[str, set[str], dict[str, str]]:
+def _array_nodes(stdout: str, env: dict[str, str], tasks: int = 4) -> tuple[str, set[str], dict[str, str]]:
+    """The array's tasks as accounting records them; slurmdbd can lag a few seconds behind the
+    job's end, so ask again until every task has a row of its own in a final state."""
     array = re.search(r"array task\(s\), job (\d+)", stdout)
     assert array, stdout
-    p = subprocess.run(["sacct", "-j", array.group(1), "-X", "-n", "-P", "-o", "JobID,State,NodeList"],
-                       capture_output=True, text=True, env=env, check=True, timeout=60)
-    rows = [r.split("|") for r in p.stdout.split()]
-    return array.group(1), {node for _, _, node in rows}, {jid: state for jid, state, _ in rows}
+    deadline = time.monotonic() + 60
+    while True:
+        p = subprocess.run(["sacct", "-j", array.group(1), "-X", "-n", "-P", "-o", "JobID,State,NodeList"],
+                           capture_output=True, text=True, env=env, check=True, timeout=60)
+        rows = [r.split("|") for r in p.stdout.split()]
+        done = [r for r in rows if re.fullmatch(r"\d+_\d+", r[0]) and r[1] in ("COMPLETED", "FAILED")]
+        if len(done) >= tasks or time.monotonic() > deadline:
+            return array.group(1), {node for _, _, node in rows}, {jid: state for jid, state, _ in rows}
+        time.sleep(2)
 
 
 @pytest.mark.slurm

@@ -52,9 +52,9 @@ class Straggler(Rule):
             evidence = self._lateness(rk, s, caused, pct, victims)
             for via in b["vias"] or []:
                 vs = stats.get(via)
-                late = f"started last in {vs.late_count} of {vs.collectives} collectives, but " if vs else ""
-                evidence.append(f"rank {via} {late}was itself waiting for rank {rk} (point-to-point or "
-                                "collective) most of that time: a victim, not the cause")
+                late = f"started last in {vs.late_count} of {vs.collectives} collectives, but " if vs else "was late "
+                evidence.append(f"rank {via} {late}only because it had itself waited for rank {rk} "
+                                "(point-to-point or collective) since its previous collective: a victim, not the cause")
             cause = self._cause(ctx, rk, busy.get(rk), evidence)
             calls = sorted((c for c in ctx.views.rows("root_cpu") if c["rank"] == rk), key=lambda c: -c["ns"])
             b_ms = ns_to_ms(busy[rk]["wait_ns"]) if rk in busy else 0.0

@@ -49,10 +49,12 @@ _DUR = ["count", "total_ms", "mean_ms", "median_ms", "min_ms", "max_ms", "per_st
 
 
 def stats_html(report: Report) -> str:
-    """The phase table first (open), the others folded; all sortable."""
+    """The phase table first (open), the others folded; all sortable. A CPU-only capture gets the
+    CPU columns and tables only (GPU ones would be all zero)."""
     t = report.tables
-    phases = _table("phases", t.phases, ["rank", "range", *_DUR, "cpu_median_ms", "gpu_ms", "gpu_per_step_ms",
-                                         "gpu_median_ms", "gpu_ops"],
+    gpu = report.gpu_activity
+    gpu_cols = ["gpu_ms", "gpu_per_step_ms", "gpu_median_ms", "gpu_ops"] if gpu else []
+    phases = _table("phases", t.phases, ["rank", "range", *_DUR, "cpu_median_ms", *gpu_cols],
                     {"per_step_ms": "cpu_outlier", "total_ms": "cpu_outlier", "gpu_ms": "gpu_outlier",
                      "gpu_per_step_ms": "gpu_outlier"})
     parts = [
@@ -74,8 +76,11 @@ def stats_html(report: Report) -> str:
         ("slices", "GPU time slices under 50 % busy (nsys analyze gpu-low-util)",
          _table("low-util", t.low_util_slices, ["rank", "slice", "start_ms", "ms", "util_pct"])),
     ]
+    if not gpu:  # no kernels, copies or GPU slices in a CPU-only capture
+        parts = [p for p in parts if p[0] not in ("kernels", "memory", "sync", "slices")]
     folded = "".join(f'<details id="sec-{k}"><summary><b>{_e(title)}</b></summary>{body}</details>'
                      for k, title, body in parts)
-    return (f"<style>{CSS}</style><h2>Phases across ranks (nvtx_sum + GPU projection; scope: {_e(t.scope)})</h2>"
+    what = "nvtx_sum + GPU projection" if gpu else "nvtx_sum"
+    return (f"<style>{CSS}</style><h2>Phases across ranks ({what}; scope: {_e(t.scope)})</h2>"
             f"<p>Outliers (red): above the other ranks' median by more than 3 MAD, 10 % and 1 ms.</p>"
             f"{phases}{folded}{SORT_JS}")

@@ -79,6 +79,21 @@ def decode(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+class CountingDecoder:
+    """sqlite3 text_factory like `decode` that also counts the strings it had to repair, so the
+    reader can note on the rank that it did."""
+
+    def __init__(self) -> None:
+        self.bad = 0
+
+    def __call__(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.bad += 1
+            return decode(raw)
+
+
 def _has_surrogates(s: str) -> bool:
     try:
         s.encode("utf-8")

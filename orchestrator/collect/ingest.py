@@ -17,6 +17,7 @@ import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -123,16 +124,7 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
         for m, off in batch:
             # DuckDB pulls the Arrow batches from its own threads; one reader at a time.
             scon = open_ro(m.report.sqlite, check_same_thread=False)  # type: ignore[arg-type]
-            bad_text = [0]
-
-            def decode(raw: bytes, bad_text: list[int] = bad_text) -> str:
-                try:
-                    return raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    bad_text[0] += 1
-                    return numbers.decode(raw)
-
-            scon.text_factory = decode
+            scon.text_factory = bad_text = numbers.CountingDecoder()
             try:
                 for table in EVENT_SCHEMA:
                     sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
@@ -147,7 +139,7 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                         con.unregister("src_batches")
             finally:
                 scon.close()
-            if bad_text[0]:
+            if bad_text.bad:
                 m.probe.notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
         con.execute("COMMIT")
     except BaseException:
@@ -158,7 +150,7 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 
 
-def _line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).splitlines()
     return (text[0] if text else type(e).__name__)[:200]
 
@@ -197,10 +189,10 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
                     _ingest_sqlite3(cur, batch, stage)  # notes the replacement on the rank
                 except (duckdb.Error, sqlite3.Error, ValueError) as e2:
                     m.status = "error"
-                    m.notes.append(f"ingest failed: {_line(e2)}")
+                    m.notes.append(f"ingest failed: {first_line(e2)}")
             else:
                 m.status = "error"
-                m.notes.append(f"ingest failed: {_line(e)}")
+                m.notes.append(f"ingest failed: {first_line(e)}")
         if on_rank:
             for m, _ in batch:
                 on_rank(m)
@@ -238,63 +230,74 @@ def build_store(
     expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
     on_rank: Callable[[Member], None] | None = None,
 ) -> str:
-    """Write `store` atomically; returns the engine used ('scanner' or 'sqlite3')."""
+    """Write `store` atomically (`new_store`); returns the engine used ('scanner' or 'sqlite3')."""
+    with new_store(store) as tmp:
+        with phase("store: create file"):
+            con = duckdb.connect(str(tmp))
+        try:
+            con.execute(f"SET threads = {max(1, workers)}")
+            # Staging lives in memory; past this it spills to a temp directory instead of growing.
+            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            with phase("store: load sqlite scanner"):
+                use_scanner = engine in ("auto", "scanner") and load_scanner(con)
+            used = "scanner" if use_scanner else "sqlite3"
+            if engine == "scanner" and not use_scanner:
+                raise OrchError(
+                    "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
+                    f"=={duckdb.__version__} or use --engine sqlite3"
+                )
+            con.execute(RANKS_DDL)
+            ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
+            starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
+            base = min(starts) if starts else 0
+            with phase("store: ingest (wall)"):
+                _ingest_all(con, ok, base, use_scanner, workers, on_rank)
+            with phase("store: finalize"):
+                _finalize(con, members, base, layout, keep_env, expected)
+                drop_staging(con)
+            if align:
+                with phase("store: align clocks"):
+                    con.execute(align_clocks_sql())
+            write_meta(con, engine=used, base=base, layout=layout, align=align, extra=extra_meta)
+            with phase("store: checkpoint"):
+                con.execute("CHECKPOINT")
+        finally:
+            con.close()
+    return used
+
+
+@contextmanager
+def new_store(store: Path) -> Iterator[Path]:
+    """The path to build `store` at: a temp name renamed over the old store when the block ends
+    without an error (readers only ever see a complete store), removed when it fails. Temp
+    stores of earlier runs that were killed (their pid is gone) are removed first. The caller
+    closes its connection inside the block."""
     if "?" in str(store.resolve()):
         # DuckDB reads `?` in a database path as the start of options and writes elsewhere.
         raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
                         "the path of a database; choose an output folder without '?'")
     tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    # Temp stores of earlier runs that were killed (their pid is gone) are removed.
     clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
-    con: duckdb.DuckDBPyConnection | None = None
     try:
-        with phase("store: create file"):
-            con = duckdb.connect(str(tmp))
-        con.execute(f"SET threads = {max(1, workers)}")
-        # Staging lives in memory; past this it spills to a temp directory instead of growing.
-        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-        with phase("store: load sqlite scanner"):
-            use_scanner = engine in ("auto", "scanner") and load_scanner(con)
-        used = "scanner" if use_scanner else "sqlite3"
-        if engine == "scanner" and not use_scanner:
-            raise OrchError(
-                "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
-                f"=={duckdb.__version__} or use --engine sqlite3"
-            )
-        con.execute(RANKS_DDL)
-        ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
-        starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
-        base = min(starts) if starts else 0
-        with phase("store: ingest (wall)"):
-            _ingest_all(con, ok, base, use_scanner, workers, on_rank)
-        with phase("store: finalize"):
-            _finalize(con, members, base, layout, keep_env, expected)
-            drop_staging(con)
-        if align:
-            with phase("store: align clocks"):
-                con.execute(align_clocks_sql())
-        meta = {
-            "orch_version": __version__, "store_version": STORE_VERSION,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "engine": used, "clock_base_utc_ns": base,
-            "layout": json.dumps({"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
-                                  "known": layout.known, "world_size": layout.world_size,
-                                  "nproc_per_node": layout.nproc_per_node}),
-            "aligned_collectives": align, **(extra_meta or {}),
-        }
-        _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
-        with phase("store: checkpoint"):
-            con.execute("CHECKPOINT")
+        yield tmp
     except BaseException:
-        if con is not None:
-            con.close()
         tmp.unlink(missing_ok=True)
         Path(f"{tmp}.wal").unlink(missing_ok=True)
         raise
-    con.close()
     os.replace(tmp, store)
-    return used
+
+
+def write_meta(con: duckdb.DuckDBPyConnection, *, engine: str, base: int, layout: Layout, align: bool,
+               extra: dict[str, object] | None = None) -> None:
+    """The store's `meta` table: what built it, on which clock base, with which layout."""
+    meta = {
+        "orch_version": __version__, "store_version": STORE_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "engine": engine, "clock_base_utc_ns": base, "layout": json.dumps(layout.meta()),
+        "aligned_collectives": align, **(extra or {}),
+    }
+    _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
 
 
 _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", "tp_index", "gpu_name",

@@ -27,7 +27,7 @@ from orchestrator import numbers
 from orchestrator.collect.extract import select_sql
 from orchestrator.collect.gather import ReportFile, _export_one, find_nsys
 from orchestrator.collect.identity import identify
-from orchestrator.collect.ingest import _batches, load_scanner, sql_literal
+from orchestrator.collect.ingest import _batches, first_line, load_scanner, sql_literal
 from orchestrator.collect.parts import (
     MAP_VERSION,
     is_fresh,
@@ -128,16 +128,7 @@ def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], 
     import pyarrow.parquet as pq
 
     scon = open_ro(p.path)
-    bad = [0]
-
-    def decode(raw: bytes) -> str:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            bad[0] += 1
-            return numbers.decode(raw)
-
-    scon.text_factory = decode
+    scon.text_factory = bad = numbers.CountingDecoder()
     rows = {}
     try:
         for table in EVENT_SCHEMA:
@@ -154,14 +145,9 @@ def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], 
             rows[table] = n
     finally:
         scon.close()
-    if bad[0]:
+    if bad.bad:
         notes.append("invalid UTF-8 in trace strings replaced with U+FFFD")
     return rows
-
-
-def _line(e: BaseException) -> str:
-    text = str(e).splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
 
 
 def _extract(task: MapTask, p: Probe, rank: int | None,
@@ -221,7 +207,7 @@ def map_report(task: MapTask) -> dict[str, Any]:
         try:
             files, rows, notes, used = _extract(task, p, rank, rid)
         except (duckdb.Error, sqlite3.Error, ValueError, OSError, RuntimeError) as e:
-            error = f"ingest failed: {_line(e)}"
+            error = f"ingest failed: {first_line(e)}"
     t3 = time.perf_counter()
     for f in (old or {}).get("files", {}).values():  # parts of an earlier map at another rank
         if f not in files.values():

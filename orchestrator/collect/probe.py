@@ -74,22 +74,13 @@ def probe(path: Path) -> Probe:
                 p.error = "not a SQLite file: re-export it with `nsys export --type sqlite`"
                 return p
         con = open_ro(path)
-        bad_text: list[bytes] = []
-
-        def decode(raw: bytes) -> str:
-            try:
-                return raw.decode("utf-8")
-            except UnicodeDecodeError:
-                bad_text.append(raw)
-                return numbers.decode(raw)
-
-        con.text_factory = decode
+        con.text_factory = bad_text = numbers.CountingDecoder()
         try:
             _read(con, p)
         finally:
             con.close()
-        if bad_text:
-            p.notes.append(f"invalid UTF-8 in {len(bad_text)} metadata string(s) replaced with U+FFFD")
+        if bad_text.bad:
+            p.notes.append(f"invalid UTF-8 in {bad_text.bad} metadata string(s) replaced with U+FFFD")
     except sqlite3.DatabaseError as e:
         p.error = f"unreadable SQLite ({e}): the file is truncated or corrupt; re-export the report"
     except OSError as e:

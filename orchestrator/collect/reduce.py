@@ -11,26 +11,17 @@ gives the same answer either way (tests/test_parts.py compares them table by tab
 
 from __future__ import annotations
 
-import json
-import os
-import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from orchestrator import __version__, numbers
-from orchestrator.collect.decompress import clean_stale
 from orchestrator.collect.extract import missing_columns
 from orchestrator.collect.identity import Layout, Member, identify
-from orchestrator.collect.ingest import _append, _finalize, sql_literal
+from orchestrator.collect.ingest import MEMORY_LIMIT, _append, _finalize, new_store, sql_literal, write_meta
 from orchestrator.collect.parts import probe_from_json, report_from_json
-from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, STORE_VERSION, align_clocks_sql
+from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql
 from orchestrator.collect.tables import TABLES
-from orchestrator.errors import OrchError
-
-MEMORY_LIMIT = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -67,9 +58,6 @@ def build_store_from_parts(
     """Write `store` atomically from the parts that `metas` list; returns the engine label.
     `members` (from members_from_metas, in metas' order) may be passed when the caller
     already identified them (and completed the layout)."""
-    if "?" in str(store.resolve()):
-        raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
-                        "the path of a database; choose an output folder without '?'")
     if members is None:
         members, _ = members_from_metas(metas)
     ok = [(m, meta) for m, meta in zip(members, metas, strict=True)
@@ -94,44 +82,27 @@ def build_store_from_parts(
             path = str((parts / rel).resolve())
             files[table].append(path)
             part_map.append((path, m.rank, off))  # type: ignore[arg-type]
-    tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
     spill = store.parent / ".duckdb-spill"
-    con: duckdb.DuckDBPyConnection | None = None
-    try:
+    with new_store(store) as tmp:
         con = duckdb.connect(str(tmp))
-        con.execute(f"SET threads = {max(1, threads)}")
-        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-        con.execute(f"SET temp_directory = '{sql_literal(str(spill))}'")
-        con.execute(RANKS_DDL)
-        con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
-        _append(con, "part_map", ("file", "rank", "off"), part_map)
-        for table in EVENT_SCHEMA:
-            con.execute(_stage_view(table, files[table]))
-        _finalize(con, members, base, layout, keep_env, expected)
-        for table in EVENT_SCHEMA:
-            con.execute(f"DROP VIEW {table}_stage")
-        con.execute("DROP TABLE part_map")
-        if align:
-            con.execute(align_clocks_sql())
-        meta = {
-            "orch_version": __version__, "store_version": STORE_VERSION,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "engine": "parts", "clock_base_utc_ns": base,
-            "layout": json.dumps({"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
-                                  "known": layout.known, "world_size": layout.world_size,
-                                  "nproc_per_node": layout.nproc_per_node}),
-            "aligned_collectives": align, "parts": str(parts.resolve()), **(extra_meta or {}),
-        }
-        _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
-        con.execute("CHECKPOINT")
-    except BaseException:
-        if con is not None:
+        try:
+            con.execute(f"SET threads = {max(1, threads)}")
+            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            con.execute(f"SET temp_directory = '{sql_literal(str(spill))}'")
+            con.execute(RANKS_DDL)
+            con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
+            _append(con, "part_map", ("file", "rank", "off"), part_map)
+            for table in EVENT_SCHEMA:
+                con.execute(_stage_view(table, files[table]))
+            _finalize(con, members, base, layout, keep_env, expected)
+            for table in EVENT_SCHEMA:
+                con.execute(f"DROP VIEW {table}_stage")
+            con.execute("DROP TABLE part_map")
+            if align:
+                con.execute(align_clocks_sql())
+            write_meta(con, engine="parts", base=base, layout=layout, align=align,
+                       extra={"parts": str(parts.resolve()), **(extra_meta or {})})
+            con.execute("CHECKPOINT")
+        finally:
             con.close()
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
-        raise
-    con.close()
-    os.replace(tmp, store)
     return "parts"

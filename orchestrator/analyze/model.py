@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from orchestrator.analyze.model_base import Strict
 from orchestrator.analyze.model_comm import CommReport
 from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
@@ -23,11 +24,7 @@ Severity = Literal["high", "medium", "low", "info"]
 SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Gap(_Model):
+class Gap(Strict):
     """One GPU idle gap and the CPU range it is attributed to."""
 
     start_ms: float
@@ -36,13 +33,13 @@ class Gap(_Model):
     text: str | None = None
 
 
-class StepTime(_Model):
+class StepTime(Strict):
     step: int
     ms: float
     warmup: bool
 
 
-class RankMetrics(_Model):
+class RankMetrics(Strict):
     """Per-rank metrics over the rank's analysis window (view `rank_metrics` and friends)."""
 
     rank: int
@@ -76,14 +73,14 @@ class RankMetrics(_Model):
     step_ms: list[StepTime]
 
 
-class StepRow(_Model):
+class StepRow(Strict):
     step: int
     ms_by_rank: dict[str, float]
     spread_ms: float
     warmup: bool
 
 
-class StageMetrics(_Model):
+class StageMetrics(Strict):
     stage: int
     ranks: list[int]
     compute_ms: float
@@ -93,13 +90,13 @@ class StageMetrics(_Model):
     microbatches: int | None = None
 
 
-class Imbalance(_Model):
+class Imbalance(Strict):
     ratio: float
     slowest_stage: int
     fastest_stage: int
 
 
-class Straggler(_Model):
+class Straggler(Strict):
     rank: int
     late_count: int
     collectives: int
@@ -110,20 +107,20 @@ class Straggler(_Model):
     p_value: float
 
 
-class Problem(_Model):
+class Problem(Strict):
     rank: int
     status: str
     reason: str | None = None
 
 
-class CpuPhase(_Model):
+class CpuPhase(Strict):
     rank: int
     range: str
     ms_per_step: float
     steps: int
 
 
-class Finding(_Model):
+class Finding(Strict):
     """One diagnosis: what, where, how sure (evidence), how much it costs and the fix."""
 
     kind: str
@@ -136,7 +133,7 @@ class Finding(_Model):
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
 
 
-class Window(_Model):
+class Window(Strict):
     source: list[str]
     steps: list[int] | None
     gap_ms: float
@@ -145,7 +142,7 @@ class Window(_Model):
     per_rank: dict[int, list[float]]
 
 
-class Report(_Model):
+class Report(Strict):
     schema_version: int = SCHEMA_VERSION
     orch_version: str
     store: str

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from orchestrator.analyze.model_base import Strict
 
 Scope = Literal["intra", "inter"]
 
@@ -36,18 +38,14 @@ SIZE_HINT = {
 }
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NominalLink(_Model):
+class NominalLink(Strict):
     gpu: str
     link: str = Field(description="the link the rate is for")
     gbps_per_direction: float = Field(description="nominal GB/s per GPU and direction, what busbw is compared with")
     why: str
 
 
-class CommKindRow(_Model):
+class CommKindRow(Strict):
     kind: str = Field(description="all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, send_recv")
     size_bucket: str = Field(description="message size bucket: [size, 2 x size) of nccl-tests' S")
     bucket_bytes: int
@@ -61,7 +59,7 @@ class CommKindRow(_Model):
     pct_of_nominal: float | None = Field(None, description="median busbw / nominal link rate (intra-node only)")
 
 
-class CommUnitRow(_Model):
+class CommUnitRow(Strict):
     unit: str = Field(description="`group 0,1,...` (a communicator group) or `p2p a-b` (a send/recv pair)")
     ranks: list[int]
     scope: Scope
@@ -72,7 +70,7 @@ class CommUnitRow(_Model):
     median_busbw_gbps: float | None
 
 
-class CommScopeRow(_Model):
+class CommScopeRow(Strict):
     scope: Scope
     instances: int
     gbytes: float
@@ -82,7 +80,7 @@ class CommScopeRow(_Model):
     median_busbw_gbps: float | None
 
 
-class CommReport(_Model):
+class CommReport(Strict):
     size_source: Literal["nccl_nvtx_payload", "none"] = Field(
         description="where byte counts came from: NCCL's NVTX payload ('Message size [bytes]'), or none recorded")
     sized_kernels: int

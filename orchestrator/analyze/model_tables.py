@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from orchestrator.analyze.model_base import Strict
 
 
-class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Durations(_Row):
+class _Durations(Strict):
     """nsys's summary columns (count, total, mean, median, min, max) plus per step."""
 
     count: int
@@ -82,7 +80,7 @@ class ApiRow(_Durations):
     pct: float = Field(description="share of the rank's time in this api (cuda or osrt), all threads")
 
 
-class ThreadRow(_Row):
+class ThreadRow(Strict):
     rank: int
     tid: int
     thread: str = Field(description="thread name as nsys names it, with the OS thread id")
@@ -98,7 +96,7 @@ class ThreadRow(_Row):
     top_wait: str | None = Field(None, description="the blocking call it spent most time in")
 
 
-class SyncCopy(_Row):
+class SyncCopy(Strict):
     rank: int
     what: Literal["memcpy", "memset"]
     count: int
@@ -109,7 +107,7 @@ class SyncCopy(_Row):
     top_api: str
 
 
-class SyncApi(_Row):
+class SyncApi(Strict):
     rank: int
     name: str
     count: int
@@ -118,7 +116,7 @@ class SyncApi(_Row):
     per_step: float | None = None
 
 
-class GpuSlice(_Row):
+class GpuSlice(Strict):
     rank: int
     slice: int = Field(description="0..29 across the rank's GPU span")
     start_ms: float
@@ -126,20 +124,19 @@ class GpuSlice(_Row):
     util_pct: float = Field(description="union of GPU ops in the slice / slice length")
 
 
-class StatsTables(BaseModel):
+class StatsTables(Strict):
     """Per-rank tables side by side (filled by analyze/tables.py)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scope: Literal["window", "capture"] = Field(
         "window", description="window: the selected steps (CPU tables: span of the steps; GPU tables: the "
                               "window); capture: everything, as `nsys stats`")
     shown: Literal["phases", "all"] = Field("phases", description="what the terminal printed (--tables)")
-    phases: list[PhaseRow] = []
-    kernels: list[KernelRow] = []
-    memory: list[MemOpRow] = []
-    api: list[ApiRow] = []
-    threads: list[ThreadRow] = []
-    sync_copies: list[SyncCopy] = []
-    sync_apis: list[SyncApi] = []
-    low_util_slices: list[GpuSlice] = Field([], description="GPU slices under 50 % busy (nsys gpu-low-util)")
+    phases: list[PhaseRow] = Field([])
+    kernels: list[KernelRow] = Field([])
+    memory: list[MemOpRow] = Field([])
+    api: list[ApiRow] = Field([])
+    threads: list[ThreadRow] = Field([])
+    sync_copies: list[SyncCopy] = Field([])
+    sync_apis: list[SyncApi] = Field([])
+    low_util_slices: list[GpuSlice] = Field([],
+                                            description="GPU slices under 50 % busy (nsys gpu-low-util)")

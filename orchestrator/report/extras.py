@@ -16,10 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_base import Strict
 
 NS = 1e6
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
@@ -28,11 +29,7 @@ ROOT_KINDS = ("straggler", "cpu_phase_outlier")  # findings whose `ranks` hold t
 SegKind = Literal["compute", "comm transfer", "comm waiting", "other GPU", "sync", "nvtx"]
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Seg(_M):
+class Seg(Strict):
     """One drawn interval: ms from the step view's t0; depth only for NVTX ranges."""
 
     s: float
@@ -42,7 +39,7 @@ class Seg(_M):
     depth: int = 0
 
 
-class Lane(_M):
+class Lane(Strict):
     rank: int
     role: str = Field("", description="root, victim, slowest, fastest or sample: why it is shown")
     cpu: list[Seg] = Field(default_factory=list, description="NVTX ranges of the main (loop) thread")
@@ -50,7 +47,7 @@ class Lane(_M):
     gpu: list[Seg] = Field(default_factory=list, description="kernels, NCCL split into waiting/transfer")
 
 
-class Edge(_M):
+class Edge(Strict):
     """One hop of the root-cause path: `victim` waited during [s, e] for `root` (through `via`)."""
 
     victim: int
@@ -60,7 +57,7 @@ class Edge(_M):
     e: float
 
 
-class Hidden(_M):
+class Hidden(Strict):
     """The ranks not drawn, summarised."""
 
     n: int
@@ -70,7 +67,7 @@ class Hidden(_M):
     waiting_max_rank: int | None = None
 
 
-class StepView(_M):
+class StepView(Strict):
     label: str
     step: int
     t1: float = Field(description="ms from t0 to the end of the last shown rank's step")
@@ -80,7 +77,7 @@ class StepView(_M):
     hidden: Hidden | None = None
 
 
-class Extras(_M):
+class Extras(Strict):
     cpu_step_ms: dict[int, dict[int, float]] = Field(
         default_factory=dict, description="rank -> step -> wall time of the step's NVTX range on the loop thread")
     first_step: dict[int, int] = Field(default_factory=dict, description="each rank's first (warm-up) step")

@@ -142,13 +142,11 @@ def job_step_ms(report: Any, extras: Any) -> float | None:
 def measure(point: Point, store: Path, run: Path) -> None:
     """Analyse one finished job; its report.html/json go in its run directory."""
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_report
     from orchestrator.fsutil import write_text_atomic
-    from orchestrator.report.extras import build_extras
+    from orchestrator.report.extras import build_with_extras
     from orchestrator.report.html import render_html
 
-    report = build_report(store, Options())
-    extras = build_extras(store, Options(), report)
+    report, extras = build_with_extras(store, Options())
     write_text_atomic(run / "report.json", report.model_dump_json(indent=1))
     write_text_atomic(run / "report.html", render_html(report, extras))
     point.report_html = str(run / "report.html")

@@ -46,17 +46,18 @@ class Export:
             self.con.execute("INSERT INTO StringIds VALUES (?, ?)", [self.strings[s], s])
         return self.strings[s]
 
-    def nvtx(self, start: int, end: int, text: str) -> None:
-        self.con.execute("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, ?, NULL, 0)", [start, end, text, TID])
+    def nvtx(self, start: int, end: int, text: str, tid: int = TID, event_type: int = 59) -> None:
+        """A push/pop range (59), or with event_type=60 a start/end range (may overlap others)."""
+        self.con.execute("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, NULL, 0)", [start, end, event_type, text, tid])
 
-    def _launch(self, at: int) -> int:
+    def _launch(self, at: int, tid: int = TID) -> int:
         self.corr += 1
         self.con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?)",
-                         [at, at + 2000, TID, self.corr, self._sid("cudaLaunchKernel")])
+                         [at, at + 2000, tid, self.corr, self._sid("cudaLaunchKernel")])
         return self.corr
 
-    def kernel(self, launch: int, start: int, end: int, name: str, stream: int = 7) -> None:
-        c = self._launch(launch)
+    def kernel(self, launch: int, start: int, end: int, name: str, stream: int = 7, tid: int = TID) -> None:
+        c = self._launch(launch, tid)
         self.con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?, ?, ?, ?)",
                          [start, end, stream, c, self._sid(name), self._sid(name)])
 

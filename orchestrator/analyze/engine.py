@@ -18,6 +18,7 @@ import duckdb
 
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
+from orchestrator.sqltext import execute, literal
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
 STORE_VERSIONS = {"2"}  # store layouts this analysis reads (2: names classified at analysis time)
@@ -64,7 +65,7 @@ def check_regex(pattern: str | None) -> str | None:
     if pattern is None:
         return None
     try:
-        duckdb.connect().execute("SELECT regexp_matches('', ?)", [pattern])
+        execute(duckdb.connect(), "SELECT regexp_matches('', ?)", [pattern])
     except duckdb.Error as e:
         raise OrchError(f"--steps-from {pattern!r} is not a valid regular expression "
                         f"({str(e).splitlines()[0]}); e.g. --steps-from '^train_step'") from None
@@ -90,10 +91,12 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """Create every analysis table/view (temp objects, the store stays untouched)."""
     lo, hi = opts.steps if opts.steps else (None, None)
-    con.execute("CREATE OR REPLACE TEMP TABLE params AS SELECT CAST(? AS BIGINT) AS gap_ns, "
-                "CAST(? AS INTEGER) AS step_lo, CAST(? AS INTEGER) AS step_hi, CAST(? AS VARCHAR) AS steps_from, "
-                "CAST(? AS INTEGER) AS microbatches, CAST(? AS VARCHAR) AS stats_scope",
-                [int(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope])
+    params = (("gap_ns", "BIGINT", int(opts.gap_ms * 1e6)), ("step_lo", "INTEGER", lo), ("step_hi", "INTEGER", hi),
+              ("steps_from", "VARCHAR", opts.steps_from), ("microbatches", "INTEGER", opts.microbatches),
+              ("stats_scope", "VARCHAR", opts.stats_scope))
+    # CREATE cannot be PREPAREd: typed literals (sqltext says why values are not bound here).
+    con.execute("CREATE OR REPLACE TEMP TABLE params AS SELECT "
+                + ", ".join(f"CAST({literal(v)} AS {t}) AS {n}" for n, t, v in params))
     for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
         with phase(f"analyze: {f.name}"):
             con.execute(f.read_text())
@@ -115,12 +118,12 @@ class Views:
         return {r["rank"]: r for r in self.rows(view)}
 
     def query(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
-        cur = self.con.execute(sql, params or [])
+        cur = execute(self.con, sql, params)
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
     def scalar(self, sql: str, params: list | None = None) -> Any:
-        row = self.con.execute(sql, params or []).fetchone()
+        row = execute(self.con, sql, params).fetchone()
         return row[0] if row else None
 
 

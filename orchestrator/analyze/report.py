@@ -121,34 +121,40 @@ def _notes(v: Views) -> list[str]:
 def build_report(store: Path, opts: Options) -> Report:
     con, v = analysis(store, opts)
     try:
-        ranks = _rank_metrics(v, opts)
-        meta = {r["key"]: r["value"] for r in v.query("SELECT key, value FROM meta")}
-        layout = json.loads(meta.get("layout", "{}"))
-        all_ranks = v.query("SELECT rank, status, error FROM ranks ORDER BY rank")
-        report = Report(
-            orch_version=__version__, store=str(store), window=_window(v, opts, ranks), layout=layout,
-            ranks=ranks, steps=_steps(v),
-            stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
-                                 bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
-                                 theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"])
-                    for s in v.rows("stage_metrics")],
-            imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
-            stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],
-                                  group_size=s["group_size"], wait_caused_ms=ns_to_ms(s["wait_caused_ns"]),
-                                  median_lateness_ms=ns_to_ms(s["median_lateness_ns"]),
-                                  share_of_window_pct=s["share_of_window_pct"], p_value=float(f"{s['p_value']:.3g}"))
-                        for s in sorted(v.rows("stragglers"), key=lambda s: -s["wait_caused_ns"])],
-            missing_ranks=[r["rank"] for r in all_ranks if r["status"] == "missing"],
-            problems=[Problem(rank=r["rank"], status=r["status"], reason=r["error"])
-                      for r in all_ranks if r["status"] != "ok"],
-            cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ns_to_ms(c["ns_per_step"]),
-                                 steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
-            gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
-            tables=build_tables(v, opts),
-            comm=build_comm(v),
-        )
-        report.notes = _notes(v)
-        report.findings = find_all(Context(views=v, report=report, opts=opts))
-        return report
+        return report_from_views(v, store, opts)
     finally:
         con.close()
+
+
+def report_from_views(v: Views, store: Path, opts: Options) -> Report:
+    """The report from views that `analysis` has built (a caller that also reads other views,
+    such as the HTML's timeline, runs the analysis once for both)."""
+    ranks = _rank_metrics(v, opts)
+    meta = {r["key"]: r["value"] for r in v.query("SELECT key, value FROM meta")}
+    layout = json.loads(meta.get("layout", "{}"))
+    all_ranks = v.query("SELECT rank, status, error FROM ranks ORDER BY rank")
+    report = Report(
+        orch_version=__version__, store=str(store), window=_window(v, opts, ranks), layout=layout,
+        ranks=ranks, steps=_steps(v),
+        stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
+                             bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
+                             theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"])
+                for s in v.rows("stage_metrics")],
+        imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
+        stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],
+                              group_size=s["group_size"], wait_caused_ms=ns_to_ms(s["wait_caused_ns"]),
+                              median_lateness_ms=ns_to_ms(s["median_lateness_ns"]),
+                              share_of_window_pct=s["share_of_window_pct"], p_value=float(f"{s['p_value']:.3g}"))
+                    for s in sorted(v.rows("stragglers"), key=lambda s: -s["wait_caused_ns"])],
+        missing_ranks=[r["rank"] for r in all_ranks if r["status"] == "missing"],
+        problems=[Problem(rank=r["rank"], status=r["status"], reason=r["error"])
+                  for r in all_ranks if r["status"] != "ok"],
+        cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ns_to_ms(c["ns_per_step"]),
+                             steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
+        gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
+        tables=build_tables(v, opts),
+        comm=build_comm(v),
+    )
+    report.notes = _notes(v)
+    report.findings = find_all(Context(views=v, report=report, opts=opts))
+    return report

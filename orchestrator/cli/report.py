@@ -31,6 +31,7 @@ from orchestrator.report.safe import cell, plain
 if TYPE_CHECKING:
     from orchestrator.analyze.engine import Options
     from orchestrator.analyze.model import Report
+    from orchestrator.report.extras import Extras
 
 
 def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
@@ -38,10 +39,18 @@ def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
     check_output_file(a.html, "--html", created)
 
 
-def _emit(report: Report, a: argparse.Namespace, store: Path | None = None) -> None:
-    """Print, then write --json and --html; the HTML's timeline and heatmaps read `store` again."""
+def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None) -> tuple[Report, Extras | None]:
+    """The report, and with --html the timeline's extras, from one analysis pass."""
+    from orchestrator.analyze.report import build_report
+    from orchestrator.report.extras import build_with_extras
+
+    opts = opts or _options(a)
+    return build_with_extras(store, opts) if a.html else (build_report(store, opts), None)
+
+
+def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
+    """Print, then write --json and --html."""
     from orchestrator.fsutil import write_text_atomic
-    from orchestrator.report.extras import build_extras
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
 
@@ -50,7 +59,6 @@ def _emit(report: Report, a: argparse.Namespace, store: Path | None = None) -> N
         write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
     if a.html:
-        extras = build_extras(store, _options(a), report) if store else None
         write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)
 
@@ -63,19 +71,14 @@ def _options(a: argparse.Namespace) -> Options:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from orchestrator.analyze.report import build_report
-
     _check_outputs(a)
-    store = store_of(a.run, a.runs)
-    _emit(build_report(store, _options(a)), a, store)
+    _emit(*_analyse(store_of(a.run, a.runs), a), a)
     return 0
 
 
 def cmd_analyze(a: argparse.Namespace) -> int:
     """Collect then report. Without --out the store lives in a temp directory that is
     removed after a good report and KEPT (and named) when the analysis fails."""
-    from orchestrator.analyze.report import build_report
-
     opts = _options(a)
     Layout.parse(a.layout)  # a bad --layout fails before any work
     check_output_dir(a.out, "--out")
@@ -83,14 +86,14 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     if a.out:
         res = collect_from_paths(a.paths, Path(a.out), a)
         print_collect(res)
-        _emit(build_report(res.store, opts), a, res.store)
+        _emit(*_analyse(res.store, a, opts), a)
         return 0
     dest = Path(tempfile.mkdtemp(prefix="orch-analyze-"))
     res = None
     try:
         res = collect_from_paths(a.paths, dest, a)
         print_collect(res)
-        _emit(build_report(res.store, opts), a, res.store)
+        _emit(*_analyse(res.store, a, opts), a)
     except Exception as e:
         if res is None or not res.store.exists():
             shutil.rmtree(dest, ignore_errors=True)  # nothing was collected: nothing to inspect

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import sqlite3
@@ -41,6 +40,7 @@ from orchestrator.collect.schema import (
 )
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
+from orchestrator.sqltext import literal, quote
 
 _FETCH_ROWS = 65536
 
@@ -60,15 +60,10 @@ def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
     if ext is None:
         return False
     try:
-        con.execute(f"LOAD '{sql_literal(str(ext))}'")
+        con.execute(f"LOAD '{quote(str(ext))}'")
         return True
     except duckdb.Error:
         return False
-
-
-def sql_literal(s: str) -> str:
-    """A string for a single-quoted SQL literal (ATTACH and LOAD take no parameters)."""
-    return s.replace("'", "''")
 
 
 def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
@@ -84,7 +79,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
     try:
         for (m, _), alias in zip(batch, aliases, strict=True):
             path = str(Path(m.report.sqlite).resolve())  # type: ignore[arg-type]
-            con.execute(f"ATTACH '{sql_literal(path)}' AS {alias} (TYPE sqlite, READ_ONLY)")
+            con.execute(f"ATTACH '{quote(path)}' AS {alias} (TYPE sqlite, READ_ONLY)")
         con.execute("BEGIN")
         try:
             for table in EVENT_SCHEMA:
@@ -305,21 +300,6 @@ _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", 
               "source_file", "identity_source", "status", "error", "untraced")
 
 
-def _literal(v: object) -> str:
-    """A DuckDB SQL literal for a small-table value (None, bool, int, float, str)."""
-    if v is None:
-        return "NULL"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(int(v))
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else "NULL"
-    text = numbers.text(v) or ""
-    # NUL cannot sit inside a literal; chr(0) joins the pieces.
-    return " || chr(0) || ".join("'" + part.replace("'", "''") + "'" for part in text.split("\x00"))
-
-
 def _append(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], rows: list[tuple]) -> None:
     """Insert the small tables (ranks, env, sources, meta) as SQL VALUES literals, by column
     name: no pyarrow import (0.2 s of fixed cost on every collect) and no bound parameters
@@ -327,7 +307,7 @@ def _append(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], 
     Strings pass through `numbers.text`: a file name in another encoding never fails it."""
     quoted = ", ".join(f'"{n}"' for n in names)
     for i in range(0, len(rows), 1000):
-        values = ", ".join("(" + ", ".join(map(_literal, r)) + ")" for r in rows[i: i + 1000])
+        values = ", ".join("(" + ", ".join(map(literal, r)) + ")" for r in rows[i: i + 1000])
         con.execute(f"INSERT INTO {table} ({quoted}) VALUES {values}")
 
 

@@ -27,7 +27,7 @@ from orchestrator import numbers
 from orchestrator.collect.extract import select_sql
 from orchestrator.collect.gather import ReportFile, _export_one, find_nsys
 from orchestrator.collect.identity import identify
-from orchestrator.collect.ingest import _batches, first_line, load_scanner, sql_literal
+from orchestrator.collect.ingest import _batches, first_line, load_scanner
 from orchestrator.collect.parts import (
     MAP_VERSION,
     is_fresh,
@@ -42,6 +42,7 @@ from orchestrator.collect.parts import (
 from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
 from orchestrator.fsutil import write_json_atomic
+from orchestrator.sqltext import quote
 
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 COMPRESSION = "zstd"  # smallest parts for the CPU it costs (docs/scale.md)
@@ -105,7 +106,7 @@ def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) 
     """DuckDB's sqlite scanner runs the registry's SELECT and writes Parquet directly."""
     con = _scanner_con(task.threads)
     path = str(Path(p.path).resolve())
-    con.execute(f"ATTACH '{sql_literal(path)}' AS src (TYPE sqlite, READ_ONLY)")
+    con.execute(f"ATTACH '{quote(path)}' AS src (TYPE sqlite, READ_ONLY)")
     try:
         rows = {}
         for table in EVENT_SCHEMA:
@@ -114,7 +115,7 @@ def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) 
                 continue
             out = tmp_of[table]
             out.parent.mkdir(parents=True, exist_ok=True)
-            n = con.execute(f"COPY (SELECT {_cast_cols(table)} FROM ({sql})) TO '{sql_literal(str(out))}' "
+            n = con.execute(f"COPY (SELECT {_cast_cols(table)} FROM ({sql})) TO '{quote(str(out))}' "
                             f"(FORMAT parquet, COMPRESSION {COMPRESSION})").fetchone()[0]
             rows[table] = int(n)
         return rows

@@ -18,10 +18,11 @@ import duckdb
 
 from orchestrator.collect.extract import missing_columns
 from orchestrator.collect.identity import Layout, Member, identify
-from orchestrator.collect.ingest import MEMORY_LIMIT, _append, _finalize, new_store, sql_literal, write_meta
+from orchestrator.collect.ingest import MEMORY_LIMIT, _append, _finalize, new_store, write_meta
 from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql
 from orchestrator.collect.tables import TABLES
+from orchestrator.sqltext import quote
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -45,7 +46,7 @@ def _stage_view(table: str, files: list[str]) -> str:
     if not files:
         empty = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_SCHEMA[table])
         return f"CREATE TEMP VIEW {table}_stage AS SELECT {empty} WHERE false"
-    listing = ", ".join(f"'{sql_literal(f)}'" for f in files)
+    listing = ", ".join(f"'{quote(f)}'" for f in files)
     return (f"CREATE TEMP VIEW {table}_stage AS SELECT {', '.join(cols)} "
             f"FROM read_parquet([{listing}], filename = true) p JOIN part_map m ON m.file = p.filename")
 
@@ -88,7 +89,7 @@ def build_store_from_parts(
         try:
             con.execute(f"SET threads = {max(1, threads)}")
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-            con.execute(f"SET temp_directory = '{sql_literal(str(spill))}'")
+            con.execute(f"SET temp_directory = '{quote(str(spill))}'")
             con.execute(RANKS_DDL)
             con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
             _append(con, "part_map", ("file", "rank", "off"), part_map)

@@ -21,6 +21,7 @@ from pydantic import Field
 from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_base import Strict
+from orchestrator.analyze.report import report_from_views
 
 NS = 1e6
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
@@ -87,11 +88,12 @@ class Extras(Strict):
     note: str | None = None
 
 
-def build_extras(store: Path, opts: Options, report: Report) -> Extras:
-    """Open the store once more (the analysis SQL is cheap next to collect) and read the extras."""
+def build_with_extras(store: Path, opts: Options) -> tuple[Report, Extras]:
+    """The report and the HTML's extras from ONE analysis pass over the store."""
     con, v = analysis(store, opts)
     try:
-        return extras_from_views(v, report)
+        report = report_from_views(v, store, opts)
+        return report, extras_from_views(v, report)
     finally:
         con.close()
 

@@ -22,7 +22,7 @@ WHERE n.domain_id = 0 AND n.text IS NOT NULL AND n."end" > n.start;
 DELETE FROM step_marks WHERE family IS NULL;
 
 CREATE OR REPLACE TEMP TABLE step_source AS
-SELECT family, any_value(text) AS pattern FROM step_marks
+SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks  -- the first one: stable output
 WHERE family = (SELECT min(family) FROM (SELECT family FROM step_marks GROUP BY family HAVING count(*) >= 2))
 GROUP BY family;
 

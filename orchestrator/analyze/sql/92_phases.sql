@@ -10,7 +10,7 @@
 --       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other;
 --       past 16 ranks the median and MAD of all ranks, which one rank barely moves)
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
---   phase_inst(rank, tid, start, end, grp)  NVTX ranges starting inside stats_cpu; grp =
+--   phase_inst(rank, tid, start, end, domain_id, depth, grp)  NVTX ranges starting inside stats_cpu; grp =
 --       `DOMAIN:` (non-default domains, as nsys names them) || range_group(text)
 --   phase_ops(rank, cls, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
@@ -65,18 +65,42 @@ CREATE OR REPLACE TEMP MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);
 
 CREATE OR REPLACE TEMP TABLE phase_inst AS
-SELECT n.rank, n.tid, n.start, n."end",
+SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth,
        CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END
            || range_group(n.text) AS grp
 FROM nvtx n JOIN stats_cpu c USING (rank)
 WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e;
 
+-- Which ranges enclose each GPU-launching CUDA call of their thread. A join on (rank, tid) with
+-- the time test as a residual compares every range with every call of its thread: quadratic in
+-- the capture's length. Instead, per level (rank, tid, domain, depth) whose ranges never overlap
+-- (every push/pop level; start/end ranges when they happen to nest), the enclosing range of a
+-- call is the last one starting at or before it, if it is still open: an ASOF join, O(n log n).
+-- Levels whose ranges overlap keep the plain join (exact either way; zero-length ranges enclose
+-- nothing and are left out).
 CREATE OR REPLACE TEMP TABLE phase_ops AS
-SELECT p.rank, p.grp AS cls, o.start AS s, o."end" AS e, p.tid, p.start AS inst
-FROM phase_inst p
-JOIN cuda_api a ON a.rank = p.rank AND a.tid = p.tid AND a.start >= p.start AND a.start < p."end"
-JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
-WHERE a.correlation_id IS NOT NULL;
+WITH r AS (
+    SELECT p.*, coalesce(max(p."end") OVER (PARTITION BY p.rank, p.tid, p.domain_id, p.depth ORDER BY p.start, p."end"
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > p.start, false) AS overlap
+    FROM phase_inst p WHERE p."end" > p.start
+), lv AS (
+    SELECT rank, tid, domain_id, depth, bool_or(overlap) AS overlap FROM r GROUP BY ALL
+), calls AS (
+    SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e
+    FROM cuda_api a JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
+    WHERE a.correlation_id IS NOT NULL AND (a.rank, a.tid) IN (SELECT (rank, tid) FROM lv)
+), fast AS (
+    SELECT c.*, l.domain_id, l.depth FROM calls c JOIN lv l ON l.rank = c.rank AND l.tid = c.tid AND NOT l.overlap
+)
+SELECT p.rank, p.grp AS cls, f.s, f.e, p.tid, p.start AS inst
+FROM fast f ASOF JOIN r p ON p.rank = f.rank AND p.tid = f.tid AND p.domain_id = f.domain_id AND p.depth = f.depth
+    AND f.start >= p.start
+WHERE f.start < p."end"
+UNION ALL
+SELECT p.rank, p.grp AS cls, c.s, c.e, p.tid, p.start AS inst
+FROM r p JOIN lv l USING (rank, tid, domain_id, depth)
+JOIN calls c ON c.rank = p.rank AND c.tid = p.tid AND c.start >= p.start AND c.start < p."end"
+WHERE l.overlap;
 
 CREATE OR REPLACE TEMP TABLE phase_table AS
 WITH cpu AS (

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from orchestrator import numbers
+
+if TYPE_CHECKING:
+    import duckdb
 
 _STMT = "orch_q"  # one prepared statement per connection, replaced by the next
 

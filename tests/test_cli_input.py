@@ -242,3 +242,30 @@ def test_corrupt_manifest_is_one_line(tmp_path: Path, text: str, needle: str) ->
     (tmp_path / MANIFEST).write_text(text)
     for cmd in ("status", "cancel", "collect"):
         _one_line_error(run_orch(cmd, str(tmp_path)), needle, "restore it or resubmit")
+
+
+@pytest.mark.parametrize("value", ["lots", "1 GB of RAM", "-1GB", ""])
+def test_bad_memory_limit_fails_before_any_work(gpu_fixtures: Path, tmp_path: Path, value: str) -> None:
+    p = run_orch("analyze", str(gpu_fixtures / "ddp_capture"), "--out", str(tmp_path / "store"),
+                 env={"ORCH_DUCKDB_MEMORY": value})
+    _one_line_error(p, "ORCH_DUCKDB_MEMORY", "ORCH_DUCKDB_MEMORY=4GB")
+    assert _listing(tmp_path) == []
+
+
+def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
+    """The analysis connection is capped (the 512-rank report peaked at 3.9 GB without it) and
+    spills under the system temp directory, never into the working directory."""
+    from orchestrator.analyze.engine import open_store
+    from orchestrator.collect.collect import collect
+    from orchestrator.collect.identity import Layout
+
+    res = collect([gpu_fixtures / "ddp_capture"], tmp_path / "run", layout=Layout(), workers=1)
+    monkeypatch.setenv("ORCH_DUCKDB_MEMORY", "300MB")
+    con = open_store(res.store)
+    try:
+        limit, spill = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')"
+                                   ).fetchone()
+    finally:
+        con.close()
+    assert limit in ("286.1 MiB", "300.0 MB"), limit
+    assert Path(spill).parent == Path(tempfile.gettempdir()) and Path(spill).name.startswith("orch-spill-")

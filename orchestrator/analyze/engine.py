@@ -18,6 +18,7 @@ import duckdb
 
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
+from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
@@ -85,6 +86,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         reason = str(e).splitlines()[0]
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
     con.execute("USE store")
+    limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
     return con
 
 

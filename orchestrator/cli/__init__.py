@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from orchestrator import __version__
 from orchestrator.cli.common import Handler, err
 from orchestrator.errors import OrchError
+from orchestrator.memory import memory_limit
 from orchestrator.report.safe import plain
 
 __all__ = ["build_parser", "main"]
@@ -41,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)
+        memory_limit()  # a bad ORCH_DUCKDB_MEMORY fails here, before any work
         return _run(handlers[a.command], a)
     except OrchError as e:
         err.print(f"orch: error: {plain(e)}", markup=False)  # paths and trace names are data

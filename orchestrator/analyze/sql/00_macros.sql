@@ -31,13 +31,15 @@ CREATE OR REPLACE TEMP MACRO in_selected(step, first_step, lo, hi) AS
 
 -- Union of intervals per (rank, cls) from a table with columns rank, cls, s, e
 -- (gaps-and-islands: a new island starts where an interval begins after every earlier one
--- has ended).
+-- has ended). Duplicates go first: the two windows sort separately, and two equal rows in a
+-- different order in each would put one of them in the previous island (a wrong, and
+-- run-to-run different, union).
 CREATE OR REPLACE TEMP MACRO union_intervals(tbl) AS TABLE
 WITH m AS (
     SELECT rank, cls, s, e,
            max(e) OVER (PARTITION BY rank, cls ORDER BY s, e
                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM query_table(tbl)
+    FROM (SELECT DISTINCT rank, cls, s, e FROM query_table(tbl))
 ), g AS (
     SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
               OVER (PARTITION BY rank, cls ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp

@@ -1,0 +1,41 @@
+"""How much memory DuckDB may take in one orch process, and where it spills past that.
+
+One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 1GB). Without a
+limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory: the
+report of 512 synthetic ranks peaked at 3.9 GB. With 1GB and a spill directory it peaked at
+1.3 GB, in the same time, with an identical report (measured for issue 16; docs/benchmarks.md).
+The spill directory of the analysis is a fresh path under the system temp directory (never the
+user's working directory, DuckDB's default); DuckDB creates it on first spill and removes it
+when the connection closes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import OrchError
+from orchestrator.sqltext import quote
+
+if TYPE_CHECKING:
+    import duckdb
+
+_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$", re.IGNORECASE)
+
+
+def memory_limit() -> str:
+    """ORCH_DUCKDB_MEMORY, checked: a bad value fails in one line before any work."""
+    value = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
+    if not _SIZE.match(value):
+        raise OrchError(f"ORCH_DUCKDB_MEMORY={value!r} is not a size; use e.g. ORCH_DUCKDB_MEMORY=4GB")
+    return value.strip()
+
+
+def limit(con: duckdb.DuckDBPyConnection, spill: str | None = None) -> None:
+    """Cap `con` at the memory limit and let it spill to `spill` (default: a fresh temp path)."""
+    spill = spill or os.path.join(tempfile.gettempdir(), f"orch-spill-{os.getpid()}-{secrets.token_hex(4)}")
+    con.execute(f"SET memory_limit = '{quote(memory_limit())}'")
+    con.execute(f"SET temp_directory = '{quote(spill)}'")

@@ -42,3 +42,35 @@ def test_union_intervals_with_duplicates() -> None:
     got = {(r, c): n for r, c, n in con.execute(
         "SELECT rank, cls, sum(e - s) FROM union_intervals('iv') GROUP BY ALL").fetchall()}
     assert got == truth
+
+
+def test_overlapping_pairs_match_brute_force() -> None:
+    """overlapping(dis, ivs): every (interval, disjoint interval) pair that overlaps, from two
+    ASOF joins; checked against the textbook double loop. The intervals include ones that span
+    many gaps, zero-length ones, ones touching a gap's edge, and ranks with no gaps."""
+    import random
+
+    rng = random.Random(11)
+    dis, ivs = [], []
+    for rank in range(6):
+        t = 0
+        for _ in range(0 if rank == 5 else 60):  # rank 5: intervals but no gaps
+            t += rng.randrange(1, 30)
+            length = rng.randrange(1, 20)
+            dis.append((rank, t, t + length))
+            t += length
+        for _ in range(300):
+            s = rng.randrange(-50, t + 50)
+            ivs.append((rank, s, s + rng.choice((0, 1, rng.randrange(1, 40), rng.randrange(100, 800)))))
+        ivs += [(rank, d[2], d[2] + 5) for d in dis if d[0] == rank][:5]  # starts where a gap ends
+    con = duckdb.connect()
+    con.execute((SQL_DIR / "00_macros.sql").read_text())
+    con.execute("CREATE TEMP TABLE dis (rank INTEGER, s BIGINT, e BIGINT)")
+    con.execute('CREATE TEMP TABLE ivs (rank INTEGER, start BIGINT, "end" BIGINT, tag INTEGER)')
+    con.execute("INSERT INTO dis VALUES " + ", ".join(map(str, dis)))
+    con.execute("INSERT INTO ivs VALUES " + ", ".join(str((*v, i)) for i, v in enumerate(ivs)))
+    got = sorted(con.execute('SELECT rank, start, "end", tag, d_s, d_e FROM overlapping(\'dis\', \'ivs\')').fetchall())
+    want = sorted((r, s, e, i, ds, de) for i, (r, s, e) in enumerate(ivs)
+                  for (dr, ds, de) in dis if dr == r and ds < e and de > s)
+    assert len(want) > 1000
+    assert got == want

@@ -1,7 +1,7 @@
 -- Shared idioms as documented macros (the Perfetto stdlib way): a module that needs one of
 -- these calls the macro instead of restating it, so each idiom has one definition.
 -- Reads: nothing. Provides: is_comm, is_p2p, is_sync_api, range_group, in_selected,
--- union_intervals, binom_tail.
+-- union_intervals, overlapping, binom_tail.
 
 -- An NCCL kernel (collective or point-to-point), from the kernel's short name. Classified
 -- here, at analysis time, so a new rule never needs a new collect.
@@ -46,6 +46,30 @@ WITH m AS (
     FROM m
 )
 SELECT rank, cls, min(s) AS s, max(e) AS e FROM g GROUP BY rank, cls, grp;
+
+-- Every pair of an interval of `ivs` (rank, start, "end", ...) and an interval of `dis` (rank, s, e)
+-- that overlap (d.s < i."end" AND d.e > i.start), where the intervals of `dis` never overlap
+-- each other on a rank: GPU idle gaps, the islands of one class, the intervals between steps.
+-- The ones an interval meets are then consecutive: two ASOF joins find the first and the last,
+-- range() lists them. Linear in the rows plus the pairs, where a join on rank with the overlap
+-- test as a residual compares every interval with every one of `dis` on its rank (quadratic in
+-- the capture's length). Returns the columns of `ivs` plus d_s, d_e. Zero-length intervals of
+-- `dis` are left out (every use sums overlaps or needs a positive length).
+CREATE OR REPLACE TEMP MACRO overlapping(dis, ivs) AS TABLE
+WITH d AS MATERIALIZED (
+    SELECT rank, s, e, row_number() OVER (PARTITION BY rank ORDER BY s) AS k FROM query_table(dis) WHERE e > s
+), i AS MATERIALIZED (
+    SELECT row_number() OVER () AS i_id, * FROM query_table(ivs)
+), lo AS (
+    SELECT i.i_id, i.rank, d.k FROM i ASOF JOIN d ON d.rank = i.rank AND i.start < d.e
+), hi AS (
+    SELECT i.i_id, d.k FROM i ASOF JOIN d ON d.rank = i.rank AND i."end" > d.s
+), ks AS (
+    SELECT lo.i_id, lo.rank, unnest(range(lo.k, hi.k + 1)) AS k FROM lo JOIN hi USING (i_id) WHERE lo.k <= hi.k
+), p AS (  -- joined on (rank, k) before the intervals come back: never a join on rank alone
+    SELECT ks.i_id, d.s AS d_s, d.e AS d_e FROM ks JOIN d ON d.rank = ks.rank AND d.k = ks.k
+)
+SELECT i.* EXCLUDE (i_id), p.d_s, p.d_e FROM p JOIN i USING (i_id);
 
 -- P(X >= k) for X ~ Binomial(n, p): how likely a rank starts last this often by chance.
 CREATE OR REPLACE TEMP MACRO binom_tail(k, n, p) AS CASE WHEN k <= 0 THEN 1.0 ELSE least(1.0, (

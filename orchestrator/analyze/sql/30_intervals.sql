@@ -23,11 +23,11 @@ WITH u AS (
            sum(CASE WHEN cls = 'busy' THEN e - s ELSE 0 END) AS busy_ns,
            sum(CASE WHEN cls = 'p2p' THEN e - s ELSE 0 END) AS p2p_ns
     FROM islands GROUP BY rank
+), cc AS (  -- comm and compute islands together, for |comm AND compute| = |comm| + |compute| - |comm OR compute|
+    SELECT rank, 'cc' AS cls, s, e FROM islands WHERE cls IN ('comm', 'compute')
 ), o AS (
-    SELECT a.rank, sum(least(a.e, b.e) - greatest(a.s, b.s)) AS ns
-    FROM islands a JOIN islands b ON a.rank = b.rank AND a.s < b.e AND b.s < a.e
-    WHERE a.cls = 'comm' AND b.cls = 'compute'
-    GROUP BY a.rank
+    SELECT u.rank, u.compute_ns + u.comm_ns - sum(x.e - x.s) AS ns
+    FROM union_intervals('cc') x JOIN u USING (rank) GROUP BY u.rank, u.compute_ns, u.comm_ns
 )
 SELECT w.rank, coalesce(u.compute_ns, 0) AS compute_ns, coalesce(u.comm_ns, 0) AS comm_ns,
        coalesce(u.busy_ns, 0) AS busy_ns, coalesce(u.p2p_ns, 0) AS p2p_ns, coalesce(o.ns, 0) AS overlap_ns

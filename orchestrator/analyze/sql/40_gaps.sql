@@ -29,25 +29,32 @@ WHERE n.domain_id = 0 AND n.text IS NOT NULL
 CREATE OR REPLACE TEMP TABLE between_steps AS
 WITH iv AS (
     SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM steps WHERE family < 4
+), loop_calls AS (  -- each call as [start, start + 1): "starts inside the interval"
+    SELECT a.rank, a.start, a.start + 1 AS "end", a.name, m.kind
+    FROM cuda_api a JOIN loop_thread l USING (rank, tid)
+    LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+), hits AS (
+    SELECT rank, d_s AS s, d_e AS e,
+           count(*) FILTER (WHERE is_sync_api(name) OR kind = 'DtoH') > 0
+           OR count(*) FILTER (WHERE name LIKE '%Launch%') >= 3 AS other_work
+    FROM overlapping('iv', 'loop_calls') GROUP BY ALL
 )
-SELECT iv.rank, iv.s, iv.e,
-       coalesce(count(*) FILTER (WHERE is_sync_api(a.name) OR m.kind = 'DtoH') > 0
-                OR count(*) FILTER (WHERE a.name LIKE '%Launch%') >= 3, false) AS other_work
-FROM iv
-LEFT JOIN (cuda_api a JOIN loop_thread l USING (rank, tid)) ON a.rank = iv.rank AND a.start >= iv.s AND a.start < iv.e
-LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
-WHERE iv.e > iv.s
-GROUP BY iv.rank, iv.s, iv.e;
+SELECT iv.rank, iv.s, iv.e, coalesce(h.other_work, false) AS other_work
+FROM iv LEFT JOIN hits h USING (rank, s, e)
+WHERE iv.e > iv.s;
 
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH gaps AS (
     SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
-), cand AS (
-    SELECT g.rank, g.s, g.e, g.dur, c.text, c.depth, c."end" - c.start AS len,
-           row_number() OVER (PARTITION BY g.rank, g.s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick
-    FROM gaps g JOIN cpu_ranges c
-      ON c.rank = g.rank AND c.start < g.e AND c."end" > g.s
-    WHERE 2 * (least(c."end", g.e) - greatest(c.start, g.s)) >= g.dur
+), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
+    SELECT c.rank, c.d_s AS s, c.text, c.depth,
+           row_number() OVER (PARTITION BY c.rank, c.d_s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick
+    FROM overlapping('gaps', 'cpu_ranges') c
+    WHERE 2 * (least(c."end", c.d_e) - greatest(c.start, c.d_s)) >= c.d_e - c.d_s
+), between AS (  -- the interval between steps holding the gap's midpoint (they never overlap)
+    SELECT g.rank, g.s, b.other_work FROM gaps g
+    ASOF JOIN between_steps b ON b.rank = g.rank AND g.s + g.dur // 2 >= b.s
+    WHERE g.s + g.dur // 2 < b.e
 )
 SELECT g.rank, g.s, g.e, g.dur,
        coalesce(range_group(c.text),
@@ -56,7 +63,7 @@ SELECT g.rank, g.s, g.e, g.dur,
                      ELSE '(no NVTX range)' END) AS range_group,
        c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
-LEFT JOIN between_steps b ON b.rank = g.rank AND g.s + g.dur // 2 >= b.s AND g.s + g.dur // 2 < b.e;
+LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE TEMP VIEW small_gaps AS

@@ -10,10 +10,11 @@ SELECT rank FROM ranks WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,]
   AND rank IN (SELECT DISTINCT rank FROM osrt);
 
 CREATE OR REPLACE TEMP TABLE gap_cpu AS
-WITH blocked AS (
-    SELECT g.rank, g.range_group, o.name AS call, sum(least(o."end", g.e) - greatest(o.start, g.s)) AS ns
-    FROM gap_attr g JOIN loop_thread l USING (rank)
-    JOIN osrt o ON o.rank = g.rank AND o.tid = l.tid AND o.start < g.e AND o."end" > g.s
+WITH loop_osrt AS (
+    SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread l USING (rank, tid)
+), blocked AS (  -- gaps never overlap each other: overlapping() finds the calls in each
+    SELECT g.rank, g.range_group, o.name AS call, sum(least(o."end", o.d_e) - greatest(o.start, o.d_s)) AS ns
+    FROM overlapping('gap_attr', 'loop_osrt') o JOIN gap_attr g ON g.rank = o.rank AND g.s = o.d_s
     GROUP BY ALL
 ), total AS (
     SELECT rank, range_group, sum(dur) AS ns FROM gap_attr WHERE rank IN (SELECT rank FROM osrt_traced) GROUP BY ALL

@@ -74,7 +74,7 @@ LEFT JOIN top t USING (rank);
 -- sync's idle interval, by CPU range. Idle spent in an input-pipeline range is reported as
 -- a data-loader stall, not again as a sync cost.
 CREATE OR REPLACE TEMP VIEW sync_idle_ranges AS
-SELECT i.rank, g.range_group, sum(least(g.e, i."end" + i.idle_ns) - greatest(g.s, i."end")) AS ns
-FROM sync_idle i JOIN gap_attr g ON g.rank = i.rank AND g.s < i."end" + i.idle_ns AND g.e > i."end"
-WHERE i.idle_ns > 0
+WITH iv AS (SELECT rank, "end" AS start, "end" + idle_ns AS "end" FROM sync_idle WHERE idle_ns > 0)
+SELECT o.rank, g.range_group, sum(least(o.d_e, o."end") - greatest(o.d_s, o.start)) AS ns
+FROM overlapping('gap_attr', 'iv') o JOIN gap_attr g ON g.rank = o.rank AND g.s = o.d_s
 GROUP BY ALL;

@@ -68,21 +68,24 @@ CREATE OR REPLACE TEMP VIEW root_raw AS
 SELECT root AS rank, 'w' AS cls, last_sync(root, e) AS s, e FROM blame_edges WHERE e > s;
 CREATE OR REPLACE TEMP TABLE root_windows AS SELECT rank, s, e FROM union_intervals('root_raw');
 
+-- (root_windows never overlap on a rank: overlapping() pairs them with gaps, islands, calls.)
 CREATE OR REPLACE TEMP VIEW root_context AS
-SELECT w.rank, g.range_group, sum(least(g.e, w.e) - greatest(g.s, w.s)) AS ns
-FROM root_windows w JOIN gap_attr g ON g.rank = w.rank AND g.s < w.e AND g.e > w.s
-GROUP BY ALL;
+WITH g AS (SELECT rank, s AS start, e AS "end", range_group FROM gap_attr
+           WHERE rank IN (SELECT rank FROM root_windows))
+SELECT rank, range_group, sum(least("end", d_e) - greatest(start, d_s)) AS ns
+FROM overlapping('root_windows', 'g') GROUP BY ALL;
 
 CREATE OR REPLACE TEMP VIEW root_busy AS
-SELECT w.rank, any_value(t.ns) AS wait_ns, coalesce(sum(least(i.e, w.e) - greatest(i.s, w.s)), 0) AS busy_ns
-FROM root_windows w
-JOIN (SELECT rank, sum(e - s) AS ns FROM root_windows GROUP BY rank) t USING (rank)
-LEFT JOIN islands i ON i.rank = w.rank AND i.cls = 'compute' AND i.s < w.e AND i.e > w.s
-GROUP BY w.rank;
+WITH c AS (SELECT rank, s AS start, e AS "end" FROM islands
+           WHERE cls = 'compute' AND rank IN (SELECT rank FROM root_windows)),
+     b AS (SELECT rank, sum(least("end", d_e) - greatest(start, d_s)) AS ns FROM overlapping('root_windows', 'c')
+           GROUP BY rank)
+SELECT t.rank, t.ns AS wait_ns, coalesce(b.ns, 0) AS busy_ns
+FROM (SELECT rank, sum(e - s) AS ns FROM root_windows GROUP BY rank) t LEFT JOIN b USING (rank);
 
 -- The root rank's loop thread in those windows: time in each OS call (OS runtime trace).
 CREATE OR REPLACE TEMP VIEW root_cpu AS
-SELECT w.rank, o.name AS call, sum(least(o."end", w.e) - greatest(o.start, w.s)) AS ns
-FROM root_windows w JOIN loop_thread l USING (rank)
-JOIN osrt o ON o.rank = w.rank AND o.tid = l.tid AND o.start < w.e AND o."end" > w.s
-GROUP BY ALL;
+WITH o AS (SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread l USING (rank, tid)
+           WHERE o.rank IN (SELECT rank FROM root_windows))
+SELECT rank, name AS call, sum(least("end", d_e) - greatest(start, d_s)) AS ns
+FROM overlapping('root_windows', 'o') GROUP BY ALL;

@@ -29,27 +29,29 @@ WHERE n.domain_id = 0 AND n.text IS NOT NULL
 CREATE OR REPLACE TEMP TABLE between_steps AS
 WITH iv AS (
     SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM steps WHERE family < 4
-), loop_calls AS (  -- each call as [start, start + 1): "starts inside the interval"
-    SELECT a.rank, a.start, a.start + 1 AS "end", a.name, m.kind
+), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
+    SELECT a.rank, a.start, is_sync_api(a.name) OR m.kind = 'DtoH' AS sync_or_copy, a.name LIKE '%Launch%' AS launch
     FROM cuda_api a JOIN loop_thread l USING (rank, tid)
     LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
-), hits AS (
-    SELECT rank, d_s AS s, d_e AS e,
-           count(*) FILTER (WHERE is_sync_api(name) OR kind = 'DtoH') > 0
-           OR count(*) FILTER (WHERE name LIKE '%Launch%') >= 3 AS other_work
-    FROM overlapping('iv', 'loop_calls') GROUP BY ALL
+    WHERE is_sync_api(a.name) OR a.name LIKE '%Launch%' OR a.name LIKE '%emcpy%'
+), hits AS (  -- the intervals never overlap: the one a call starts in is the last starting at or before it
+    SELECT c.rank, i.s, count(*) FILTER (WHERE c.sync_or_copy) > 0 OR count(*) FILTER (WHERE c.launch) >= 3 AS other_work
+    FROM calls c ASOF JOIN (SELECT * FROM iv WHERE e > s) i ON i.rank = c.rank AND c.start >= i.s
+    WHERE c.start < i.e GROUP BY ALL
 )
 SELECT iv.rank, iv.s, iv.e, coalesce(h.other_work, false) AS other_work
-FROM iv LEFT JOIN hits h USING (rank, s, e)
+FROM iv LEFT JOIN hits h USING (rank, s)
 WHERE iv.e > iv.s;
 
 CREATE OR REPLACE TEMP TABLE gap_attr AS
 WITH gaps AS (
     SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
+), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
+    SELECT c.* FROM cpu_ranges c, params p WHERE 2 * (c."end" - c.start) >= p.gap_ns
 ), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
     SELECT c.rank, c.d_s AS s, c.text, c.depth,
            row_number() OVER (PARTITION BY c.rank, c.d_s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick
-    FROM overlapping('gaps', 'cpu_ranges') c
+    FROM overlapping('gaps', 'long_ranges') c
     WHERE 2 * (least(c."end", c.d_e) - greatest(c.start, c.d_s)) >= c.d_e - c.d_s
 ), between AS (  -- the interval between steps holding the gap's midpoint (they never overlap)
     SELECT g.rank, g.s, b.other_work FROM gaps g

@@ -21,10 +21,11 @@ version=$("$nsys" --version | grep -oE '[0-9]{4}\.[0-9]+(\.[0-9]+)?' | head -1)
 echo "nsys $version, ${#reps[@]} reports, $(nproc) cores, out $out"
 
 secs() {  # secs LABEL CMD...: run, print "LABEL seconds", keep the log
-    local label=$1 t0 t1
+    local label=$1 t0 t1 log
     shift
+    log="$out/$(tr -c 'A-Za-z0-9\n' '_' <<<"$label").log"  # a plain file name
     t0=$(date +%s.%N)
-    "$@" >"$out/$label.log" 2>&1 || echo "  ($label failed: see $out/$label.log)" >&2
+    "$@" >"$log" 2>&1 || echo "  ($label failed: see $log)" >&2
     t1=$(date +%s.%N)
     printf "%-44s %8.2f\n" "$label" "$(awk -v a="$t0" -v b="$t1" "BEGIN { print b - a }")" | tee -a "$out/times.txt"
 }

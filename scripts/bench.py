@@ -139,11 +139,11 @@ def main() -> None:
     a = ap.parse_args()
     sets: list[tuple[str, Path, int]] = []
     if not a.no_real:
-        for job in (None, "pp_imbalance"):
+        for job in (None, "pp_imbalance", "resnet_nw2"):
             d = bd.real_dataset(job)
             if d is not None:
-                sets.append((f"real: {'all 12 H200 exports' if job is None else job}", d,
-                             len(list(d.glob("*.sqlite")))))
+                n = len(list(d.glob("*.sqlite")))
+                sets.append((f"real: {f'all {n} H200 exports' if job is None else job}", d, n))
     for n in a.ranks:
         sets.append((f"synthetic x{n}", bd.synthetic_dataset(n, a.repeat, a.source), n))
     results = []

@@ -26,7 +26,8 @@ FLOOR5 = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACT
 SOURCES = [*FLOOR5, "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "GPU_METRICS", "ThreadNames", "StringIds"]
 TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
          "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"}
-REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e"]
+REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e",
+             REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures (issue 13)
 
 
 def default_source() -> Path:
@@ -48,7 +49,7 @@ def real_dataset(job: str | None = None) -> Path | None:
         files = [f for f in files if f.name.startswith(f"{job}_r")]
     if not files:
         return None
-    d = CACHE / f"real-{job or 'all'}"
+    d = CACHE / f"real-{job or 'all'}-{len(files)}"
     if (d / ".complete").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,10 @@ def render(results: list[dict], meta: dict) -> str:
         f"`python scripts/bench.py --ranks {' '.join(map(str, meta['ranks']))} --runs {meta['runs']}` on "
         f"{meta['date']}, {meta['machine']}. Synthetic ranks are copies of the real export `{meta['source']}` "
         "(per-rank clock skew, time shift, jitter); `real:` rows are the H200 exports themselves "
-        "(../shared/fixtures/h200-nsys2025.3 and tests/fixtures/gpu_e2e; `all 12` renames them as ranks "
-        "0..11 of one job). Each phase runs in its own child process (imports included, RSS is that "
+        "(../shared/fixtures/h200-nsys2025.3, tests/fixtures/gpu_e2e and the ResNet-50/GPT-2/pipelining "
+        "captures of tests/fixtures/real; `all N` renames them as ranks 0..N-1 of one job; `resnet_nw2` is "
+        "the seed tutorial's ResNet-50 DDP with 2 DataLoader workers). "
+        "Each phase runs in its own child process (imports included, RSS is that "
         "child's peak); phases run alternately, medians of the runs are shown (512 ranks: 2 runs).", "",
         "- **floor C**: DuckDB's sqlite scanner materializing every column of every source table orch "
         "reads (kernels, memcpy, memset, runtime, NVTX, OSRT, sync, GPU metrics, thread names, StringIds), "

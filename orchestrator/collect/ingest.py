@@ -248,6 +248,10 @@ def build_store(
             base = min(starts) if starts else 0
             with phase("store: ingest (wall)"):
                 _ingest_all(con, ok, base, use_scanner, workers, on_rank)
+            with phase("store: checkpoint ingested rows"):
+                # Commits that overlapped another worker's transaction left their rows in the
+                # WAL; written here, not by whichever later commit crosses the WAL threshold.
+                con.execute("CHECKPOINT")
             with phase("store: finalize"):
                 _finalize(con, members, base, layout, keep_env, expected)
             if align:

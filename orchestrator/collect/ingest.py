@@ -1,10 +1,11 @@
 """Build the merged DuckDB store from per-rank SQLite exports (the reduce step).
 
-Ranks are streamed into DuckDB in batches, by parallel workers that each own staging tables,
-either through DuckDB's sqlite scanner (fast path; the extension is loaded from the pinned
-`duckdb-extension-sqlite-scanner` wheel, never downloaded) or through sqlite3 -> Arrow batches
-(fallback). The store is built under a temp name and renamed over the old one, so readers
-only ever see a complete store.
+Ranks are streamed into DuckDB in batches, by parallel workers that insert straight into the
+store file's event tables (created up front; no staging copy, so the rows are written once and
+never held in memory as a whole), either through DuckDB's sqlite scanner (fast path; the
+extension is loaded from the pinned `duckdb-extension-sqlite-scanner` wheel, never downloaded)
+or through sqlite3 -> Arrow batches (fallback). The store is built under a temp name and
+renamed over the old one, so readers only ever see a complete store.
 """
 
 from __future__ import annotations
@@ -66,15 +67,17 @@ def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
         return False
 
 
-def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
-    """Ranks of one batch in ONE transaction, inserted one after the other into this worker's
-    own staging tables (workers never contend for a table). (Not one UNION ALL across ranks:
+def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], worker: int) -> None:
+    """Ranks of one batch in ONE transaction, inserted one after the other into the store's
+    event tables: a failing rank rolls the whole batch back, and DuckDB appends of concurrent
+    transactions never conflict, each committed as one contiguous run of rows (so a rank's
+    rows stay contiguous, as the zone maps on `rank` want). (Not one UNION ALL across ranks:
     DuckDB 1.5.5 answered such a query with the first attached file's rows for every branch.)
     Aliases are positions in the batch (never a number from the trace), and every ATTACH is
     undone whatever fails, so a bad rank leaves nothing behind for the next one. ATTACH takes
     no bound parameter: the absolute path goes in as a quoted literal (a plain path, not a
-    URI, so `#`, `?` and `%` in names are just characters)."""
-    worker = stage.rsplit("_stage", 1)[-1]  # attached databases are shared by the workers' cursors
+    URI, so `#`, `?` and `%` in names are just characters). The aliases carry the worker's
+    number: attached databases are shared by the workers' cursors."""
     aliases = [f"src_w{worker}_{i}" for i in range(len(batch))]
     try:
         for (m, _), alias in zip(batch, aliases, strict=True):
@@ -87,7 +90,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                     sql = select_sql(table, m.probe, m.rank, off, f"{alias}.", alias)  # type: ignore[arg-type]
                     if sql:
                         with phase(f"ingest: {table}"):
-                            con.execute(insert_sql(stage.format(table=table), table, sql))
+                            con.execute(insert_sql(table, table, sql))
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -109,9 +112,11 @@ def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
         )
 
 
-def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
+def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], worker: int) -> None:
     """Fallback without the extension: SQLite runs the same SELECTs, Arrow batches carry the
-    rows to DuckDB (bounded memory: never a whole table in Python)."""
+    rows to DuckDB (bounded memory: never a whole table in Python), into the store's tables
+    in one transaction per batch as on the scanner path (`worker` is unused here: a
+    registered view belongs to its cursor)."""
     import pyarrow as pa
 
     con.execute("BEGIN")
@@ -129,7 +134,7 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                     con.register("src_batches", reader)
                     try:
                         cols = ", ".join(f'"{c}"' for c, _ in EVENT_SCHEMA[table])
-                        con.execute(insert_sql(stage.format(table=table), table, f"SELECT {cols} FROM src_batches"))
+                        con.execute(insert_sql(table, table, f"SELECT {cols} FROM src_batches"))
                     finally:
                         con.unregister("src_batches")
             finally:
@@ -156,10 +161,11 @@ MEMORY_LIMIT = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
                 workers: int, on_rank: Callable[[Member], None] | None) -> None:
-    """Batches of ranks spread over `workers` connections, each with its own staging tables
-    (stg.{table}_stage{w} in an in-memory database, so staged rows are never written to disk;
-    unioned by the temporary `{table}_stage` views). A failing batch is retried rank
-    by rank so one bad file only marks its own rank as an error."""
+    """Batches of ranks spread over `workers` cursors (each its own transactions), all appending
+    to the store's event tables, which `build_store` created. A failing batch is rolled back
+    and retried rank by rank so one bad file only marks its own rank as an error; its rows
+    never reach the store. Impossible rows go in as they are: `_finalize` counts them on
+    their rank, then deletes them."""
     ingest = _ingest_scanner if use_scanner else _ingest_sqlite3
     for m in ok:
         gone = missing_columns(m.probe)
@@ -169,19 +175,19 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     batches = [pairs[i: i + BATCH] for i in range(0, len(pairs), BATCH)]
     workers = max(1, min(workers, len(batches)))
 
-    def run(cur: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], stage: str) -> None:
+    def run(cur: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], w: int) -> None:
         try:
-            ingest(cur, batch, stage)
+            ingest(cur, batch, w)
         except (duckdb.Error, sqlite3.Error, ValueError) as e:
             if len(batch) > 1:
                 for one in batch:
-                    run(cur, [one], stage)
+                    run(cur, [one], w)
                 return
             m = batch[0][0]
             if use_scanner and _INVALID_UNICODE.search(str(e)):
                 # DuckDB refuses invalid UTF-8; sqlite3 reads it with U+FFFD in its place.
                 try:
-                    _ingest_sqlite3(cur, batch, stage)  # notes the replacement on the rank
+                    _ingest_sqlite3(cur, batch, w)  # notes the replacement on the rank
                 except (duckdb.Error, sqlite3.Error, ValueError) as e2:
                     m.status = "error"
                     m.notes.append(f"ingest failed: {first_line(e2)}")
@@ -197,26 +203,14 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         try:
             cur.execute("SET threads = 1")  # parallelism comes from the workers
             for batch in batches[w::workers]:
-                run(cur, batch, f"stg.{{table}}_stage{w}")
+                run(cur, batch, w)
         finally:
             cur.close()
 
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
-    con.execute("ATTACH ':memory:' AS stg")
-    for w in range(workers):
-        con.execute(create_event_tables_sql(f"_stage{w}", prefix="stg."))
-    for table in EVENT_SCHEMA:
-        union = " UNION ALL ".join(f"SELECT * FROM stg.{table}_stage{w}" for w in range(workers))
-        con.execute(f"CREATE TEMP VIEW {table}_stage AS {union}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(worker, range(workers)))
     con.execute(f"SET threads = {threads}")  # `threads` is global: the workers changed it
-
-
-def drop_staging(con: duckdb.DuckDBPyConnection) -> None:
-    for table in EVENT_SCHEMA:
-        con.execute(f"DROP VIEW IF EXISTS {table}_stage")
-    con.execute("DETACH stg")
 
 
 def build_store(
@@ -231,8 +225,14 @@ def build_store(
             con = duckdb.connect(str(tmp))
         try:
             con.execute(f"SET threads = {max(1, workers)}")
-            # Staging lives in memory; past this it spills to a temp directory instead of growing.
+            # The buffer pool (written blocks, the open transactions' rows) stays under this,
+            # spilling to a temp directory past it instead of growing.
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            # Each batch commits its own partly filled last row groups; the checkpoint's vacuum
+            # rewrites them and leaves the old blocks as free space inside the file (57 MB
+            # instead of 47 MB at 128 ranks). The rows are the same either way; deleted
+            # impossible rows (rare) stay as marked deletes instead of being compacted away.
+            con.execute("SET max_vacuum_tasks = 0")
             with phase("store: load sqlite scanner"):
                 use_scanner = engine in ("auto", "scanner") and load_scanner(con)
             used = "scanner" if use_scanner else "sqlite3"
@@ -242,14 +242,24 @@ def build_store(
                     f"=={duckdb.__version__} or use --engine sqlite3"
                 )
             con.execute(RANKS_DDL)
+            con.execute(create_event_tables_sql())  # the workers insert straight into these
             ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
             starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
             base = min(starts) if starts else 0
+            # No automatic checkpoint during the ingest: a batch's rows of a table go straight
+            # into the file as whole row groups when they fill one (nvtx, cuda_api), the
+            # smaller tables' rows go to the WAL; each automatic checkpoint would compress the
+            # partly filled last row groups of those again (about a tenth of the collect's CPU
+            # at 128 ranks, and a bigger file). One checkpoint after the ingest writes them
+            # once and removes the WAL (90 MB at 128 ranks: those rows uncompressed).
+            con.execute("SET checkpoint_threshold = '1TB'")
             with phase("store: ingest (wall)"):
                 _ingest_all(con, ok, base, use_scanner, workers, on_rank)
+            con.execute("RESET checkpoint_threshold")
+            with phase("store: checkpoint ingested rows"):
+                con.execute("CHECKPOINT")
             with phase("store: finalize"):
                 _finalize(con, members, base, layout, keep_env, expected)
-                drop_staging(con)
             if align:
                 with phase("store: align clocks"):
                     con.execute(align_clocks_sql())
@@ -311,15 +321,19 @@ def _append(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], 
         con.execute(f"INSERT INTO {table} ({quoted}) VALUES {values}")
 
 
-def _drop_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> None:
-    """Rows that end before they start are dropped at finalize; count them on their rank."""
+def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> set[str]:
+    """Rows that end before they start are deleted at finalize; count them on their rank
+    first. Returns the tables that hold any (the only ones the delete has to scan)."""
     by_rank = {m.rank: m for m in members if m.rank is not None and m.status == "ok" and not m.probe.error}
     per: dict[int, list[str]] = {}
+    tables: set[str] = set()
     for rank, table, n in con.execute(negative_durations_sql()).fetchall():
         per.setdefault(rank, []).append(f"{n} {table}")
+        tables.add(table)
     for rank, what in per.items():
         if rank in by_rank:
             by_rank[rank].probe.notes.append(f"dropped rows that end before they start: {', '.join(what)}")
+    return tables
 
 
 def _local_rank(m: Member, layout: Layout) -> int | None:
@@ -333,8 +347,11 @@ def _local_rank(m: Member, layout: Layout) -> int | None:
 
 def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
               keep_env: bool, expected: list[int] | None) -> None:
+    """The small tables (ranks, env, sources) from the members, and the event tables, which
+    hold every ingested row, finished in place: impossible rows counted on their rank, then
+    deleted; then finalize.sql."""
     with phase("finalize: count impossible rows"):
-        _drop_impossible(con, members)
+        impossible = _count_impossible(con, members)
     rows, env_rows, src_rows = [], [], []
     seen: set[int] = set()
     for m in members:
@@ -371,5 +388,5 @@ def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, 
     con.execute("""UPDATE ranks SET node = h.n FROM (SELECT host, dense_rank() OVER (ORDER BY host) - 1 AS n
                    FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h
                    WHERE ranks.node IS NULL AND ranks.host = h.host""")
-    with phase("finalize: staging -> store tables"):
-        con.execute(finalize_sql())
+    with phase("finalize: delete impossible rows, finalize.sql"):
+        con.execute(finalize_sql(impossible))

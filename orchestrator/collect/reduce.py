@@ -2,11 +2,12 @@
 
 Python holds one small record per report (its meta), never event rows: DuckDB reads the
 parts with `read_parquet`, shifts each rank onto the shared clock through a tiny
-(file -> rank, offset) table, and copies them into the store under `memory_limit`, spilling
-to `temp_directory` past it. The result is the in-process ingest's store: the same
-identity (`identify` across all reports), the same finalize (ingest._finalize: ranks,
-env, sources, dropped impossible rows, finalize.sql) and the same meta, so `orch report`
-gives the same answer either way (tests/test_parts.py compares them table by table).
+(file -> rank, offset) table, and inserts them into the store's event tables (created as the
+in-process ingest creates them) under `memory_limit`, spilling to `temp_directory` past it.
+The result is the in-process ingest's store: the same identity (`identify` across all
+reports), the same finalize (ingest._finalize: ranks, env, sources, impossible rows counted
+and deleted, finalize.sql) and the same meta, so `orch report` gives the same answer either
+way (tests/test_parts.py compares them table by table).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.collect.extract import missing_columns
+from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.identity import Layout, Member, identify
 from orchestrator.collect.ingest import MEMORY_LIMIT, _append, _finalize, new_store, write_meta
 from orchestrator.collect.parts import probe_from_json, report_from_json
-from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql
+from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.tables import TABLES
 from orchestrator.sqltext import quote
 
@@ -91,14 +92,16 @@ def build_store_from_parts(
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             con.execute(f"SET temp_directory = '{quote(str(spill))}'")
             con.execute(RANKS_DDL)
+            con.execute(create_event_tables_sql())
             con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
             _append(con, "part_map", ("file", "rank", "off"), part_map)
-            for table in EVENT_SCHEMA:
+            for table, cols in EVENT_SCHEMA.items():
                 con.execute(_stage_view(table, files[table]))
-            _finalize(con, members, base, layout, keep_env, expected)
-            for table in EVENT_SCHEMA:
+                names = ", ".join(f'"{c}"' for c, _ in cols)
+                con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
                 con.execute(f"DROP VIEW {table}_stage")
             con.execute("DROP TABLE part_map")
+            _finalize(con, members, base, layout, keep_env, expected)
             if align:
                 con.execute(align_clocks_sql())
             write_meta(con, engine="parts", base=base, layout=layout, align=align,

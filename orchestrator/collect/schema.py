@@ -1,5 +1,5 @@
-"""The merged store's DDL, Arrow schemas, staging -> store copy and clock alignment, all
-generated from the event-table registry (tables.py).
+"""The merged store's DDL, Arrow schemas, the removal of impossible rows and clock alignment,
+all generated from the event-table registry (tables.py).
 
 All times are integer ns on ONE clock: ns since the earliest session start among the
 collected ranks (each report's `TARGET_INFO_SESSION_START_TIME.utcEpochNs` + its own
@@ -10,6 +10,7 @@ DuckDB's zone maps on `rank` prune per-rank queries.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 
 from orchestrator.collect.tables import STORE_VERSION, TABLES
@@ -44,11 +45,14 @@ CREATE TABLE meta (key VARCHAR, value VARCHAR);
 """
 
 
-def create_event_tables_sql(suffix: str = "", prefix: str = "") -> str:
+def create_event_tables_sql() -> str:
+    """The empty event tables, created before the ingest so that its workers insert straight
+    into the store (no staging copy): the columns and types are the registry's, whatever
+    the inserted SELECTs produce."""
     stmts = []
     for table, cols in EVENT_SCHEMA.items():
         body = ", ".join(f'"{c}" {t}' for c, t in cols)
-        stmts.append(f"CREATE TABLE {prefix}{table}{suffix} ({body});")
+        stmts.append(f"CREATE TABLE {table} ({body});")
     return "\n".join(stmts)
 
 
@@ -60,18 +64,19 @@ def arrow_schema(table: str):  # -> pyarrow.Schema
 
 
 def negative_durations_sql() -> str:
-    """(rank, table, n) for rows that end before they start, in the staging views."""
-    parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {name}_stage WHERE \"end\" < start GROUP BY rank"
+    """(rank, table, n) for rows that end before they start, in the store's event tables as
+    the ingest left them (counted on their rank before `finalize_sql` deletes them)."""
+    parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {name} WHERE \"end\" < start GROUP BY rank"
              for name, t in TABLES.items() if t.has_duration]
     return " UNION ALL ".join(parts) + " ORDER BY rank, tbl"
 
 
-def finalize_sql() -> str:
-    """Staging views -> store tables (impossible rows dropped), then the fixed part."""
-    stmts = []
-    for name, t in TABLES.items():
-        where = ' WHERE NOT coalesce("end" < start, false)' if t.has_duration else ""
-        stmts.append(f"CREATE TABLE {name} AS SELECT * FROM {name}_stage{where};")
+def finalize_sql(impossible: Iterable[str] = ()) -> str:
+    """Delete the rows that end before they start from the `impossible` tables (those where
+    `negative_durations_sql` found some: the others are not scanned again), then the fixed
+    part (finalize.sql). A NULL start or end is kept, as it always was."""
+    stmts = [f'DELETE FROM {name} WHERE "end" < start;'
+             for name, t in TABLES.items() if t.has_duration and name in set(impossible)]
     return "\n".join(stmts) + "\n" + (_SQL_DIR / "finalize.sql").read_text()
 
 

@@ -3,7 +3,7 @@ where each column comes from, and which columns sit on the shared clock.
 
 Everything else is generated from `TABLES`: the DDL and Arrow schema (schema.py), the probe's
 list of source tables and expected columns (probe.py), the SELECT per rank (extract.py), the
-staging -> store copy with its sanity filter and the clock alignment (schema.py). Adding a
+removal of impossible rows (end < start) and the clock alignment (schema.py). Adding a
 column or a table is one edit here (plus a special builder only when the SELECT is not a
 plain per-row mapping, as for NVTX depth).
 

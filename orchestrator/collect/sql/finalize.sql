@@ -1,5 +1,5 @@
--- The fixed part of turning staging data into the store (the event tables are copied by
--- schema.finalize_sql, generated from the registry in tables.py).
+-- The fixed part of finishing the store (the ingest inserted straight into the event tables;
+-- schema.finalize_sql, generated from the registry in tables.py, deletes their impossible rows).
 
 -- Each rank's rows went in with one INSERT per table, so a rank's rows are contiguous:
 -- DuckDB's zone maps on `rank` skip the other ranks. A full (rank, start) sort would cost

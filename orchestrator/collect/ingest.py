@@ -41,6 +41,7 @@ from orchestrator.collect.schema import (
 )
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
+from orchestrator.memory import limit
 from orchestrator.sqltext import literal, quote
 
 _FETCH_ROWS = 65536
@@ -156,7 +157,6 @@ def first_line(e: BaseException) -> str:
 
 
 BATCH = 32  # ranks attached and inserted together by the scanner path
-MEMORY_LIMIT = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
 
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
@@ -227,7 +227,7 @@ def build_store(
             con.execute(f"SET threads = {max(1, workers)}")
             # The buffer pool (written blocks, the open transactions' rows) stays under this,
             # spilling to a temp directory past it instead of growing.
-            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            limit(con, str(store.parent / ".duckdb-spill"))
             # Each batch commits its own partly filled last row groups; the checkpoint's vacuum
             # rewrites them and leaves the old blocks as free space inside the file (57 MB
             # instead of 47 MB at 128 ranks). The rows are the same either way; deleted

@@ -19,10 +19,11 @@ import duckdb
 
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.identity import Layout, Member, identify
-from orchestrator.collect.ingest import MEMORY_LIMIT, _append, _finalize, new_store, write_meta
+from orchestrator.collect.ingest import _append, _finalize, new_store, write_meta
 from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.tables import TABLES
+from orchestrator.memory import limit
 from orchestrator.sqltext import quote
 
 
@@ -89,8 +90,7 @@ def build_store_from_parts(
         con = duckdb.connect(str(tmp))
         try:
             con.execute(f"SET threads = {max(1, threads)}")
-            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-            con.execute(f"SET temp_directory = '{quote(str(spill))}'")
+            limit(con, str(spill))
             con.execute(RANKS_DDL)
             con.execute(create_event_tables_sql())
             con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")

@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--pandas-max", type=int, default=128, help="skip the (slow) pandas baseline above this")
     ap.add_argument("--no-real", action="store_true", help="skip the real-export datasets")
     ap.add_argument("--baseline", type=Path, help="another orch tree (e.g. `git archive main`) timed as `before`")
+    ap.add_argument("--baseline-label", default="", help="what --baseline is, for the document (e.g. main at abc1234)")
     ap.add_argument("--out", type=Path, default=bd.REPO / "docs")
     a = ap.parse_args()
     sets: list[tuple[str, Path, int]] = []
@@ -175,7 +176,8 @@ def write(results: list[dict], a: argparse.Namespace) -> None:
 
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": _machine(),
-            "runs": a.runs, "repeat": a.repeat, "source": a.source.name, "ranks": a.ranks}
+            "runs": a.runs, "repeat": a.repeat, "source": a.source.name, "ranks": a.ranks,
+            "baseline_label": a.baseline_label}
     (a.out / "benchmarks.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     text = bench_doc.render(results, meta)
     (a.out / "benchmarks.md").write_text(text)

@@ -30,7 +30,8 @@ def render(results: list[dict], meta: dict) -> str:
         "filtered by SQLite); **floor py5**: the issue's original floor (five event tables).",
         "- **orch**: `orch analyze` in one process: collect (probe, ingest, store) + report (every view "
         "and rule); ingest and analyze are also timed alone. **before**: the same with the orch of "
-        "`--baseline` (main before issue 16), alternated with the others in the same run.", "",
+        f"`--baseline` ({meta.get('baseline_label') or 'an earlier tree'}), alternated with the others in the "
+        "same run.", "",
         "| dataset | ranks | MB | floor C s | floor py s | floor py5 s | orch s | ingest s | analyze s | "
         "orch/floor C | orch/floor py | orch/py5 | pandas s | pandas/orch | RSS orch MB | before s | "
         "before/floor C | before/floor py |",
@@ -82,23 +83,9 @@ def render(results: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-GPU_PLAN = """## On a GPU node: export formats and `nsys recipe` (NOT run)
+GPU_PLAN = """## On a GPU node: orch against `nsys recipe`, export formats
 
-Issue 16 also asks for the whole pipeline on real `.nsys-rep` files, export included, against
-NVIDIA's `nsys recipe nccl_gpu_overlap_trace` and `gpu_gaps` on the same reports, and for the
-export format (sqlite, arrow/arrowdir, parquetdir) to be chosen by measurement. That needs a
-node with nsys >= 2024 and real reports; it was **not run** for this change (no device time
-was left). `scripts/bench_recipe.sh REPORT_DIR [OUT]` does it, in one call, side by side:
-
-1. `nsys export` of every report to each format the version offers (`--type sqlite`, `arrowdir`,
-   `parquetdir`), timed per format, with and without `--tables` limited to the tables orch reads
-   where the version accepts it; sizes of the outputs.
-2. `orch collect --from` + `orch report --json` (export included: a fresh copy of the reports,
-   so no export is reused), with `--timings`.
-3. `nsys recipe nccl_gpu_overlap_trace` and `nsys recipe gpu_gaps` on the same reports, each
-   timed alone (their own export/caching included, as a user would run them).
-
-It prints one table: seconds per step, and the goal ratios (orch complete / one recipe <= 1.0,
-moonshot <= 0.5). What it cannot decide without data: whether reading parquet (DuckDB's native
-reader, parallel, column-pruned) beats the SQLite scanner once the export time is counted.
+The whole pipeline on real `.nsys-rep` files, export included, against NVIDIA's
+`nsys recipe nccl_gpu_overlap_trace` and `gpu_gaps` on the same reports, and the export formats,
+timed side by side by `scripts/bench_recipe.sh` on the GPU machine: docs/benchmarks-gpu.md.
 """

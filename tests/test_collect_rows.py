@@ -21,6 +21,7 @@ from orchestrator.collect.collect import collect
 from orchestrator.collect.mapreduce import collect_parts
 from orchestrator.collect.tables import OSRT_MIN_NS
 from orchestrator.layout import Layout
+from tests.test_untrusted_collect import plant
 
 # store table -> (nsys table, the rows of it the store keeps, before impossible ones go)
 SOURCES = {
@@ -58,14 +59,6 @@ def _expected(f: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _plant(f: Path, *sql: str) -> None:
-    con = sqlite3.connect(f)
-    for q in sql:
-        con.execute(q)
-    con.commit()
-    con.close()
-
-
 @pytest.mark.parametrize("how", ["scanner", "sqlite3", "parts"])
 def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path, tmp_path: Path, how: str) -> None:
     src = tmp_path / "in"
@@ -75,8 +68,8 @@ def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path,
     for rank in range(4):  # one batch: the failing rank sits between good ones
         files.append(src / f"job_1_r{rank}_vm.{100 + rank}.sqlite")
         shutil.copy(base[rank % 2], files[-1])
-    _plant(files[1], *IMPOSSIBLE)
-    _plant(files[2], FAILING)
+    plant(files[1], *IMPOSSIBLE)
+    plant(files[2], FAILING)
     want = {rank: _expected(f) for rank, f in enumerate(files)}
     assert all(want[1][t][1] > 0 for t in ("kernels", "memcpy", "nvtx", "osrt", "sync"))
 

@@ -4,9 +4,10 @@ One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 1GB)
 limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory: the
 report of 512 synthetic ranks peaked at 3.9 GB. With 1GB and a spill directory it peaked at
 1.3 GB, in the same time, with an identical report (measured for issue 16; docs/benchmarks.md).
-The spill directory of the analysis is a fresh path under the system temp directory (never the
-user's working directory, DuckDB's default); DuckDB creates it on first spill and removes it
-when the connection closes.
+The collect spills next to the store it writes (`.duckdb-spill`, as large as the store can
+be); the analysis, which only reads a store, to a fresh path under the system temp directory
+(never the user's working directory, DuckDB's default for an in-memory database). DuckDB
+creates the directory on first spill and removes it when the connection closes.
 """
 
 from __future__ import annotations

@@ -17,12 +17,18 @@ WITH b AS (
 )
 SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT NULL;
 
+-- A range holds a step when the earliest-ending step that starts at or after it ends inside
+-- it: one ASOF join per range (not every range against every step of its thread).
 CREATE OR REPLACE TEMP TABLE cpu_ranges AS
-SELECT n.rank, n.tid, n.start, n."end", n.depth, n.text
-FROM nvtx n
-WHERE n.domain_id = 0 AND n.text IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.rank = n.rank AND s.tid = n.tid
-                  AND n.start <= s.start AND n."end" >= s."end");
+WITH sm AS (
+    SELECT rank, tid, start, min("end") OVER (PARTITION BY rank, tid ORDER BY start DESC
+                                              RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS min_end
+    FROM steps
+), n AS (
+    SELECT rank, tid, start, "end", depth, text FROM nvtx WHERE domain_id = 0 AND text IS NOT NULL
+)
+SELECT n.* FROM n ASOF LEFT JOIN sm ON sm.rank = n.rank AND sm.tid = n.tid AND n.start <= sm.start
+WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
 
 -- The intervals between two consecutive step ranges (NVTX steps only), and whether the loop
 -- thread synchronised with the GPU, copied to the host or launched kernels in them.

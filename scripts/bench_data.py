@@ -68,15 +68,21 @@ def make_template(source: Path, repeat: int, dest: Path) -> None:
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     con.execute("DROP TABLE IF EXISTS GPU_METRICS")  # rank 1 of the source has none either
     if repeat > 1:
+        # The copied window: the GPU's span, from a little before its first kernel (the launches
+        # come first). Only events wholly inside it are copied, each copy after the last, so no
+        # range overlaps its own copy (a range crossing the window's edge would, at its own
+        # nesting depth: a trace no program makes).
         lo, hi = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
-        span = hi - lo + 1_000_000
+        w0 = lo - 50_000_000
+        span = hi - w0 + 1_000_000
         for t in TIMED & tables:
             cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
             sel = ", ".join(
                 f"{c} + {{k}} * {span}" if c in ("start", "end") else
                 (f"{c} + {{k}} * 100000000" if c == "correlationId" else c) for c in cols)
             for k in range(1, repeat):
-                con.execute(f"INSERT INTO {t} SELECT {sel.format(k=k)} FROM {t} WHERE start <= {hi}")
+                con.execute(f"INSERT INTO {t} SELECT {sel.format(k=k)} FROM {t} "
+                            f"WHERE start >= {w0} AND end <= {hi} AND start <= {hi}")
     con.commit()
     con.execute("VACUUM")
     con.close()
@@ -99,7 +105,7 @@ def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Ran
 
 
 def synthetic_dataset(n: int, repeat: int, source: Path) -> Path:
-    d = CACHE / f"{source.name.split('.')[0]}-x{repeat}" / f"n{n}"
+    d = CACHE / f"{source.name.split('.')[0]}-x{repeat}{'-v2' if repeat > 1 else ''}" / f"n{n}"
     if (d / ".complete").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)

@@ -269,3 +269,26 @@ def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, m
         con.close()
     assert limit in ("286.1 MiB", "300.0 MB"), limit
     assert Path(spill).parent == Path(tempfile.gettempdir()) and Path(spill).name.startswith("orch-spill-")
+
+
+def test_full_disk_is_one_line_and_keeps_the_old_store(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """A store that does not fit (a real 1 MB tmpfs) fails in one line naming the folder and the
+    fix, writes no partial store, and blames no rank; an earlier store there is untouched."""
+    import subprocess
+
+    disk = tmp_path / "tiny"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        run = disk / "run"
+        run.mkdir()
+        (run / "profile.duckdb").write_bytes(b"the earlier store")
+        p = run_orch("collect", "--from", str(gpu_fixtures / "ddp_capture"), "--out", str(run))
+        line = _one_line_error(p, "cannot write the store", "No space left on device", "--out DIR")
+        assert "rank" not in line
+        assert (run / "profile.duckdb").read_bytes() == b"the earlier store"
+        assert not [f.name for f in run.iterdir() if ".tmp-" in f.name or f.name.endswith(".wal")]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -179,6 +179,8 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         try:
             ingest(cur, batch, w)
         except (duckdb.Error, sqlite3.Error, ValueError) as e:
+            if store_write_failed(e):
+                raise  # the store's disk, not this batch's ranks: new_store says so in one line
             if len(batch) > 1:
                 for one in batch:
                     run(cur, [one], w)
@@ -286,11 +288,27 @@ def new_store(store: Path) -> Iterator[Path]:
     clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
         Path(f"{tmp}.wal").unlink(missing_ok=True)
+        if store_write_failed(e):
+            why = _DISK_FULL.search(str(e))
+            raise OrchError(f"cannot write the store in {numbers.text(str(store.parent))!r}: "
+                            f"{why.group(0) if why else first_line(e)}; "
+                            "free space there or pass --out DIR on a disk with room (nothing was written; "
+                            "an earlier store there is kept)") from None
         raise
     os.replace(tmp, store)
+
+
+def store_write_failed(e: BaseException) -> bool:
+    """The store's own disk failed (full, read-only, quota), not a rank's export: DuckDB
+    invalidates the database after such an error, so no other rank could be written either."""
+    return isinstance(e, duckdb.FatalException) or (
+        isinstance(e, duckdb.Error) and bool(_DISK_FULL.search(str(e))))
+
+
+_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system")
 
 
 def write_meta(con: duckdb.DuckDBPyConnection, *, engine: str, base: int, layout: Layout, align: bool,

@@ -17,6 +17,7 @@ import re
 import socket
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,17 @@ def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
     return _CON
 
 
+def _targets(p: Probe, rank: int, tmp_of: dict[str, Path], prefix: str) -> Iterator[tuple[str, str, Path]]:
+    """Each event table this export has: its SELECT (source tables under `prefix`) and the temp
+    Parquet file it goes to (folder made). Both writers below walk the same list."""
+    for table in EVENT_SCHEMA:
+        sql = select_sql(table, p, rank, 0, prefix)
+        if sql:
+            out = tmp_of[table]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            yield table, sql, out
+
+
 def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) -> dict[str, int]:
     """DuckDB's sqlite scanner runs the registry's SELECT and writes Parquet directly."""
     con = _scanner_con(task.threads)
@@ -109,12 +121,7 @@ def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) 
     con.execute(f"ATTACH '{quote(path)}' AS src (TYPE sqlite, READ_ONLY)")
     try:
         rows = {}
-        for table in EVENT_SCHEMA:
-            sql = select_sql(table, p, rank, 0, "src.")
-            if not sql:
-                continue
-            out = tmp_of[table]
-            out.parent.mkdir(parents=True, exist_ok=True)
+        for table, sql, out in _targets(p, rank, tmp_of, "src."):
             n = con.execute(f"COPY (SELECT {_cast_cols(table)} FROM ({sql})) TO '{quote(str(out))}' "
                             f"(FORMAT parquet, COMPRESSION {COMPRESSION})").fetchone()[0]
             rows[table] = int(n)
@@ -132,12 +139,7 @@ def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], 
     scon.text_factory = bad = numbers.CountingDecoder()
     rows = {}
     try:
-        for table in EVENT_SCHEMA:
-            sql = select_sql(table, p, rank, 0, "")
-            if not sql:
-                continue
-            out = tmp_of[table]
-            out.parent.mkdir(parents=True, exist_ok=True)
+        for table, sql, out in _targets(p, rank, tmp_of, ""):
             n = 0
             with pq.ParquetWriter(out, arrow_schema(table), compression=COMPRESSION) as w:
                 for batch in _batches(scon.execute(sql), table):

@@ -7,17 +7,15 @@ import duckdb
 from orchestrator.analyze.engine import SQL_DIR
 
 
-def _merged_length(ivs: list[tuple[int, int]]) -> int:
-    """Total length of the union of closed intervals (textbook merge)."""
-    total, cur_s, cur_e = 0, None, None
+def _merged(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of closed intervals as disjoint islands (textbook merge)."""
+    out: list[list[int]] = []
     for s, e in sorted(ivs):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if not out or s > out[-1][1]:
+            out.append([s, e])
         else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s if cur_e is not None else 0)
+            out[-1][1] = max(out[-1][1], e)
+    return [(s, e) for s, e in out]
 
 
 def test_union_intervals_with_duplicates() -> None:
@@ -37,11 +35,17 @@ def test_union_intervals_with_duplicates() -> None:
     by: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for rank, cls, s, e in con.execute("SELECT * FROM iv").fetchall():
         by.setdefault((rank, cls), []).append((s, e))
-    truth = {k: _merged_length(v) for k, v in by.items()}
+    truth = {k: _merged(v) for k, v in by.items()}
     assert sum(len(v) for v in by.values()) > len({x for v in by.values() for x in v}) + 10_000  # duplicates
-    got = {(r, c): n for r, c, n in con.execute(
-        "SELECT rank, cls, sum(e - s) FROM union_intervals('iv') GROUP BY ALL").fetchall()}
+    got: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for r, c, s, e in con.execute("SELECT * FROM union_intervals('iv') ORDER BY rank, cls, s").fetchall():
+        got.setdefault((r, c), []).append((s, e))
     assert got == truth
+    # a reversed row (e < s) is not an interval: it neither forms nor extends an island
+    con.execute("INSERT INTO iv VALUES (0, 'c0', -50, -60), (0, 'c0', 10, 5)")
+    assert con.execute("SELECT count(*) FROM union_intervals('iv') WHERE s < 0").fetchone() == (0,)
+    first = con.execute("SELECT s, e FROM union_intervals('iv') WHERE rank = 0 AND cls = 'c0' ORDER BY s").fetchall()
+    assert first == truth[(0, "c0")]
 
 
 def test_overlapping_pairs_match_brute_force() -> None:

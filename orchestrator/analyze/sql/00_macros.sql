@@ -31,21 +31,24 @@ CREATE OR REPLACE TEMP MACRO in_selected(step, first_step, lo, hi) AS
 
 -- Union of intervals per (rank, cls) from a table with columns rank, cls, s, e
 -- (gaps-and-islands: a new island starts where an interval begins after every earlier one
--- has ended). Duplicates go first: the two windows sort separately, and two equal rows in a
--- different order in each would put one of them in the previous island (a wrong, and
--- run-to-run different, union).
+-- has ended; it ends where the next island starts, at the latest end before it). One sort of
+-- the rows, then one of the island starts only: no DISTINCT and no GROUP BY over every row.
+-- Deterministic with duplicate rows: an equal copy of an earlier row is never a start (it
+-- begins before the earlier copy ends), so the starts have distinct (s, e). Rows with e < s
+-- are not intervals and are left out.
 CREATE OR REPLACE TEMP MACRO union_intervals(tbl) AS TABLE
 WITH m AS (
     SELECT rank, cls, s, e,
            max(e) OVER (PARTITION BY rank, cls ORDER BY s, e
-                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM (SELECT DISTINCT rank, cls, s, e FROM query_table(tbl))
-), g AS (
-    SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
-              OVER (PARTITION BY rank, cls ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp
-    FROM m
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
+           max(e) OVER (PARTITION BY rank, cls ORDER BY s, e
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_end
+    FROM query_table(tbl) WHERE e >= s
+), starts AS (
+    SELECT * FROM m WHERE prev_end IS NULL OR s > prev_end
 )
-SELECT rank, cls, min(s) AS s, max(e) AS e FROM g GROUP BY rank, cls, grp;
+SELECT rank, cls, s, coalesce(lead(prev_end) OVER (PARTITION BY rank, cls ORDER BY s, e), last_end) AS e
+FROM starts;
 
 -- Every pair of an interval of `ivs` (rank, start, "end", ...) and an interval of `dis` (rank, s, e)
 -- that overlap (d.s < i."end" AND d.e > i.start), where the intervals of `dis` never overlap

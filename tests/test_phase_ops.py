@@ -1,9 +1,9 @@
 """The phase table's GPU projection (`phase_ops` in analyze/sql/92_phases.sql): which NVTX
-ranges enclose each kernel's CUDA launch on the launching thread. orch answers it with an ASOF
-join per nesting level and falls back to a plain join for levels whose ranges overlap; both
-paths are checked here against a brute-force plain-sqlite3 computation over the export
-(every range of the thread that contains the launch), on a random timeline with nested
-push/pop ranges on two threads and overlapping start/end ranges on one of them."""
+ranges enclose each kernel's CUDA launch on the launching thread. orch numbers a thread's
+launches by time and finds each range's first and last launch by two ASOF joins; checked here
+against a brute-force plain-sqlite3 computation over the export (every range of the thread
+that contains the launch), on a random timeline with nested push/pop ranges on two threads,
+overlapping start/end ranges on one of them, and launches sharing a timestamp."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _build(path: Path, seed: int) -> None:
         for tid in (TID, OTHER_TID):
             _nested(e, rng, t0, t0 + 10 * MS, 1, tid)
         # start/end ranges (eventType 60) that overlap each other at one nesting level, and
-        # a zero-length one: the fallback path
+        # a zero-length one
         for _ in range(3):
             a = t0 + rng.randrange(0, 8 * MS)
             e.nvtx(a, a + rng.randrange(MS, 3 * MS), "async_io", event_type=60)
@@ -52,6 +52,13 @@ def _build(path: Path, seed: int) -> None:
             tid = rng.choice((TID, OTHER_TID))
             start = launch + rng.randrange(5_000, 50_000)
             e.kernel(launch, start, start + rng.randrange(1_000, 200_000), "gemm", tid=tid)
+            if rng.random() < 0.2:  # another launch at the same instant (one number for both)
+                e.kernel(launch, start + 300_000, start + 400_000, "gemm", tid=tid)
+    # edges: a launch at a range's start is inside it, one at a range's end is not
+    t0 = 61 * MS
+    e.nvtx(t0, t0 + MS, "edge_open", tid=TID)
+    e.nvtx(t0 - MS, t0, "edge_closed", tid=TID)
+    e.kernel(t0, t0 + 10_000, t0 + 20_000, "gemm", tid=TID)
     e.close()
 
 
@@ -86,7 +93,8 @@ def test_phase_ops_match_brute_force(tmp_path: Path) -> None:
     finally:
         con.close()
     want = _oracle(f)
-    assert overlapping > 0, "the timeline must exercise the overlapping-level path"
+    assert overlapping > 0, "the timeline must have overlapping ranges at one level"
     assert len(by_tid) == 2 and all(r["n"] > 0 for r in by_tid)
     assert sum(want.values()) > 200
     assert got == want
+    assert any(k[0] == "edge_open" for k in got) and not any(k[0] == "edge_closed" for k in got)

@@ -86,6 +86,11 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         reason = str(e).splitlines()[0]
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
     con.execute("USE store")
+    # DuckDB turns an ASOF join whose left side it ESTIMATES below 64 rows into a nested loop
+    # over the whole right side; its estimates of our CTEs are often far too low (294 NVTX
+    # ranges x 32k CUDA calls: 1.3 M loop rows, 3x slower). The ASOF joins here are the
+    # linear paths on purpose: always take them.
+    con.execute("SET asof_loop_join_threshold = 0")
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
     return con
 

@@ -73,34 +73,31 @@ WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.st
 
 -- Which ranges enclose each GPU-launching CUDA call of their thread. A join on (rank, tid) with
 -- the time test as a residual compares every range with every call of its thread: quadratic in
--- the capture's length. Instead, per level (rank, tid, domain, depth) whose ranges never overlap
--- (every push/pop level; start/end ranges when they happen to nest), the enclosing range of a
--- call is the last one starting at or before it, if it is still open: an ASOF join, O(n log n).
--- Levels whose ranges overlap keep the plain join (exact either way; zero-length ranges enclose
--- nothing and are left out).
+-- the capture's length. Instead the calls of a thread are numbered by start time (equal starts,
+-- e.g. the ops of one graph launch, share a number k); the calls inside a range [start, end)
+-- are then the consecutive numbers from the first call at or after its start to the last
+-- before its end: two ASOF joins, range() lists them. Linear in the ranges, calls and pairs,
+-- for nested and overlapping ranges alike (zero-length ranges enclose nothing: left out).
 CREATE OR REPLACE TEMP TABLE phase_ops AS
-WITH r AS (
-    SELECT p.*, coalesce(max(p."end") OVER (PARTITION BY p.rank, p.tid, p.domain_id, p.depth ORDER BY p.start, p."end"
-                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > p.start, false) AS overlap
-    FROM phase_inst p WHERE p."end" > p.start
-), lv AS (
-    SELECT rank, tid, domain_id, depth, bool_or(overlap) AS overlap FROM r GROUP BY ALL
-), calls AS (
-    SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e
+WITH c AS MATERIALIZED (
+    SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e,
+           dense_rank() OVER (PARTITION BY a.rank, a.tid ORDER BY a.start) AS k
     FROM cuda_api a JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
-    WHERE a.correlation_id IS NOT NULL AND (a.rank, a.tid) IN (SELECT (rank, tid) FROM lv)
-), fast AS (
-    SELECT c.*, l.domain_id, l.depth FROM calls c JOIN lv l ON l.rank = c.rank AND l.tid = c.tid AND NOT l.overlap
+    WHERE a.correlation_id IS NOT NULL AND (a.rank, a.tid) IN (SELECT (rank, tid) FROM phase_inst)
+), ck AS MATERIALIZED (
+    SELECT DISTINCT rank, tid, start, k FROM c
+), r AS MATERIALIZED (
+    SELECT row_number() OVER () AS r_id, rank, tid, start, "end", grp FROM phase_inst WHERE "end" > start
+), lo AS (
+    SELECT r.r_id, ck.k FROM r ASOF JOIN ck ON ck.rank = r.rank AND ck.tid = r.tid AND r.start <= ck.start
+), hi AS (
+    SELECT r.r_id, ck.k FROM r ASOF JOIN ck ON ck.rank = r.rank AND ck.tid = r.tid AND r."end" > ck.start
+), ks AS (
+    SELECT r.rank, r.tid, r.start, r.grp, unnest(range(lo.k, hi.k + 1)) AS k
+    FROM lo JOIN hi USING (r_id) JOIN r USING (r_id) WHERE lo.k <= hi.k
 )
-SELECT p.rank, p.grp AS cls, f.s, f.e, p.tid, p.start AS inst
-FROM fast f ASOF JOIN r p ON p.rank = f.rank AND p.tid = f.tid AND p.domain_id = f.domain_id AND p.depth = f.depth
-    AND f.start >= p.start
-WHERE f.start < p."end"
-UNION ALL
-SELECT p.rank, p.grp AS cls, c.s, c.e, p.tid, p.start AS inst
-FROM r p JOIN lv l USING (rank, tid, domain_id, depth)
-JOIN calls c ON c.rank = p.rank AND c.tid = p.tid AND c.start >= p.start AND c.start < p."end"
-WHERE l.overlap;
+SELECT ks.rank, ks.grp AS cls, c.s, c.e, ks.tid, ks.start AS inst
+FROM ks JOIN c ON c.rank = ks.rank AND c.tid = ks.tid AND c.k = ks.k;
 
 CREATE OR REPLACE TEMP TABLE phase_table AS
 WITH cpu AS (

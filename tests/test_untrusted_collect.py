@@ -141,6 +141,8 @@ def _first_id(f: Path, sql: str) -> int:
 UTF8 = {
     "nvtx_text": ("UPDATE NVTX_EVENTS SET text = CAST(x'6461ff74615fc3' AS TEXT) WHERE text IS NOT NULL",
                   "SELECT count(*) FROM nvtx WHERE rank = 2 AND contains(text, '\ufffd')"),
+    "nvtx_domain": ("UPDATE NVTX_EVENTS SET text = CAST(x'4e43434cff' AS TEXT) WHERE eventType = 75",
+                    "SELECT count(*) FROM nvtx WHERE rank = 2 AND contains(domain, '\ufffd')"),
     "kernel_name": ("UPDATE StringIds SET value = CAST(x'6e63636cff' AS TEXT) "
                     "WHERE id = (SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)",
                     "SELECT count(*) FROM kernels WHERE rank = 2 AND contains(short_name, '\ufffd')"),

@@ -173,8 +173,13 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     dom = 'x."domainId"' if p.has(src, "domainId") else "0"
     if p.has(src, "domainId") and p.has(src, "eventType"):
         dom_name = f"CASE WHEN {dom} = 0 THEN 'default' ELSE substr(dm.dname, 1, {MAX_TEXT}) END"
-        ctx.joins.append(f" LEFT JOIN (SELECT domainId AS did, min(text) AS dname FROM {tbl} "
-                         f"WHERE eventType = 75 GROUP BY domainId) dm ON dm.did = x.domainId")
+        names = "SELECT domainId AS did, min(text) AS dname FROM {} WHERE eventType = 75 GROUP BY domainId"
+        if ctx.pushdown_db:  # SQLite picks the few domain-create rows (the scanner would convert all)
+            inner = _sq(names.format(f'"{src}"'))
+            names = f"SELECT CAST(did AS BIGINT) AS did, dname FROM sqlite_query('{_sq(ctx.pushdown_db)}', '{inner}')"
+        else:
+            names = names.format(tbl)
+        ctx.joins.append(f" LEFT JOIN ({names}) dm ON dm.did = x.domainId")
     else:
         dom_name = "'default'"
     types = ", ".join(str(v) for v in NVTX_RANGE_TYPES)
@@ -183,8 +188,11 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     # running count of open ranges; at equal times ends come before starts (siblings) and
     # longer ranges open first (parents). Ranges that end before they start are impossible:
     # they get no depth, take no part in the count, and are dropped (and counted) at finalize.
+    # r is read three times: MATERIALIZED reads the export once (SQLite's own dialect, the
+    # sqlite3 path, may predate the keyword).
+    mat = "MATERIALIZED " if ctx.pushdown_db else ""
     return (
-        f"WITH r AS (SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
+        f"WITH r AS {mat}(SELECT row_number() OVER () AS id, {start} AS s, {end} AS e, "
         f"{tid} AS tid, {dom} AS dom, {dom_name} AS dname, {text} AS txt, {payload} AS payload "
         f"FROM {tbl} x{''.join(ctx.joins)} WHERE {where}), "
         "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r WHERE e >= s "

@@ -8,7 +8,6 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -85,15 +84,29 @@ def find_nsys(preferred: str | None = None) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=8)
-def payload_export_args(nsys: str) -> tuple[str, ...]:
-    """`--include-json=true` where this nsys has it (2024+): without it NVTX extended payloads,
-    such as NCCL's message sizes, are left out of the SQLite export (issue 15)."""
-    try:
-        out = subprocess.run([nsys, "export", "--help"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return ("--include-json=true",) if "--include-json" in (out.stdout + out.stderr) else ()
+# nsys binaries that rejected --include-json (before 2024): asked without it from then on.
+_NO_JSON: set[str] = set()
+_UNKNOWN_OPTION = re.compile(r"unrecogni[sz]ed option|unknown option|invalid option", re.IGNORECASE)
+
+
+def _nsys_export(nsys: str, origin: Path, tmp: Path, timeout_s: float) -> subprocess.CompletedProcess:
+    """`nsys export` to SQLite with `--include-json=true` where this nsys has it (2024+): without
+    it NVTX extended payloads, such as NCCL's message sizes, are left out (issue 15). Asked
+    optimistically: an nsys that rejects the option is remembered and asked again without it.
+    (A `nsys export --help` probe first cost 0.3 s on every collect, before any export began.)"""
+    def run(extra: tuple[str, ...]) -> subprocess.CompletedProcess:
+        cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", *extra,
+               "--output", str(tmp), str(origin)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    if nsys in _NO_JSON:
+        return run(())
+    proc = run(("--include-json=true",))
+    said = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "include-json" in said and _UNKNOWN_OPTION.search(said):
+        _NO_JSON.add(nsys)
+        return run(())
+    return proc
 
 
 def _fresh(target: Path, source: Path) -> bool:
@@ -122,10 +135,8 @@ def _export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float
             if nsys is None:
                 r.error = "needs `nsys export` but no nsys was found; put nsys on PATH or pass --nsys"
                 return
-            cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
-                   *payload_export_args(nsys), "--output", str(tmp), str(r.origin)]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+                proc = _nsys_export(nsys, r.origin, tmp, timeout_s)
             except subprocess.TimeoutExpired:
                 r.error = f"nsys export timed out after {timeout_s:.0f}s"
                 return

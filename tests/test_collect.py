@@ -228,7 +228,7 @@ def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     # nsys 2022.4 rejects --include-json: asked again without it, and remembered
     from orchestrator.collect.gather import _NO_JSON
 
-    assert _NO_JSON == {shutil.which(nsys)}
+    assert {shutil.which(nsys)} == _NO_JSON
 
 
 def test_align_clocks_on_collective_ends(gpu_fixtures: Path, tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """Run the analysis SQL over a merged store; hand named views to the report and the rules.
 
 All row-level work (interval unions, gap attribution, collective matching, step detection)
-is SQL in `analyze/sql/NN_*.sql`, executed in order in an in-memory DuckDB that attaches the
-store read-only. Each file's header says what it reads and which tables/views it provides;
-shared idioms are macros in `00_macros.sql`. Python only reads the small result views.
+is SQL in `analyze/sql/NN_*.sql`, executed in an in-memory DuckDB that attaches the store
+read-only (independent files at the same time: schedule.py). Each file's header says what it
+reads and which tables/views it provides; shared idioms are macros in `00_macros.sql`.
+Python only reads the small result views.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -16,7 +18,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.collect.timings import phase
+from orchestrator.analyze import schedule
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
@@ -74,7 +76,7 @@ def check_regex(pattern: str | None) -> str | None:
 
 
 def open_store(store: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the store attached read-only as the default schema."""
+    """An in-memory DuckDB with the store attached read-only, its tables found by name."""
     if not Path(store).is_file():
         raise OrchError(f"{store} does not exist; run `orch collect` first")
     con = duckdb.connect()
@@ -85,28 +87,45 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         con.close()
         reason = str(e).splitlines()[0]
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
-    con.execute("USE store")
-    # DuckDB turns an ASOF join whose left side it ESTIMATES below 64 rows into a nested loop
-    # over the whole right side; its estimates of our CTEs are often far too low (294 NVTX
-    # ranges x 32k CUDA calls: 1.3 M loop rows, 3x slower). The ASOF joins here are the
-    # linear paths on purpose: always take them.
-    con.execute("SET asof_loop_join_threshold = 0")
+    session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
     return con
 
 
+def session(con: duckdb.DuckDBPyConnection) -> None:
+    """Per-connection settings, for the analysis connection and each of its cursors. Names
+    resolve to the analysis objects (in-memory catalog) first, then to the store's tables;
+    the analysis creates its objects in memory, so the store is never written.
+    DuckDB turns an ASOF join whose left side it ESTIMATES below 64 rows into a nested loop
+    over the whole right side; its estimates of our CTEs are often far too low (294 NVTX
+    ranges x 32k CUDA calls: 1.3 M loop rows, 3x slower). The ASOF joins here are the
+    linear paths on purpose: always take them."""
+    con.execute("SET search_path = 'memory.main,store.main'")
+    con.execute("SET asof_loop_join_threshold = 0")
+
+
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
-    """Create every analysis table/view (temp objects, the store stays untouched)."""
+    """Create every analysis table/view (in memory, the store stays untouched), independent
+    files at the same time (schedule.py)."""
+    create_params(con, opts)
+    schedule.run(con, _plan(), session)
+
+
+def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
+    """The `params` table every SQL file reads the user's options from."""
     lo, hi = opts.steps if opts.steps else (None, None)
     params = (("gap_ns", "BIGINT", int(opts.gap_ms * 1e6)), ("step_lo", "INTEGER", lo), ("step_hi", "INTEGER", hi),
               ("steps_from", "VARCHAR", opts.steps_from), ("microbatches", "INTEGER", opts.microbatches),
               ("stats_scope", "VARCHAR", opts.stats_scope))
     # CREATE cannot be PREPAREd: typed literals (sqltext says why values are not bound here).
-    con.execute("CREATE OR REPLACE TEMP TABLE params AS SELECT "
+    con.execute("CREATE OR REPLACE TABLE params AS SELECT "
                 + ", ".join(f"CAST({literal(v)} AS {t}) AS {n}" for n, t, v in params))
-    for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
-        with phase(f"analyze: {f.name}"):
-            con.execute(f.read_text())
+
+
+@functools.cache
+def _plan() -> list[schedule.Unit]:
+    files = sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql"))
+    return schedule.plan([(f.name, f.read_text()) for f in files])
 
 
 class Views:

@@ -64,6 +64,8 @@ def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
     try:
         con.execute(f"LOAD '{quote(str(ext))}'")
         return True
+    except duckdb.InterruptException:  # Ctrl-C during the load: stop, not a fallback engine
+        raise KeyboardInterrupt from None
     except duckdb.Error:
         return False
 

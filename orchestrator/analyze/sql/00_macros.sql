@@ -5,28 +5,28 @@
 
 -- An NCCL kernel (collective or point-to-point), from the kernel's short name. Classified
 -- here, at analysis time, so a new rule never needs a new collect.
-CREATE OR REPLACE TEMP MACRO is_comm(name) AS coalesce(starts_with(name, 'nccl'), false);
+CREATE OR REPLACE MACRO is_comm(name) AS coalesce(starts_with(name, 'nccl'), false);
 
 -- NCCL send/recv (pipeline or other point-to-point traffic) rather than a collective.
-CREATE OR REPLACE TEMP MACRO is_p2p(name) AS
+CREATE OR REPLACE MACRO is_p2p(name) AS
     is_comm(name) AND coalesce(regexp_matches(name, 'SendRecv|_Send|_Recv'), false);
 
 -- CUDA runtime/driver calls that block the calling CPU thread until the GPU catches up:
 -- what `.item()`, `print(tensor)`, `.cpu()`, `.tolist()` and `torch.cuda.synchronize()`
 -- become. cudaMemcpy (not Async) to the host blocks too; cudaMemcpyAsync to pageable memory
 -- is synchronous as well, but it is judged by its copy kind in the sync view.
-CREATE OR REPLACE TEMP MACRO is_sync_api(name) AS coalesce(regexp_matches(name,
+CREATE OR REPLACE MACRO is_sync_api(name) AS coalesce(regexp_matches(name,
     '^cu(da)?(StreamSynchronize|DeviceSynchronize|EventSynchronize|CtxSynchronize|Memcpy(DtoH|D2H)?|MemcpyDtoH)(_v\d+)?$'),
     false);
 
 -- NVTX names grouped for comparison: drop `, ...` suffixes and a trailing microbatch or
 -- other number (`forward mb3` -> `forward`, `backward, seq = 5` -> `backward`).
-CREATE OR REPLACE TEMP MACRO range_group(t) AS
+CREATE OR REPLACE MACRO range_group(t) AS
     trim(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''));
 
 -- A step inside the analysed steps: A..B when given (params.step_lo/step_hi), else every
 -- step after the rank's first (the first step carries warm-up and capture-start costs).
-CREATE OR REPLACE TEMP MACRO in_selected(step, first_step, lo, hi) AS
+CREATE OR REPLACE MACRO in_selected(step, first_step, lo, hi) AS
     CASE WHEN lo IS NULL THEN step > first_step ELSE step BETWEEN lo AND hi END;
 
 -- Union of intervals per (rank, cls) from a table with columns rank, cls, s, e
@@ -36,7 +36,7 @@ CREATE OR REPLACE TEMP MACRO in_selected(step, first_step, lo, hi) AS
 -- Deterministic with duplicate rows: an equal copy of an earlier row is never a start (it
 -- begins before the earlier copy ends), so the starts have distinct (s, e). Rows with e < s
 -- are not intervals and are left out.
-CREATE OR REPLACE TEMP MACRO union_intervals(tbl) AS TABLE
+CREATE OR REPLACE MACRO union_intervals(tbl) AS TABLE
 WITH m AS (
     SELECT rank, cls, s, e,
            max(e) OVER (PARTITION BY rank, cls ORDER BY s, e
@@ -58,7 +58,7 @@ FROM starts;
 -- test as a residual compares every interval with every one of `dis` on its rank (quadratic in
 -- the capture's length). Returns the columns of `ivs` plus d_s, d_e. Zero-length intervals of
 -- `dis` are left out (every use sums overlaps or needs a positive length).
-CREATE OR REPLACE TEMP MACRO overlapping(dis, ivs) AS TABLE
+CREATE OR REPLACE MACRO overlapping(dis, ivs) AS TABLE
 WITH d AS MATERIALIZED (
     SELECT rank, s, e, row_number() OVER (PARTITION BY rank ORDER BY s) AS k FROM query_table(dis) WHERE e > s
 ), i AS MATERIALIZED (
@@ -75,6 +75,6 @@ WITH d AS MATERIALIZED (
 SELECT i.* EXCLUDE (i_id), p.d_s, p.d_e FROM p JOIN i USING (i_id);
 
 -- P(X >= k) for X ~ Binomial(n, p): how likely a rank starts last this often by chance.
-CREATE OR REPLACE TEMP MACRO binom_tail(k, n, p) AS CASE WHEN k <= 0 THEN 1.0 ELSE least(1.0, (
+CREATE OR REPLACE MACRO binom_tail(k, n, p) AS CASE WHEN k <= 0 THEN 1.0 ELSE least(1.0, (
     SELECT sum(exp(lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) + i * ln(p) + (n - i) * ln(1 - p)))
     FROM range(CAST(k AS BIGINT), CAST(n AS BIGINT) + 1) r(i))) END;

@@ -9,7 +9,7 @@
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
 -- (`train_step`, `training_step`, Lightning's `[...]X.training_step`). Numbers are used when
 -- they are unique per rank (else steps restart per epoch: numbered by order instead).
-CREATE OR REPLACE TEMP TABLE step_marks AS
+CREATE OR REPLACE TABLE step_marks AS
 SELECT n.rank, n.tid, n.start, n."end", n.text,
        CASE
            WHEN p.steps_from IS NOT NULL THEN CASE WHEN regexp_matches(n.text, p.steps_from) THEN 0 END
@@ -21,12 +21,12 @@ FROM nvtx n, params p
 WHERE n.domain_id = 0 AND n.text IS NOT NULL AND n."end" > n.start;
 DELETE FROM step_marks WHERE family IS NULL;
 
-CREATE OR REPLACE TEMP TABLE step_source AS
+CREATE OR REPLACE TABLE step_source AS
 SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks  -- the first one: stable output
 WHERE family = (SELECT min(family) FROM (SELECT family FROM step_marks GROUP BY family HAVING count(*) >= 2))
 GROUP BY family;
 
-CREATE OR REPLACE TEMP TABLE steps AS
+CREATE OR REPLACE TABLE steps AS
 WITH fam AS (
     SELECT m.* FROM step_marks m JOIN step_source s USING (family)
 ), thread AS (  -- the thread that drives the loop: the one with the most step ranges

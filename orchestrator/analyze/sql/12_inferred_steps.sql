@@ -31,7 +31,7 @@
 -- Ranks with NVTX step ranges are left alone. Known limit: when the warm-up repeats a pattern
 -- more often than the steady loop does (e.g. a pipeline stage waiting at start), the vote
 -- can pick the warm-up's pattern.
-CREATE OR REPLACE TEMP TABLE beat_occ AS
+CREATE OR REPLACE TABLE beat_occ AS
 WITH todo AS (
     SELECT DISTINCT rank FROM cuda_api WHERE rank NOT IN (SELECT rank FROM steps)
 )
@@ -42,7 +42,7 @@ UNION ALL
 SELECT a.rank, 'sync', a.name, a.tid, a.start FROM cuda_api a
 WHERE a.rank IN (SELECT rank FROM todo) AND is_sync_api(a.name);
 
-CREATE OR REPLACE TEMP TABLE beat_bursts AS
+CREATE OR REPLACE TABLE beat_bursts AS
 WITH occ AS (
     SELECT *, ts - lag(ts) OVER (PARTITION BY rank, src, name ORDER BY ts, tid) AS gap,
            count(*) OVER (PARTITION BY rank, src, name) AS n
@@ -67,7 +67,7 @@ WITH occ AS (
 SELECT rank, src, name, any_value(n) AS n, burst, min(ts) AS ts, arg_min(tid, ts) AS tid
 FROM burst_id GROUP BY rank, src, name, burst;
 
-CREATE OR REPLACE TEMP TABLE beat_runs AS
+CREATE OR REPLACE TABLE beat_runs AS
 WITH iv AS (  -- iv: from this burst to the next
     SELECT *, CAST(lead(ts) OVER w - ts AS DOUBLE) AS iv,
            count(*) OVER (PARTITION BY rank, src, name) AS n_bursts
@@ -84,12 +84,12 @@ SELECT rank, src, name, run, any_value(n) AS n, any_value(n_bursts) AS n_bursts,
        1.4826 * mad(iv) / greatest(median(iv), 1) AS rcv
 FROM runs GROUP BY rank, src, name, run;
 
-CREATE OR REPLACE TEMP TABLE beat_candidates AS
+CREATE OR REPLACE TABLE beat_candidates AS
 SELECT * EXCLUDE (i), bursts >= 4 AND rcv < 0.2 AND bursts >= n_bursts / 3.0 AS regular FROM (
     SELECT *, row_number() OVER (PARTITION BY rank, src, name ORDER BY bursts DESC, rcv, run) AS i FROM beat_runs)
 WHERE i = 1;
 
-CREATE OR REPLACE TEMP TABLE beat AS
+CREATE OR REPLACE TABLE beat AS
 WITH votes AS (
     SELECT rank, bursts, row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, bursts) AS i
     FROM beat_candidates WHERE regular GROUP BY rank, bursts

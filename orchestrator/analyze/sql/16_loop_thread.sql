@@ -2,7 +2,7 @@
 -- or iterations inferred from a kernel the autograd thread launches) the one that makes the
 -- most CUDA calls, autograd threads excluded.
 -- Reads: steps, cuda_api, threads. Provides: loop_thread(rank, tid)
-CREATE OR REPLACE TEMP TABLE loop_thread AS
+CREATE OR REPLACE TABLE loop_thread AS
 WITH from_steps AS (SELECT DISTINCT rank, tid FROM steps WHERE family < 4),
 busiest AS (
     SELECT a.rank, a.tid, row_number() OVER (PARTITION BY a.rank ORDER BY count(*) DESC, a.tid) AS i

@@ -5,11 +5,11 @@
 --   win(rank, w0, w1, source)  [first start, last end] of that work; ranks without steps
 --                  (or whose steps launched no GPU work) use the whole capture; CPU-only
 --                  captures use the selected steps' NVTX span.
-CREATE OR REPLACE TEMP TABLE selected_ops AS
+CREATE OR REPLACE TABLE selected_ops AS
 SELECT o.* FROM gpu_ops o JOIN first_step f USING (rank), params p
 WHERE o.step IS NOT NULL AND in_selected(o.step, f.first_step, p.step_lo, p.step_hi);
 
-CREATE OR REPLACE TEMP TABLE win AS
+CREATE OR REPLACE TABLE win AS
 SELECT rank, min(start) AS w0, max("end") AS w1, 'steps' AS source FROM selected_ops GROUP BY rank
 UNION ALL
 SELECT rank, min(start), max("end"), 'capture' FROM gpu_ops

@@ -3,7 +3,7 @@
 --   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels), comm (NCCL
 --                             kernels), busy (kernels + memcpy + memset), p2p (NCCL send/recv)
 --   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
-CREATE OR REPLACE TEMP TABLE clipped AS
+CREATE OR REPLACE TABLE clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
 FROM gpu_ops o JOIN win w USING (rank)
 CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
@@ -13,9 +13,9 @@ WHERE o."end" > w.w0 AND o.start < w.w1
        OR (c.cls = 'comm' AND o.is_comm)
        OR (c.cls = 'p2p' AND is_p2p(o.name)));
 
-CREATE OR REPLACE TEMP TABLE islands AS SELECT * FROM union_intervals('clipped');
+CREATE OR REPLACE TABLE islands AS SELECT * FROM union_intervals('clipped');
 
-CREATE OR REPLACE TEMP TABLE gpu_time AS
+CREATE OR REPLACE TABLE gpu_time AS
 WITH u AS (
     SELECT rank,
            sum(CASE WHEN cls = 'compute' THEN e - s ELSE 0 END) AS compute_ns,

@@ -11,7 +11,7 @@
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(rank, tid, start, end, depth, text)  default-domain ranges that are not steps
 --   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
-CREATE OR REPLACE TEMP TABLE busy_gaps AS
+CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s FROM islands WHERE cls = 'busy'
 )
@@ -19,7 +19,7 @@ SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT N
 
 -- A range holds a step when the earliest-ending step that starts at or after it ends inside
 -- it: one ASOF join per range (not every range against every step of its thread).
-CREATE OR REPLACE TEMP TABLE cpu_ranges AS
+CREATE OR REPLACE TABLE cpu_ranges AS
 WITH sm AS (
     SELECT rank, tid, start, min("end") OVER (PARTITION BY rank, tid ORDER BY start DESC
                                               RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS min_end
@@ -32,7 +32,7 @@ WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
 
 -- The intervals between two consecutive step ranges (NVTX steps only), and whether the loop
 -- thread synchronised with the GPU, copied to the host or launched kernels in them.
-CREATE OR REPLACE TEMP TABLE between_steps AS
+CREATE OR REPLACE TABLE between_steps AS
 WITH iv AS (
     SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM steps WHERE family < 4
 ), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
@@ -49,7 +49,7 @@ SELECT iv.rank, iv.s, iv.e, coalesce(h.other_work, false) AS other_work
 FROM iv LEFT JOIN hits h USING (rank, s)
 WHERE iv.e > iv.s;
 
-CREATE OR REPLACE TEMP TABLE gap_attr AS
+CREATE OR REPLACE TABLE gap_attr AS
 WITH gaps AS (
     SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
 ), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
@@ -74,6 +74,6 @@ FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
 LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
-CREATE OR REPLACE TEMP VIEW small_gaps AS
+CREATE OR REPLACE VIEW small_gaps AS
 SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
 WHERE g.dur < p.gap_ns GROUP BY g.rank;

@@ -5,11 +5,11 @@
 --   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
 --       OS call inside those gaps (call NULL: the rest, when it was not blocked)
 --   osrt_traced(rank)                      ranks whose capture traced the OS runtime
-CREATE OR REPLACE TEMP TABLE osrt_traced AS
+CREATE OR REPLACE TABLE osrt_traced AS
 SELECT rank FROM ranks WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,])osrt([ ,]|$)')
   AND rank IN (SELECT DISTINCT rank FROM osrt);
 
-CREATE OR REPLACE TEMP TABLE gap_cpu AS
+CREATE OR REPLACE TABLE gap_cpu AS
 WITH loop_osrt AS (
     SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread l USING (rank, tid)
 ), blocked AS (  -- gaps never overlap each other: overlapping() finds the calls in each

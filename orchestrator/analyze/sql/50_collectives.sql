@@ -8,7 +8,7 @@
 --   coll_rank(rank, n_coll, nccl_wait_ns, late_count, group_size, wait_caused_ns, median_lateness_ns)
 --   stragglers   ranks that start last far more often than chance (binomial p < 0.01); who
 --                is to blame for the waiting is 56_root_cause.sql's question
-CREATE OR REPLACE TEMP TABLE coll AS
+CREATE OR REPLACE TABLE coll AS
 WITH k AS (
     SELECT o.rank, coalesce(r.stage, 0) AS g1, coalesce(r.tp_index, 0) AS g2, o.name, o.start, o."end",
            row_number() OVER (PARTITION BY o.rank, o.name ORDER BY o.start) AS kth,
@@ -28,7 +28,7 @@ SELECT m.*, least(m.latest - m.start, m."end" - m.start) AS wait_ns,
 FROM m JOIN gsize gs USING (g1, g2)
 WHERE m.n_seen = gs.n AND gs.n > 1 AND m.all_in_win = 1;
 
-CREATE OR REPLACE TEMP TABLE coll_rank AS
+CREATE OR REPLACE TABLE coll_rank AS
 WITH caused AS (
     SELECT l.rank, sum(o.wait_ns) AS ns
     FROM coll l JOIN coll o
@@ -43,7 +43,7 @@ SELECT c.rank, count(*) AS n_coll, sum(c.wait_ns) AS nccl_wait_ns,
 FROM coll c LEFT JOIN caused cs USING (rank)
 GROUP BY c.rank;
 
-CREATE OR REPLACE TEMP VIEW stragglers AS
+CREATE OR REPLACE VIEW stragglers AS
 WITH w AS (SELECT rank, (w1 - w0) AS win_ns, count(*) OVER () AS n_ranks, sum(w1 - w0) OVER () AS all_ns FROM win),
 s AS (
     SELECT c.*, binom_tail(c.late_count, c.n_coll, 1.0 / c.group_size) AS p_value,

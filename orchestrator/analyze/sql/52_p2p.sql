@@ -10,7 +10,7 @@
 --   p2p_rank(rank, n_p2p, n_matched, p2p_wait_ns)
 --   nccl_waits(rank, s, e, waited_for, kind)   every wait of every rank for another rank:
 --       collectives (for the group's last starter) and p2p (for the peer)
-CREATE OR REPLACE TEMP TABLE p2p_all AS
+CREATE OR REPLACE TABLE p2p_all AS
 SELECT o.rank, r.stage, r.dp_index, r.tp_index, o.start, o."end",
        row_number() OVER (PARTITION BY o.rank ORDER BY o.start) AS kth,
        (o."end" > w.w0 AND o.start < w.w1) AS in_win
@@ -18,7 +18,7 @@ FROM gpu_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
 WHERE o.kind = 'kernel' AND is_p2p(o.name);
 
 -- Ranks with p2p traffic that have exactly one possible peer among the ranks with p2p traffic.
-CREATE OR REPLACE TEMP TABLE p2p_pairs AS
+CREATE OR REPLACE TABLE p2p_pairs AS
 WITH rk AS (SELECT DISTINCT rank, stage, dp_index, tp_index FROM p2p_all),
 cand AS (
     SELECT a.rank, b.rank AS peer FROM rk a JOIN rk b ON b.rank <> a.rank
@@ -28,9 +28,9 @@ cand AS (
 )
 SELECT rank, any_value(peer) AS peer FROM cand GROUP BY rank HAVING count(*) = 1;
 
-CREATE OR REPLACE TEMP TABLE p2p_ops AS SELECT * FROM p2p_all WHERE in_win;
+CREATE OR REPLACE TABLE p2p_ops AS SELECT * FROM p2p_all WHERE in_win;
 
-CREATE OR REPLACE TEMP TABLE p2p_match AS
+CREATE OR REPLACE TABLE p2p_match AS
 WITH ordered AS (  -- one peer each way: k-th with k-th
     SELECT a.rank, a.start, a."end", b.rank AS peer, b.start AS peer_start
     FROM p2p_ops a JOIN p2p_pairs p ON p.rank = a.rank
@@ -50,12 +50,12 @@ SELECT rank, start, "end", peer, peer_start, least(greatest(peer_start - start, 
 FROM (SELECT rank, start, "end", peer, peer_start FROM ordered
       UNION ALL SELECT rank, start, "end", peer, peer_start FROM c WHERE pick = 1);
 
-CREATE OR REPLACE TEMP TABLE p2p_rank AS
+CREATE OR REPLACE TABLE p2p_rank AS
 SELECT o.rank, count(*) AS n_p2p, count(m.rank) AS n_matched, coalesce(sum(m.wait_ns), 0) AS p2p_wait_ns
 FROM p2p_ops o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
 GROUP BY o.rank;
 
-CREATE OR REPLACE TEMP TABLE nccl_waits AS
+CREATE OR REPLACE TABLE nccl_waits AS
 SELECT c.rank, c.start AS s, c.start + c.wait_ns AS e, l.rank AS waited_for, 'collective' AS kind
 FROM coll c JOIN coll l ON l.g1 = c.g1 AND l.g2 = c.g2 AND l.name = c.name AND l.kth = c.kth AND l.is_last
 WHERE c.wait_ns > 0 AND c.rank <> l.rank

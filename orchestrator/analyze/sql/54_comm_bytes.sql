@@ -11,7 +11,7 @@
 --   nccl_calls(rank, tid, start, kind, call, msg_bytes, peer)
 --   comm_bytes(rank, start, kind, msg_bytes, send_bytes, recv_bytes, n_calls, source)  one row per sized kernel
 --   comm_size_info(n_calls, n_sized_calls, n_comm_kernels, n_sized_kernels)
-CREATE OR REPLACE TEMP MACRO nccl_kind(name) AS CASE
+CREATE OR REPLACE MACRO nccl_kind(name) AS CASE
     WHEN name IS NULL THEN 'other'
     WHEN regexp_matches(name, 'AllReduce') THEN 'all_reduce'
     WHEN regexp_matches(name, 'AllGather') THEN 'all_gather'
@@ -23,7 +23,7 @@ CREATE OR REPLACE TEMP MACRO nccl_kind(name) AS CASE
     ELSE 'other' END;
 
 -- Older stores have no payload column: UNION BY NAME fills it with NULL.
-CREATE OR REPLACE TEMP TABLE nccl_calls AS
+CREATE OR REPLACE TABLE nccl_calls AS
 WITH n AS (
     SELECT * FROM (SELECT CAST(NULL AS VARCHAR) AS payload WHERE false)
     UNION ALL BY NAME
@@ -39,12 +39,12 @@ SELECT rank, tid, start, kind, call,
        TRY_CAST(json_extract_string(js, '$."Peer rank"') AS INTEGER) AS peer
 FROM j;
 
-CREATE OR REPLACE TEMP TABLE nccl_launch AS
+CREATE OR REPLACE TABLE nccl_launch AS
 SELECT o.rank, o.start AS k_start, nccl_kind(o.name) AS kind, a.tid, a.start AS l_start
 FROM gpu_ops o JOIN cuda_api a ON a.rank = o.rank AND a.correlation_id = o.correlation_id
 WHERE o.kind = 'kernel' AND o.is_comm;
 
-CREATE OR REPLACE TEMP TABLE comm_bytes AS
+CREATE OR REPLACE TABLE comm_bytes AS
 WITH m AS (
     SELECT c.*, l.k_start FROM nccl_calls c
     ASOF JOIN nccl_launch l ON c.rank = l.rank AND c.tid = l.tid AND c.kind = l.kind AND l.l_start >= c.start
@@ -57,7 +57,7 @@ SELECT rank, k_start AS start, any_value(kind) AS kind,
 FROM m GROUP BY rank, k_start
 HAVING count(msg_bytes) = count(*);
 
-CREATE OR REPLACE TEMP TABLE comm_size_info AS
+CREATE OR REPLACE TABLE comm_size_info AS
 SELECT (SELECT count(*) FROM nccl_calls) AS n_calls,
        (SELECT count(msg_bytes) FROM nccl_calls) AS n_sized_calls,
        (SELECT count(*) FROM gpu_ops WHERE kind = 'kernel' AND is_comm) AS n_comm_kernels,

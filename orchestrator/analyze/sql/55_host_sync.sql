@@ -15,7 +15,7 @@
 --       most frequent first); n_steps = the selected
 --       steps (NULL without steps, and then the per-step columns are NULL too)
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
-CREATE OR REPLACE TEMP TABLE host_syncs AS
+CREATE OR REPLACE TABLE host_syncs AS
 WITH calls AS (
     SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a
     WHERE is_sync_api(a.name)
@@ -32,7 +32,7 @@ WITH calls AS (
 )
 SELECT rank, tid, start, "end", regexp_replace(name, '_v\d+$', '') AS name, step FROM stepped;
 
-CREATE OR REPLACE TEMP TABLE sync_idle AS
+CREATE OR REPLACE TABLE sync_idle AS
 WITH ops AS (  -- the latest end of any GPU op started so far: is the GPU busy at time t?
     SELECT rank, start, max("end") OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS busy_until
     FROM gpu_ops
@@ -50,7 +50,7 @@ SELECT b.rank, b.start, b."end", b.tid,
        END AS idle_ns
 FROM busy b JOIN win w USING (rank);
 
-CREATE OR REPLACE TEMP TABLE sync_stats AS
+CREATE OR REPLACE TABLE sync_stats AS
 WITH n_steps AS (
     SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
     WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
@@ -73,7 +73,7 @@ LEFT JOIN top t USING (rank);
 -- Where the CPU was while the GPU idled after a sync: the GPU gaps (gap_attr) inside each
 -- sync's idle interval, by CPU range. Idle spent in an input-pipeline range is reported as
 -- a data-loader stall, not again as a sync cost.
-CREATE OR REPLACE TEMP VIEW sync_idle_ranges AS
+CREATE OR REPLACE VIEW sync_idle_ranges AS
 WITH iv AS (SELECT rank, "end" AS start, "end" + idle_ns AS "end" FROM sync_idle WHERE idle_ns > 0)
 SELECT o.rank, g.range_group, sum(least(o.d_e, o."end") - greatest(o.d_s, o.start)) AS ns
 FROM overlapping('gap_attr', 'iv') o JOIN gap_attr g ON g.rank = o.rank AND g.s = o.d_s

@@ -16,17 +16,17 @@
 --   root_context(rank, range_group, ns)   the root's GPU gaps by CPU range in those windows
 --   root_busy(rank, wait_ns, busy_ns)     how much of that time its GPU ran compute kernels
 --   root_cpu(rank, call, ns)              its loop thread's OS calls in that time
-CREATE OR REPLACE TEMP TABLE blame_0 AS
+CREATE OR REPLACE TABLE blame_0 AS
 SELECT rank AS victim, waited_for AS via, waited_for AS root, s, e, e - s AS ns, 0 AS hops
 FROM nccl_waits WHERE kind = 'collective';
 
 -- A rank's last synchronisation at or before t: the end of its latest collective, else its w0.
-CREATE OR REPLACE TEMP MACRO last_sync(r, t) AS coalesce(
+CREATE OR REPLACE MACRO last_sync(r, t) AS coalesce(
     (SELECT max(c."end") FROM coll c WHERE c.rank = r AND c."end" <= t),
     (SELECT w.w0 FROM win w WHERE w.rank = r));
 
 -- One hop; three hops cover a pipeline of four stages, each one set-based statement.
-CREATE OR REPLACE TEMP MACRO blame_hop(tbl) AS TABLE
+CREATE OR REPLACE MACRO blame_hop(tbl) AS TABLE
 WITH b AS (
     SELECT *, last_sync(root, e) AS c_sync, last_sync(victim, s) AS v_sync FROM query_table(tbl)
 ), culprit AS (  -- the culprit's waiting since its last sync, by whom it waited for
@@ -52,12 +52,12 @@ FROM b LEFT JOIN pick p ON p.victim = b.victim AND p.root = b.root AND p.s = b.s
 LEFT JOIN own o ON o.victim = b.victim AND o.root = b.root AND o.s = b.s,
 LATERAL (SELECT coalesce(2 * (p.total - coalesce(o.ns, 0)) >= b.e - b.s, false) AS hop);
 
-CREATE OR REPLACE TEMP TABLE blame_1 AS SELECT * FROM blame_hop('blame_0');
-CREATE OR REPLACE TEMP TABLE blame_2 AS SELECT * FROM blame_hop('blame_1');
-CREATE OR REPLACE TEMP TABLE blame_edges AS SELECT * FROM blame_hop('blame_2');
+CREATE OR REPLACE TABLE blame_1 AS SELECT * FROM blame_hop('blame_0');
+CREATE OR REPLACE TABLE blame_2 AS SELECT * FROM blame_hop('blame_1');
+CREATE OR REPLACE TABLE blame_edges AS SELECT * FROM blame_hop('blame_2');
 DELETE FROM blame_edges WHERE root = victim;  -- a cycle back to the victim blames no one
 
-CREATE OR REPLACE TEMP TABLE root_blame AS
+CREATE OR REPLACE TABLE root_blame AS
 SELECT root, sum(ns) AS caused_ns, count(*) AS n_waits, list(DISTINCT victim ORDER BY victim) AS victims,
        list(DISTINCT via ORDER BY via) FILTER (WHERE via <> root) AS vias, max(hops) AS max_hops
 FROM blame_edges GROUP BY root;
@@ -66,19 +66,19 @@ FROM blame_edges GROUP BY root;
 -- CPU range (gap_attr), and how much of that time its GPU was busy. A blamed wait that ended
 -- before the root's window began (its w0, when it had no collective yet) gives no window: its
 -- reversed interval once made a negative island, and "115% of that time" in the report.
-CREATE OR REPLACE TEMP VIEW root_raw AS
+CREATE OR REPLACE VIEW root_raw AS
 SELECT * FROM (SELECT root AS rank, 'w' AS cls, last_sync(root, e) AS s, e FROM blame_edges WHERE e > s)
 WHERE e > s;
-CREATE OR REPLACE TEMP TABLE root_windows AS SELECT rank, s, e FROM union_intervals('root_raw');
+CREATE OR REPLACE TABLE root_windows AS SELECT rank, s, e FROM union_intervals('root_raw');
 
 -- (root_windows never overlap on a rank: overlapping() pairs them with gaps, islands, calls.)
-CREATE OR REPLACE TEMP VIEW root_context AS
+CREATE OR REPLACE VIEW root_context AS
 WITH g AS (SELECT rank, s AS start, e AS "end", range_group FROM gap_attr
            WHERE rank IN (SELECT rank FROM root_windows))
 SELECT rank, range_group, sum(least("end", d_e) - greatest(start, d_s)) AS ns
 FROM overlapping('root_windows', 'g') GROUP BY ALL;
 
-CREATE OR REPLACE TEMP VIEW root_busy AS
+CREATE OR REPLACE VIEW root_busy AS
 WITH c AS (SELECT rank, s AS start, e AS "end" FROM islands
            WHERE cls = 'compute' AND rank IN (SELECT rank FROM root_windows)),
      b AS (SELECT rank, sum(least("end", d_e) - greatest(start, d_s)) AS ns FROM overlapping('root_windows', 'c')
@@ -87,7 +87,7 @@ SELECT t.rank, t.ns AS wait_ns, coalesce(b.ns, 0) AS busy_ns
 FROM (SELECT rank, sum(e - s) AS ns FROM root_windows GROUP BY rank) t LEFT JOIN b USING (rank);
 
 -- The root rank's loop thread in those windows: time in each OS call (OS runtime trace).
-CREATE OR REPLACE TEMP VIEW root_cpu AS
+CREATE OR REPLACE VIEW root_cpu AS
 WITH o AS (SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread l USING (rank, tid)
            WHERE o.rank IN (SELECT rank FROM root_windows))
 SELECT rank, name AS call, sum(least("end", d_e) - greatest(start, d_s)) AS ns

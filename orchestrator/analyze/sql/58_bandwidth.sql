@@ -14,12 +14,12 @@
 --                   median_busbw_gbps, p10_busbw_gbps, max_busbw_gbps)
 --   comm_unit_table(unit, scope, kind, bucket, ranks, n, median_busbw_gbps)   per group / p2p pair
 --   comm_scope_table(scope, n, bytes, transfer_ns, wait_ns, share_of_window_pct, median_busbw_gbps)
-CREATE OR REPLACE TEMP TABLE comm_groups AS
+CREATE OR REPLACE TABLE comm_groups AS
 SELECT coalesce(stage, 0) AS g1, coalesce(tp_index, 0) AS g2, count(DISTINCT host) AS n_hosts,
        string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks
 FROM ranks WHERE rank IN (SELECT rank FROM win) GROUP BY ALL;
 
-CREATE OR REPLACE TEMP TABLE comm_inst AS
+CREATE OR REPLACE TABLE comm_inst AS
 WITH c AS (
     SELECT c.rank, 'group ' || g.ranks AS unit, CASE WHEN g.n_hosts > 1 THEN 'inter' ELSE 'intra' END AS scope,
            nccl_kind(c.name) AS kind, c.start, c."end", c.wait_ns, c.group_size, b.msg_bytes,
@@ -49,18 +49,18 @@ SELECT *, CASE WHEN transfer_ns > 0 THEN bytes / transfer_ns END AS algbw_gbps,
        CASE WHEN bytes > 0 THEN CAST(pow(2, floor(log2(bytes))) AS BIGINT) END AS bucket
 FROM f;
 
-CREATE OR REPLACE TEMP TABLE comm_kind_table AS
+CREATE OR REPLACE TABLE comm_kind_table AS
 SELECT kind, bucket, scope, count(*) AS n, median(bytes) AS median_bytes, sum(transfer_ns) AS transfer_ns,
        median(algbw_gbps) AS median_algbw_gbps, median(busbw_gbps) AS median_busbw_gbps,
        quantile_cont(busbw_gbps, 0.1) AS p10_busbw_gbps, max(busbw_gbps) AS max_busbw_gbps
 FROM comm_inst WHERE bytes IS NOT NULL GROUP BY ALL ORDER BY kind, bucket, scope;
 
-CREATE OR REPLACE TEMP TABLE comm_unit_table AS
+CREATE OR REPLACE TABLE comm_unit_table AS
 SELECT unit, scope, kind, bucket, any_value(unit_ranks) AS ranks, count(*) AS n,
        median(busbw_gbps) AS median_busbw_gbps
 FROM comm_inst WHERE bytes IS NOT NULL GROUP BY ALL ORDER BY unit, kind, bucket;
 
-CREATE OR REPLACE TEMP TABLE comm_scope_table AS
+CREATE OR REPLACE TABLE comm_scope_table AS
 WITH per_rank AS (
     SELECT i.scope, i.rank, count(*) AS n, sum(i.bytes) AS bytes, sum(i.transfer_ns) AS transfer_ns,
            sum(i.wait_ns) AS wait_ns, any_value(w.w1 - w.w0) AS win_ns

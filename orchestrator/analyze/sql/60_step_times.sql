@@ -6,7 +6,7 @@
 -- Reads: steps, gpu_ops, first_step, params. Provides:
 --   step_gpu(rank, step, s, e, ns, warmup, complete)
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
-CREATE OR REPLACE TEMP TABLE step_gpu AS
+CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, min(start) AS s, max("end") AS e FROM gpu_ops WHERE step IS NOT NULL GROUP BY rank, step
 ), st AS (
@@ -17,7 +17,7 @@ SELECT st.rank, st.step, g.s, g.e,
        (st.step = f.first_step) AS warmup, st.next_start IS NOT NULL AS complete
 FROM st JOIN first_step f USING (rank) LEFT JOIN g USING (rank, step);
 
-CREATE OR REPLACE TEMP VIEW step_stats AS
+CREATE OR REPLACE VIEW step_stats AS
 SELECT g.rank, avg(g.ns) AS mean_ns, median(g.ns) AS median_ns, quantile_cont(g.ns, 0.9) AS p90_ns, count(*) AS n
 FROM step_gpu g JOIN first_step f USING (rank), params p
 WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete

@@ -7,10 +7,10 @@
 --       samples of a percent metric outside 0..100 are impossible: left out of the mean, counted
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
 --   collector_overhead(collectors, collector_median_ns, others_median_ns)
-CREATE OR REPLACE TEMP TABLE rank_device AS
+CREATE OR REPLACE TABLE rank_device AS
 SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
 
-CREATE OR REPLACE TEMP TABLE gpu_metric_rank AS
+CREATE OR REPLACE TABLE gpu_metric_rank AS
 SELECT d.rank, m.metric, avg(m.value) FILTER (WHERE NOT m.metric LIKE '%\%]' ESCAPE '\' OR m.value BETWEEN 0 AND 100)
        AS mean, count(*) AS n, any_value(c.rank) AS collector,
        count(*) FILTER (WHERE m.metric LIKE '%\%]' ESCAPE '\' AND m.value NOT BETWEEN 0 AND 100) AS out_of_range
@@ -19,7 +19,7 @@ JOIN ranks c ON c.host IS NOT DISTINCT FROM r.host
 JOIN gpu_metrics m ON m.rank = c.rank AND m.gpu = d.device AND m.start >= w.w0 AND m.start < w.w1
 GROUP BY d.rank, m.metric;
 
-CREATE OR REPLACE TEMP VIEW gpu_util AS
+CREATE OR REPLACE VIEW gpu_util AS
 SELECT rank,
        round(max(CASE WHEN metric LIKE 'SMs Active%' OR metric LIKE 'SM Active%' THEN mean END), 2) AS sm_active_pct,
        round(max(CASE WHEN metric LIKE 'Tensor Active%' THEN mean END), 2) AS tensor_active_pct,
@@ -31,7 +31,7 @@ FROM gpu_metric_rank GROUP BY rank;
 
 -- The sampling collector's own cost: its median step time against the other ranks' median
 -- (sampling GPU metrics adds CPU work on that rank only).
-CREATE OR REPLACE TEMP VIEW collector_overhead AS
+CREATE OR REPLACE VIEW collector_overhead AS
 WITH c AS (SELECT DISTINCT collector AS rank FROM gpu_metric_rank),
 s AS (SELECT st.rank, st.median_ns, st.rank IN (SELECT rank FROM c) AS is_collector FROM step_stats st)
 SELECT (SELECT list(rank ORDER BY rank) FROM c) AS collectors,

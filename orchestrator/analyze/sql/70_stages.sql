@@ -9,7 +9,7 @@
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
 --                 theory_bubble_pct, microbatches)
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
-CREATE OR REPLACE TEMP TABLE microbatches AS
+CREATE OR REPLACE TABLE microbatches AS
 WITH mb AS (
     SELECT n.rank, s.step, count(DISTINCT regexp_extract(n.text, '(?i)(?:mb|microbatch)[ _#:]*(\d+)', 1)) AS m
     FROM nvtx n JOIN steps s ON s.rank = n.rank AND n.start >= s.start AND n."end" <= s."end"
@@ -21,7 +21,7 @@ UNION ALL
 SELECT CAST(median(m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p
 WHERE p.microbatches IS NULL HAVING count(*) > 0;
 
-CREATE OR REPLACE TEMP VIEW stage_metrics AS
+CREATE OR REPLACE VIEW stage_metrics AS
 WITH s AS (
     SELECT stage, list(rank ORDER BY rank) AS ranks, avg(compute_ns) AS compute_ns,
            round(avg(100.0 - compute_pct), 2) AS bubble_pct, round(avg(gpu_idle_pct), 2) AS gpu_idle_pct,
@@ -34,7 +34,7 @@ WITH s AS (
 SELECT s.*, round(100.0 * (n.p - 1) / (m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches
 FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true;
 
-CREATE OR REPLACE TEMP VIEW imbalance AS
+CREATE OR REPLACE VIEW imbalance AS
 WITH s AS (SELECT * FROM stage_metrics)
 SELECT round(max(compute_ns) / min(compute_ns), 3) AS ratio,
        arg_max(stage, compute_ns) AS slowest_stage, arg_min(stage, compute_ns) AS fastest_stage

@@ -4,12 +4,12 @@
 -- Computed for CPU-only ranks (no GPU activity captured), where it is all there is.
 -- Reads: steps, first_step, win, cpu_ranges, nvtx, params. Provides:
 --   cpu_phases(rank, grp, ns_per_step, offset_ns, step_ns, n_steps)
-CREATE OR REPLACE TEMP TABLE selected_steps AS
+CREATE OR REPLACE TABLE selected_steps AS
 SELECT s.* FROM steps s JOIN first_step f USING (rank), params p
 WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)')
   AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi);
 
-CREATE OR REPLACE TEMP TABLE cpu_phases AS
+CREATE OR REPLACE TABLE cpu_phases AS
 WITH child AS (
     SELECT p.rank, p.tid, p.start, sum(c."end" - c.start) AS ns
     FROM (SELECT * FROM cpu_ranges WHERE rank IN (SELECT rank FROM selected_steps)) p JOIN nvtx c

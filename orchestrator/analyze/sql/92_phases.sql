@@ -22,7 +22,7 @@
 --       last op end] (what nvtxgpuproj calls the projected duration); *_median_ns = cross-rank
 --       median of the per-step value (total without steps)
 
-CREATE OR REPLACE TEMP TABLE stats_cpu AS
+CREATE OR REPLACE TABLE stats_cpu AS
 WITH sel AS (
     SELECT s.rank, min(s.start) AS s, max(s."end") AS e, count(*) AS n_steps
     FROM steps s JOIN first_step f USING (rank), params p
@@ -35,13 +35,13 @@ SELECT r.rank,
 FROM ranks r CROSS JOIN params p LEFT JOIN sel USING (rank) LEFT JOIN win w USING (rank)
 WHERE r.status <> 'missing' AND (p.stats_scope = 'capture' OR coalesce(sel.s, w.w0) IS NOT NULL);
 
-CREATE OR REPLACE TEMP TABLE stats_gpu AS
+CREATE OR REPLACE TABLE stats_gpu AS
 SELECT c.rank,
        CASE WHEN p.stats_scope = 'capture' THEN c.s ELSE coalesce(w.w0, c.s) END AS s,
        CASE WHEN p.stats_scope = 'capture' THEN c.e ELSE coalesce(w.w1, c.e) END AS e, c.n_steps
 FROM stats_cpu c CROSS JOIN params p LEFT JOIN win w USING (rank);
 
-CREATE OR REPLACE TEMP MACRO loo_ref(tbl) AS TABLE
+CREATE OR REPLACE MACRO loo_ref(tbl) AS TABLE
 WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
 n AS (SELECT key, count(*) AS n FROM t GROUP BY key),
 -- Up to 16 ranks per key: leave-one-out (ranks x ranks pairs, cheap at that size).
@@ -61,10 +61,10 @@ SELECT * FROM loo
 UNION ALL
 SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);
 
-CREATE OR REPLACE TEMP MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
+CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);
 
-CREATE OR REPLACE TEMP TABLE phase_inst AS
+CREATE OR REPLACE TABLE phase_inst AS
 SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth,
        CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END
            || range_group(n.text) AS grp
@@ -78,7 +78,7 @@ WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.st
 -- are then the consecutive numbers from the first call at or after its start to the last
 -- before its end: two ASOF joins, range() lists them. Linear in the ranges, calls and pairs,
 -- for nested and overlapping ranges alike (zero-length ranges enclose nothing: left out).
-CREATE OR REPLACE TEMP TABLE phase_ops AS
+CREATE OR REPLACE TABLE phase_ops AS
 WITH c AS MATERIALIZED (
     SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e,
            dense_rank() OVER (PARTITION BY a.rank, a.tid ORDER BY a.start) AS k
@@ -99,7 +99,7 @@ WITH c AS MATERIALIZED (
 SELECT ks.rank, ks.grp AS cls, c.s, c.e, ks.tid, ks.start AS inst
 FROM ks JOIN c ON c.rank = ks.rank AND c.tid = ks.tid AND c.k = ks.k;
 
-CREATE OR REPLACE TEMP TABLE phase_table AS
+CREATE OR REPLACE TABLE phase_table AS
 WITH cpu AS (
     SELECT p.rank, p.grp, count(*) AS n, sum(p."end" - p.start) AS total_ns, avg(p."end" - p.start) AS mean_ns,
            median(p."end" - p.start) AS med_ns, min(p."end" - p.start) AS min_ns, max(p."end" - p.start) AS max_ns,

@@ -7,13 +7,13 @@
 --       outlier)  one row per rank and kernel (demangled name, as nsys groups it; nsys also
 --       splits by grid/block) started inside stats_gpu; pct = share of the rank's kernel time;
 --       the cross-rank columns compare the per-step total (total without steps)
-CREATE OR REPLACE TEMP MACRO kernel_class(short_name) AS CASE
+CREATE OR REPLACE MACRO kernel_class(short_name) AS CASE
     WHEN is_comm(short_name) THEN 'communication'
     WHEN coalesce(regexp_matches(short_name, '(?i)memcpy|memset|copy|fill|catarray|cat_|transpose'), false)
         THEN 'memory'
     ELSE 'compute' END;
 
-CREATE OR REPLACE TEMP TABLE kernel_table AS
+CREATE OR REPLACE TABLE kernel_table AS
 WITH k AS (
     SELECT k.rank, coalesce(k.name, k.short_name) AS name, k.short_name, k."end" - k.start AS d, g.n_steps
     FROM kernels k JOIN stats_gpu g USING (rank) WHERE k.start >= g.s AND k.start < g.e

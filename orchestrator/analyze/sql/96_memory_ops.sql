@@ -6,7 +6,7 @@
 --       side's memory (pageable / pinned / managed; `device` for device-only ops), or `all` for the
 --       op's total row (the row nsys prints); ops started inside stats_gpu; pct = share of the
 --       rank's memory-op time (all rows); cross-rank columns compare the per-step time
-CREATE OR REPLACE TEMP TABLE mem_table AS
+CREATE OR REPLACE TABLE mem_table AS
 WITH o AS (
     SELECT m.rank, m.kind AS op,
            CASE WHEN m.kind LIKE '%HtoD' THEN m.src_kind WHEN m.kind LIKE '%DtoH' THEN m.dst_kind

@@ -16,7 +16,7 @@
 --       CUDA calls (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union
 --       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
 --       the scope (or the thread's own first..last call for the whole capture)
-CREATE OR REPLACE TEMP MACRO thread_role(name, is_main) AS CASE
+CREATE OR REPLACE MACRO thread_role(name, is_main) AS CASE
     WHEN is_main THEN 'main'
     WHEN name LIKE 'pt_autograd%' THEN 'autograd'
     WHEN coalesce(regexp_matches(name, '(?i)nccl'), false) THEN 'nccl'
@@ -24,11 +24,11 @@ CREATE OR REPLACE TEMP MACRO thread_role(name, is_main) AS CASE
     WHEN coalesce(regexp_matches(name, '(?i)data_worker|dataloader|loader'), false) THEN 'data worker'
     ELSE 'other' END;
 
-CREATE OR REPLACE TEMP MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
+CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
-CREATE OR REPLACE TEMP TABLE api_calls AS
+CREATE OR REPLACE TABLE api_calls AS
 SELECT a.rank, 'cuda' AS api, regexp_replace(a.name, '_v\d{4}$', '') AS name, a.tid, a.start, a."end"
 FROM cuda_api a JOIN stats_cpu c USING (rank) WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
 UNION ALL
@@ -37,17 +37,17 @@ FROM osrt o JOIN stats_cpu c USING (rank) WHERE o.start >= c.s AND o.start < c.e
 
 -- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
 -- file name), else ranks.pid.
-CREATE OR REPLACE TEMP TABLE rank_pid AS
+CREATE OR REPLACE TABLE rank_pid AS
 SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
 FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
 
-CREATE OR REPLACE TEMP TABLE thread_names AS
+CREATE OR REPLACE TABLE thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
 FROM threads t JOIN rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
-CREATE OR REPLACE TEMP TABLE api_table AS
+CREATE OR REPLACE TABLE api_table AS
 WITH t AS (
     SELECT rank, api, name, CASE WHEN grouping(tid) = 0 THEN tid END AS tid, count(*) AS n,
            sum("end" - start) AS total_ns, avg("end" - start) AS mean_ns, median("end" - start) AS med_ns,
@@ -60,17 +60,17 @@ SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_n
        100.0 * t.total_ns / sum(CASE WHEN t.tid IS NULL THEN t.total_ns END) OVER (PARTITION BY t.rank, t.api) AS pct
 FROM t JOIN stats_cpu c USING (rank) LEFT JOIN thread_names n ON n.rank = t.rank AND n.tid = t.tid;
 
-CREATE OR REPLACE TEMP TABLE thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
+CREATE OR REPLACE TABLE thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api,
        CASE WHEN a.api = 'cuda' THEN is_sync_api(a.name) ELSE is_wait_call(a.name) END AS blocking
 FROM api_calls a JOIN stats_cpu c USING (rank);
 
-CREATE OR REPLACE TEMP TABLE thread_blocked AS
+CREATE OR REPLACE TABLE thread_blocked AS
 SELECT * FROM thread_calls WHERE blocking;
-CREATE OR REPLACE TEMP TABLE thread_launch AS
+CREATE OR REPLACE TABLE thread_launch AS
 SELECT * FROM thread_calls WHERE api = 'cuda' AND NOT blocking;
 
-CREATE OR REPLACE TEMP TABLE thread_table AS
+CREATE OR REPLACE TABLE thread_table AS
 WITH per AS (
     SELECT rank, cls AS tid, min(s) AS first_s, max(e) AS last_e,
            sum(CASE WHEN api = 'cuda' AND blocking THEN e - s ELSE 0 END) AS sync_ns,

@@ -12,7 +12,7 @@
 --       GPU span inside stats_gpu ([first op start, last op end]) cut in 30 equal slices; busy =
 --       union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops up,
 --       so its in-use can pass 100 % and hide idle time)
-CREATE OR REPLACE TEMP TABLE sync_copies AS
+CREATE OR REPLACE TABLE sync_copies AS
 WITH c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
            m."end" - m.start AS gpu_ns, m.bytes
@@ -30,7 +30,7 @@ SELECT c.rank, c.what, count(*) AS n, sum(c.api_ns) AS api_ns, sum(c.gpu_ns) AS 
        any_value(s.n_steps) AS n_steps, mode(regexp_replace(c.name, '_v\d+$', '')) AS top_api
 FROM c JOIN stats_cpu s USING (rank) GROUP BY c.rank, c.what;
 
-CREATE OR REPLACE TEMP TABLE sync_api_calls AS
+CREATE OR REPLACE TABLE sync_api_calls AS
 SELECT a.rank, regexp_replace(a.name, '_v\d+$', '') AS name, count(*) AS n, sum(a."end" - a.start) AS ns,
        max(a."end" - a.start) AS max_ns, any_value(s.n_steps) AS n_steps
 FROM cuda_api a JOIN stats_cpu s USING (rank)
@@ -38,11 +38,11 @@ WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_wi
   AND NOT starts_with(a.name, 'cuMemcpy')
 GROUP BY ALL;
 
-CREATE OR REPLACE TEMP TABLE slice_ops AS
+CREATE OR REPLACE TABLE slice_ops AS
 SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu g USING (rank)
 WHERE o."end" > g.s AND o.start < g.e;
 
-CREATE OR REPLACE TEMP TABLE gpu_slices AS
+CREATE OR REPLACE TABLE gpu_slices AS
 WITH ops AS (SELECT * FROM slice_ops), span AS (
     SELECT o.rank, greatest(min(o.start), any_value(g.s)) AS s0, least(max(o."end"), any_value(g.e)) AS s1
     FROM ops o JOIN stats_gpu g USING (rank) GROUP BY o.rank

@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze import schedule
+from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
@@ -108,7 +109,8 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
     files at the same time (schedule.py)."""
     create_params(con, opts)
-    schedule.run(con, _plan(), session)
+    with phase("analyze: SQL (wall)"):
+        schedule.run(con, _plan(), session)
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:

@@ -29,6 +29,7 @@ from orchestrator.analyze.model import (
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context, ns_to_ms
 from orchestrator.analyze.tables import build_tables
+from orchestrator.collect.timings import phase
 
 
 def _ms(ns: float | None) -> float | None:
@@ -129,6 +130,14 @@ def build_report(store: Path, opts: Options) -> Report:
 def report_from_views(v: Views, store: Path, opts: Options) -> Report:
     """The report from views that `analysis` has built (a caller that also reads other views,
     such as the HTML's timeline, runs the analysis once for both)."""
+    with phase("report: metrics and tables"):
+        report = _report(v, store, opts)
+    with phase("report: rules"):
+        report.findings = find_all(Context(views=v, report=report, opts=opts))
+    return report
+
+
+def _report(v: Views, store: Path, opts: Options) -> Report:
     ranks = _rank_metrics(v, opts)
     meta = {r["key"]: r["value"] for r in v.query("SELECT key, value FROM meta")}
     layout = json.loads(meta.get("layout", "{}"))
@@ -156,5 +165,4 @@ def report_from_views(v: Views, store: Path, opts: Options) -> Report:
         comm=build_comm(v),
     )
     report.notes = _notes(v)
-    report.findings = find_all(Context(views=v, report=report, opts=opts))
     return report

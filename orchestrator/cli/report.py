@@ -50,16 +50,20 @@ def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None) ->
 
 def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
     """Print, then write --json and --html."""
+    from orchestrator.collect.timings import phase
     from orchestrator.fsutil import write_text_atomic
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
 
-    print_report(report, out, wide=getattr(a, "wide", False))
+    with phase("report: terminal"):
+        print_report(report, out, wide=getattr(a, "wide", False))
     if a.json:
-        write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
+        with phase("report: write json"):
+            write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
     if a.html:
-        write_text_atomic(Path(a.html), render_html(report, extras))
+        with phase("report: write html"):
+            write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)
 
 

@@ -22,6 +22,7 @@ from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_base import Strict
 from orchestrator.analyze.report import report_from_views
+from orchestrator.collect.timings import phase
 
 NS = 1e6
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
@@ -93,7 +94,8 @@ def build_with_extras(store: Path, opts: Options) -> tuple[Report, Extras]:
     con, v = analysis(store, opts)
     try:
         report = report_from_views(v, store, opts)
-        return report, extras_from_views(v, report)
+        with phase("report: timeline extras"):
+            return report, extras_from_views(v, report)
     finally:
         con.close()
 

@@ -1,9 +1,10 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
 -- Reads: steps, step_source, kernels, cuda_api.
 -- Provides (adds rows to steps and step_source from 10_steps.sql):
---   beat_candidates(rank, src, name, run, ..., regular)  each candidate's longest run, judged
---   beat_bursts(rank, src, name, n, burst, ts, tid)  each candidate's occurrences merged in bursts
---   beat_runs(rank, src, name, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
+--   beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
+--   beat_candidates(rank, src, name, cand, run, ..., regular)  each candidate's longest run, judged
+--   beat_bursts(rank, src, name, cand, n, burst, ts, tid)  each candidate's occurrences merged in bursts
+--   beat_runs(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
 --   beat(rank, src, name, t0, t1, bursts, period_ns, rcv)                          the chosen beat
 --   steps rows with family = 4: [beat_i, beat_{i+1}) on the beat's launching thread, step = i
 --   step_source row (4, beat name) when no rank had NVTX steps
@@ -31,62 +32,70 @@
 -- Ranks with NVTX step ranges are left alone. Known limit: when the warm-up repeats a pattern
 -- more often than the steady loop does (e.g. a pipeline stage waiting at start), the vote
 -- can pick the warm-up's pattern.
+-- cand: one integer per (rank, src, name), what every window below partitions by (sorting on
+-- the kernel names themselves made each window several times slower).
 CREATE OR REPLACE TABLE beat_occ AS
 WITH todo AS (
     SELECT DISTINCT rank FROM cuda_api WHERE rank NOT IN (SELECT rank FROM steps)
+), occ AS (
+    SELECT a.rank, 'kernel' AS src, k.short_name AS name, a.tid, a.start AS ts
+    FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id
+    WHERE k.rank IN (SELECT rank FROM todo) AND k.short_name IS NOT NULL
+    UNION ALL
+    SELECT a.rank, 'sync', a.name, a.tid, a.start FROM cuda_api a
+    WHERE a.rank IN (SELECT rank FROM todo) AND is_sync_api(a.name)
+), cands AS (
+    SELECT *, row_number() OVER (ORDER BY rank, src, name) AS cand FROM (SELECT DISTINCT rank, src, name FROM occ)
 )
-SELECT a.rank, 'kernel' AS src, k.short_name AS name, a.tid, a.start AS ts
-FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id
-WHERE k.rank IN (SELECT rank FROM todo) AND k.short_name IS NOT NULL
-UNION ALL
-SELECT a.rank, 'sync', a.name, a.tid, a.start FROM cuda_api a
-WHERE a.rank IN (SELECT rank FROM todo) AND is_sync_api(a.name);
+SELECT occ.*, cands.cand FROM occ JOIN cands USING (rank, src, name);
 
 CREATE OR REPLACE TABLE beat_bursts AS
 WITH occ AS (
-    SELECT *, ts - lag(ts) OVER (PARTITION BY rank, src, name ORDER BY ts, tid) AS gap,
-           count(*) OVER (PARTITION BY rank, src, name) AS n
+    SELECT *, ts - lag(ts) OVER (PARTITION BY cand ORDER BY ts, tid) AS gap,
+           count(*) OVER (PARTITION BY cand) AS n
     FROM beat_occ
 ), sorted AS (
-    SELECT rank, src, name, gap,
-           row_number() OVER (PARTITION BY rank, src, name ORDER BY gap DESC) AS r,
-           lead(gap) OVER (PARTITION BY rank, src, name ORDER BY gap DESC) AS below
+    SELECT cand, gap,
+           row_number() OVER (PARTITION BY cand ORDER BY gap DESC) AS r,
+           lead(gap) OVER (PARTITION BY cand ORDER BY gap DESC) AS below
     FROM occ WHERE gap IS NOT NULL AND n >= 4
 ), brk AS (  -- the natural break between within-burst and between-burst intervals
-    SELECT rank, src, name, arg_max(below, r) AS merge_le
+    SELECT cand, arg_max(below, r) AS merge_le
     FROM sorted
     WHERE r >= 3 AND below IS NOT NULL AND gap >= 4 * greatest(below, 1000)
     GROUP BY ALL
 ), burst_id AS (
-    SELECT o.rank, o.src, o.name, o.n, o.tid, o.ts,
+    SELECT o.rank, o.src, o.name, o.cand, o.n, o.tid, o.ts,
            sum(CASE WHEN o.gap IS NULL OR o.gap > coalesce(b.merge_le, 0) THEN 1 ELSE 0 END)
-               OVER (PARTITION BY o.rank, o.src, o.name ORDER BY o.ts, o.tid ROWS UNBOUNDED PRECEDING) AS burst
-    FROM occ o LEFT JOIN brk b USING (rank, src, name)
+               OVER (PARTITION BY o.cand ORDER BY o.ts, o.tid ROWS UNBOUNDED PRECEDING) AS burst
+    FROM occ o LEFT JOIN brk b USING (cand)
     WHERE o.n >= 4
 )
-SELECT rank, src, name, any_value(n) AS n, burst, min(ts) AS ts, arg_min(tid, ts) AS tid
-FROM burst_id GROUP BY rank, src, name, burst;
+SELECT any_value(rank) AS rank, any_value(src) AS src, any_value(name) AS name, cand, any_value(n) AS n, burst,
+       min(ts) AS ts, arg_min(tid, ts) AS tid
+FROM burst_id GROUP BY cand, burst;
 
 CREATE OR REPLACE TABLE beat_runs AS
 WITH iv AS (  -- iv: from this burst to the next
     SELECT *, CAST(lead(ts) OVER w - ts AS DOUBLE) AS iv,
-           count(*) OVER (PARTITION BY rank, src, name) AS n_bursts
-    FROM beat_bursts WINDOW w AS (PARTITION BY rank, src, name ORDER BY ts)
+           count(*) OVER (PARTITION BY cand) AS n_bursts
+    FROM beat_bursts WINDOW w AS (PARTITION BY cand ORDER BY ts)
 ), sim AS (
-    SELECT *, lag(iv) OVER (PARTITION BY rank, src, name ORDER BY ts) AS prev_iv FROM iv WHERE iv IS NOT NULL
+    SELECT *, lag(iv) OVER (PARTITION BY cand ORDER BY ts) AS prev_iv FROM iv WHERE iv IS NOT NULL
 ), runs AS (  -- a run: consecutive intervals each within 25 % of the one before
     SELECT *, sum(CASE WHEN prev_iv IS NULL OR abs(iv - prev_iv) > 0.25 * greatest(iv, prev_iv) THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY rank, src, name ORDER BY ts ROWS UNBOUNDED PRECEDING) AS run
+                  OVER (PARTITION BY cand ORDER BY ts ROWS UNBOUNDED PRECEDING) AS run
     FROM sim
 )
-SELECT rank, src, name, run, any_value(n) AS n, any_value(n_bursts) AS n_bursts,
+SELECT any_value(rank) AS rank, any_value(src) AS src, any_value(name) AS name, cand, run,
+       any_value(n) AS n, any_value(n_bursts) AS n_bursts,
        count(*) + 1 AS bursts, min(ts) AS t0, max(ts + iv) AS t1, median(iv) AS period_ns,
        1.4826 * mad(iv) / greatest(median(iv), 1) AS rcv
-FROM runs GROUP BY rank, src, name, run;
+FROM runs GROUP BY cand, run;
 
 CREATE OR REPLACE TABLE beat_candidates AS
 SELECT * EXCLUDE (i), bursts >= 4 AND rcv < 0.2 AND bursts >= n_bursts / 3.0 AS regular FROM (
-    SELECT *, row_number() OVER (PARTITION BY rank, src, name ORDER BY bursts DESC, rcv, run) AS i FROM beat_runs)
+    SELECT *, row_number() OVER (PARTITION BY cand ORDER BY bursts DESC, rcv, run) AS i FROM beat_runs)
 WHERE i = 1;
 
 CREATE OR REPLACE TABLE beat AS

@@ -5,8 +5,10 @@
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
---   api_calls(rank, api, name, tid, start, end)  calls starting inside stats_cpu; api = cuda|osrt;
---       CUDA names without nsys's `_vNNNN` suffix
+--   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
+--   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu;
+--       api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix; blocking = is_sync_api
+--       (CUDA) or is_wait_call (OS)
 --   api_table(rank, api, name, tid, thread, role, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
 --       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
 --       else per thread; pct = share of the rank's time in that api
@@ -28,12 +30,21 @@ CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
-CREATE OR REPLACE TABLE api_calls AS
-SELECT a.rank, 'cuda' AS api, regexp_replace(a.name, '_v\d{4}$', '') AS name, a.tid, a.start, a."end"
-FROM cuda_api a JOIN stats_cpu c USING (rank) WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
+-- Names are cleaned and classified once per distinct name (a few dozen), not per call.
+CREATE OR REPLACE TABLE api_names AS
+SELECT 'cuda' AS api, name AS raw, regexp_replace(name, '_v\d{4}$', '') AS name, is_sync_api(name) AS blocking
+FROM (SELECT DISTINCT name FROM cuda_api)
 UNION ALL
-SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end"
-FROM osrt o JOIN stats_cpu c USING (rank) WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
+SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt);
+
+CREATE OR REPLACE TABLE api_calls AS
+SELECT a.rank, 'cuda' AS api, n.name, a.tid, a.start, a."end", coalesce(n.blocking, false) AS blocking
+FROM cuda_api a JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
+WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
+UNION ALL
+SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end", coalesce(n.blocking, false)
+FROM osrt o JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
+WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
 -- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
 -- file name), else ranks.pid.
@@ -61,13 +72,12 @@ SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_n
 FROM t JOIN stats_cpu c USING (rank) LEFT JOIN thread_names n ON n.rank = t.rank AND n.tid = t.tid;
 
 CREATE OR REPLACE TABLE thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
-SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api,
-       CASE WHEN a.api = 'cuda' THEN is_sync_api(a.name) ELSE is_wait_call(a.name) END AS blocking
+SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking
 FROM api_calls a JOIN stats_cpu c USING (rank);
 
-CREATE OR REPLACE TABLE thread_blocked AS
+CREATE OR REPLACE VIEW thread_blocked AS
 SELECT * FROM thread_calls WHERE blocking;
-CREATE OR REPLACE TABLE thread_launch AS
+CREATE OR REPLACE VIEW thread_launch AS
 SELECT * FROM thread_calls WHERE api = 'cuda' AND NOT blocking;
 
 CREATE OR REPLACE TABLE thread_table AS

@@ -1,0 +1,55 @@
+-- The nsys-stats tables across ranks, part 0: their scope and the cross-rank comparison,
+-- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
+-- Its own file so that those tables need not wait for the phase table (schedule.py).
+-- Reads: ranks (all but missing), steps, first_step, win, params.
+-- Provides:
+--   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
+--       and the window `win` without steps); params.stats_scope = 'capture': everything (what
+--       `nsys stats` sums, used to check orch against it)
+--   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
+--   loo_ref(tbl)   table macro over (rank, key, x): per rank and key, the median and MAD of the
+--       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other;
+--       past 16 ranks the median and MAD of all ranks, which one rank barely moves)
+--   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
+
+CREATE OR REPLACE TABLE stats_cpu AS
+WITH sel AS (
+    SELECT s.rank, min(s.start) AS s, max(s."end") AS e, count(*) AS n_steps
+    FROM steps s JOIN first_step f USING (rank), params p
+    WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
+)
+SELECT r.rank,
+       CASE WHEN p.stats_scope = 'capture' THEN -1152921504606846976 ELSE coalesce(sel.s, w.w0) END AS s,
+       CASE WHEN p.stats_scope = 'capture' THEN 1152921504606846976 ELSE coalesce(sel.e, w.w1) END AS e,
+       CASE WHEN p.stats_scope = 'capture' THEN NULL ELSE sel.n_steps END AS n_steps
+FROM ranks r CROSS JOIN params p LEFT JOIN sel USING (rank) LEFT JOIN win w USING (rank)
+WHERE r.status <> 'missing' AND (p.stats_scope = 'capture' OR coalesce(sel.s, w.w0) IS NOT NULL);
+
+CREATE OR REPLACE TABLE stats_gpu AS
+SELECT c.rank,
+       CASE WHEN p.stats_scope = 'capture' THEN c.s ELSE coalesce(w.w0, c.s) END AS s,
+       CASE WHEN p.stats_scope = 'capture' THEN c.e ELSE coalesce(w.w1, c.e) END AS e, c.n_steps
+FROM stats_cpu c CROSS JOIN params p LEFT JOIN win w USING (rank);
+
+CREATE OR REPLACE MACRO loo_ref(tbl) AS TABLE
+WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
+n AS (SELECT key, count(*) AS n FROM t GROUP BY key),
+-- Up to 16 ranks per key: leave-one-out (ranks x ranks pairs, cheap at that size).
+small AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n <= 16),
+pairs AS (SELECT a.rank, a.key, b.x FROM small a JOIN small b ON a.key = b.key AND a.rank <> b.rank),
+med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key),
+loo AS (
+    SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
+    FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key
+),
+-- More ranks: one rank barely moves the median, and pairs would grow with ranks squared
+-- (2,048 ranks x 50 kernels = 200 M rows): the median and MAD of all ranks instead.
+big AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n > 16),
+gmed AS (SELECT key, median(x) AS ref_med FROM big GROUP BY key),
+gmad AS (SELECT b.key, median(abs(b.x - g.ref_med)) AS ref_mad FROM big b JOIN gmed g USING (key) GROUP BY b.key)
+SELECT * FROM loo
+UNION ALL
+SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);
+
+CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
+    x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

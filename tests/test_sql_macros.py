@@ -78,3 +78,17 @@ def test_overlapping_pairs_match_brute_force() -> None:
                   for (dr, ds, de) in dis if dr == r and ds < e and de > s)
     assert len(want) > 1000
     assert got == want
+
+
+def test_range_group_folds_numbers_not_names() -> None:
+    """One group per kind of range: numbers that count steps, epochs or microbatches go, the
+    numbers that are part of a name stay (the seed tutorial's `Step 3 Start` once made one
+    phase-table row per step, each flagged as an outlier)."""
+    con = duckdb.connect()
+    con.execute((SQL_DIR / "00_macros.sql").read_text())
+    cases = {"Step 3 Start": "Step # Start", "Epoch 1 Start": "Epoch # Start", "forward mb3": "forward",
+             "backward, seq = 5": "backward", "step 12": "step", "ProfilerStep#3": "ProfilerStep",
+             "x 10 y 20 z": "x # y # z", "a 1 2 b": "a # # b", "conv2d": "conv2d", "conv 2d": "conv 2d",
+             "layers.3.attn": "layers.3.attn", "aten::add_": "aten::add_"}
+    got = {t: con.execute("SELECT range_group(?)", [t]).fetchone()[0] for t in cases}
+    assert got == cases

@@ -20,9 +20,13 @@ CREATE OR REPLACE MACRO is_sync_api(name) AS coalesce(regexp_matches(name,
     false);
 
 -- NVTX names grouped for comparison: drop `, ...` suffixes and a trailing microbatch or
--- other number (`forward mb3` -> `forward`, `backward, seq = 5` -> `backward`).
+-- other number (`forward mb3` -> `forward`, `backward, seq = 5` -> `backward`), and write a
+-- number standing alone after a space as `#` (the seed tutorial's `Step 3 Start` and
+-- `Epoch 1 Start` -> `Step # Start`, `Epoch # Start`: one group, not one per step).
+-- Numbers inside a word or a dotted path (`conv2d`, `layers.3.attn`) are kept.
 CREATE OR REPLACE MACRO range_group(t) AS
-    trim(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''));
+    trim(regexp_replace(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''),
+                        '(\s)\d+\b', '\1#', 'g'));
 
 -- A step inside the analysed steps: A..B when given (params.step_lo/step_hi), else every
 -- step after the rank's first (the first step carries warm-up and capture-start costs).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -90,7 +91,17 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
     session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
+    con.execute(f"SET threads = {analysis_threads(Path(store).stat().st_size)}")
     return con
+
+
+def analysis_threads(store_bytes: int, cores: int | None = None) -> int:
+    """DuckDB threads for one analysis: one per 4 MiB of store, at least 4, at most the cores.
+    A small store's statements are too small to share out: on 32 cores a 2-rank real store
+    (10 MB) reported in 0.57 s at 4 threads, 0.60 at 8, 0.64 at 32 (several files at a time);
+    a 512-rank store (180 MB) gets every core."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores, max(4, int(store_bytes) // (4 << 20))))
 
 
 def session(con: duckdb.DuckDBPyConnection) -> None:

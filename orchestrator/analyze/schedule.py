@@ -74,8 +74,9 @@ def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
 
 
 def workers() -> int:
-    """Concurrent files: two on small machines (more only queue behind DuckDB's own threads)."""
-    return min(4, max(2, (os.cpu_count() or 2) // 2))
+    """Concurrent files: 4, up to 8 on big machines. Measured on a 2-rank real store: 2 cores,
+    1/2/4/8 files: 0.83/0.69/0.65/0.69 s; 32 cores: 0.97/0.77/0.67/0.64 s (report+extras)."""
+    return min(8, max(4, (os.cpu_count() or 2) // 4))
 
 
 def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],

@@ -69,3 +69,21 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
     finally:
         con.close()
         ref.close()
+
+
+def test_a_failed_file_stops_the_files_after_it() -> None:
+    con = duckdb.connect()
+    units = schedule.plan([
+        ("a.sql", "CREATE TABLE a AS SELECT 1 AS x;"),
+        ("b.sql", "CREATE TABLE b AS SELECT * FROM no_such_table;"),
+        ("c.sql", "CREATE TABLE c AS SELECT * FROM b;"),
+        ("d.sql", "CREATE TABLE d AS SELECT * FROM c;"),
+    ])
+    try:
+        schedule.run(con, units, lambda cur: None, n_workers=2)
+    except duckdb.CatalogException as e:
+        assert "no_such_table" in str(e)  # the first failure, not a dependent's
+    else:
+        raise AssertionError("the failed file was not reported")
+    made = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert made == {"a"}

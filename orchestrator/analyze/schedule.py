@@ -74,9 +74,10 @@ def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
 
 
 def workers() -> int:
-    """Concurrent files: 4, up to 8 on big machines. Measured on a 2-rank real store: 2 cores,
-    1/2/4/8 files: 0.83/0.69/0.65/0.69 s; 32 cores: 0.97/0.77/0.67/0.64 s (report+extras)."""
-    return min(8, max(4, (os.cpu_count() or 2) // 4))
+    """Concurrent files: half the cores, 2 to 8. Measured on a 2-rank real store (report with
+    the HTML's extras, median of 5): 2 cores, 1/2/4 files: 0.72-0.80/0.55-0.61/0.64-0.68 s;
+    32 cores (best of 3), 1/2/4/8 files: 0.89-0.97/0.76-0.77/0.67-0.72/0.63-0.64 s."""
+    return min(8, max(2, (os.cpu_count() or 2) // 2))
 
 
 def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],

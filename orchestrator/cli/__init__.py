@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from orchestrator import __version__, interrupt
+from orchestrator import __version__
 from orchestrator.cli.common import Handler, err
 from orchestrator.errors import OrchError
 from orchestrator.memory import memory_limit
@@ -39,7 +39,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    interrupt.install()
     try:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)

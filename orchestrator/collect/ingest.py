@@ -24,7 +24,7 @@ from pathlib import Path
 
 import duckdb
 
-from orchestrator import __version__, interrupt, numbers
+from orchestrator import __version__, numbers
 from orchestrator.collect.decompress import clean_stale
 from orchestrator.collect.extract import insert_sql, missing_columns, select_sql
 from orchestrator.collect.identity import Layout, Member
@@ -181,8 +181,6 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         try:
             ingest(cur, batch, w)
         except (duckdb.Error, sqlite3.Error, ValueError) as e:
-            if interrupt.requested():
-                raise KeyboardInterrupt from None  # Ctrl-C surfaced as a query error: not the rank's
             if store_write_failed(e):
                 raise  # the store's disk, not this batch's ranks: new_store says so in one line
             if len(batch) > 1:
@@ -261,7 +259,6 @@ def build_store(
             con.execute("SET checkpoint_threshold = '1TB'")
             with phase("store: ingest (wall)"):
                 _ingest_all(con, ok, base, use_scanner, workers, on_rank)
-            interrupt.check()
             con.execute("RESET checkpoint_threshold")
             with phase("store: checkpoint ingested rows"):
                 con.execute("CHECKPOINT")
@@ -302,12 +299,6 @@ def new_store(store: Path) -> Iterator[Path]:
                             f"{why.group(0) if why else first_line(e)}; "
                             "free space there or pass --out DIR on a disk with room (nothing was written; "
                             "an earlier store there is kept)") from None
-        raise
-    try:
-        interrupt.check()  # a Ctrl-C that a query or a rank's error handler swallowed
-    except KeyboardInterrupt:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
         raise
     os.replace(tmp, store)
 

@@ -227,7 +227,10 @@ def test_collect_interrupted_midway_then_succeeds(gpu_fixtures: Path, tmp_path: 
     assert first.returncode == 0, first.stderr
     before = (out / "profile.duckdb").read_bytes()
     cmd = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C handling as in a terminal even when this test run itself was started in the
+    # background (a shell's `cmd &` starts it with SIGINT ignored, which children inherit)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not list(out.glob(".profile.duckdb.tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)

@@ -64,11 +64,11 @@ FROM blame_edges GROUP BY root;
 
 -- What the root rank's GPU and CPU did while it held the others up: its GPU gaps there by
 -- CPU range (gap_attr), and how much of that time its GPU was busy. A blamed wait that ended
--- before the root's window began (its w0, when it had no collective yet) gives no window: its
--- reversed interval once made a negative island, and "115% of that time" in the report.
+-- before the root's window began (its w0, when it had no collective yet) gives a reversed
+-- interval, which union_intervals leaves out (it once made a negative island there, and
+-- "115% of that time" in the report).
 CREATE OR REPLACE VIEW root_raw AS
-SELECT * FROM (SELECT root AS rank, 'w' AS cls, last_sync(root, e) AS s, e FROM blame_edges WHERE e > s)
-WHERE e > s;
+SELECT root AS rank, 'w' AS cls, last_sync(root, e) AS s, e FROM blame_edges WHERE e > s;
 CREATE OR REPLACE TABLE root_windows AS SELECT rank, s, e FROM union_intervals('root_raw');
 
 -- (root_windows never overlap on a rank: overlapping() pairs them with gaps, islands, calls.)

@@ -83,8 +83,9 @@ def test_phase_ops_match_brute_force(tmp_path: Path) -> None:
     res = collect([d], tmp_path / "run", layout=Layout(), workers=1)
     con, v = analysis(res.store, Options(stats_scope="capture"))
     try:
-        got = Counter((r["cls"], r["s"], r["e"], r["tid"], r["inst"]) for r in v.query(
-            "SELECT cls, s, e, tid, inst FROM phase_ops WHERE cls NOT LIKE 'step%'"))
+        got = Counter((r["grp"], r["s"], r["e"], r["tid"], r["inst"]) for r in v.query(
+            "SELECT g.grp, o.s, o.e, o.tid, o.inst FROM phase_ops o "
+            "JOIN (SELECT DISTINCT gid, grp FROM phase_inst) g USING (gid) WHERE g.grp NOT LIKE 'step%'"))
         overlapping = v.scalar("""SELECT count(*) FROM (
             SELECT max("end") OVER (PARTITION BY rank, tid, domain_id, depth ORDER BY start, "end"
                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) > start AS o

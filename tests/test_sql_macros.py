@@ -18,7 +18,7 @@ def _merged(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
-def test_union_intervals_with_duplicates() -> None:
+def test_union_intervals_and_length_with_duplicates() -> None:
     """Random overlapping intervals with many exact duplicates (a GPU op under two nested ranges
     of one group is in phase_ops twice). The macro once kept duplicates: its two window sorts
     could order equal rows differently and put one in the previous island (seen at 512 ranks
@@ -46,6 +46,9 @@ def test_union_intervals_with_duplicates() -> None:
     assert con.execute("SELECT count(*) FROM union_intervals('iv') WHERE s < 0").fetchone() == (0,)
     first = con.execute("SELECT s, e FROM union_intervals('iv') WHERE rank = 0 AND cls = 'c0' ORDER BY s").fetchall()
     assert first == truth[(0, "c0")]
+    # union_length: the islands' total length per (rank, cls), reversed rows left out as well
+    lengths = {k: sum(e - s for s, e in v) for k, v in truth.items()}
+    assert dict(((r, c), n) for r, c, n in con.execute("SELECT * FROM union_length('iv')").fetchall()) == lengths
 
 
 def test_overlapping_pairs_match_brute_force() -> None:

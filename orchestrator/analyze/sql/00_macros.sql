@@ -1,7 +1,7 @@
 -- Shared idioms as documented macros (the Perfetto stdlib way): a module that needs one of
 -- these calls the macro instead of restating it, so each idiom has one definition.
 -- Reads: nothing. Provides: is_comm, is_p2p, is_sync_api, range_group, in_selected,
--- union_intervals, overlapping, binom_tail.
+-- union_intervals, union_length, overlapping, binom_tail.
 
 -- An NCCL kernel (collective or point-to-point), from the kernel's short name. Classified
 -- here, at analysis time, so a new rule never needs a new collect.
@@ -53,6 +53,17 @@ WITH m AS (
 )
 SELECT rank, cls, s, coalesce(lead(prev_end) OVER (PARTITION BY rank, cls ORDER BY s, e), last_end) AS e
 FROM starts;
+
+-- Length of that union per (rank, cls), for the sums that need no islands: sorted by start,
+-- an interval adds what reaches past every earlier one, max(0, e - max(s, earlier ends)) (the
+-- earlier intervals all start at or before s, so past s they cover [s, their max end)). One
+-- window sort, where the islands take two; rows with e < s are left out here too.
+CREATE OR REPLACE MACRO union_length(tbl) AS TABLE
+SELECT rank, cls, sum(greatest(e - greatest(s, coalesce(prev_end, s)), 0)) AS ns FROM (
+    SELECT rank, cls, s, e,
+           max(e) OVER (PARTITION BY rank, cls ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM query_table(tbl) WHERE e >= s)
+GROUP BY rank, cls;
 
 -- Every pair of an interval of `ivs` (rank, start, "end", ...) and an interval of `dis` (rank, s, e)
 -- that overlap (d.s < i."end" AND d.e > i.start), where the intervals of `dis` never overlap

@@ -9,17 +9,21 @@
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
 -- (`train_step`, `training_step`, Lightning's `[...]X.training_step`). Numbers are used when
 -- they are unique per rank (else steps restart per epoch: numbered by order instead).
+-- Each distinct name is matched once (a capture has thousands of names for a million ranges).
 CREATE OR REPLACE TABLE step_marks AS
-SELECT n.rank, n.tid, n.start, n."end", n.text,
-       CASE
-           WHEN p.steps_from IS NOT NULL THEN CASE WHEN regexp_matches(n.text, p.steps_from) THEN 0 END
-           WHEN regexp_matches(n.text, '(?i)^\s*(?:train(?:ing)?[ _-]*)?(?:step|iteration|iter)[ _#:=-]*\d+(?:[ _-]*(?:start|begin))?\s*$') THEN 1
-           WHEN regexp_matches(n.text, '^ProfilerStep#\d+$') THEN 2
-           WHEN regexp_matches(n.text, '(?i)(?:^|[.\]: ])(?:train(?:ing)?_step|train_batch|run_training_batch)$') THEN 3
-       END AS family
-FROM nvtx n, params p
-WHERE n.domain_id = 0 AND n.text IS NOT NULL AND n."end" > n.start;
-DELETE FROM step_marks WHERE family IS NULL;
+WITH names AS (
+    SELECT t.text,
+           CASE
+               WHEN p.steps_from IS NOT NULL THEN CASE WHEN regexp_matches(t.text, p.steps_from) THEN 0 END
+               WHEN regexp_matches(t.text, '(?i)^\s*(?:train(?:ing)?[ _-]*)?(?:step|iteration|iter)[ _#:=-]*\d+(?:[ _-]*(?:start|begin))?\s*$') THEN 1
+               WHEN regexp_matches(t.text, '^ProfilerStep#\d+$') THEN 2
+               WHEN regexp_matches(t.text, '(?i)(?:^|[.\]: ])(?:train(?:ing)?_step|train_batch|run_training_batch)$') THEN 3
+           END AS family
+    FROM (SELECT DISTINCT text FROM nvtx WHERE domain_id = 0 AND text IS NOT NULL) t, params p
+)
+SELECT n.rank, n.tid, n.start, n."end", n.text, m.family
+FROM nvtx n JOIN names m ON m.text = n.text AND m.family IS NOT NULL
+WHERE n.domain_id = 0 AND n."end" > n.start;
 
 CREATE OR REPLACE TABLE step_source AS
 SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks  -- the first one: stable output

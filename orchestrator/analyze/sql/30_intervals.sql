@@ -26,8 +26,7 @@ WITH u AS (
 ), cc AS (  -- comm and compute islands together, for |comm AND compute| = |comm| + |compute| - |comm OR compute|
     SELECT rank, 'cc' AS cls, s, e FROM islands WHERE cls IN ('comm', 'compute')
 ), o AS (
-    SELECT u.rank, u.compute_ns + u.comm_ns - sum(x.e - x.s) AS ns
-    FROM union_intervals('cc') x JOIN u USING (rank) GROUP BY u.rank, u.compute_ns, u.comm_ns
+    SELECT u.rank, u.compute_ns + u.comm_ns - x.ns AS ns FROM union_length('cc') x JOIN u USING (rank)
 )
 SELECT w.rank, coalesce(u.compute_ns, 0) AS compute_ns, coalesce(u.comm_ns, 0) AS comm_ns,
        coalesce(u.busy_ns, 0) AS busy_ns, coalesce(u.p2p_ns, 0) AS p2p_ns, coalesce(o.ns, 0) AS overlap_ns

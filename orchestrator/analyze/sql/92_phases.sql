@@ -2,9 +2,10 @@
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
 -- Reads: stats_cpu, loo_ref, is_outlier, nvtx, cuda_api, gpu_ops.
 -- Provides:
---   phase_inst(rank, tid, start, end, domain_id, depth, grp)  NVTX ranges starting inside stats_cpu; grp =
---       `DOMAIN:` (non-default domains, as nsys names them) || range_group(text)
---   phase_ops(rank, cls, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
+--   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
+--       stats_cpu; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);
+--       gid numbers the groups (integers sort and hash faster than names, for the joins below)
+--   phase_ops(rank, gid, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
 --   phase_table(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
 --       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns, cpu_median_ns, gpu_median_ns,
@@ -15,11 +16,17 @@
 --       median of the per-step value (total without steps)
 
 CREATE OR REPLACE TABLE phase_inst AS
-SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth,
-       CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END
-           || range_group(n.text) AS grp
-FROM nvtx n JOIN stats_cpu c USING (rank)
-WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e;
+WITH n AS MATERIALIZED (
+    SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth, n.text,
+           CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END AS pre
+    FROM nvtx n JOIN stats_cpu c USING (rank)
+    WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e
+), names AS (  -- grouped once per distinct name (thousands, for a million ranges)
+    SELECT pre, text, grp, CAST(dense_rank() OVER (ORDER BY grp) AS INTEGER) AS gid
+    FROM (SELECT pre, text, pre || range_group(text) AS grp FROM (SELECT DISTINCT pre, text FROM n))
+)
+SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth, m.grp, m.gid
+FROM n JOIN names m USING (pre, text);
 
 -- Which ranges enclose each GPU-launching CUDA call of their thread. A join on (rank, tid) with
 -- the time test as a residual compares every range with every call of its thread: quadratic in
@@ -33,45 +40,44 @@ WITH c AS MATERIALIZED (
     SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e,
            dense_rank() OVER (PARTITION BY a.rank, a.tid ORDER BY a.start) AS k
     FROM cuda_api a JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
-    WHERE a.correlation_id IS NOT NULL AND (a.rank, a.tid) IN (SELECT (rank, tid) FROM phase_inst)
+    JOIN (SELECT DISTINCT rank, tid FROM phase_inst) t ON t.rank = a.rank AND t.tid = a.tid
+    WHERE a.correlation_id IS NOT NULL
 ), ck AS MATERIALIZED (
     SELECT DISTINCT rank, tid, start, k FROM c
-), r AS MATERIALIZED (
-    SELECT row_number() OVER () AS r_id, rank, tid, start, "end", grp FROM phase_inst WHERE "end" > start
-), lo AS (
-    SELECT r.r_id, ck.k FROM r ASOF JOIN ck ON ck.rank = r.rank AND ck.tid = r.tid AND r.start <= ck.start
-), hi AS (
-    SELECT r.r_id, ck.k FROM r ASOF JOIN ck ON ck.rank = r.rank AND ck.tid = r.tid AND r."end" > ck.start
 ), ks AS (
-    SELECT r.rank, r.tid, r.start, r.grp, unnest(range(lo.k, hi.k + 1)) AS k
-    FROM lo JOIN hi USING (r_id) JOIN r USING (r_id) WHERE lo.k <= hi.k
+    SELECT r.rank, r.tid, r.start, r.gid, unnest(range(lo.k, hi.k + 1)) AS k
+    FROM phase_inst r
+    ASOF JOIN ck lo ON lo.rank = r.rank AND lo.tid = r.tid AND r.start <= lo.start
+    ASOF JOIN ck hi ON hi.rank = r.rank AND hi.tid = r.tid AND r."end" > hi.start
+    WHERE r."end" > r.start AND lo.k <= hi.k
 )
-SELECT ks.rank, ks.grp AS cls, c.s, c.e, ks.tid, ks.start AS inst
+SELECT ks.rank, ks.gid, c.s, c.e, ks.tid, ks.start AS inst
 FROM ks JOIN c ON c.rank = ks.rank AND c.tid = ks.tid AND c.k = ks.k;
 
 CREATE OR REPLACE TABLE phase_table AS
 WITH cpu AS (
-    SELECT p.rank, p.grp, count(*) AS n, sum(p."end" - p.start) AS total_ns, avg(p."end" - p.start) AS mean_ns,
-           median(p."end" - p.start) AS med_ns, min(p."end" - p.start) AS min_ns, max(p."end" - p.start) AS max_ns,
-           coalesce(stddev_samp(p."end" - p.start), 0) AS std_ns, any_value(c.n_steps) AS n_steps
-    FROM phase_inst p JOIN stats_cpu c USING (rank) GROUP BY p.rank, p.grp
-), gpu AS (
-    SELECT rank, cls AS grp, sum(e - s) AS gpu_ns FROM union_intervals('phase_ops') GROUP BY ALL
-), inst AS (
-    SELECT rank, cls AS grp, sum(n) AS gpu_ops, sum(span) AS gpu_span_ns FROM (
-        SELECT rank, cls, count(*) AS n, max(e) - min(s) AS span FROM phase_ops GROUP BY rank, cls, tid, inst)
+    SELECT p.rank, p.gid, any_value(p.grp) AS grp, count(*) AS n, sum(p."end" - p.start) AS total_ns,
+           avg(p."end" - p.start) AS mean_ns, median(p."end" - p.start) AS med_ns, min(p."end" - p.start) AS min_ns,
+           max(p."end" - p.start) AS max_ns, coalesce(stddev_samp(p."end" - p.start), 0) AS std_ns,
+           any_value(c.n_steps) AS n_steps
+    FROM phase_inst p JOIN stats_cpu c USING (rank) GROUP BY p.rank, p.gid
+), po AS (SELECT rank, gid AS cls, s, e FROM phase_ops),
+   gpu AS (SELECT rank, cls AS gid, ns AS gpu_ns FROM union_length('po')),
+   inst AS (
+    SELECT rank, gid, sum(n) AS gpu_ops, sum(span) AS gpu_span_ns FROM (
+        SELECT rank, gid, count(*) AS n, max(e) - min(s) AS span FROM phase_ops GROUP BY rank, gid, tid, inst)
     GROUP BY ALL
 ), t AS (
     SELECT cpu.*, cpu.total_ns / cpu.n_steps AS per_step_ns, coalesce(gpu.gpu_ns, 0) AS gpu_ns,
            coalesce(gpu.gpu_ns, 0) / cpu.n_steps AS gpu_per_step_ns, coalesce(inst.gpu_ops, 0) AS gpu_ops,
            coalesce(inst.gpu_span_ns, 0) AS gpu_span_ns
-    FROM cpu LEFT JOIN gpu USING (rank, grp) LEFT JOIN inst USING (rank, grp)
+    FROM cpu LEFT JOIN gpu USING (rank, gid) LEFT JOIN inst USING (rank, gid)
 ), xc AS (SELECT rank, grp AS key, coalesce(per_step_ns, total_ns) AS x FROM t),
    xg AS (SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t),
    rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg')),
    med AS (SELECT grp, median(coalesce(per_step_ns, total_ns)) AS cpu_median_ns,
                   median(coalesce(gpu_per_step_ns, gpu_ns)) AS gpu_median_ns FROM t GROUP BY grp)
-SELECT t.*, med.cpu_median_ns, med.gpu_median_ns,
+SELECT t.* EXCLUDE (gid), med.cpu_median_ns, med.gpu_median_ns,
        is_outlier(coalesce(t.per_step_ns, t.total_ns), rc.ref_med, rc.ref_mad) AS cpu_outlier,
        is_outlier(coalesce(t.gpu_per_step_ns, t.gpu_ns), rg.ref_med, rg.ref_mad) AS gpu_outlier
 FROM t JOIN med USING (grp)

@@ -1,6 +1,6 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step.
--- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_intervals. Provides:
+-- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
@@ -86,8 +86,8 @@ WITH per AS (
            sum(CASE WHEN api = 'cuda' AND blocking THEN e - s ELSE 0 END) AS sync_ns,
            sum(CASE WHEN api = 'osrt' AND blocking THEN e - s ELSE 0 END) AS wait_ns
     FROM thread_calls GROUP BY ALL
-), b AS (SELECT rank, cls AS tid, sum(e - s) AS blocked_ns FROM union_intervals('thread_blocked') GROUP BY ALL),
-   l AS (SELECT rank, cls AS tid, sum(e - s) AS launch_ns FROM union_intervals('thread_launch') GROUP BY ALL),
+), b AS (SELECT rank, cls AS tid, ns AS blocked_ns FROM union_length('thread_blocked')),
+   l AS (SELECT rank, cls AS tid, ns AS launch_ns FROM union_length('thread_launch')),
    top AS (SELECT rank, cls AS tid, arg_max(name, tot) AS top_wait FROM (
                SELECT rank, cls, name, sum(e - s) AS tot FROM thread_blocked GROUP BY ALL) GROUP BY ALL),
    t AS (

@@ -9,7 +9,9 @@
 -- Reads: islands, nvtx, steps, loop_thread, cuda_api, memcpy, params. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
---   cpu_ranges(rank, tid, start, end, depth, text)  default-domain ranges that are not steps
+--   cpu_ranges(rank, tid, start, end, depth, nvtx_row)  default-domain ranges (with a name) that
+--       are not steps; nvtx_row = the range's rowid in nvtx: its name is read back only for the few
+--       ranges a result names (a million names copied here took 40 % of this table's time)
 --   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
@@ -25,7 +27,7 @@ WITH sm AS (
                                               RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS min_end
     FROM steps
 ), n AS (
-    SELECT rank, tid, start, "end", depth, text FROM nvtx WHERE domain_id = 0 AND text IS NOT NULL
+    SELECT rowid AS nvtx_row, rank, tid, start, "end", depth FROM nvtx WHERE domain_id = 0 AND text IS NOT NULL
 )
 SELECT n.* FROM n ASOF LEFT JOIN sm ON sm.rank = n.rank AND sm.tid = n.tid AND n.start <= sm.start
 WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
@@ -53,7 +55,8 @@ CREATE OR REPLACE TABLE gap_attr AS
 WITH gaps AS (
     SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
 ), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
-    SELECT c.* FROM cpu_ranges c, params p WHERE 2 * (c."end" - c.start) >= p.gap_ns
+    SELECT c.*, n.text FROM cpu_ranges c JOIN nvtx n ON n.rowid = c.nvtx_row, params p
+    WHERE 2 * (c."end" - c.start) >= p.gap_ns
 ), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
     SELECT c.rank, c.d_s AS s, c.text, c.depth,
            row_number() OVER (PARTITION BY c.rank, c.d_s ORDER BY c.depth DESC, c."end" - c.start, c.start, c.tid, c.text) AS pick

@@ -19,11 +19,11 @@ WITH child AS (
 ), n AS (
     SELECT rank, count(*) AS n_steps, avg("end" - start) AS step_ns FROM selected_steps GROUP BY rank
 )
-SELECT c.rank, range_group(c.text) AS grp,
+SELECT c.rank, range_group(t.text) AS grp,
        sum(c."end" - c.start - coalesce(ch.ns, 0)) / any_value(n.n_steps) AS ns_per_step,
        avg(c.start - s.start) AS offset_ns, any_value(n.step_ns) AS step_ns, any_value(n.n_steps) AS n_steps
-FROM cpu_ranges c
+FROM cpu_ranges c JOIN nvtx t ON t.rowid = c.nvtx_row
 JOIN selected_steps s ON s.rank = c.rank AND s.tid = c.tid AND c.start >= s.start AND c."end" <= s."end"
 LEFT JOIN child ch ON ch.rank = c.rank AND ch.tid = c.tid AND ch.start = c.start
 JOIN n ON n.rank = c.rank
-GROUP BY c.rank, range_group(c.text);
+GROUP BY c.rank, range_group(t.text);

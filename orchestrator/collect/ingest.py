@@ -57,6 +57,14 @@ def scanner_extension_path() -> Path | None:
     return p if p.is_file() else None
 
 
+# For the connections that LOAD the scanner (give as `config=` to duckdb.connect). DuckDB's
+# signature check re-hashes the whole 35 MB extension file on every load: 65-80 ms, more than
+# ingesting a small rank's kernels. The file is the one inside the installed
+# duckdb-extension-sqlite-scanner wheel, found by path (never downloaded), trusted as duckdb's
+# own library beside it is; and these connections never install an extension from the network.
+SCANNER_CONFIG = {"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false"}
+
+
 def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
     ext = scanner_extension_path()
     if ext is None:
@@ -226,7 +234,7 @@ def build_store(
     """Write `store` atomically (`new_store`); returns the engine used ('scanner' or 'sqlite3')."""
     with new_store(store) as tmp:
         with phase("store: create file"):
-            con = duckdb.connect(str(tmp))
+            con = duckdb.connect(str(tmp), config=SCANNER_CONFIG)
         try:
             con.execute(f"SET threads = {max(1, workers)}")
             # The buffer pool (written blocks, the open transactions' rows) stays under this,

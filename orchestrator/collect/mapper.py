@@ -28,7 +28,7 @@ from orchestrator import numbers
 from orchestrator.collect.extract import select_sql
 from orchestrator.collect.gather import ReportFile, _export_one, find_nsys
 from orchestrator.collect.identity import identify
-from orchestrator.collect.ingest import _batches, first_line, load_scanner
+from orchestrator.collect.ingest import SCANNER_CONFIG, _batches, first_line, load_scanner
 from orchestrator.collect.parts import (
     MAP_VERSION,
     is_fresh,
@@ -94,7 +94,7 @@ def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
     connecting and loading the extension cost more than extracting a small rank."""
     global _CON
     if _CON is None:
-        con = duckdb.connect()
+        con = duckdb.connect(config=SCANNER_CONFIG)
         if not load_scanner(con):
             con.close()
             raise RuntimeError("sqlite scanner unavailable")

@@ -21,7 +21,8 @@ def render(results: list[dict], meta: dict) -> str:
         "(../shared/fixtures/h200-nsys2025.3, tests/fixtures/gpu_e2e and the ResNet-50/GPT-2/pipelining "
         "captures of tests/fixtures/real; `all N` renames them as ranks 0..N-1 of one job; `resnet_nw2` is "
         "the seed tutorial's ResNet-50 DDP with 2 DataLoader workers). "
-        "Each phase runs in its own child process (imports included, RSS is that "
+        "Each phase runs in its own child process (imports included, from bytecode compiled "
+        "beforehand as `pip install` does; RSS is that "
         "child's peak); phases run alternately, medians of the runs are shown (512 ranks: 2 runs).", "",
         "- **floor C**: DuckDB's sqlite scanner materializing every column of every source table orch "
         "reads (kernels, memcpy, memset, runtime, NVTX, OSRT, sync, GPU metrics, thread names, StringIds), "

@@ -186,7 +186,11 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     where = 'x."end" IS NOT NULL' + (f" AND x.eventType IN ({types})" if p.has(src, "eventType") else "")
     # Nesting depth per (thread, domain), computed here per rank (map step, in parallel): a
     # running count of open ranges; at equal times ends come before starts (siblings) and
-    # longer ranges open first (parents). Ranges that end before they start are impossible:
+    # longer ranges open first (parents). One running sum over the rank's events sorted by
+    # (thread, domain, time) is that count per (thread, domain): each (thread, domain) adds one
+    # +1 and one -1 per range, so the sum is back at 0 where the next one begins (DuckDB's
+    # partitioned running sum took twice as long: 11 vs 6 ms for 16k events).
+    # Ranges that end before they start are impossible:
     # they get no depth, take no part in the count, and are dropped (and counted) at finalize.
     # r is read three times: MATERIALIZED reads the export once (SQLite's own dialect, the
     # sqlite3 path, may predate the keyword).
@@ -197,8 +201,8 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
         f"FROM {tbl} x{''.join(ctx.joins)} WHERE {where}), "
         "ev AS (SELECT id, tid, dom, s AS ts, 1 AS kind, e FROM r WHERE e >= s "
         "UNION ALL SELECT NULL, tid, dom, e, 0, NULL FROM r WHERE e >= s), "
-        "run AS (SELECT id, sum(CASE WHEN kind = 1 THEN 1 ELSE -1 END) OVER (PARTITION BY tid, dom "
-        "ORDER BY ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
+        "run AS (SELECT id, sum(CASE WHEN kind = 1 THEN 1 ELSE -1 END) OVER (ORDER BY tid, dom, "
+        "ts, kind, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS depth "
         "FROM ev) "
         f'SELECT {rank} AS rank, r.s AS "start", r.e AS "end", r.tid AS "tid", r.dom AS "domain_id", '
         'r.dname AS "domain", r.txt AS "text", CAST(run.depth AS INTEGER) AS "depth", '

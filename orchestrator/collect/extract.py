@@ -189,9 +189,9 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     # longer ranges open first (parents). One running sum over the rank's events sorted by
     # (thread, domain, time) is that count per (thread, domain): each (thread, domain) adds one
     # +1 and one -1 per range, so the sum is back at 0 where the next one begins (DuckDB's
-    # partitioned running sum took twice as long: 11 vs 6 ms for 16k events).
-    # Ranges that end before they start are impossible:
-    # they get no depth, take no part in the count, and are dropped (and counted) at finalize.
+    # partitioned running sum took twice as long: 11 vs 6 ms for 16k events). Ranges that end
+    # before they start are impossible: they get no depth, take no part in the count, and are
+    # dropped (and counted) at finalize.
     # r is read three times: MATERIALIZED reads the export once (SQLite's own dialect, the
     # sqlite3 path, may predate the keyword).
     mat = "MATERIALIZED " if ctx.pushdown_db else ""

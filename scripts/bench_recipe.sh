@@ -36,11 +36,8 @@ fresh() {  # a fresh copy of the reports: no export or recipe cache is reused
     echo "$d"
 }
 
-# The tables orch reads (collect/tables.py) plus the metadata its probe reads.
-tables="CUPTI_ACTIVITY_KIND_KERNEL,CUPTI_ACTIVITY_KIND_MEMCPY,CUPTI_ACTIVITY_KIND_MEMSET,\
-CUPTI_ACTIVITY_KIND_RUNTIME,CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,NVTX_EVENTS,OSRT_API,GPU_METRICS,\
-TARGET_INFO_GPU_METRICS,ThreadNames,PROCESSES,StringIds,META_DATA_CAPTURE,META_DATA_EXPORT,\
-TARGET_INFO_SESSION_START_TIME,TARGET_INFO_SYSTEM_ENV,TARGET_INFO_GPU"
+# The tables orch reads: what orch itself asks nsys 2024+ for (collect/tables.py).
+tables=$(python3 -c 'from orchestrator.collect.tables import export_tables; print(",".join(export_tables()))')
 
 # 1. Export formats, every report in parallel (as orch does), with and without --tables.
 for fmt in sqlite arrowdir parquetdir; do

@@ -225,10 +225,10 @@ def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     # Raw reports were not touched; exports went to the run directory.
     assert sorted(p.suffix for p in reports.iterdir()) == [".nsys-rep", ".nsys-rep"]
     assert len(list((tmp_path / "run" / "exports").glob("*.sqlite"))) == 2
-    # nsys 2022.4 rejects --include-json: asked again without it, and remembered
-    from orchestrator.collect.gather import _NO_JSON
+    # nsys 2022.4 rejects --include-json and --tables: asked again without them, and remembered
+    from orchestrator.collect.gather import _REJECTED
 
-    assert {shutil.which(nsys)} == _NO_JSON
+    assert _REJECTED[str(shutil.which(nsys))] == {"--include-json", "--tables"}
 
 
 def test_align_clocks_on_collective_ends(gpu_fixtures: Path, tmp_path: Path) -> None:

@@ -4,27 +4,44 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from contextlib import AbstractContextManager, nullcontext, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator import naming
 from orchestrator.cli.common import Handler, check_output_dir, err, out, run_arg, runs_opt, workers
 from orchestrator.errors import OrchError
-from orchestrator.layout import Layout
 from orchestrator.report.safe import plain
-from orchestrator.rundir import read_manifest
+
+if TYPE_CHECKING:
+    from orchestrator.collect.gather import Started
+
+# Imports of pydantic, DuckDB and rich wait inside the functions: the exports start first
+# (`early`), and these modules load while nsys runs.
 
 
-def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None) -> Any:
-    """The in-process collect (default), or the map/reduce over Parquet parts (--parts: a
-    local process pool; --on-cluster: a Slurm job array with `cluster`'s settings)."""
+def early(a: argparse.Namespace, paths: list[str], run: Path, nsys: str | None = None,
+          name_prefix: str | None = None) -> AbstractContextManager[dict[Path, Started]]:
+    """The in-process collect's first exports, started now (gather.early_exports); the
+    map/reduce collect (--parts, --on-cluster) exports in its own workers."""
+    if getattr(a, "parts", False) or getattr(a, "on_cluster", False):
+        return nullcontext({})
+    from orchestrator.collect.gather import early_exports
+
+    return early_exports([Path(p) for p in paths], run, nsys=nsys, workers=a.workers, name_prefix=name_prefix)
+
+
+def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None,
+               started: dict[Path, Started] | None = None) -> Any:
+    """The in-process collect (default; it takes over the `started` exports), or the map/reduce
+    over Parquet parts (--parts: a local process pool; --on-cluster: a Slurm job array with
+    `cluster`'s settings)."""
     from functools import partial
 
     on_cluster = getattr(a, "on_cluster", False)  # callers with their own Namespace (sweep) lack them
     if not (getattr(a, "parts", False) or on_cluster):
         from orchestrator.collect.collect import collect
 
-        return collect
+        return partial(collect, started=started)
     from orchestrator.collect.mapreduce import collect_parts
 
     if not on_cluster:
@@ -45,24 +62,34 @@ def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None) -> 
 
 def collect_from_run(run: Path, a: argparse.Namespace) -> Any:
     """Collect the reports a submitted job's manifest expects."""
+    from orchestrator import naming
+    from orchestrator.rundir import read_manifest
+
     m = read_manifest(run)
-    collect = _collector(a, m.cluster_config)
     if not m.profiled_ranks:
         raise OrchError(f"job {m.job_id} profiled no ranks (profile.ranks: none): nothing to collect")
     if not Path(m.report_dir).is_dir():
         raise OrchError(f"no reports from job {m.job_id} in {m.report_dir} (expected ranks "
                         f"{m.profiled_ranks}); see `orch status {m.job_id}`")
-    return collect([Path(m.report_dir)], run, layout=m.job_layout(), expected=m.profiled_ranks,
-                   name_prefix=naming.name_prefix(m.output_name, m.job_id),
-                   nsys=a.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path"),
-                   workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
-                   console=err, extra_meta={"job_id": m.job_id, "run": str(run)})
+    prefix = naming.name_prefix(m.output_name, m.job_id)
+    nsys = a.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path")
+    with early(a, [m.report_dir], run, nsys, prefix) as started:
+        collect = _collector(a, m.cluster_config, started)
+        return collect([Path(m.report_dir)], run, layout=m.job_layout(), expected=m.profiled_ranks,
+                       name_prefix=prefix, nsys=nsys, workers=a.workers, keep_env=a.keep_env,
+                       engine=a.engine, align=a.align_clocks, console=err,
+                       extra_meta={"job_id": m.job_id, "run": str(run)})
 
 
-def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace) -> Any:
-    """Collect reports orch did not submit; a partial --layout gets dp from the ranks found."""
-    collect = _collector(a)
-    return collect([Path(p) for p in paths], dest, layout=Layout.parse(a.layout), nsys=a.nsys,
+def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace,
+                       started: dict[Path, Started] | None = None) -> Any:
+    """Collect reports orch did not submit; a partial --layout gets dp from the ranks found.
+    `started`: the exports `early` started (the caller keeps its context open meanwhile)."""
+    from orchestrator.layout import Layout
+
+    layout = Layout.parse(a.layout)
+    collect = _collector(a, started=started)
+    return collect([Path(p) for p in paths], dest, layout=layout, nsys=a.nsys,
                    workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
                    console=err)
 
@@ -94,16 +121,26 @@ def print_collect(res: Any) -> None:
 
 def cmd_collect(a: argparse.Namespace) -> int:
     if a.from_paths:
-        Layout.parse(a.layout)  # a bad --layout fails before any work
         check_output_dir(a.out, "--out")
         dest = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="orch-collect-", dir="."))
-        res = collect_from_paths(a.from_paths, dest, a)
+        try:
+            with early(a, a.from_paths, dest, a.nsys) as started:
+                res = collect_from_paths(a.from_paths, dest, a, started)
+        except BaseException:
+            if not a.out:
+                _remove_if_empty(dest)  # a bad --layout or path leaves no empty folder behind
+            raise
     else:
         if not a.run:
             raise OrchError("orch collect needs a job id / run directory, or --from PATH...")
         res = collect_from_run(run_arg(a), a)
     print_collect(res)
     return 0
+
+
+def _remove_if_empty(folder: Path) -> None:
+    with suppress(OSError):
+        folder.rmdir()
 
 
 def cmd_redact(a: argparse.Namespace) -> int:

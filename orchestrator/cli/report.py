@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.collect import collect_from_paths, collect_opts, print_collect, timings_opt
+from orchestrator.cli.collect import collect_from_paths, collect_opts, early, print_collect, timings_opt
 from orchestrator.cli.common import (
     Handler,
     check_output_dir,
@@ -25,7 +25,6 @@ from orchestrator.cli.common import (
     store_of,
 )
 from orchestrator.errors import OrchError
-from orchestrator.layout import Layout
 from orchestrator.report.safe import cell, plain
 
 if TYPE_CHECKING:
@@ -80,32 +79,51 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _preload(a: argparse.Namespace) -> None:
+    """Load the analysis and report modules while the exports `early` started run (their
+    imports would otherwise come after the collect)."""
+    import orchestrator.analyze.report
+    import orchestrator.collect.collect
+    import orchestrator.report.terminal
+
+    if a.html:
+        import orchestrator.report.extras
+        import orchestrator.report.html  # noqa: F401
+
+
+def _collect_and_report(a: argparse.Namespace, dest: Path) -> None:
+    """The exports start first; every option is checked (a bad one kills them and keeps
+    nothing) while they run."""
+    with early(a, a.paths, dest, a.nsys) as started:
+        opts = _options(a)
+        _preload(a)
+        res = collect_from_paths(a.paths, dest, a, started)
+    print_collect(res)
+    _emit(*_analyse(res.store, a, opts), a)
+
+
 def cmd_analyze(a: argparse.Namespace) -> int:
     """Collect then report. Without --out the store lives in a temp directory that is
     removed after a good report and KEPT (and named) when the analysis fails."""
-    opts = _options(a)
-    Layout.parse(a.layout)  # a bad --layout fails before any work
     check_output_dir(a.out, "--out")
     _check_outputs(a, created=a.out)
     if a.out:
-        res = collect_from_paths(a.paths, Path(a.out), a)
-        print_collect(res)
-        _emit(*_analyse(res.store, a, opts), a)
+        _collect_and_report(a, Path(a.out))
         return 0
     dest = Path(tempfile.mkdtemp(prefix="orch-analyze-"))
-    res = None
     try:
-        res = collect_from_paths(a.paths, dest, a)
-        print_collect(res)
-        _emit(*_analyse(res.store, a, opts), a)
+        _collect_and_report(a, dest)
     except Exception as e:
-        if res is None or not res.store.exists():
+        from orchestrator.rundir import STORE
+
+        store = dest / STORE  # there only once the collect succeeded (written under a temp name)
+        if not store.exists():
             shutil.rmtree(dest, ignore_errors=True)  # nothing was collected: nothing to inspect
             raise
         if isinstance(e, OrchError):
-            raise OrchError(f"{e}; the collected store is kept in {res.store} (pass --out DIR to choose "
+            raise OrchError(f"{e}; the collected store is kept in {store} (pass --out DIR to choose "
                             "where; delete it when done)") from None
-        err.print(f"orch: the analysis failed; the collected store is kept in {plain(res.store)}", markup=False)
+        err.print(f"orch: the analysis failed; the collected store is kept in {plain(store)}", markup=False)
         raise
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)  # interrupted: nothing half-done is kept

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.markup import escape
-
 from orchestrator.cli.common import Handler, check_output_dir, out
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from orchestrator.render import render
     from orchestrator.spec import load_job
     from orchestrator.spec.ranks import format_ranges

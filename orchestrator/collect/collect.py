@@ -18,7 +18,15 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.collect.gather import ReportFile, discover, export_all, find_nsys
+from orchestrator.collect.gather import (
+    ReportFile,
+    Started,
+    discover,
+    export_all,
+    export_workers,
+    exports_dir,
+    find_nsys,
+)
 from orchestrator.collect.identity import Member, identify, infer_world_size
 from orchestrator.collect.ingest import build_store
 from orchestrator.collect.probe import Probe, probe
@@ -97,9 +105,12 @@ def collect(
     name_prefix: str | None = None, nsys: str | None = None, workers: int | None = None,
     keep_env: bool = False, engine: str = "auto", align: bool = False,
     console: Console | None = None, extra_meta: dict[str, object] | None = None,
+    started: dict[Path, Started] | None = None,
 ) -> CollectResult:
+    """Collect the reports under `paths` into `run`'s store. `started`: exports already
+    running (gather.early_exports), taken over by the export step."""
     console = console or Console(stderr=True)
-    workers = workers or min(8, os.cpu_count() or 2)
+    workers = export_workers(workers)
     with run_lock(run):
         reports: list[ReportFile] = discover(paths, name_prefix)
         if not reports:
@@ -109,8 +120,8 @@ def collect(
         with _progress(console) as prog:
             t = prog.add_task("export", total=len(reports))
             with phase("collect: export/decompress"):
-                export_all(reports, run / "exports", nsys=find_nsys(nsys), workers=workers,
-                           on_done=lambda _r: prog.advance(t))
+                export_all(reports, exports_dir(run), nsys=find_nsys(nsys), workers=workers,
+                           on_done=lambda _r: prog.advance(t), started=started)
             t2 = prog.add_task("probe", total=len(reports))
 
             def probe_one(r: ReportFile) -> Probe:

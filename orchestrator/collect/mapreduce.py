@@ -21,7 +21,7 @@ from rich.console import Console
 from orchestrator.collect.cluster import ArrayOptions, TaskOutcome, run_array
 from orchestrator.collect.collect import CollectResult, _complete_layout, _progress, run_lock
 from orchestrator.collect.decompress import clean_stale
-from orchestrator.collect.gather import discover
+from orchestrator.collect.gather import discover, exports_dir
 from orchestrator.collect.mapper import MapTask, map_chunk
 from orchestrator.collect.parts import PARTS, probe_to_json, read_meta, report_to_json, source_stamp
 from orchestrator.collect.probe import Probe
@@ -81,7 +81,7 @@ def collect_parts(
             raise OrchError(f"no reports (.nsys-rep, .sqlite, .sqlite.gz) found in {where}; "
                             "check the path or wait for the job to finish writing them")
         threads = (array.cpus or array.cluster.slurm.cpus_per_task or 1) if array else 1
-        tasks = [MapTask(report=r, parts=parts.resolve(), exports=(run / "exports").resolve(), nsys=nsys,
+        tasks = [MapTask(report=r, parts=parts.resolve(), exports=exports_dir(run).resolve(), nsys=nsys,
                          engine=engine, keep_env=keep_env, threads=threads) for r in reports]
         parts.mkdir(parents=True, exist_ok=True)
         for d in parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)

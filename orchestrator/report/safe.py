@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-from rich.markup import escape
-
 # C0 and C1 control characters (ESC, BEL, CSI...), DEL, and Unicode bidi overrides.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -19,4 +17,6 @@ def plain(text: object) -> str:
 
 def cell(text: object) -> str:
     """Text for a rich table cell or a markup-enabled print: printable and markup-escaped."""
+    from rich.markup import escape  # here: the CLI loads this module before rich (cli/common.py)
+
     return escape(plain(text))

@@ -1,0 +1,88 @@
+"""`nsys export --tables` asks only for `export_tables()`: the store built from exports that
+hold nothing else must equal the store built from the full exports, table by table. Real
+H200 exports (nsys 2025.3) with GPU metrics and with NCCL's NVTX JSON payloads; the other
+tables are dropped with plain sqlite3, so a table that collect reads but the list lacks
+shows up as a difference here (or as a probe error), with no nsys needed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from orchestrator.collect.collect import collect
+from orchestrator.collect.tables import export_tables
+from orchestrator.layout import Layout
+
+COMM = Path(__file__).parent / "fixtures" / "comm"
+PATHS = {"ranks": {"source_file"}, "sources": {"file"}}  # where the exports were: differs by design
+
+
+def _copy(src: Path, dest: Path, keep: set[str] | None) -> int:
+    """`src` (.sqlite or .sqlite.gz) as dest/<name>.sqlite, with only `keep`'s tables (None: all);
+    returns how many tables were dropped."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / src.name.removesuffix(".gz")
+    with (gzip.open(src, "rb") if src.name.endswith(".gz") else open(src, "rb")) as fi, open(out, "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    if keep is None:
+        return 0
+    con = sqlite3.connect(out)
+    drop = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'") if r[0] not in keep]
+    for t in drop:
+        con.execute(f'DROP TABLE "{t}"')
+    con.commit()
+    con.close()
+    return len(drop)
+
+
+def _differences(a: Path, b: Path) -> dict[str, tuple[int, int, int]]:
+    """Per store table: (rows, rows only in a, rows only in b), path columns left out."""
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
+    con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'a'").fetchall()}
+    other = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'b'").fetchall()}
+    assert tables == other
+    out = {}
+    for t in sorted(tables):
+        cols = [r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = 'a' "
+                                          "AND table_name = ? ORDER BY column_index", [t]).fetchall()]
+        sel = ", ".join(f'"{c}"' for c in cols if c not in PATHS.get(t, set()))
+        where = " WHERE key <> 'created_at'" if t == "meta" else ""
+        only = [con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM {x}.{t}{where} "
+                            f"EXCEPT ALL SELECT {sel} FROM {y}.{t}{where})").fetchone()[0]
+                for x, y in (("a", "b"), ("b", "a"))]
+        out[t] = (con.execute(f"SELECT count(*) FROM a.{t}").fetchone()[0], only[0], only[1])
+    return out
+
+
+@pytest.mark.parametrize("case", ["ddp_straggler", "nvlink"])
+def test_store_from_only_the_export_tables_is_the_same(case: str, tmp_path: Path) -> None:
+    from tests.conftest import shared_fixtures
+
+    files = (sorted(COMM.glob("nvlink_*.sqlite.gz")) if case == "nvlink"
+             else sorted((shared_fixtures() / case).glob("*.sqlite.gz")))
+    assert len(files) == 2
+    dropped = sum(_copy(f, tmp_path / "only", set(export_tables())) for f in files)
+    for f in files:
+        _copy(f, tmp_path / "full", None)
+    assert dropped >= 60  # ~25 tables per export are never read
+    full = collect([tmp_path / "full"], tmp_path / "s_full", layout=Layout())
+    only = collect([tmp_path / "only"], tmp_path / "s_only", layout=Layout())
+    assert full.ok_ranks == only.ok_ranks == [0, 1]
+    diff = _differences(full.store, only.store)
+    assert {t: d for t, d in diff.items() if d[1] or d[2]} == {}
+    # the data that needs the metadata tables is there: names, GPU metrics or NCCL payloads
+    assert diff["kernels"][0] > 0 and diff["threads"][0] > 0
+    con = duckdb.connect(str(only.store), read_only=True)
+    assert con.execute("SELECT count(*) FROM kernels WHERE name IS NULL").fetchone()[0] == 0
+    if case == "nvlink":
+        assert con.execute("SELECT count(*) FROM nvtx WHERE payload IS NOT NULL").fetchone()[0] == 2 * 318
+    else:
+        assert diff["gpu_metrics"][0] > 0

@@ -182,7 +182,10 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         if gone:
             m.probe.notes.append(f"missing columns (stored as NULL): {', '.join(gone)}")
     pairs = [(m, m.probe.session_start_ns - base) for m in ok]  # type: ignore[operator]
-    batches = [pairs[i: i + BATCH] for i in range(0, len(pairs), BATCH)]
+    # Enough batches for every worker: a 2-rank job on 2+ cores ingests both ranks at once
+    # (one batch of both ingested them one after the other, on one DuckDB thread).
+    size = max(1, min(BATCH, -(-len(pairs) // max(1, workers))))
+    batches = [pairs[i: i + size] for i in range(0, len(pairs), size)]
     workers = max(1, min(workers, len(batches)))
 
     def run(cur: duckdb.DuckDBPyConnection, batch: list[tuple[Member, int]], w: int) -> None:

@@ -56,6 +56,19 @@ def nsys() -> str:
     return path  # type: ignore[return-value]
 
 
+def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
+                env: dict[str, str] | None = None) -> None:
+    """A real nsys capture of a small Python `program` on this CPU-only machine: `out` is the
+    `-o` name (nsys adds .nsys-rep; `%h`/`%p` allowed), the program is written beside it."""
+    prog = out.parent / f".{out.name.replace('%', '_')}.py"
+    prog.write_text(program)
+    p = subprocess.run([nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
+                        "-o", str(out), sys.executable, str(prog)], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})}, timeout=300, check=False)
+    prog.unlink()
+    assert p.returncode == 0, p.stderr
+
+
 def copies_with_env(files: list[Path], dest: Path, *env: str) -> Path:
     """Copies of exports with extra captured environment entries (e.g. planted secrets)."""
     import sqlite3

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.collect.collect import collect, run_lock
 from orchestrator.collect.identity import Layout
-from tests.conftest import copies_with_env, run_orch, shared_fixtures
+from tests.conftest import capture_cpu, copies_with_env, run_orch, shared_fixtures
 
 TABLES = {
     "kernels": "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL",
@@ -201,16 +201,12 @@ def test_idempotent_locked_and_recovers_from_interruption(gpu_fixtures: Path, tm
 def test_real_nsys_2022_export_without_cuda(tmp_path: Path, nsys: str) -> None:
     """A CPU-only capture by Debian's nsys 2022.4: exported by orch with `nsys export`,
     no META_DATA_CAPTURE and no CUPTI tables -> empty tables and notes, never a crash."""
-    prog = tmp_path / "p.py"
-    prog.write_text("import nvtx, time\nfor i in range(3):\n    nvtx.push_range(f'step {i}')\n"
-                    "    with nvtx.annotate('data_load'):\n        time.sleep(0.005)\n    nvtx.pop_range()\n")
     reports = tmp_path / "reports"
     reports.mkdir()
     for rank in (0, 1):
-        p = subprocess.run([nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-                            "-o", str(reports / f"cpu_7_r{rank}_%h.%p"), sys.executable, str(prog)],
-                           capture_output=True, text=True, env={**os.environ, "RANK": str(rank)}, timeout=300)
-        assert p.returncode == 0, p.stderr
+        capture_cpu(nsys, "import nvtx, time\nfor i in range(3):\n    nvtx.push_range(f'step {i}')\n"
+                    "    with nvtx.annotate('data_load'):\n        time.sleep(0.005)\n    nvtx.pop_range()\n",
+                    reports / f"cpu_7_r{rank}_%h.%p", env={"RANK": str(rank)})
     res = collect([reports], tmp_path / "run", layout=Layout(), nsys=nsys)
     assert res.ok_ranks == [0, 1] and [m.source for m in res.members] == ["file name", "file name"]
     con = duckdb.connect(str(res.store), read_only=True)
@@ -256,13 +252,9 @@ def test_align_clocks_on_collective_ends(gpu_fixtures: Path, tmp_path: Path) -> 
 def test_exports_reused_when_newer_than_report(tmp_path: Path, nsys: str) -> None:
     """A report is exported once; a second collect reuses the export (same file, same mtime),
     and an export next to its report that is newer than it is used without running nsys."""
-    prog = tmp_path / "p.py"
-    prog.write_text("import nvtx\nwith nvtx.annotate('step 0'):\n    pass\n")
     reports = tmp_path / "reports"
     reports.mkdir()
-    p = subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none",
-                        "-o", str(reports / "x_1_r0_h.1"), sys.executable, str(prog)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    capture_cpu(nsys, "import nvtx\nwith nvtx.annotate('step 0'):\n    pass\n", reports / "x_1_r0_h.1", trace="nvtx")
     collect([reports], tmp_path / "run", layout=Layout(), nsys=nsys)
     export = tmp_path / "run" / "exports" / "x_1_r0_h.1.sqlite"
     first = export.stat().st_mtime_ns
@@ -304,15 +296,10 @@ def test_new_tables_osrt_threads_sync(gpu_fixtures: Path, tmp_path: Path, nsys: 
             ("" if rank == 0 else "gpu_metrics")
     con.close()
     # nsys 2022.4, CPU only: OSRT and thread names are there, CUPTI tables are not.
-    prog = tmp_path / "p.py"
-    prog.write_text("import threading, time\nt = threading.Thread(target=time.sleep, args=(0.05,))\nt.start()\n"
-                    "for _ in range(3):\n    time.sleep(0.01)\nt.join()\n")
     reports = tmp_path / "reports"
     reports.mkdir()
-    p = subprocess.run([nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-                        "-o", str(reports / "cpu_1_r0_h.1"), sys.executable, str(prog)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    capture_cpu(nsys, "import threading, time\nt = threading.Thread(target=time.sleep, args=(0.05,))\nt.start()\n"
+                "for _ in range(3):\n    time.sleep(0.01)\nt.join()\n", reports / "cpu_1_r0_h.1")
     res = collect([reports], tmp_path / "cpu", layout=Layout(), nsys=nsys)
     export = tmp_path / "cpu" / "exports" / "cpu_1_r0_h.1.sqlite"
     raw = sqlite3.connect(export)

@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import run_orch
+from tests.conftest import capture_cpu, run_orch
 
 HEAVY = ("duckdb", "pydantic", "rich.console")
 
@@ -41,17 +41,11 @@ sys.exit(code)
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
     """Two ranks of a small NVTX-annotated loop, captured by nsys 2022.4 on the CPU."""
-    d = tmp_path_factory.mktemp("early")
-    prog = d / "p.py"
-    prog.write_text("import nvtx, time\nfor i in range(3):\n    with nvtx.annotate(f'step {i}'):\n"
-                    "        time.sleep(0.002)\n")
-    reps = d / "reports"
+    reps = tmp_path_factory.mktemp("early") / "reports"
     reps.mkdir()
     for rank in (0, 1):
-        p = subprocess.run([nsys, "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none",
-                            "-o", str(reps / f"early_3_r{rank}_h.{100 + rank}"), sys.executable, str(prog)],
-                           capture_output=True, text=True, timeout=300, check=False)
-        assert p.returncode == 0, p.stderr
+        capture_cpu(nsys, "import nvtx, time\nfor i in range(3):\n    with nvtx.annotate(f'step {i}'):\n"
+                    "        time.sleep(0.002)\n", reps / f"early_3_r{rank}_h.{100 + rank}")
     return reps
 
 

@@ -165,7 +165,7 @@ def _nsys_export(nsys: str, origin: Path, tmp: Path, timeout_s: float,
     rejects is remembered and the export asked again without it."""
     s = started or _start(nsys, origin, tmp)
     code, said = _finish(s, timeout_s)
-    while code != 0 and (m := _UNKNOWN_OPTION.search(said)) and (name := m[1].split("=")[0]) in s.options:
+    while code != 0 and (m := _UNKNOWN_OPTION.search(said)) and (name := m[1]) in s.options:
         _REJECTED.setdefault(nsys, set()).add(name)
         s = _start(nsys, origin, tmp)
         code, said = _finish(s, timeout_s)

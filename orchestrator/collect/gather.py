@@ -125,16 +125,16 @@ def _start(nsys: str, origin: Path, tmp: Path) -> Started:
     optimistically (`_nsys_export` asks again without an option nsys rejects): a `nsys export
     --help` probe first took 0.3 s with nsys 2022.4 here."""
     rejected = _REJECTED.get(nsys, set())
-    options = tuple(name for name in _newer_options() if name not in rejected)
+    newer = {name: args for name, args in _newer_options().items() if name not in rejected}
     log = tempfile.TemporaryFile()  # noqa: SIM115 (outlives this call: _finish or _stop closes it)
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
-           *(arg for name in options for arg in _newer_options()[name]), "--output", str(tmp), str(origin)]
+           *(arg for args in newer.values() for arg in args), "--output", str(tmp), str(origin)]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     except BaseException:
         log.close()
         raise
-    return Started(proc=proc, tmp=tmp, log=log, nsys=nsys, options=options)
+    return Started(proc=proc, tmp=tmp, log=log, nsys=nsys, options=tuple(newer))
 
 
 def _stop(s: Started) -> None:

@@ -10,7 +10,6 @@ and its log's last line; every other rank is still collected.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -21,7 +20,7 @@ from rich.console import Console
 from orchestrator.collect.cluster import ArrayOptions, TaskOutcome, run_array
 from orchestrator.collect.collect import CollectResult, _complete_layout, _progress, run_lock
 from orchestrator.collect.decompress import clean_stale
-from orchestrator.collect.gather import discover, exports_dir
+from orchestrator.collect.gather import discover, export_workers, exports_dir
 from orchestrator.collect.mapper import MapTask, map_chunk
 from orchestrator.collect.parts import PARTS, probe_to_json, read_meta, report_to_json, source_stamp
 from orchestrator.collect.probe import Probe
@@ -72,7 +71,7 @@ def collect_parts(
 ) -> CollectResult:
     """The map/reduce collect; `array` set: the map runs as a Slurm job array."""
     console = console or Console(stderr=True)
-    workers = workers or min(8, os.cpu_count() or 2)
+    workers = export_workers(workers)  # each map worker exports its reports
     parts = run / PARTS
     with run_lock(run):
         reports = discover(paths, name_prefix)

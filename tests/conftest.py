@@ -69,6 +69,33 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
     assert p.returncode == 0, p.stderr
 
 
+_PATHS = {"ranks": {"source_file"}, "sources": {"file"}}  # where the exports were
+
+
+def store_differences(a: Path, b: Path) -> dict[str, tuple[int, int, int]]:
+    """Per table of two stores: (rows, rows only in a, rows only in b), as multisets; the
+    columns naming where the exports were and the store's creation time left out."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
+    con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'a'").fetchall()}
+    other = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'b'").fetchall()}
+    assert tables == other
+    out = {}
+    for t in sorted(tables):
+        cols = [r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = 'a' "
+                                          "AND table_name = ? ORDER BY column_index", [t]).fetchall()]
+        sel = ", ".join(f'"{c}"' for c in cols if c not in _PATHS.get(t, set()))
+        where = " WHERE key <> 'created_at'" if t == "meta" else ""
+        only = [con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM {x}.{t}{where} "
+                            f"EXCEPT ALL SELECT {sel} FROM {y}.{t}{where})").fetchone()[0]
+                for x, y in (("a", "b"), ("b", "a"))]
+        out[t] = (con.execute(f"SELECT count(*) FROM a.{t}").fetchone()[0], only[0], only[1])
+    return out
+
+
 def copies_with_env(files: list[Path], dest: Path, *env: str) -> Path:
     """Copies of exports with extra captured environment entries (e.g. planted secrets)."""
     import sqlite3

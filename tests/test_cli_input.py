@@ -137,11 +137,15 @@ def test_json_inside_a_new_out_dir_is_fine(gpu_fixtures: Path, tmp_path: Path) -
 def test_analyze_keeps_temp_store_when_the_analysis_fails(gpu_fixtures: Path, tmp_path: Path, capsys,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The collect is real; the analysis is made to fail (fault injection: no real input fails
-    it reliably once the analysis validates its own options). The store must survive, named."""
+    it reliably once the analysis validates its own options). The store must survive, named,
+    and complete: the analysis fails while the store's checkpoint runs (collect.collecting)."""
+    import duckdb
+
     import orchestrator.analyze.report as report_mod
     from orchestrator.errors import OrchError
 
-    def broken(store, opts):
+    def broken(store, opts, writer=None):
+        assert writer is not None  # the analysis would have run on the collect's connection
         raise OrchError("analysis failed on the store: planted")
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -152,6 +156,10 @@ def test_analyze_keeps_temp_store_when_the_analysis_fails(gpu_fixtures: Path, tm
     (kept,) = tmp_path.glob("orch-analyze-*/profile.duckdb")
     assert "planted" in err and f"the collected store is kept in {kept}" in err
     assert not (tmp_path / "r.json").exists()
+    assert not kept.with_name(kept.name + ".wal").exists()  # checkpointed, closed
+    con = duckdb.connect(str(kept), read_only=True)
+    assert con.execute("SELECT count(DISTINCT rank) FROM kernels").fetchone() == (2,)
+    con.close()
 
 
 def test_analyze_removes_temp_store_on_success(gpu_fixtures: Path, tmp_path: Path, capsys,
@@ -159,6 +167,14 @@ def test_analyze_removes_temp_store_on_success(gpu_fixtures: Path, tmp_path: Pat
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["analyze", str(gpu_fixtures / "ddp_capture"), "--json", str(tmp_path / "r.json")]) == 0
     assert _listing(tmp_path) == ["r.json"]
+
+
+def test_report_of_a_folder_without_a_store_says_how_to_make_one(tmp_path: Path, capsys) -> None:
+    (tmp_path / "out").mkdir()
+    assert main(["report", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"orch: error: {tmp_path / 'out'} holds no profile.duckdb and is not an orch run; collect into "
+                   f"it first (`orch collect --from REPORTS --out {tmp_path / 'out'}`) or give a job id"), err
 
 
 # ---------------------------------------------------------------- diff of non-reports

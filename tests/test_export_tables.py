@@ -18,9 +18,9 @@ import pytest
 from orchestrator.collect.collect import collect
 from orchestrator.collect.tables import export_tables
 from orchestrator.layout import Layout
+from tests.conftest import store_differences
 
 COMM = Path(__file__).parent / "fixtures" / "comm"
-PATHS = {"ranks": {"source_file"}, "sources": {"file"}}  # where the exports were: differs by design
 
 
 def _copy(src: Path, dest: Path, keep: set[str] | None) -> int:
@@ -41,27 +41,6 @@ def _copy(src: Path, dest: Path, keep: set[str] | None) -> int:
     return len(drop)
 
 
-def _differences(a: Path, b: Path) -> dict[str, tuple[int, int, int]]:
-    """Per store table: (rows, rows only in a, rows only in b), path columns left out."""
-    con = duckdb.connect()
-    con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
-    con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'a'").fetchall()}
-    other = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'b'").fetchall()}
-    assert tables == other
-    out = {}
-    for t in sorted(tables):
-        cols = [r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = 'a' "
-                                          "AND table_name = ? ORDER BY column_index", [t]).fetchall()]
-        sel = ", ".join(f'"{c}"' for c in cols if c not in PATHS.get(t, set()))
-        where = " WHERE key <> 'created_at'" if t == "meta" else ""
-        only = [con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM {x}.{t}{where} "
-                            f"EXCEPT ALL SELECT {sel} FROM {y}.{t}{where})").fetchone()[0]
-                for x, y in (("a", "b"), ("b", "a"))]
-        out[t] = (con.execute(f"SELECT count(*) FROM a.{t}").fetchone()[0], only[0], only[1])
-    return out
-
-
 @pytest.mark.parametrize("case", ["ddp_straggler", "nvlink"])
 def test_store_from_only_the_export_tables_is_the_same(case: str, tmp_path: Path) -> None:
     from tests.conftest import shared_fixtures
@@ -76,7 +55,7 @@ def test_store_from_only_the_export_tables_is_the_same(case: str, tmp_path: Path
     full = collect([tmp_path / "full"], tmp_path / "s_full", layout=Layout())
     only = collect([tmp_path / "only"], tmp_path / "s_only", layout=Layout())
     assert full.ok_ranks == only.ok_ranks == [0, 1]
-    diff = _differences(full.store, only.store)
+    diff = store_differences(full.store, only.store)
     assert {t: d for t, d in diff.items() if d[1] or d[2]} == {}
     # the data that needs the metadata tables is there: names, GPU metrics or NCCL payloads
     assert diff["kernels"][0] > 0 and diff["threads"][0] > 0

@@ -166,9 +166,12 @@ class Views:
         return row[0] if row else None
 
 
-def analysis(store: Path, opts: Options) -> tuple[duckdb.DuckDBPyConnection, Views]:
-    """Open `store`, run the SQL, and return the connection (caller closes) and its views."""
-    con = open_store(store)
+def analysis(store: Path, opts: Options,
+             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[duckdb.DuckDBPyConnection, Views]:
+    """Open `store`, run the SQL, and return the connection (caller closes) and its views.
+    `writer`: the collect's own connection, still finishing the store (collect.collecting):
+    the analysis runs on a cursor of it instead of opening the file."""
+    con = open_store(store) if writer is None else on_writer(writer)
     try:
         version = Views(con).scalar("SELECT value FROM meta WHERE key = 'store_version'")
         if version is not None and str(version) not in STORE_VERSIONS:
@@ -183,3 +186,17 @@ def analysis(store: Path, opts: Options) -> tuple[duckdb.DuckDBPyConnection, Vie
         con.close()
         raise
     return con, Views(con)
+
+
+def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """An analysis connection on the collect's DuckDB (`orch analyze`): a cursor starts in the
+    writer's in-memory catalog, where the analysis objects go, with the store attached as
+    `store`, as `open_store` arranges it; the memory limit and spill directory are the
+    writer's. The store's rows are read where they are (memory or file) while the checkpoint
+    writes them, instead of after it, from a reopened file."""
+    con = writer.cursor()
+    session(con)
+    path, = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = 'store'").fetchone()
+    size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
+    con.execute(f"SET threads = {analysis_threads(size)}")
+    return con

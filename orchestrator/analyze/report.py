@@ -10,6 +10,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import duckdb
+
 from orchestrator import __version__
 from orchestrator.analyze.comm import build_comm
 from orchestrator.analyze.engine import Options, Views, analysis
@@ -119,8 +121,9 @@ def _notes(v: Views) -> list[str]:
     return notes
 
 
-def build_report(store: Path, opts: Options) -> Report:
-    con, v = analysis(store, opts)
+def build_report(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None = None) -> Report:
+    """The report of `store` (`writer`: the collect's open connection, engine.analysis)."""
+    con, v = analysis(store, opts, writer)
     try:
         return report_from_views(v, store, opts)
     finally:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from contextlib import AbstractContextManager, nullcontext, suppress
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,13 +86,31 @@ def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace,
                        started: dict[Path, Started] | None = None) -> Any:
     """Collect reports orch did not submit; a partial --layout gets dp from the ranks found.
     `started`: the exports `early` started (the caller keeps its context open meanwhile)."""
+    collect = _collector(a, started=started)
+    return collect([Path(p) for p in paths], dest, **_from_paths(a))
+
+
+@contextmanager
+def collected_open(paths: list[str], dest: Path, a: argparse.Namespace,
+                   started: dict[Path, Started]) -> Iterator[tuple[Any, Any]]:
+    """`collect_from_paths` for `orch analyze`: the in-process collect holds the store open
+    for an analysis on its own connection while the checkpoint runs (collect.collecting);
+    the map/reduce collect gives a closed store (connection None)."""
+    if getattr(a, "parts", False) or getattr(a, "on_cluster", False):
+        yield collect_from_paths(paths, dest, a, started), None
+        return
+    from orchestrator.collect.collect import collecting
+
+    with collecting([Path(p) for p in paths], dest, started=started, background=True, **_from_paths(a)) as held:
+        yield held
+
+
+def _from_paths(a: argparse.Namespace) -> dict[str, Any]:
+    """The collect's settings from the command line (reports given by path)."""
     from orchestrator.layout import Layout
 
-    layout = Layout.parse(a.layout)
-    collect = _collector(a, started=started)
-    return collect([Path(p) for p in paths], dest, layout=layout, nsys=a.nsys,
-                   workers=a.workers, keep_env=a.keep_env, engine=a.engine, align=a.align_clocks,
-                   console=err)
+    return {"layout": Layout.parse(a.layout), "nsys": a.nsys, "workers": a.workers, "keep_env": a.keep_env,
+            "engine": a.engine, "align": a.align_clocks, "console": err}
 
 
 def print_collect(res: Any) -> None:

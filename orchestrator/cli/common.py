@@ -138,12 +138,18 @@ def run_arg(a: argparse.Namespace) -> Path:
 
 
 def store_of(ref: str, runs: str | None) -> Path:
-    """A `profile.duckdb` given directly, or the one of a run (job id or run directory)."""
-    from orchestrator.rundir import STORE, find_run
+    """A `profile.duckdb` given directly, the one in a directory (a run's, or the `--out` of
+    `orch collect --from`/`orch analyze`), or the one of a run found by job id."""
+    from orchestrator.rundir import MANIFEST, STORE, find_run
 
     p = Path(ref)
     if p.is_file() and p.suffix == ".duckdb":
         return p
+    if (p / STORE).is_file():
+        return p / STORE
+    if p.is_dir() and not (p / MANIFEST).is_file() and not ref.isdigit():  # a job id is looked up
+        raise OrchError(f"{ref} holds no {STORE} and is not an orch run; collect into it first "
+                        f"(`orch collect --from REPORTS --out {ref}`) or give a job id")
     return find_run(ref, Path(runs) if runs else None) / STORE
 
 

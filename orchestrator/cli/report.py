@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.collect import collect_from_paths, collect_opts, early, print_collect, timings_opt
+from orchestrator.cli.collect import collect_opts, collected_open, early, print_collect, timings_opt
 from orchestrator.cli.common import (
     Handler,
     check_output_dir,
@@ -28,6 +28,8 @@ from orchestrator.errors import OrchError
 from orchestrator.report.safe import cell, plain
 
 if TYPE_CHECKING:
+    import duckdb
+
     from orchestrator.analyze.engine import Options
     from orchestrator.analyze.model import Report
     from orchestrator.report.extras import Extras
@@ -38,13 +40,15 @@ def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
     check_output_file(a.html, "--html", created)
 
 
-def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None) -> tuple[Report, Extras | None]:
-    """The report, and with --html the timeline's extras, from one analysis pass."""
+def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
+             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras | None]:
+    """The report, and with --html the timeline's extras, from one analysis pass (`writer`:
+    the collect's open connection, engine.analysis)."""
     from orchestrator.analyze.report import build_report
     from orchestrator.report.extras import build_with_extras
 
     opts = opts or _options(a)
-    return build_with_extras(store, opts) if a.html else (build_report(store, opts), None)
+    return build_with_extras(store, opts, writer) if a.html else (build_report(store, opts, writer), None)
 
 
 def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
@@ -97,9 +101,10 @@ def _collect_and_report(a: argparse.Namespace, dest: Path) -> None:
     with early(a, a.paths, dest, a.nsys) as started:
         opts = _options(a)
         _preload(a)
-        res = collect_from_paths(a.paths, dest, a, started)
-    print_collect(res)
-    _emit(*_analyse(res.store, a, opts), a)
+        with collected_open(a.paths, dest, a, started) as (res, writer):
+            print_collect(res)
+            report, extras = _analyse(res.store, a, opts, writer)
+    _emit(report, extras, a)
 
 
 def cmd_analyze(a: argparse.Namespace) -> int:
@@ -202,7 +207,7 @@ def report_opts(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     p = sub.add_parser("report", help="cross-rank comparison report from a collected run")
-    p.add_argument("run", help="job id, run directory or profile.duckdb")
+    p.add_argument("run", help="job id, run directory, the --out of a collect, or profile.duckdb")
     report_opts(p)
     runs_opt(p)
     timings_opt(p)
@@ -213,14 +218,14 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     report_opts(p)
     collect_opts(p)
     p = sub.add_parser("diff", help="compare two runs; exit 1 when a metric regresses")
-    p.add_argument("a", help="baseline: report JSON, job id, run directory or profile.duckdb")
+    p.add_argument("a", help="baseline: report JSON, job id, run or --out directory, or profile.duckdb")
     p.add_argument("b", help="candidate: same kinds")
     p.add_argument("--threshold-scale", type=positive_float("--threshold-scale 1.5"), default=1.0,
                    help="multiply every threshold")
     p.add_argument("--json", help="write the deltas as JSON")
     runs_opt(p)
     p = sub.add_parser("export-trace", help="all ranks as one Chrome/Perfetto JSON timeline")
-    p.add_argument("run", help="job id, run directory or profile.duckdb")
+    p.add_argument("run", help="job id, run directory, the --out of a collect, or profile.duckdb")
     p.add_argument("-o", "--output", required=True)
     runs_opt(p)
     return {"report": cmd_report, "analyze": cmd_analyze, "diff": cmd_diff, "export-trace": cmd_export_trace}

@@ -10,11 +10,12 @@ import fcntl
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,7 +29,7 @@ from orchestrator.collect.gather import (
     find_nsys,
 )
 from orchestrator.collect.identity import Member, identify, infer_world_size
-from orchestrator.collect.ingest import build_store
+from orchestrator.collect.ingest import writing_store
 from orchestrator.collect.probe import Probe, probe
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
@@ -100,18 +101,28 @@ def _complete_layout(layout: Layout, members: list[Member], warnings: list[str])
     return layout
 
 
-def collect(
+def collect(paths: list[Path], run: Path, **kw: Any) -> CollectResult:
+    """Collect the reports under `paths` into `run`'s store (`collecting`, store closed)."""
+    with collecting(paths, run, **kw) as (res, _):
+        return res
+
+
+@contextmanager
+def collecting(
     paths: list[Path], run: Path, *, layout: Layout, expected: list[int] | None = None,
     name_prefix: str | None = None, nsys: str | None = None, workers: int | None = None,
     keep_env: bool = False, engine: str = "auto", align: bool = False,
     console: Console | None = None, extra_meta: dict[str, object] | None = None,
-    started: dict[Path, Started] | None = None,
-) -> CollectResult:
-    """Collect the reports under `paths` into `run`'s store. `started`: exports already
-    running (gather.early_exports), taken over by the export step."""
+    started: dict[Path, Started] | None = None, background: bool = False,
+) -> Iterator[tuple[CollectResult, duckdb.DuckDBPyConnection]]:
+    """Collect the reports under `paths` into `run`'s store and hold the store open for the
+    block (ingest.writing_store): the block gets the result and the writer's connection (the
+    store attached as `store`); the store is in place when the block ends, also when it fails.
+    `started`: exports already running (gather.early_exports), taken over by the export step;
+    `background`: checkpoint during the block (an analysis of the store in this process)."""
     console = console or Console(stderr=True)
     workers = export_workers(workers)
-    with run_lock(run):
+    with run_lock(run), ExitStack() as held:
         reports: list[ReportFile] = discover(paths, name_prefix)
         if not reports:
             where = ", ".join(str(p) for p in paths)
@@ -140,13 +151,14 @@ def collect(
                         m.notes.append(f"rank {m.rank} is outside the world size {layout.world_size}")
             t3 = prog.add_task("ingest", total=sum(1 for m in members if not m.probe.error))
             with phase("collect: build store (total)"):
-                used = build_store(members, run / STORE, layout=layout, keep_env=keep_env, engine=engine,
-                                   workers=workers, align=align, expected=expected, extra_meta=extra_meta,
-                                   on_rank=lambda _m: prog.advance(t3))
-    exp = set(expected or [])
-    ok = {m.rank for m in members if m.rank is not None and not m.probe.error and m.status == "ok"}
-    return CollectResult(
-        store=run / STORE, engine=used, members=members, warnings=warnings,
-        missing=sorted(exp - ok) if expected is not None else [],
-        extra=sorted(set(ranks) - exp) if expected is not None else [],
-    )
+                written = held.enter_context(writing_store(
+                    members, run / STORE, layout=layout, keep_env=keep_env, engine=engine, workers=workers,
+                    align=align, expected=expected, extra_meta=extra_meta, on_rank=lambda _m: prog.advance(t3),
+                    background=background))
+        exp = set(expected or [])
+        ok = {m.rank for m in members if m.rank is not None and not m.probe.error and m.status == "ok"}
+        yield CollectResult(
+            store=run / STORE, engine=written.engine, members=members, warnings=warnings,
+            missing=sorted(exp - ok) if expected is not None else [],
+            extra=sorted(set(ranks) - exp) if expected is not None else [],
+        ), written.con

@@ -11,38 +11,36 @@ renamed over the old one, so readers only ever see a complete store.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
-from orchestrator import __version__, numbers
-from orchestrator.collect.decompress import clean_stale
+from orchestrator import numbers
 from orchestrator.collect.extract import insert_sql, missing_columns, select_sql
 from orchestrator.collect.identity import Layout, Member
 from orchestrator.collect.probe import ENV_ALLOW, open_ro
 from orchestrator.collect.schema import (
     EVENT_SCHEMA,
     RANKS_DDL,
-    STORE_VERSION,
     align_clocks_sql,
     arrow_schema,
     create_event_tables_sql,
     finalize_sql,
     negative_durations_sql,
 )
+from orchestrator.collect.store import Checkpoint, append_rows, first_line, new_store, store_write_failed, write_meta
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
-from orchestrator.sqltext import literal, quote
+from orchestrator.sqltext import quote
 
 _FETCH_ROWS = 65536
 
@@ -161,11 +159,6 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
-
-
 BATCH = 32  # ranks attached and inserted together by the scanner path
 
 
@@ -216,6 +209,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     def worker(w: int) -> None:
         cur = con.cursor()
         try:
+            cur.execute("USE store")  # a cursor starts in the writer's in-memory catalog
             cur.execute("SET threads = 1")  # parallelism comes from the workers
             for batch in batches[w::workers]:
                 run(cur, batch, w)
@@ -228,128 +222,112 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     con.execute(f"SET threads = {threads}")  # `threads` is global: the workers changed it
 
 
-def build_store(
-    members: list[Member], store: Path, *, layout: Layout, keep_env: bool = False,
-    engine: str = "auto", workers: int = 2, align: bool = False,
-    expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
-    on_rank: Callable[[Member], None] | None = None,
-) -> str:
+# Rows waiting for the checkpoint stay in the writer's memory; an analysis that runs during a
+# background checkpoint shares the writer's memory limit with them. Past this much WAL (a
+# 2-rank GPT-2 job writes about 25 MB, 128 synthetic ranks about 90 MB) the checkpoint runs
+# first, as `orch collect` always does, and the analysis reads the written file.
+BACKGROUND_CHECKPOINT_MAX = 64 << 20
+
+
+@dataclass(frozen=True)
+class Written:
+    """The store being finished, held open by `writing_store`: `con` is the writer (its
+    in-memory catalog is the default, the store is attached as `store`), `engine` the ingest
+    engine used."""
+
+    con: duckdb.DuckDBPyConnection
+    engine: str
+
+
+def build_store(members: list[Member], store: Path, **kw: Any) -> str:
     """Write `store` atomically (`new_store`); returns the engine used ('scanner' or 'sqlite3')."""
-    with new_store(store) as tmp:
-        with phase("store: create file"):
-            con = duckdb.connect(str(tmp), config=SCANNER_CONFIG)
-        try:
-            con.execute(f"SET threads = {max(1, workers)}")
-            # The buffer pool (written blocks, the open transactions' rows) stays under this,
-            # spilling to a temp directory past it instead of growing.
-            limit(con, str(store.parent / ".duckdb-spill"))
-            # Each batch commits its own partly filled last row groups; the checkpoint's vacuum
-            # rewrites them and leaves the old blocks as free space inside the file (57 MB
-            # instead of 47 MB at 128 ranks). The rows are the same either way; deleted
-            # impossible rows (rare) stay as marked deletes instead of being compacted away.
-            con.execute("SET max_vacuum_tasks = 0")
-            with phase("store: load sqlite scanner"):
-                use_scanner = engine in ("auto", "scanner") and load_scanner(con)
-            used = "scanner" if use_scanner else "sqlite3"
-            if engine == "scanner" and not use_scanner:
-                raise OrchError(
-                    "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
-                    f"=={duckdb.__version__} or use --engine sqlite3"
-                )
-            con.execute(RANKS_DDL)
-            con.execute(create_event_tables_sql())  # the workers insert straight into these
-            ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
-            starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
-            base = min(starts) if starts else 0
-            # No automatic checkpoint during the ingest: a batch's rows of a table go straight
-            # into the file as whole row groups when they fill one (nvtx, cuda_api), the
-            # smaller tables' rows go to the WAL; each automatic checkpoint would compress the
-            # partly filled last row groups of those again (about a tenth of the collect's CPU
-            # at 128 ranks, and a bigger file). One checkpoint after the ingest writes them
-            # once and removes the WAL (90 MB at 128 ranks: those rows uncompressed).
-            con.execute("SET checkpoint_threshold = '1TB'")
-            with phase("store: ingest (wall)"):
-                _ingest_all(con, ok, base, use_scanner, workers, on_rank)
-            con.execute("RESET checkpoint_threshold")
-            with phase("store: checkpoint ingested rows"):
-                con.execute("CHECKPOINT")
-            with phase("store: finalize"):
-                _finalize(con, members, base, layout, keep_env, expected)
-            if align:
-                with phase("store: align clocks"):
-                    con.execute(align_clocks_sql())
-            write_meta(con, engine=used, base=base, layout=layout, align=align, extra=extra_meta)
-            with phase("store: checkpoint"):
-                con.execute("CHECKPOINT")
-        finally:
-            con.close()
-    return used
+    with writing_store(members, store, **kw) as w:
+        return w.engine
 
 
 @contextmanager
-def new_store(store: Path) -> Iterator[Path]:
-    """The path to build `store` at: a temp name renamed over the old store when the block ends
-    without an error (readers only ever see a complete store), removed when it fails. Temp
-    stores of earlier runs that were killed (their pid is gone) are removed first. The caller
-    closes its connection inside the block."""
-    if "?" in str(store.resolve()):
-        # DuckDB reads `?` in a database path as the start of options and writes elsewhere.
-        raise OrchError(f"cannot write a store under {numbers.text(str(store))!r}: DuckDB does not accept '?' in "
-                        "the path of a database; choose an output folder without '?'")
-    tmp = store.with_name(f".{store.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    clean_stale(store.parent, re.compile(re.escape(f".{store.name}.tmp-") + r"(?P<pid>[0-9]+)(\.wal)?"))
-    try:
-        yield tmp
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        Path(f"{tmp}.wal").unlink(missing_ok=True)
-        if store_write_failed(e):
-            why = _DISK_FULL.search(str(e))
-            raise OrchError(f"cannot write the store in {numbers.text(str(store.parent))!r}: "
-                            f"{why.group(0) if why else first_line(e)}; "
-                            "free space there or pass --out DIR on a disk with room (nothing was written; "
-                            "an earlier store there is kept)") from None
-        raise
-    os.replace(tmp, store)
+def writing_store(
+    members: list[Member], store: Path, *, layout: Layout, keep_env: bool = False,
+    engine: str = "auto", workers: int = 2, align: bool = False,
+    expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
+    on_rank: Callable[[Member], None] | None = None, background: bool = False,
+) -> Iterator[Written]:
+    """Build `store` and hold it open: the block gets the writer (`Written`) with every row,
+    table and meta in place; when it ends the checkpoint finishes, the writer closes and the
+    store is renamed into place (`new_store`). With `background` the checkpoint runs during
+    the block (a small store, BACKGROUND_CHECKPOINT_MAX), so an analysis in this process
+    starts at once on the same rows. A failure inside the block still keeps the store (it is
+    complete) and is raised after the rename; a failure while building keeps nothing."""
+    failed: BaseException | None = None
+    with new_store(store) as tmp:
+        con = duckdb.connect(config=SCANNER_CONFIG)
+        try:
+            with phase("store: create file"):
+                con.execute(f"ATTACH '{quote(str(tmp))}' AS store")
+                con.execute("USE store")  # the build's tables; each cursor says so again (_ingest_all)
+            used = _build(con, members, store, layout=layout, keep_env=keep_env, engine=engine, workers=workers,
+                          align=align, expected=expected, extra_meta=extra_meta, on_rank=on_rank)
+            wal = Path(f"{tmp}.wal")
+            small = wal.exists() and wal.stat().st_size <= BACKGROUND_CHECKPOINT_MAX
+            checkpoint = Checkpoint(con, background and small)
+            try:
+                yield Written(con, used)
+            except BaseException as e:  # the block's own failure: the store is complete, keep it
+                failed = e
+            checkpoint.wait()
+        finally:
+            con.close()
+    if failed is not None:
+        raise failed
 
 
-def store_write_failed(e: BaseException) -> bool:
-    """The store's own disk failed (full, read-only, quota), not a rank's export: DuckDB
-    invalidates the database after such an error, so no other rank could be written either."""
-    return isinstance(e, duckdb.FatalException) or (
-        isinstance(e, duckdb.Error) and bool(_DISK_FULL.search(str(e))))
-
-
-_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|Read-only file system")
-
-
-def write_meta(con: duckdb.DuckDBPyConnection, *, engine: str, base: int, layout: Layout, align: bool,
-               extra: dict[str, object] | None = None) -> None:
-    """The store's `meta` table: what built it, on which clock base, with which layout."""
-    meta = {
-        "orch_version": __version__, "store_version": STORE_VERSION,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "engine": engine, "clock_base_utc_ns": base, "layout": json.dumps(layout.meta()),
-        "aligned_collectives": align, **(extra or {}),
-    }
-    _append(con, "meta", ("key", "value"), [(k, str(v)) for k, v in meta.items()])
+def _build(con: duckdb.DuckDBPyConnection, members: list[Member], store: Path, *, layout: Layout,
+           keep_env: bool, engine: str, workers: int, align: bool, expected: list[int] | None,
+           extra_meta: dict[str, object] | None, on_rank: Callable[[Member], None] | None) -> str:
+    """Every table of the store, up to the checkpoint; returns the engine used."""
+    con.execute(f"SET threads = {max(1, workers)}")
+    # The buffer pool (written blocks, the open transactions' rows) stays under this,
+    # spilling to a temp directory past it instead of growing.
+    limit(con, str(store.parent / ".duckdb-spill"))
+    # Each batch commits its own partly filled last row groups; the checkpoint's vacuum
+    # rewrites them and leaves the old blocks as free space inside the file (57 MB
+    # instead of 47 MB at 128 ranks). The rows are the same either way; deleted
+    # impossible rows (rare) stay as marked deletes instead of being compacted away.
+    con.execute("SET max_vacuum_tasks = 0")
+    with phase("store: load sqlite scanner"):
+        use_scanner = engine in ("auto", "scanner") and load_scanner(con)
+    used = "scanner" if use_scanner else "sqlite3"
+    if engine == "scanner" and not use_scanner:
+        raise OrchError(
+            "the DuckDB sqlite scanner is not available; install duckdb-extension-sqlite-scanner"
+            f"=={duckdb.__version__} or use --engine sqlite3"
+        )
+    con.execute(RANKS_DDL)
+    con.execute(create_event_tables_sql())  # the workers insert straight into these
+    ok = [m for m in members if m.status == "ok" and not m.probe.error and m.report.sqlite]
+    starts = [m.probe.session_start_ns for m in ok if m.probe.session_start_ns is not None]
+    base = min(starts) if starts else 0
+    # No automatic checkpoint until the store is complete: a batch's rows of a table go
+    # straight into the file as whole row groups when they fill one (nvtx, cuda_api), the
+    # smaller tables' rows go to the WAL; each automatic checkpoint would compress the
+    # partly filled last row groups of those again (about a tenth of the collect's CPU at
+    # 128 ranks, and a bigger file). One checkpoint at the end (writing_store) writes them
+    # once and removes the WAL (90 MB at 128 ranks: those rows uncompressed).
+    con.execute("SET checkpoint_threshold = '1TB'")
+    with phase("store: ingest (wall)"):
+        _ingest_all(con, ok, base, use_scanner, workers, on_rank)
+    with phase("store: finalize"):
+        _finalize(con, members, base, layout, keep_env, expected)
+    if align:
+        with phase("store: align clocks"):
+            con.execute(align_clocks_sql())
+    write_meta(con, engine=used, base=base, layout=layout, align=align, extra=extra_meta)
+    return used
 
 
 _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", "tp_index", "gpu_name",
               "session_start_utc_ns", "clock_offset_ns", "clock_correction_ns", "nsys_version", "schema_version",
               "source_file", "identity_source", "status", "error", "untraced")
-
-
-def _append(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], rows: list[tuple]) -> None:
-    """Insert the small tables (ranks, env, sources, meta) as SQL VALUES literals, by column
-    name: no pyarrow import (0.2 s of fixed cost on every collect) and no bound parameters
-    (DuckDB binds thousands of `?` slowly: 0.7 s for 512 ranks, against 30 ms as literals).
-    Strings pass through `numbers.text`: a file name in another encoding never fails it."""
-    quoted = ", ".join(f'"{n}"' for n in names)
-    for i in range(0, len(rows), 1000):
-        values = ", ".join("(" + ", ".join(map(literal, r)) + ")" for r in rows[i: i + 1000])
-        con.execute(f"INSERT INTO {table} ({quoted}) VALUES {values}")
 
 
 def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> set[str]:
@@ -412,9 +390,9 @@ def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, 
                      place["tp_index"], None, None, None, None, None, None, None, None, "missing",
                      "no report found for this rank", None))
     with phase("finalize: ranks/env/sources"):
-        _append(con, "ranks", _RANK_COLS, rows)
-        _append(con, "env", ("rank", "name", "value"), env_rows)
-        _append(con, "sources", ("file", "rank", "status", "reason"), src_rows)
+        append_rows(con, "ranks", _RANK_COLS, rows)
+        append_rows(con, "env", ("rank", "name", "value"), env_rows)
+        append_rows(con, "sources", ("file", "rank", "status", "reason"), src_rows)
     # Hosts fill `node` when no layout says nproc_per_node (one node per distinct host).
     con.execute("""UPDATE ranks SET node = h.n FROM (SELECT host, dense_rank() OVER (ORDER BY host) - 1 AS n
                    FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h

@@ -19,9 +19,10 @@ import duckdb
 
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.identity import Layout, Member, identify
-from orchestrator.collect.ingest import _append, _finalize, new_store, write_meta
+from orchestrator.collect.ingest import _finalize
 from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
+from orchestrator.collect.store import append_rows, new_store, write_meta
 from orchestrator.collect.tables import TABLES
 from orchestrator.memory import limit
 from orchestrator.sqltext import quote
@@ -94,7 +95,7 @@ def build_store_from_parts(
             con.execute(RANKS_DDL)
             con.execute(create_event_tables_sql())
             con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
-            _append(con, "part_map", ("file", "rank", "off"), part_map)
+            append_rows(con, "part_map", ("file", "rank", "off"), part_map)
             for table, cols in EVENT_SCHEMA.items():
                 con.execute(_stage_view(table, files[table]))
                 names = ", ".join(f'"{c}"' for c, _ in cols)

@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
+import duckdb
 from pydantic import Field
 
 from orchestrator.analyze.engine import Options, Views, analysis
@@ -89,9 +90,11 @@ class Extras(Strict):
     note: str | None = None
 
 
-def build_with_extras(store: Path, opts: Options) -> tuple[Report, Extras]:
-    """The report and the HTML's extras from ONE analysis pass over the store."""
-    con, v = analysis(store, opts)
+def build_with_extras(store: Path, opts: Options,
+                      writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
+    """The report and the HTML's extras from ONE analysis pass over the store (`writer`: as
+    for engine.analysis)."""
+    con, v = analysis(store, opts, writer)
     try:
         report = report_from_views(v, store, opts)
         with phase("report: timeline extras"):

@@ -5,7 +5,8 @@ store file's event tables (created up front; no staging copy, so the rows are wr
 never held in memory as a whole), either through DuckDB's sqlite scanner (fast path; the
 extension is loaded from the pinned `duckdb-extension-sqlite-scanner` wheel, never downloaded)
 or through sqlite3 -> Arrow batches (fallback). The store is built under a temp name and
-renamed over the old one, so readers only ever see a complete store.
+renamed over the old one, so readers only ever see a complete store (store.py); until then
+`writing_store` holds it open, for an analysis in the same process (`orch analyze`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
@@ -165,7 +165,7 @@ BATCH = 32  # ranks attached and inserted together by the scanner path
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
                 workers: int, on_rank: Callable[[Member], None] | None) -> None:
     """Batches of ranks spread over `workers` cursors (each its own transactions), all appending
-    to the store's event tables, which `build_store` created. A failing batch is rolled back
+    to the store's event tables, which `_build` created. A failing batch is rolled back
     and retried rank by rank so one bad file only marks its own rank as an error; its rows
     never reach the store. Impossible rows go in as they are: `_finalize` counts them on
     their rank, then deletes them."""
@@ -237,12 +237,6 @@ class Written:
 
     con: duckdb.DuckDBPyConnection
     engine: str
-
-
-def build_store(members: list[Member], store: Path, **kw: Any) -> str:
-    """Write `store` atomically (`new_store`); returns the engine used ('scanner' or 'sqlite3')."""
-    with writing_store(members, store, **kw) as w:
-        return w.engine
 
 
 @contextmanager

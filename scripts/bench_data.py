@@ -198,9 +198,25 @@ def phase_orch_in(tree: str, d: Path, store_dir: Path) -> dict:
 
 
 def phase_orch(d: Path, store_dir: Path) -> dict:
-    """`orch analyze` in one process: collect then report (imports paid once, as the CLI)."""
-    phase_ingest(d, store_dir)
-    return phase_analyze(store_dir)
+    """`orch analyze` in one process, as the CLI runs it (imports paid once): collect, then the
+    report on the collect's own connection while the store's checkpoint runs
+    (`collect.collecting`); an orch tree without it (a --baseline): collect, then report."""
+    import orchestrator.collect.collect as cc
+
+    if not hasattr(cc, "collecting"):
+        phase_ingest(d, store_dir)
+        return phase_analyze(store_dir)
+    from rich.console import Console
+
+    from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.report import build_report
+    from orchestrator.collect.identity import Layout
+
+    with cc.collecting([d], store_dir, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True),
+                       background=True) as (res, con):
+        assert len(res.ok_ranks) == len(list(d.glob("*.sqlite"))), res.bad[:3]
+        rep = build_report(store_dir / "profile.duckdb", Options(), con)
+    return {"ranks": len(rep.ranks)}
 
 
 def phase_pandas(d: Path) -> dict:

@@ -30,7 +30,9 @@ def render(results: list[dict], meta: dict) -> str:
         "- **floor py**: plain sqlite3 read of every row of the same tables (OSRT: the rows orch keeps, "
         "filtered by SQLite); **floor py5**: the issue's original floor (five event tables).",
         "- **orch**: `orch analyze` in one process: collect (probe, ingest, store) + report (every view "
-        "and rule); ingest and analyze are also timed alone. **before**: the same with the orch of "
+        "and rule), the report on the collect's own connection while the store's checkpoint runs, as the "
+        "CLI does it; ingest (`orch collect`) and analyze (`orch report` of the kept store) are also timed "
+        "alone. **before**: the same with the orch of "
         f"`--baseline` ({meta.get('baseline_label') or 'an earlier tree'}), alternated with the others in the "
         "same run.", "",
         "| dataset | ranks | MB | floor C s | floor py s | floor py5 s | orch s | ingest s | analyze s | "

@@ -224,7 +224,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
 
 # Rows waiting for the checkpoint stay in the writer's memory; an analysis that runs during a
 # background checkpoint shares the writer's memory limit with them. Past this much WAL (a
-# 2-rank GPT-2 job writes about 25 MB, 128 synthetic ranks about 90 MB) the checkpoint runs
+# 2-rank GPT-2 job writes about 20 MB, 128 synthetic ranks about 90 MB) the checkpoint runs
 # first, as `orch collect` always does, and the analysis reads the written file.
 BACKGROUND_CHECKPOINT_MAX = 64 << 20
 

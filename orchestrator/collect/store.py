@@ -97,7 +97,7 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ..
 class Checkpoint:
     """`CHECKPOINT store` on its own cursor of the writer's connection, now or in a thread.
     In a thread, DuckDB writes the rows while other cursors read them (the analysis of
-    `orch analyze`, which then no longer waits for it: 0.07-0.09 s of a 2-rank GPT-2 job).
+    `orch analyze`, which then no longer waits for it: 0.07-0.11 s of a 2-rank GPT-2 job).
     `wait` re-raises its error (a full disk: nothing may be renamed into place)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, background: bool) -> None:

@@ -70,3 +70,21 @@ def test_analyze_on_the_writer_equals_collect_then_report(case: str, background:
     ha = (tmp_path / "a.html").read_text().replace(str(a), "STORE")
     hb = (tmp_path / "b.html").read_text().replace(str(b), "STORE")
     assert ha == hb
+
+
+def test_analyze_over_parts_gives_the_same_report(tmp_path: Path, capsys) -> None:
+    """`orch analyze --parts` has no writer to share (the reduce builds the store in its own
+    connection): it reports from the finished store, with the same answer."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for gz in sorted(REAL.glob("healthy_r*.sqlite.gz")):
+        with gzip.open(gz, "rb") as fi, open(src / gz.name.removesuffix(".gz"), "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+    for name, extra in (("a", []), ("p", ["--parts"])):
+        assert main(["analyze", str(src), "--out", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json"),
+                     *extra]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "p" / "parts").is_dir()  # the map/reduce path ran
+    ra, rp = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "ap")
+    ra.pop("store"), rp.pop("store")
+    assert ra == rp and ra["findings"]

@@ -23,6 +23,15 @@ from tests.conftest import store_differences
 REAL = Path(__file__).parent / "fixtures" / "real"
 
 
+def _unpacked(case: str, dest: Path) -> Path:
+    """The real capture `case` (tests/fixtures/real), its exports decompressed into `dest`."""
+    dest.mkdir()
+    for gz in sorted(REAL.glob(f"{case}_r*.sqlite.gz")):
+        with gzip.open(gz, "rb") as fi, open(dest / gz.name.removesuffix(".gz"), "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+    return dest
+
+
 class _Spy(store.Checkpoint):
     """The real checkpoint, remembering whether it was asked to run in the background."""
 
@@ -37,11 +46,7 @@ class _Spy(store.Checkpoint):
 @pytest.mark.parametrize("background", [True, False])
 def test_analyze_on_the_writer_equals_collect_then_report(case: str, background: bool, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    for gz in sorted(REAL.glob(f"{case}_r*.sqlite.gz")):
-        with gzip.open(gz, "rb") as fi, open(src / gz.name.removesuffix(".gz"), "wb") as fo:
-            shutil.copyfileobj(fi, fo)
+    src = _unpacked(case, tmp_path / "src")
     monkeypatch.setattr(ingest, "Checkpoint", _Spy)
     if not background:
         monkeypatch.setattr(ingest, "BACKGROUND_CHECKPOINT_MAX", 0)
@@ -75,11 +80,7 @@ def test_analyze_on_the_writer_equals_collect_then_report(case: str, background:
 def test_analyze_over_parts_gives_the_same_report(tmp_path: Path, capsys) -> None:
     """`orch analyze --parts` has no writer to share (the reduce builds the store in its own
     connection): it reports from the finished store, with the same answer."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for gz in sorted(REAL.glob("healthy_r*.sqlite.gz")):
-        with gzip.open(gz, "rb") as fi, open(src / gz.name.removesuffix(".gz"), "wb") as fo:
-            shutil.copyfileobj(fi, fo)
+    src = _unpacked("healthy", tmp_path / "src")
     for name, extra in (("a", []), ("p", ["--parts"])):
         assert main(["analyze", str(src), "--out", str(tmp_path / name), "--json", str(tmp_path / f"{name}.json"),
                      *extra]) == 0

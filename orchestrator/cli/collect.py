@@ -20,11 +20,17 @@ if TYPE_CHECKING:
 # (`early`), and these modules load while nsys runs.
 
 
+def _map_reduce(a: argparse.Namespace) -> bool:
+    """--parts or --on-cluster: the map/reduce collect, which exports in its own workers and
+    builds the store in its own connection (callers with their own Namespace, sweep, lack them)."""
+    return bool(getattr(a, "parts", False) or getattr(a, "on_cluster", False))
+
+
 def early(a: argparse.Namespace, paths: list[str], run: Path, nsys: str | None = None,
           name_prefix: str | None = None) -> AbstractContextManager[dict[Path, Started]]:
     """The in-process collect's first exports, started now (gather.early_exports); the
     map/reduce collect (--parts, --on-cluster) exports in its own workers."""
-    if getattr(a, "parts", False) or getattr(a, "on_cluster", False):
+    if _map_reduce(a):
         return nullcontext({})
     from orchestrator.collect.gather import early_exports
 
@@ -38,14 +44,13 @@ def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None,
     `cluster`'s settings)."""
     from functools import partial
 
-    on_cluster = getattr(a, "on_cluster", False)  # callers with their own Namespace (sweep) lack them
-    if not (getattr(a, "parts", False) or on_cluster):
+    if not _map_reduce(a):
         from orchestrator.collect.collect import collect
 
         return partial(collect, started=started)
     from orchestrator.collect.mapreduce import collect_parts
 
-    if not on_cluster:
+    if not getattr(a, "on_cluster", False):
         return collect_parts
     from orchestrator.collect.cluster import ArrayOptions
     from orchestrator.spec.load import find_cluster, load_cluster
@@ -96,7 +101,7 @@ def collected_open(paths: list[str], dest: Path, a: argparse.Namespace,
     """`collect_from_paths` for `orch analyze`: the in-process collect holds the store open
     for an analysis on its own connection while the checkpoint runs (collect.collecting);
     the map/reduce collect gives a closed store (connection None)."""
-    if getattr(a, "parts", False) or getattr(a, "on_cluster", False):
+    if _map_reduce(a):
         yield collect_from_paths(paths, dest, a, started), None
         return
     from orchestrator.collect.collect import collecting

@@ -61,6 +61,7 @@ open(sys.argv[1], "w").write(os.environ["RANK"])
 
 
 def _spec(tmp_path: Path, ranks: str, nproc: int, nodes: int, **profile) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
     cluster = tmp_path / "cluster.yaml"
@@ -131,3 +132,38 @@ def test_one_gpu_metrics_collector_per_node(tmp_path: Path) -> None:
             assert "--gpu-metrics-set=gh100" in args and "--gpu-metrics-frequency=200" in args
             collectors.append(rank)
     assert collectors == [1, 5]  # node 0: ranks 1-3 profiled -> 1; node 1: 5,6 -> 5
+
+
+FAILING = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write("ran\\n")
+sys.exit(3)
+"""
+
+
+def test_wrapper_starts_nsys_again_only_when_the_program_never_ran(tmp_path: Path, nsys: str) -> None:
+    """The real nsys refusing to start (an option it does not know) is tried three times and
+    the program never runs; a program that runs under nsys and fails runs once, its status kept."""
+    job = load_job(_spec(tmp_path / "a", "all", nproc=1, nodes=1, extra_args=["--no-such-nsys-option"]))
+    r = render(job, tmp_path / "a" / "scripts", report_dir=tmp_path / "a" / "reports")
+    r.write()
+    marker = tmp_path / "a" / "ran"
+    p = _run_wrapper(r.script_dir / "rank_wrapper.sh", 0, 0, marker)
+    assert p.returncode != 0 and not marker.exists(), p.stderr
+    assert "(attempt 1 of 3); starting it again" in p.stderr and "(attempt 2 of 3)" in p.stderr, p.stderr
+    assert "before the program started, 3 time(s)" in p.stderr
+    assert not list((tmp_path / "a" / "reports").iterdir())
+
+    job = load_job(_spec(tmp_path / "b", "all", nproc=1, nodes=1))
+    (tmp_path / "b" / "prog.py").write_text(FAILING)
+    r = render(job, tmp_path / "b" / "scripts", report_dir=tmp_path / "b" / "reports")
+    r.write()
+    runs = tmp_path / "b" / "runs"
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    markers = set(tmp.glob("orch-started.*"))
+    p = _run_wrapper(r.script_dir / "rank_wrapper.sh", 0, 0, runs)
+    assert p.returncode == 3, p.stderr
+    assert runs.read_text() == "ran\n" and "starting it again" not in p.stderr  # ran once, not retried
+    assert len(list((tmp_path / "b" / "reports").glob("*.nsys-rep"))) == 1
+    assert set(tmp.glob("orch-started.*")) == markers  # the wrapper removed its marker

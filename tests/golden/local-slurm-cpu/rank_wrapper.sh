@@ -25,4 +25,37 @@ fi
 
 nsys_args=( '--trace=nvtx,osrt' --sample=none --cpuctxsw=none --force-overwrite=true)
 mkdir -p /orch/run/reports
-exec nsys profile "${nsys_args[@]}" -o '/orch/run/reports/ddp-slurm-cpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' "$@"
+
+# nsys can fail while it starts, before the program runs: when several ranks of a node start it
+# at the same moment, its agent launch races ("Agent launcher failed", "Local Endpoint is not
+# available", "Connection reset by peer"; about 1 start in 30 with nsys 2022.4 on one machine).
+# Such an attempt ran nothing, so it is started again. The program's first act is to create a
+# marker (a shell builtin: no extra process in the trace), which tells a failed start from a
+# program that ran and failed: that one is never run twice. Without a writable marker, no retry.
+started=$(mktemp -u "${TMPDIR:-/tmp}/orch-started.XXXXXXXX")
+attempts=3
+if ! { : > "$started"; } 2>/dev/null; then attempts=1; fi
+rm -f "$started"
+stop=0
+trap 'stop=1' TERM INT HUP  # torchrun and Slurm signal nsys too: let it write its report, then stop
+for attempt in $(seq 1 "$attempts"); do
+  rc=0
+  # shellcheck disable=SC2016 # the inner sh expands them
+  ORCH_STARTED=$started nsys profile "${nsys_args[@]}" -o '/orch/run/reports/ddp-slurm-cpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' \
+    /bin/sh -c ': > "$ORCH_STARTED" 2>/dev/null; unset ORCH_STARTED; exec "$@"' orch-rank "$@" || rc=$?
+  ran=0
+  if [ -e "$started" ]; then ran=1; fi
+  rm -f "$started"
+  if [ "$rc" -eq 0 ] || [ "$ran" -eq 1 ] || [ "$stop" -eq 1 ]; then
+    exit "$rc"
+  fi
+  if [ "$attempt" -lt "$attempts" ]; then
+    echo "orch: rank $rank: nsys exited with status $rc before the program started" \
+         "(attempt $attempt of $attempts); starting it again" >&2
+    sleep "$(( attempt + RANDOM % 3 ))"
+    if [ "$stop" -eq 1 ]; then exit "$rc"; fi
+  fi
+done
+echo "orch: rank $rank: nsys exited with status $rc before the program started, $attempts time(s);" \
+     "its own messages are above" >&2
+exit "$rc"

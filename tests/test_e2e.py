@@ -129,6 +129,10 @@ def test_slurm_failure_paths(tmp_path: Path, slurm_cluster) -> None:
     job = _job_id(p.stdout)
     st = run_orch("status", job, "--runs", str(tmp_path / "runs"), env=env)
     assert "FAILED" in st.stdout and "log tail" in st.stdout
+    # Each task's row says what happened on its node: rank 2 (node2) failed, node1 was stopped.
+    tasks = json.loads(run_orch("status", job, "--runs", str(tmp_path / "runs"), "--json", env=env).stdout)["tasks"]
+    assert tasks[1]["error"] == "rank 2 failed first (exit status 3)", tasks
+    assert tasks[0]["error"].startswith("stopped by SIGTERM"), tasks
 
     # Cancel a running job.
     (tmp_path / "sleep.py").write_text(SLEEPER)

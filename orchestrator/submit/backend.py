@@ -22,6 +22,7 @@ from submitit.core.utils import CommandFunction, FailedJobError, JobPaths
 from orchestrator.errors import OrchError
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
+from orchestrator.submit.failure import failure_line
 
 # Slurm's terminal states; the local backend reports a subset of them.
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -90,7 +91,7 @@ class SubmititBackend:
                     info["result"] = outcome
                     if outcome == "error":
                         text = str(value).strip()
-                        info["error"] = text.splitlines()[-1][:300] if text else ""
+                        info["error"] = failure_line(text) or (text.splitlines()[-1][:300] if text else "")
                 except Exception as e:  # a half-written or foreign pickle: say so, keep going
                     info["result"] = f"unreadable ({e.__class__.__name__})"
             else:

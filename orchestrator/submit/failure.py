@@ -1,0 +1,78 @@
+"""Why a task of a torchrun job failed, in one line, from what its launch printed.
+
+A failed node's torchrun ends its output with every local rank's outcome and names the first
+one to fail ("Root Cause (first observed failure)"); the other nodes' torchruns only say they
+were stopped (SIGTERM from srun). The last line of that output, which `orch status` used to
+show, is a row of '=' on the failing node and `SignalException ... got signal: 15` on the
+others: neither names the rank nor says what went wrong. Read here, the row says which rank
+failed first, with what status, and the rank's own last words: orch's rank wrapper's message
+(nsys could not start) or the exception line of the rank's Python traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+_ROOT = re.compile(r"Root Cause \(first observed failure\):[ \t]*\n\[\d+\]:[ \t]*\n((?:[ \t]+[^\n]*\n?)+)")
+_FIELD = re.compile(r"^\s+(\w[\w ]*?)\s*:\s?(.*?)\s*$")
+_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+_TAG = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+_WRAPPER = re.compile(r"^orch: rank (\d+): (.*)$", re.M)
+# Frames of torchrun's and submitit's own tracebacks: the launcher reporting, not a rank failing.
+_LAUNCHER = ("torch/distributed/run.py", "torch/distributed/elastic/", "submitit/")
+
+
+def _rank_errors(text: str) -> list[tuple[str | None, str]]:
+    """(rank, exception line) of each Python traceback in `text` that is not the launcher's;
+    the rank when torch tagged the lines `[rankN]:` (its excepthook does for uncaught errors)."""
+    out: list[tuple[str | None, str]] = []
+    tagged = [_TAG.match(ln) for ln in text.splitlines()]
+    lines = [(m.group(1), m.group(2)) if m else (None, ln) for ln, m in zip(text.splitlines(), tagged, strict=True)]
+    i = 0
+    while i < len(lines):
+        rank, line = lines[i]
+        if line.startswith("Traceback (most recent call last):"):
+            j = i + 1
+            while j < len(lines) and lines[j][0] == rank and (lines[j][1][:1].isspace() or not lines[j][1]):
+                j += 1
+            frames = "\n".join(ln for _, ln in lines[i:j])
+            if j < len(lines) and lines[j][0] == rank and not any(s in frames for s in _LAUNCHER):
+                out.append((rank, lines[j][1].strip()))
+            i = j
+        i += 1
+    return out
+
+
+def _signal(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _status(code: str) -> str:
+    """torchrun's `exitcode` field: a status, or minus a signal number."""
+    try:
+        n = int(code.split()[0])
+    except (ValueError, IndexError):
+        return f"exit status {code}"
+    return f"killed by {_signal(-n)}" if n < 0 else f"exit status {n}"
+
+
+def failure_line(text: str) -> str | None:
+    """One line saying why this task failed, or None when its output is not a torchrun's."""
+    root = _ROOT.search(text)
+    if root:
+        fields = {m.group(1).strip(): m.group(2) for m in map(_FIELD.match, root.group(1).splitlines()) if m}
+        rank = fields.get("rank", "?").split()[0]
+        said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
+        errors = _rank_errors(text)
+        own = said[-1:] or [e for r, e in errors if r == rank][:1] or [e for r, e in errors if r is None][:1]
+        head = f"rank {rank} failed first ({_status(fields.get('exitcode', '?'))})"
+        return f"{head}: {own[0]}"[:300] if own else head
+    stopped = _STOPPED.search(text)
+    if stopped:
+        return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "
+                "or the job was cancelled or ran out of time")
+    return None

@@ -1,0 +1,53 @@
+"""`orch status`'s one line per failed task, read from what the real torchrun printed when a
+rank failed: the first rank to fail, how, and its own last error line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.submit.failure import failure_line
+
+RANKS = """
+import os, signal, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    if os.environ["HOW"] == "raise":
+        raise ValueError("batch 7 has no labels")
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def _torchrun(tmp_path: Path, how: str) -> str:
+    prog = tmp_path / "ranks.py"
+    prog.write_text(RANKS)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(prog)], capture_output=True, text=True, timeout=120,
+                       env={"HOW": how, "GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"})
+    assert p.returncode != 0
+    return p.stderr
+
+
+@pytest.mark.parametrize(("how", "want"), [
+    ("raise", "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels"),
+    ("kill", "rank 1 failed first (killed by SIGKILL)"),
+])
+def test_names_the_rank_that_failed_first(tmp_path: Path, how: str, want: str) -> None:
+    text = _torchrun(tmp_path, how)
+    assert text.splitlines()[-1].startswith("=====")  # what the task table used to show
+    assert failure_line(text) == want, text[-3000:]
+
+
+def test_other_nodes_say_they_were_stopped() -> None:
+    # What a healthy node's torchrun ends with when srun stops it (seen on the local Slurm).
+    text = ("W1123 08:01:29.179000 26304 site-packages/torch/distributed/elastic/agent/server/api.py:753] "
+            "Received 15 death signal, shutting down workers\nTraceback (most recent call last):\n"
+            '  File "/x/torch/distributed/run.py", line 1032, in <module>\n    main()\n'
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 26304 got signal: 15\n")
+    assert failure_line(text).startswith("stopped by SIGTERM: another node's rank failed")
+    assert failure_line("Traceback (most recent call last):\nKeyError: 'x'\n") is None

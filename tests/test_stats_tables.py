@@ -190,3 +190,31 @@ def test_straggler_window_tables(runs) -> None:
     assert any(k.cls == "communication" for k in t.kernels) and any(k.cls == "compute" for k in t.kernels)
     low = {s.rank for s in t.low_util_slices}
     assert low == {1}  # rank 0's GPU is busy waiting in NCCL kernels
+
+
+def test_waiting_rank_outliers_are_marked_apart(runs) -> None:
+    """Rank 0 waits for the planted slow rank 1: its outliers (longer NCCL / blocking ranges) are
+    marked as waiting, not as a second culprit, in the HTML and on the terminal."""
+    import re as _re
+
+    from rich.console import Console
+
+    from orchestrator.report.tables_html import stats_html
+    from orchestrator.report.tables_terminal import print_tables
+
+    rep = runs["ddp_straggler"]["window"]
+    assert rep.waits_for() == {0: [1]}
+    out0 = [p for p in rep.tables.phases if p.rank == 0 and (p.cpu_outlier or p.gpu_outlier)]
+    out1 = [p for p in rep.tables.phases if p.rank == 1 and (p.cpu_outlier or p.gpu_outlier)]
+    assert out0 and out1  # both ranks stand out somewhere; only rank 1 is late
+    html = stats_html(rep)
+    phases = html[html.index('id="phases"'):html.index("</table>", html.index('id="phases"'))]
+    rows = _re.findall(r"<tr>(.*?)</tr>", phases)
+    marks = {(int(_re.match(r'<td class="num">(\d+)</td>', r).group(1)), m)
+             for r in rows for m in _re.findall(r'class="num (out|wait)"', r)}
+    assert marks == {(0, "wait"), (1, "out")}, marks
+    assert "Orange: the same on a rank that waits for a late one" in html
+    con = Console(record=True, width=250, color_system="truecolor")
+    print_tables(rep, con)
+    text = con.export_text()
+    assert "(wait), yellow: waits for a late rank" in text and "0 (wait)" in text

@@ -165,6 +165,17 @@ class Report(Strict):
     def rank(self, rank: int) -> RankMetrics | None:
         return next((r for r in self.ranks if r.rank == rank), None)
 
+    def waits_for(self) -> dict[int, list[int]]:
+        """Rank -> the ranks it waits for, from the findings that name victims (a straggler, a
+        heavy stage). A waiting rank is long wherever it waits (the collective, the step around
+        it, a blocking `.item()`), so tables mark its outliers apart from the late rank's."""
+        out: dict[int, list[int]] = {}
+        for f in self.findings:
+            for v in f.victims:
+                out.setdefault(v, [])
+                out[v] += [r for r in f.ranks if r not in out[v] and r != v]
+        return {v: roots for v, roots in out.items() if roots}
+
 
 def load_report(path: Path) -> Report:
     """A report JSON written by `orch report --json`, or a one-line error saying what it is not."""

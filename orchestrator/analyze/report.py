@@ -98,7 +98,6 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
         note = "steps " + (f"{opts.steps[0]}..{opts.steps[1]}" if opts.steps else "after each rank's first")
         fam, pattern = src[0]["family"], src[0]["pattern"]
         if fam == 4:
-            note = "no step markers: iterations inferred; " + note
             step_source = f"inferred iterations (no step markers): the period of `{pattern}`"
         else:
             label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",

@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 from orchestrator.analyze.model import Report
 
-CSS = ("table.stats td.out{background:#ffcdd2;font-weight:bold}table.stats th{cursor:pointer;background:#eee}"
+CSS = ("table.stats td.out{background:#ffcdd2;font-weight:bold}table.stats td.wait{background:#ffe0b2}"
+       "table.stats th{cursor:pointer;background:#eee}"
        "table.stats td.num{text-align:right}details{margin:8px 0}")
 SORT_JS = """<script>
 document.querySelectorAll('table.stats th').forEach(function(th){th.onclick=function(){
@@ -26,22 +27,36 @@ def _e(x: object) -> str:
     return escape("" if x is None else str(x), quote=True)
 
 
-def _cell(v: Any, out: bool = False) -> str:
+def _cell(v: Any, mark: str = "", title: str = "") -> str:
+    """`mark`: '' / 'out' (an outlier) / 'wait' (an outlier on a rank that waits for another)."""
+    attr = f' title="{_e(title)}"' if title else ""
     if isinstance(v, float):
-        return f'<td class="num{" out" if out else ""}">{v:.6g}</td>'
+        return f'<td class="num{" " + mark if mark else ""}"{attr}>{v:.6g}</td>'
     if isinstance(v, int) and not isinstance(v, bool):
         return f'<td class="num">{v}</td>'
-    return f'<td{" class=out" if out else ""}>{_e(v)}</td>'
+    return f'<td{" class=" + mark if mark else ""}{attr}>{_e(v)}</td>'
 
 
-def _table(tid: str, rows: list[BaseModel], cols: list[str], flags: dict[str, str] | None = None) -> str:
-    """A sortable table of model rows; `flags` maps a column to the bool field marking it an outlier."""
+def _table(tid: str, rows: list[BaseModel], cols: list[str], flags: dict[str, str] | None = None,
+           waits: dict[int, list[int]] | None = None) -> str:
+    """A sortable table of model rows; `flags` maps a column to the bool field marking it an outlier;
+    outliers of ranks in `waits` (rank -> the ranks it waits for) are marked as waiting."""
     if not rows:
         return f'<p id="{tid}">none in the window</p>'
-    flags = flags or {}
+    flags, waits = flags or {}, waits or {}
+
+    def cell(r: BaseModel, c: str) -> str:
+        if not (flags.get(c) and getattr(r, flags[c])):
+            return _cell(getattr(r, c))
+        rank = getattr(r, "rank", None)
+        roots = waits.get(rank) if rank is not None else None
+        if roots:
+            return _cell(getattr(r, c), "wait", f"rank {rank} waits for rank(s) "
+                                               f"{', '.join(map(str, roots))}: this is likely that wait")
+        return _cell(getattr(r, c), "out")
+
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(_cell(getattr(r, c), bool(flags.get(c) and getattr(r, flags[c])))
-                                     for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(cell(r, c) for c in cols) + "</tr>" for r in rows)
     return f'<table class="stats" id="{tid}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -54,16 +69,17 @@ def stats_html(report: Report) -> str:
     t = report.tables
     gpu = report.gpu_activity
     gpu_cols = ["gpu_ms", "gpu_per_step_ms", "gpu_median_ms", "gpu_ops"] if gpu else []
+    waits = report.waits_for()
     phases = _table("phases", t.phases, ["rank", "range", *_DUR, "cpu_median_ms", *gpu_cols],
                     {"per_step_ms": "cpu_outlier", "total_ms": "cpu_outlier", "gpu_ms": "gpu_outlier",
-                     "gpu_per_step_ms": "gpu_outlier"})
+                     "gpu_per_step_ms": "gpu_outlier"}, waits)
     parts = [
         ("kernels", "Kernels across ranks (cuda_gpu_kern_sum)",
          _table("kernels", t.kernels, ["rank", "short_name", "cls", *_DUR, "pct", "median_total_ms", "min_total_ms",
-                                       "max_total_ms"], {"total_ms": "outlier", "per_step_ms": "outlier"})),
+                                       "max_total_ms"], {"total_ms": "outlier", "per_step_ms": "outlier"}, waits)),
         ("memory", "Memory operations across ranks (cuda_gpu_mem_time_sum / cuda_gpu_mem_size_sum)",
          _table("memory", t.memory, ["rank", "op", "host_kind", *_DUR, "pct", "mb", "median_mb", "median_total_ms"],
-                {"total_ms": "outlier", "per_step_ms": "outlier"})),
+                {"total_ms": "outlier", "per_step_ms": "outlier"}, waits)),
         ("api", "CUDA API and OS runtime calls (cuda_api_sum / osrt_sum; thread rows under the all-threads row)",
          _table("api", t.api, ["rank", "api", "name", "thread", "role", *_DUR, "pct"])),
         ("threads", "Threads: blocked vs launching",
@@ -82,5 +98,7 @@ def stats_html(report: Report) -> str:
                      for k, title, body in parts)
     what = "nvtx_sum + GPU projection" if gpu else "nvtx_sum"
     return (f"<style>{CSS}</style><h2>Phases across ranks ({what}; scope: {_e(t.scope)})</h2>"
-            f"<p>Outliers (red): above the other ranks' median by more than 3 MAD, 10 % and 1 ms.</p>"
+            f"<p>Outliers (red): above the other ranks' median by more than 3 MAD, 10 % and 1 ms."
+            + (" Orange: the same on a rank that waits for a late one (the findings name it): its extra time"
+               " there is likely waiting; look at the late rank first." if waits else "") + "</p>"
             f"{phases}{folded}{SORT_JS}")

@@ -30,8 +30,14 @@ def _ranks(rows: Iterable[Any]) -> list[int]:
 
 
 def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callable[[Any], float | None],
-           outlier: Callable[[Any], bool], extra: dict[str, Callable[[list[Any]], str]] | None = None) -> Table:
-    """One row per item: extra columns, median, min/max rank, outlier ranks, per-rank values."""
+           outlier: Callable[[Any], bool], extra: dict[str, Callable[[list[Any]], str]] | None = None,
+           waits: dict[int, list[int]] | None = None) -> Table:
+    """One row per item: extra columns, median, min/max rank, outlier ranks, per-rank values.
+    Outliers are red, those of ranks in `waits` (they wait for a late rank) yellow."""
+    waits = waits or {}
+
+    def mark(rk: int, text: str) -> str:
+        return f"[{'yellow' if rk in waits else 'red'}]{text}[/]"
     by: dict[str, list[Any]] = defaultdict(list)
     for r in rows:
         by[key(r)].append(r)
@@ -43,6 +49,7 @@ def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callab
     for c in cols:
         t.add_column(c, overflow="fold", max_width=48 if c == "item" else None)
     items = sorted(by.items(), key=lambda kv: -median(value(r) or 0 for r in kv[1]))[:TOP]
+    shown_waiting = False
     for name, rs in items:
         vals = {r.rank: value(r) for r in rs}
         lo = min(vals, key=lambda k: vals[k] or 0)
@@ -50,10 +57,13 @@ def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callab
         out = sorted(r.rank for r in rs if outlier(r))
         row = [cell(name), *(cell(f(rs)) for f in (extra or {}).values()),
                _fmt(median(v or 0 for v in vals.values())), f"{_fmt(vals[lo])} ({lo})", f"{_fmt(vals[hi])} ({hi})",
-               f"[red]{', '.join(map(str, out))}[/]" if out else ""]
+               ", ".join(mark(rk, f"{rk} (wait)" if rk in waits else str(rk)) for rk in out)]
         if per_rank:
-            row += [(f"[red]{_fmt(vals[rk])}[/]" if rk in out else _fmt(vals.get(rk))) for rk in ranks]
+            row += [(mark(rk, _fmt(vals[rk])) if rk in out else _fmt(vals.get(rk))) for rk in ranks]
         t.add_row(*row)
+        shown_waiting = shown_waiting or any(rk in waits for rk in out)
+    if shown_waiting:
+        t.caption = "(wait), yellow: waits for a late rank (see findings); its extra time is likely that wait"
     return t
 
 
@@ -64,20 +74,22 @@ def _kernel_label(r: Any, unique: set[str]) -> str:
 
 def _phase_tables(report: Report) -> list[Table]:
     p = report.tables.phases
+    waits = report.waits_for()
     unit = "ms/step" if any(r.per_step_ms is not None for r in p) else "ms"
     return [
         _cross(f"phases: CPU {unit} in NVTX ranges (nsys nvtx_sum across ranks)", p, lambda r: r.range,
                lambda r: r.per_step_ms if r.per_step_ms is not None else r.total_ms, lambda r: r.cpu_outlier,
-               {"n": lambda rs: str(rs[0].count)}),
+               {"n": lambda rs: str(rs[0].count)}, waits),
         _cross(f"phases: GPU {unit} launched from the ranges (projection, same thread)",
                [r for r in p if r.gpu_ops], lambda r: r.range,
                lambda r: r.gpu_per_step_ms if r.gpu_per_step_ms is not None else r.gpu_ms, lambda r: r.gpu_outlier,
-               {"ops": lambda rs: str(rs[0].gpu_ops)}),
+               {"ops": lambda rs: str(rs[0].gpu_ops)}, waits),
     ]
 
 
 def _all_tables(report: Report) -> list[Table]:
     t = report.tables
+    waits = report.waits_for()
     unit = "ms/step" if t.kernels and t.kernels[0].per_step_ms is not None else "ms"
 
     def per(r: Any) -> float:
@@ -90,9 +102,10 @@ def _all_tables(report: Report) -> list[Table]:
     out = [
         _cross(f"kernels ({unit}, cuda_gpu_kern_sum)", t.kernels, lambda r: _kernel_label(r, short), per,
                lambda r: r.outlier,
-               {"class": lambda rs: rs[0].cls, "med us": lambda rs: f"{median(r.median_ms for r in rs) * 1e3:.1f}"}),
+               {"class": lambda rs: rs[0].cls, "med us": lambda rs: f"{median(r.median_ms for r in rs) * 1e3:.1f}"},
+               waits),
         _cross(f"memory ops ({unit}, cuda_gpu_mem_time/size_sum)", t.memory, lambda r: f"{r.op} {r.host_kind}",
-               per, lambda r: r.outlier, {"MB": lambda rs: f"{median(r.mb for r in rs):.1f}"}),
+               per, lambda r: r.outlier, {"MB": lambda rs: f"{median(r.mb for r in rs):.1f}"}, waits),
     ]
     for api in ("cuda", "osrt"):
         rows = [r for r in t.api if r.api == api and r.tid is None]

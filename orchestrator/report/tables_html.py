@@ -13,7 +13,7 @@ from orchestrator.analyze.model import Report
 
 CSS = ("table.stats td.out{background:#ffcdd2;font-weight:bold}table.stats td.wait{background:#ffe0b2}"
        "table.stats th{cursor:pointer;background:#eee}"
-       "table.stats td.num{text-align:right}details{margin:8px 0}")
+       "table.stats td.num{text-align:right}details{margin:8px 0}div.scroll{overflow-x:auto;max-width:100%}")
 SORT_JS = """<script>
 document.querySelectorAll('table.stats th').forEach(function(th){th.onclick=function(){
 var t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,d=th.dataset.d=th.dataset.d==='a'?'d':'a';
@@ -57,7 +57,9 @@ def _table(tid: str, rows: list[BaseModel], cols: list[str], flags: dict[str, st
 
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(cell(r, c) for c in cols) + "</tr>" for r in rows)
-    return f'<table class="stats" id="{tid}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    # Wider than the page with the GPU columns: the table scrolls, the page does not.
+    return (f'<div class="scroll"><table class="stats" id="{tid}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div>')
 
 
 _DUR = ["count", "total_ms", "mean_ms", "median_ms", "min_ms", "max_ms", "per_step_ms"]

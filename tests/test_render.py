@@ -167,3 +167,40 @@ def test_wrapper_starts_nsys_again_only_when_the_program_never_ran(tmp_path: Pat
     assert runs.read_text() == "ran\n" and "starting it again" not in p.stderr  # ran once, not retried
     assert len(list((tmp_path / "b" / "reports").glob("*.nsys-rep"))) == 1
     assert set(tmp.glob("orch-started.*")) == markers  # the wrapper removed its marker
+
+
+SLEEPER = """
+import sys, time
+open(sys.argv[1], "w").write("started")
+time.sleep(120)
+"""
+
+
+def test_wrapper_stopped_by_its_launcher_keeps_the_report(tmp_path: Path, nsys: str) -> None:
+    """torchrun and Slurm stop a rank by signalling its whole process group: nsys writes the
+    report, the wrapper waits for it and exits with nsys's status, and starts nothing again."""
+    import signal
+    import time
+
+    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1))
+    (tmp_path / "prog.py").write_text(SLEEPER)
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    marker = tmp_path / "started"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4243"}
+    log = tmp_path / "wrapper.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable,
+                              str(tmp_path / "prog.py"), str(marker)], env=env, stdout=fh, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the program never started under nsys"
+    os.killpg(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=120) != 0
+    # When the wrapper (the process torchrun waits for) is gone, the report is complete: the
+    # launcher may tear the node down right after.
+    reports = list((tmp_path / "reports").glob("wrap_4243_r0_*.nsys-rep"))
+    out = log.read_text()
+    assert len(reports) == 1 and "starting it again" not in out, out

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.submit.failure import failure_line
+from orchestrator.submit.failure import failure_line, rank_traceback
+from tests.conftest import run_orch
+from tests.test_e2e import _spec
 
 RANKS = """
 import os, signal, time
 import torch.distributed as dist
 dist.init_process_group("gloo")
 if dist.get_rank() == 1:
-    if os.environ["HOW"] == "raise":
+    if os.environ.get("HOW", "raise") == "raise":
         raise ValueError("batch 7 has no labels")
     os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(60)
@@ -41,6 +43,24 @@ def test_names_the_rank_that_failed_first(tmp_path: Path, how: str, want: str) -
     text = _torchrun(tmp_path, how)
     assert text.splitlines()[-1].startswith("=====")  # what the task table used to show
     assert failure_line(text) == want, text[-3000:]
+
+
+def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:
+    text = _torchrun(tmp_path, "raise")
+    tb = rank_traceback(text).splitlines()
+    assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: batch 7 has no labels", tb
+    assert any("raise ValueError" in ln for ln in tb) and not any("torch/distributed/run.py" in ln for ln in tb)
+    assert rank_traceback(_torchrun(tmp_path, "kill")) is None  # a killed rank printed nothing
+
+
+def test_status_of_a_local_job_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
+    """`orch submit --wait` of a job whose rank 1 raises (local executor, real torchrun)."""
+    (tmp_path / "ranks.py").write_text(RANKS)
+    spec = _spec(tmp_path, cluster="local", nproc=2, ranks="none", args=[], script=str(tmp_path / "ranks.py"))
+    p = run_orch("submit", str(spec), "--wait", "--timeout", "300", cwd=tmp_path)
+    assert p.returncode == 1 and "FAILED" in p.stdout, p.stdout + p.stderr
+    assert "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels" in " ".join(p.stdout.split())
+    assert "the failing rank's traceback" in p.stdout and 'raise ValueError("batch 7 has no labels")' in p.stdout
 
 
 def test_other_nodes_say_they_were_stopped() -> None:

@@ -55,7 +55,8 @@ def print_status(st: dict[str, Any]) -> None:
     out.print(t)
     for task in st["tasks"]:
         if task.get("log_tail"):
-            out.print(f"--- task {task['task']} log tail ({task['stderr']}):", markup=False)
+            what = "- the failing rank's traceback" if task.get("log_kind") == "traceback" else "log tail"
+            out.print(f"--- task {task['task']} {what} ({task['stderr']}):", markup=False)
             out.print(task["log_tail"], markup=False)
     for rank in st["profiled_ranks"]:
         files = st["reports"].get(rank) or st["reports"].get(str(rank)) or []

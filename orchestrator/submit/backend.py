@@ -113,12 +113,12 @@ def backend_for(executor: str) -> Backend:
     raise OrchError(f"unknown executor {executor!r}; use 'slurm' or 'local' in the cluster config")
 
 
-def tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log (at most its last 8 KiB), '' when it does not exist."""
+def tail(path: Path, lines: int = 15, max_bytes: int = 8192) -> str:
+    """The last lines of a log (at most its last `max_bytes`), '' when it does not exist."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 8192))
+            fh.seek(max(0, fh.tell() - max_bytes))
             return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""

@@ -23,10 +23,11 @@ _WRAPPER = re.compile(r"^orch: rank (\d+): (.*)$", re.M)
 _LAUNCHER = ("torch/distributed/run.py", "torch/distributed/elastic/", "submitit/")
 
 
-def _rank_errors(text: str) -> list[tuple[str | None, str]]:
-    """(rank, exception line) of each Python traceback in `text` that is not the launcher's;
-    the rank when torch tagged the lines `[rankN]:` (its excepthook does for uncaught errors)."""
-    out: list[tuple[str | None, str]] = []
+def _tracebacks(text: str) -> list[tuple[str | None, list[str]]]:
+    """(rank, lines ending with the exception line) of each Python traceback in `text` that is
+    not the launcher's; the rank when torch tagged the lines `[rankN]:` (its excepthook does
+    for uncaught errors)."""
+    out: list[tuple[str | None, list[str]]] = []
     tagged = [_TAG.match(ln) for ln in text.splitlines()]
     lines = [(m.group(1), m.group(2)) if m else (None, ln) for ln, m in zip(text.splitlines(), tagged, strict=True)]
     i = 0
@@ -36,12 +37,26 @@ def _rank_errors(text: str) -> list[tuple[str | None, str]]:
             j = i + 1
             while j < len(lines) and lines[j][0] == rank and (lines[j][1][:1].isspace() or not lines[j][1]):
                 j += 1
-            frames = "\n".join(ln for _, ln in lines[i:j])
-            if j < len(lines) and lines[j][0] == rank and not any(s in frames for s in _LAUNCHER):
-                out.append((rank, lines[j][1].strip()))
+            block = [ln for _, ln in lines[i:j + 1]]
+            if j < len(lines) and lines[j][0] == rank and not any(s in ln for ln in block for s in _LAUNCHER):
+                out.append((rank, block))
             i = j
         i += 1
     return out
+
+
+def _root(text: str) -> dict[str, str] | None:
+    m = _ROOT.search(text)
+    if not m:
+        return None
+    return {f.group(1).strip(): f.group(2) for f in map(_FIELD.match, m.group(1).splitlines()) if f}
+
+
+def _own(text: str, rank: str) -> list[str] | None:
+    """The failing rank's traceback: its `[rankN]:` lines, else the first untagged one."""
+    blocks = _tracebacks(text)
+    mine = [b for r, b in blocks if r == rank] or [b for r, b in blocks if r is None]
+    return mine[0] if mine else None
 
 
 def _signal(n: int) -> str:
@@ -62,13 +77,12 @@ def _status(code: str) -> str:
 
 def failure_line(text: str) -> str | None:
     """One line saying why this task failed, or None when its output is not a torchrun's."""
-    root = _ROOT.search(text)
-    if root:
-        fields = {m.group(1).strip(): m.group(2) for m in map(_FIELD.match, root.group(1).splitlines()) if m}
+    fields = _root(text)
+    if fields is not None:
         rank = fields.get("rank", "?").split()[0]
         said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
-        errors = _rank_errors(text)
-        own = said[-1:] or [e for r, e in errors if r == rank][:1] or [e for r, e in errors if r is None][:1]
+        block = _own(text, rank)
+        own = said[-1:] or ([block[-1].strip()] if block else [])
         head = f"rank {rank} failed first ({_status(fields.get('exitcode', '?'))})"
         return f"{head}: {own[0]}"[:300] if own else head
     stopped = _STOPPED.search(text)
@@ -76,3 +90,13 @@ def failure_line(text: str) -> str | None:
         return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "
                 "or the job was cancelled or ran out of time")
     return None
+
+
+def rank_traceback(text: str, lines: int = 12) -> str | None:
+    """The last `lines` lines of the first failing rank's own Python traceback (what the user's
+    code raised), or None: shown instead of the launcher's output, which ends every failed task."""
+    fields = _root(text)
+    if fields is None:
+        return None
+    block = _own(text, fields.get("rank", "?").split()[0])
+    return "\n".join(block[-lines:]) if block else None

@@ -6,7 +6,8 @@ were stopped (SIGTERM from srun). The last line of that output, which `orch stat
 show, is a row of '=' on the failing node and `SignalException ... got signal: 15` on the
 others: neither names the rank nor says what went wrong. Read here, the row says which rank
 failed first, with what status, and the rank's own last words: orch's rank wrapper's message
-(nsys could not start) or the exception line of the rank's Python traceback.
+(nsys could not start) or the exception line of the rank's Python traceback; `rank_traceback`
+gives that traceback itself, which `orch status` prints instead of the launcher's log tail.
 """
 
 from __future__ import annotations

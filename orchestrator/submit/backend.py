@@ -22,7 +22,7 @@ from submitit.core.utils import CommandFunction, FailedJobError, JobPaths
 from orchestrator.errors import OrchError
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.failure import failure_line
+from orchestrator.submit.failure import failure_line, rank_traceback
 
 # Slurm's terminal states; the local backend reports a subset of them.
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -43,7 +43,8 @@ class Backend(Protocol):
         ...
 
     def task_results(self, folder: Path, job_id: str, ntasks: int) -> list[dict[str, Any]]:
-        """Per task: 'success' / 'error' (with its last line) / 'pending', and its log paths."""
+        """Per task: 'success' / 'error' (why, and the failing rank's traceback when it printed one) /
+        'pending', and its log paths."""
         ...
 
     def state(self, folder: Path, job_id: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,6 +93,7 @@ class SubmititBackend:
                     if outcome == "error":
                         text = str(value).strip()
                         info["error"] = failure_line(text) or (text.splitlines()[-1][:300] if text else "")
+                        info["traceback"] = rank_traceback(text)
                 except Exception as e:  # a half-written or foreign pickle: say so, keep going
                     info["result"] = f"unreadable ({e.__class__.__name__})"
             else:
@@ -113,12 +115,12 @@ def backend_for(executor: str) -> Backend:
     raise OrchError(f"unknown executor {executor!r}; use 'slurm' or 'local' in the cluster config")
 
 
-def tail(path: Path, lines: int = 15, max_bytes: int = 8192) -> str:
-    """The last lines of a log (at most its last `max_bytes`), '' when it does not exist."""
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log (at most its last 8 KiB), '' when it does not exist."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - max_bytes))
+            fh.seek(max(0, fh.tell() - 8192))
             return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""

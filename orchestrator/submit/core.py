@@ -14,7 +14,6 @@ from orchestrator.render import render
 from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_manifest
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, backend_for, tail
-from orchestrator.submit.failure import rank_traceback
 
 
 def new_run_dir(job: ResolvedJob, root: Path) -> Path:
@@ -92,9 +91,9 @@ def job_status(run: Path) -> dict[str, Any]:
                 t["error"] = "no result: its node died or the job was killed before it finished"
     for t in tasks:
         if t["result"] not in ("success", "pending"):
-            # The failing rank's own traceback when its log has one (what the user's code raised),
-            # else the log's last lines (which end with the launcher's report).
-            own = rank_traceback(tail(Path(t["stderr"]), lines=4000, max_bytes=1 << 16))
+            # The failing rank's own traceback when the task's output has one (what the user's
+            # code raised), else the log's last lines (which end with the launcher's report).
+            own = t.pop("traceback", None)
             t["log_kind"] = "traceback" if own else "tail"
             t["log_tail"] = own or tail(Path(t["stderr"])) or tail(Path(t["stdout"]))
     if state["state"] in ("FAILED", "TIMEOUT", "NODE_FAIL", "CANCELLED"):

@@ -91,10 +91,17 @@ def probe(path: Path) -> Probe:
 
 
 def _read(con: sqlite3.Connection, p: Probe) -> None:
-    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    for t in names:
-        quoted = str(t).replace('"', '""')
-        p.tables[t] = {r[1] for r in con.execute(f'PRAGMA table_info("{quoted}")')}
+    # Every table's columns in one query: a PRAGMA per table (an export has ~55-80 tables) made
+    # the probe ~100 SQLite calls per rank, each releasing and retaking the GIL; with 8-16
+    # probe threads on a many-core node that handoff took longer than the reads (128 ranks:
+    # 2.5 s with 8 threads against 0.35 s with one).
+    for t, col in con.execute(
+        "SELECT m.name, c.name FROM sqlite_master AS m LEFT JOIN pragma_table_info(m.name) AS c "
+        "WHERE m.type = 'table'"
+    ):
+        cols = p.tables.setdefault(t, set())
+        if col is not None:
+            cols.add(col)
     # No integrity scan here (it would read every page): a truncated file fails on the first
     # page it lacks, either below or in ingest, and the rank is marked with that error.
     meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in p.tables), None)

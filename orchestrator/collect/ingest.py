@@ -159,7 +159,11 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 
 
-BATCH = 32  # ranks attached and inserted together by the scanner path
+# Ranks attached and inserted together in one transaction. Larger batches save commits but
+# hold more uncommitted rows: on a 16-core node (8 workers, 128 ranks) batches of 32 held
+# 0.9 GB and ingested in 2.3-2.5 s where batches of 8 held 0.77 GB and took 1.6 s (in some
+# runs both took 2.0 s; on 2 cores no difference). docs/benchmarks-profile.md, seventh round.
+BATCH = 8
 
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,

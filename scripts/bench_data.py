@@ -174,7 +174,7 @@ def phase_ingest(d: Path, store_dir: Path) -> dict:
     from orchestrator.collect.collect import collect
     from orchestrator.collect.identity import Layout
 
-    res = collect([d], store_dir, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True))
+    res = collect([d], store_dir, layout=Layout(), workers=None, console=Console(stderr=True, quiet=True))
     assert len(res.ok_ranks) == len(list(d.glob("*.sqlite"))), res.bad[:3]
     return {"engine": res.engine}
 
@@ -212,7 +212,7 @@ def phase_orch(d: Path, store_dir: Path) -> dict:
     from orchestrator.analyze.report import build_report
     from orchestrator.collect.identity import Layout
 
-    with cc.collecting([d], store_dir, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True),
+    with cc.collecting([d], store_dir, layout=Layout(), workers=None, console=Console(stderr=True, quiet=True),
                        background=True) as (res, con):
         assert len(res.ok_ranks) == len(list(d.glob("*.sqlite"))), res.bad[:3]
         rep = build_report(store_dir / "profile.duckdb", Options(), con)

@@ -91,4 +91,7 @@ GPU_PLAN = """## On a GPU node: orch against `nsys recipe`, export formats
 The whole pipeline on real `.nsys-rep` files, export included, against NVIDIA's
 `nsys recipe nccl_gpu_overlap_trace` and `gpu_gaps` on the same reports, and the export formats,
 timed side by side by `scripts/bench_recipe.sh` on the GPU machine: docs/benchmarks-gpu.md.
+
+The same benchmark on the GPU machine's 16 CPU cores, with a `before` column, is
+docs/benchmarks-16core.md.
 """

@@ -1,0 +1,46 @@
+"""The probe's table -> columns map (one query over `sqlite_master` x `pragma_table_info`)
+against plain sqlite3 asking each table by itself, on the real H200 exports, and on tables
+named the way no export names them (quotes, spaces) beside a view, which is no table."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from orchestrator.collect.probe import probe
+
+
+def _by_pragma(path: Path) -> dict[str, set[str]]:
+    con = sqlite3.connect(path)
+    try:
+        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: {r[1] for r in con.execute("SELECT * FROM pragma_table_info(?)", [t])} for t in names}
+    finally:
+        con.close()
+
+
+def test_columns_of_every_table_on_real_exports(gpu_fixtures: Path) -> None:
+    files = sorted(gpu_fixtures.rglob("*.sqlite"))
+    assert files
+    for f in files:
+        p = probe(f)
+        assert p.error is None, (f, p.error)
+        want = _by_pragma(f)
+        assert len(want) > 30 and "CUPTI_ACTIVITY_KIND_KERNEL" in want
+        assert p.tables == want, f
+
+
+def test_odd_table_names_and_views(gpu_fixtures: Path, tmp_path: Path) -> None:
+    f = tmp_path / "odd.sqlite"
+    shutil.copy(sorted(gpu_fixtures.rglob("*.sqlite"))[0], f)
+    con = sqlite3.connect(f)
+    con.execute('CREATE TABLE "we""ird name" ("a b" INTEGER, c TEXT)')
+    con.execute('CREATE VIEW v AS SELECT c FROM "we""ird name"')
+    con.commit()
+    con.close()
+    p = probe(f)
+    assert p.error is None
+    assert p.tables['we"ird name'] == {"a b", "c"}
+    assert "v" not in p.tables
+    assert p.tables == _by_pragma(f)

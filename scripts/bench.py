@@ -15,6 +15,7 @@ docs/benchmarks.json with the machine and the date. Datasets are cached under
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -138,6 +139,10 @@ def main() -> None:
     ap.add_argument("--baseline-label", default="", help="what --baseline is, for the document (e.g. main at abc1234)")
     ap.add_argument("--out", type=Path, default=bd.REPO / "docs")
     a = ap.parse_args()
+    if a.pandas_max >= min(a.ranks) and importlib.util.find_spec("pandas") is None:
+        # Found now, not after minutes of other phases.
+        raise SystemExit("bench: the pandas baseline needs pandas: pip install -e '.[bench]' "
+                         "(or --pandas-max 0 to skip it)")
     for tree in (bd.REPO, a.baseline):
         if tree:
             _bytecode(tree)

@@ -15,7 +15,8 @@ def _by_pragma(path: Path) -> dict[str, set[str]]:
     con = sqlite3.connect(path)
     try:
         names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {t: {r[1] for r in con.execute("SELECT * FROM pragma_table_info(?)", [t])} for t in names}
+        return {t: {r[1] for r in con.execute('PRAGMA table_info("{}")'.format(t.replace('"', '""')))}
+                for t in names}
     finally:
         con.close()
 

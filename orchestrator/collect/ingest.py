@@ -159,11 +159,13 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 
 
-# Ranks attached and inserted together in one transaction. Larger batches save commits but
-# hold more uncommitted rows: on a 16-core node (8 workers, 128 ranks) batches of 32 held
-# 0.9 GB and ingested in 2.3-2.5 s where batches of 8 held 0.77 GB and took 1.6 s (in some
-# runs both took 2.0 s; on 2 cores no difference). docs/benchmarks-profile.md, seventh round.
-BATCH = 8
+# Ranks attached and inserted together in one transaction (BATCH), and in flight at once over
+# all workers (IN_FLIGHT). Larger batches mean fewer commits and a shorter checkpoint (2 cores,
+# 128 ranks: 0.16 s after batches of 32, 0.55 s after batches of 8), but every worker holds
+# its batch's rows uncommitted: on a 16-core node (8 workers) batches of 32 held 0.9 GB and
+# ingested in 2.3-2.5 s, batches of 8 0.77 GB in 1.6 s. docs/benchmarks-profile.md, 7th round.
+BATCH = 32
+IN_FLIGHT = 64
 
 
 def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use_scanner: bool,
@@ -180,8 +182,9 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
             m.probe.notes.append(f"missing columns (stored as NULL): {', '.join(gone)}")
     pairs = [(m, m.probe.session_start_ns - base) for m in ok]  # type: ignore[operator]
     # Enough batches for every worker: a 2-rank job on 2+ cores ingests both ranks at once
-    # (one batch of both ingested them one after the other, on one DuckDB thread).
-    size = max(1, min(BATCH, -(-len(pairs) // max(1, workers))))
+    # (one batch of both ingested them one after the other, on one DuckDB thread); smaller
+    # batches the more workers there are (2 workers: 32 ranks a batch, 8 workers: 8).
+    size = max(1, min(BATCH, IN_FLIGHT // max(1, workers), -(-len(pairs) // max(1, workers))))
     batches = [pairs[i: i + size] for i in range(0, len(pairs), size)]
     workers = max(1, min(workers, len(batches)))
 

@@ -184,7 +184,8 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     # Enough batches for every worker: a 2-rank job on 2+ cores ingests both ranks at once
     # (one batch of both ingested them one after the other, on one DuckDB thread); smaller
     # batches the more workers there are (2 workers: 32 ranks a batch, 8 workers: 8).
-    size = max(1, min(BATCH, IN_FLIGHT // max(1, workers), -(-len(pairs) // max(1, workers))))
+    workers = max(1, workers)
+    size = max(1, min(BATCH, IN_FLIGHT // workers, -(-len(pairs) // workers)))
     batches = [pairs[i: i + size] for i in range(0, len(pairs), size)]
     workers = max(1, min(workers, len(batches)))
 

@@ -9,8 +9,17 @@ from pathlib import Path
 import duckdb
 
 from orchestrator.analyze import schedule
-from orchestrator.analyze.engine import SQL_DIR, Options, analysis, create_params, open_store
-from orchestrator.collect.collect import collect
+from orchestrator.analyze.engine import (
+    SQL_DIR,
+    Options,
+    analysis,
+    analysis_threads,
+    create_params,
+    on_writer,
+    open_store,
+    store_rows,
+)
+from orchestrator.collect.collect import collect, collecting
 from orchestrator.layout import Layout
 
 REAL = Path(__file__).parent / "fixtures" / "real"
@@ -87,3 +96,30 @@ def test_a_failed_file_stops_the_files_after_it() -> None:
         raise AssertionError("the failed file was not reported")
     made = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     assert made == {"a"}
+
+
+def test_threads_follow_the_store_rows(tmp_path: Path) -> None:
+    """DuckDB threads for the analysis come from the store's rows (DuckDB's catalog, no scan),
+    the same for `orch report` (the file) and `orch analyze` (the collect's connection): the
+    catalog's count equals the rows counted table by table."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for f in sorted(REAL.glob("resnet_nw2_r*_*.sqlite.gz")):
+        shutil.copy(f, inp / f.name)
+    with collecting([inp], tmp_path / "run", layout=Layout(), workers=2) as (res, writer):
+        cur = on_writer(writer)
+        on_writer_threads = cur.execute("SELECT current_setting('threads')").fetchone()[0]
+        cur.close()
+    con = open_store(res.store)
+    try:
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'").fetchall()]
+        counted = sum(con.execute(f'SELECT count(*) FROM store."{t}"').fetchone()[0] for t in tables)
+        assert counted > 50_000 and store_rows(con) == counted
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+        assert threads == on_writer_threads == analysis_threads(counted)
+    finally:
+        con.close()
+    # one thread per 100k rows, at least 4, at most the cores
+    assert [analysis_threads(n, 16) for n in (90_000, 815_000, 1_250_000, 3_300_000)] == [4, 8, 12, 16]
+    assert analysis_threads(3_300_000, 2) == 2 and analysis_threads(0, 1) == 1

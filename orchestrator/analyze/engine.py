@@ -91,17 +91,28 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
     session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
-    con.execute(f"SET threads = {analysis_threads(Path(store).stat().st_size)}")
+    con.execute(f"SET threads = {analysis_threads(store_rows(con))}")
     return con
 
 
-def analysis_threads(store_bytes: int, cores: int | None = None) -> int:
-    """DuckDB threads for one analysis: one per 4 MiB of store, at least 4, at most the cores.
-    A small store's statements are too small to share out: on 32 cores a 2-rank real store
-    (10 MB) reported in 0.57 s at 4 threads, 0.60 at 8, 0.64 at 32 (several files at a time);
-    a 512-rank store (180 MB) gets every core."""
+def store_rows(con: duckdb.DuckDBPyConnection) -> int:
+    """Rows in the attached store's tables, from DuckDB's catalog (no scan): the analysis's
+    work, whatever the compression made of the file's size."""
+    n, = con.execute("SELECT coalesce(sum(estimated_size), 0) FROM duckdb_tables() "
+                     "WHERE database_name = 'store'").fetchone()
+    return int(n)
+
+
+def analysis_threads(store_rows: int, cores: int | None = None) -> int:
+    """DuckDB threads for one analysis: one per 100k store rows, at least 4, at most the cores.
+    A small store's statements are too small to share out; files run side by side anyway
+    (schedule.py). Measured on 16 cores (analysis SQL wall, median of 5): a 2-rank real store
+    (115k rows) 0.41/0.37/0.38 s at 2/4/8 threads; 8 synthetic ranks (204k) 0.45/0.41/0.39;
+    32 ranks (816k) 0.92/0.84/0.81 s at 4/8/16 threads, which the former rule (one thread per
+    4 MiB of file: 13 MB there) held at 4; the 20 real exports of tests/fixtures as one job
+    1.17/1.14/1.15 s at 8/12/16."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(cores, max(4, int(store_bytes) // (4 << 20))))
+    return max(1, min(cores, max(4, int(store_rows) // 100_000)))
 
 
 def session(con: duckdb.DuckDBPyConnection) -> None:
@@ -196,7 +207,5 @@ def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     writes them, instead of after it, from a reopened file."""
     con = writer.cursor()
     session(con)
-    path, = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = 'store'").fetchone()
-    size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
-    con.execute(f"SET threads = {analysis_threads(size)}")
+    con.execute(f"SET threads = {analysis_threads(store_rows(con))}")
     return con

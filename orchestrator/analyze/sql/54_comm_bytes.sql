@@ -6,7 +6,7 @@
 -- A call launches its kernel on the calling thread, at the call or at the ncclGroupEnd that
 -- closes its group, so every call belongs to the first NCCL kernel of the same kind launched
 -- on that thread at or after it (an ASOF join); the calls of one group add up.
--- Reads: nvtx, cuda_api, gpu_ops. Provides:
+-- Reads: nvtx, gpu_ops. Provides:
 --   nccl_kind(name)   all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | send_recv | other
 --   nccl_calls(rank, tid, start, kind, call, msg_bytes, peer)
 --   comm_bytes(rank, start, kind, msg_bytes, send_bytes, recv_bytes, n_calls, source)  one row per sized kernel
@@ -40,9 +40,8 @@ SELECT rank, tid, start, kind, call,
 FROM j;
 
 CREATE OR REPLACE TABLE nccl_launch AS
-SELECT o.rank, o.start AS k_start, nccl_kind(o.name) AS kind, a.tid, a.start AS l_start
-FROM gpu_ops o JOIN cuda_api a ON a.rank = o.rank AND a.correlation_id = o.correlation_id
-WHERE o.kind = 'kernel' AND o.is_comm;
+SELECT rank, start AS k_start, nccl_kind(name) AS kind, tid, launch AS l_start
+FROM gpu_ops WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL;
 
 CREATE OR REPLACE TABLE comm_bytes AS
 WITH m AS (

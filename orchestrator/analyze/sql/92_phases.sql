@@ -1,6 +1,6 @@
 -- The nsys-stats tables across ranks, part 1: the phase table (`nsys stats -r nvtx_sum` +
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
--- Reads: stats_cpu, loo_ref, is_outlier, nvtx, cuda_api, gpu_ops.
+-- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops.
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
 --       stats_cpu; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);
@@ -36,12 +36,11 @@ FROM n JOIN names m USING (pre, text);
 -- before its end: two ASOF joins, range() lists them. Linear in the ranges, calls and pairs,
 -- for nested and overlapping ranges alike (zero-length ranges enclose nothing: left out).
 CREATE OR REPLACE TABLE phase_ops AS
-WITH c AS MATERIALIZED (
-    SELECT a.rank, a.tid, a.start, o.start AS s, o."end" AS e,
-           dense_rank() OVER (PARTITION BY a.rank, a.tid ORDER BY a.start) AS k
-    FROM cuda_api a JOIN gpu_ops o ON o.rank = a.rank AND o.correlation_id = a.correlation_id
-    JOIN (SELECT DISTINCT rank, tid FROM phase_inst) t ON t.rank = a.rank AND t.tid = a.tid
-    WHERE a.correlation_id IS NOT NULL
+WITH c AS MATERIALIZED (  -- gpu_ops carries its launch (14_gpu_ops.sql)
+    SELECT o.rank, o.tid, o.launch AS start, o.start AS s, o."end" AS e,
+           dense_rank() OVER (PARTITION BY o.rank, o.tid ORDER BY o.launch) AS k
+    FROM gpu_ops o JOIN (SELECT DISTINCT rank, tid FROM phase_inst) t ON t.rank = o.rank AND t.tid = o.tid
+    WHERE o.launch IS NOT NULL
 ), ck AS MATERIALIZED (
     SELECT DISTINCT rank, tid, start, k FROM c
 ), ks AS (

@@ -218,3 +218,20 @@ def test_waiting_rank_outliers_are_marked_apart(runs) -> None:
     print_tables(rep, con)
     text = con.export_text()
     assert "(wait), yellow: waits for a late rank" in text and "0 (wait)" in text
+
+
+def test_ms_of_integer_ns_needs_no_rounding() -> None:
+    """tables.ms skips round() for integer ns; it must give what round(ns / 1e6, 6) gives, bit
+    for bit, at every magnitude (durations to epoch timestamps), and still round the rest."""
+    import random
+
+    from orchestrator.analyze.tables import ms
+
+    rng = random.Random(16)
+    ints = [rng.randint(-(1 << e), 1 << e) for e in range(63) for _ in range(3000)]
+    ints += [0, 1, 999_999, 1_000_001, 2**53 - 1, 2**53 + 1, 2**62, -(2**62)]
+    assert [ms(n) for n in ints] == [round(float(n) / 1e6, 6) for n in ints]
+    assert all(type(ms(n)) is float for n in ints[:10])
+    floats = [rng.uniform(0, 1e13) for _ in range(20_000)] + [2.5e-7, 1234.5000005, 1e18 / 3]
+    assert [ms(x) for x in floats] == [round(x / 1e6, 6) for x in floats]
+    assert ms(1234.5) == 0.001234 and ms(None) is None  # a float ns is still cut to 6 decimals

@@ -17,14 +17,10 @@ WITH g AS (
     SELECT rank, 'memcpy', false, start, "end", correlation_id, 'memcpy ' || kind FROM memcpy
     UNION ALL
     SELECT rank, 'memset', false, start, "end", correlation_id, 'memset' FROM memset
-), ids AS (
-    SELECT rank, correlation_id FROM kernels
-    UNION ALL SELECT rank, correlation_id FROM memcpy
-    UNION ALL SELECT rank, correlation_id FROM memset
 ), launch AS (
     SELECT a.rank, a.correlation_id, arg_min(a.tid, a.start) AS tid, min(a.start) AS launch, max(s.step) AS step
     FROM (SELECT a.rank, a.correlation_id, a.tid, a.start FROM cuda_api a
-          SEMI JOIN ids g ON g.rank = a.rank AND g.correlation_id = a.correlation_id) a
+          SEMI JOIN g ON g.rank = a.rank AND g.correlation_id = a.correlation_id) a
     LEFT JOIN steps s ON s.rank = a.rank AND a.start >= s.start AND a.start < s."end"
     GROUP BY a.rank, a.correlation_id
 )

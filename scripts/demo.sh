@@ -11,11 +11,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [ -z "${ORCH_DEMO_SKIP_SETUP:-}" ]; then
-  bash scripts/setup.sh
+  bash scripts/setup.sh >/dev/null
 fi
-py=${PYTHON:-python3}
-# This tree's orch, whatever `orch` on PATH points to.
-orch() { PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" -m orchestrator.cli "$@"; }
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+# This tree's orch (the environment's editable install of this checkout).
+orch() { "$py" -m orchestrator.cli "$@"; }
 
 runs=${ORCH_RUNS:-$PWD/orch-runs}
 echo "== 1/2: the CPU example, profiled here (2 ranks, rank 1 planted slow)"
@@ -37,5 +38,6 @@ echo
 echo "demo: CPU report (this machine): $run/report.html"
 echo "demo: GPU report (shipped H200 exports): $gpu/report.html"
 echo "demo: the merged stores are $run/profile.duckdb and $gpu/profile.duckdb (DuckDB, query them with SQL)"
+echo "demo: orch is installed in $VIRTUAL_ENV: run $VIRTUAL_ENV/bin/orch, or first: source $VIRTUAL_ENV/bin/activate"
 echo "demo: next, compare values of a knob side by side, e.g. the planted delay:"
 echo "      orch sweep scripts/examples/local-cpu.yaml --set launch.args.5=0,20"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the system pieces orch's real tests use on Debian 12 (bookworm), as root:
 # Nsight Systems 2022.4 (Debian non-free), Slurm 22.05 + munge (+ slurmdbd/MariaDB for
-# accounting), shellcheck and chromium. Idempotent: what is already there is kept,
+# accounting), shellcheck, chromium and python3-venv. Idempotent: what is already there is kept,
 # an nsys already on PATH (or $NSYS) is used as is.
 set -euo pipefail
 
@@ -33,8 +33,9 @@ SRC
   apt-get update -qq
 fi
 
-# chromium renders the HTML report in the tests (headless).
-pkgs=(slurm-wlm munge slurmdbd mariadb-server shellcheck chromium)
+# chromium renders the HTML report in the tests (headless); python3-venv lets Debian's own
+# Python make the project's environment (scripts/setup.sh).
+pkgs=(slurm-wlm munge slurmdbd mariadb-server shellcheck chromium python3-venv)
 nsys_bin=${NSYS:-$(command -v nsys || true)}
 if [ -z "$nsys_bin" ] && [ ! -x /usr/lib/nsight-systems/target-linux-x64/nsys ]; then
   pkgs+=(nsight-systems)

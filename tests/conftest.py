@@ -17,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "scripts" / "examples"
+# Jobs the tests submit run `python3` from PATH (the spec's default launcher): make it the
+# interpreter running the tests (the project's .venv), also when pytest is started by its path.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def need(condition: bool, why: str) -> None:

@@ -171,3 +171,19 @@ def slurm_cluster_noacct():
     c = _start_cluster(Path(f"/tmp/orch-slurm-noacct-{os.getpid()}"), 17200, accounting=False)
     yield c
     c.script("stop")
+
+
+# The fast lane (`pytest -m "not e2e and not slurm"`, seconds): modules whose tests run on small
+# tables, one real export or the spec alone. Every other module runs real jobs, nsys, the CLI over
+# every fixture set or a browser and is marked `e2e`; a new module is e2e until it is listed here.
+FAST_MODULES = frozenset({
+    "test_analyze", "test_collect_paths", "test_comm", "test_export_tables", "test_gpu_e2e", "test_host_sync",
+    "test_nvtx_depth", "test_phase_ops", "test_probe", "test_root_cause", "test_rules", "test_schedule",
+    "test_spec", "test_sql_macros", "test_sqltext", "test_stats_tables", "test_timings",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem not in FAST_MODULES:
+            item.add_marker(pytest.mark.e2e)

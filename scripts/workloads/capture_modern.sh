@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Real single-GPU captures of current training loops through orch (tests/fixtures/modern/).
+#
+#   capture_modern.sh --rehearse OUT   the --device flow here on CPU (local nsys, tiny sizes);
+#                                      nothing it makes is a fixture
+#   capture_modern.sh --device OUT     on a 1-GPU machine: unpack what travelled (.cap/), then
+#                                      time each loop without a profiler (3 runs), and for each
+#                                      capture `orch submit --wait`, `orch collect`,
+#                                      `orch report --json`, then nsys's whole export of the
+#                                      report `orch redact`ed; pack into OUT. CAPTURE_ONLY="A B"
+#                                      makes only those; CAPTURE_TIMINGS=0 times only the compile
+#                                      loop
+#   capture_modern.sh --fixtures SRC DEST
+#                                      unpack SRC/fx*.tar into DEST as committed fixtures (the
+#                                      OS-runtime rows of threads that never touch CUDA dropped,
+#                                      VACUUM, gzip -9)
+#
+# The torch.compile timing run goes first: it fills Inductor's on-disk caches, so the captured
+# runs replay cached kernels instead of compiling under the profiler.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+mode=${1:?usage: $0 --rehearse OUT | --device OUT | --fixtures SRC DEST}
+shift
+
+# name | profile lines (YAML, under profile:) | args on the GPU | tiny args (CPU)
+GPT_TINY="--dim 64 --layers 2 --heads 2 --seq 32 --vocab 100 --batch 4 --device cpu"
+CAPTURES=(
+  "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
+  "gpt_compile_ro_nodetrace|cuda_graph_trace: node|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
+  "gpt_eager_memusage|cuda_memory_usage: true||--steps 8 $GPT_TINY"
+  "gpt_eager_emptycache_memusage|cuda_memory_usage: true|--empty-cache|--steps 8 $GPT_TINY"
+  "gpt_eager_keepoutputs_memusage|cuda_memory_usage: true|--keep-outputs|--keep-outputs --steps 8 $GPT_TINY"
+  "resnet18_pageable_nvtx||--model resnet --no-pin --workers 2 --batch 64 --steps 30 --nvtx|--steps 6 --accum 1 $GPT_TINY --nvtx"
+  "gpt_eager_accum4||--accum 4 --steps 20|--accum 4 --steps 5 $GPT_TINY"
+  "gpt_eager_nvtx||--nvtx|--nvtx --steps 8 $GPT_TINY"
+)
+# Loops timed without a profiler (name | args): each `--repeat 3` in one process.
+TIMINGS=(
+  "gpt_compile_ro|--compile reduce-overhead"
+  "gpt_eager|"
+  "gpt_eager_emptycache|--empty-cache"
+  "gpt_eager_keepoutputs|--keep-outputs"
+  "resnet18_pageable|--model resnet --no-pin --workers 2 --batch 64 --steps 30"
+  "gpt_eager_accum4|--accum 4 --steps 20"
+)
+REHEARSE=0
+
+field() {  # field ROW INDEX
+  local f
+  IFS='|' read -r -a f <<<"$1"
+  printf '%s' "${f[$2]:-}"
+}
+
+device_setup() {  # unpacks the wheels and orch into /tmp/site; sets NSYS
+  rm -rf /tmp/site && mkdir -p /tmp/site
+  python3 - "$repo/.cap/wheels.tar.xz" <<'EOF'
+import os, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:  # one folder per wheel: its contents are the installed package
+    t.extractall("/tmp/wheels")
+for w in os.listdir("/tmp/wheels"):
+    os.system(f"cp -r /tmp/wheels/{w}/. /tmp/site/")
+EOF
+  # typing_extensions travels only for an image older than what pydantic needs.
+  python3 -m pip install -q --no-deps --no-build-isolation --no-cache-dir --target /tmp/site-orch "$repo"
+  cp -r /tmp/site-orch/. /tmp/site/
+  export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+  local h=/opt/nvidia/nsight-compute/2025.3.1/host
+  ln -sfn "$h/linux-desktop-glibc_2_11_3-x64" "$h/host-linux-x64"
+  cp "$repo"/.cap/libs/libdw.so.1 "$repo"/.cap/libs/libelf.so.1 "$h/linux-desktop-glibc_2_11_3-x64/"
+  NSYS=$h/target-linux-x64/nsys
+  "$NSYS" --version
+  orch --help >/dev/null
+}
+
+write_config() {  # write_config DIR NSYS VERSION GPU
+  mkdir -p "$1/clusters"
+  cat >"$1/clusters/gpu1.yaml" <<EOF
+name: gpu1
+executor: local
+gpu: {model: "$4", per_node: 1}
+nsys: {path: "$2", version: "$3"}
+python: python3
+env: {NCCL_NVLS_ENABLE: "0", TORCH_SYMM_MEM_DISABLE_MULTICAST: "1", NVSHMEM_DISABLE_NVLS: "1", PYTHONUNBUFFERED: "1"}
+EOF
+}
+
+write_spec() {  # write_spec FILE ROW
+  local row=$2 args="" a extra
+  for a in $(field "$row" $((2 + REHEARSE))); do args+="\"$a\", "; done
+  extra=$(field "$row" 1)
+  cat >"$1" <<EOF
+name: $(field "$row" 0)
+cluster: gpu1
+slurm: {time: "00:04:00"}
+launch:
+  script: $here/modern_loops.py
+  args: [${args%, }]
+  nproc_per_node: 1
+layout: {tp: 1, pp: 1, dp: 1}
+profile:
+  ranks: all
+  trace: [cuda, nvtx, osrt]
+  sample: none
+  cpuctxsw: none
+  ${extra}
+EOF
+}
+
+capture_one() {  # capture_one WORK ROW
+  local work=$1 row=$2 name job run t0=$SECONDS
+  name=$(field "$row" 0)
+  echo "== $name at ${SECONDS}s: $(field "$row" $((2 + REHEARSE))) [$(field "$row" 1)]"
+  write_spec "$work/specs/$name.yaml" "$row"
+  if ! timeout 200 orch submit "$work/specs/$name.yaml" --wait --timeout 190 >"$work/logs/$name.submit.log" 2>&1; then
+    cat "$work/logs/$name.submit.log"
+    tail -n 60 "$ORCH_RUNS"/"$name"-*/submitit/*_0_log.err 2>/dev/null || true
+    echo "$name: FAILED submit/run after $((SECONDS - t0))s" | tee "$work/status/$name"
+    return 0
+  fi
+  job=$(sed -n 's/^submitted .* as job \([^ ]*\) .*/\1/p' "$work/logs/$name.submit.log" | head -n 1)
+  run=$(dirname "$(grep -l "\"job_id\": \"$job\"" "$ORCH_RUNS"/*/manifest.json | head -n 1)")
+  tail -n 4 "$run"/submitit/*_0_log.out 2>/dev/null || true
+  cp "$run"/submitit/*_0_log.out "$work/logs/$name.stdout" 2>/dev/null || true
+  orch collect "$job" >"$work/logs/$name.collect.log" 2>&1 || { echo "$name: FAILED collect" | tee "$work/status/$name"; return 0; }
+  orch report "$job" --json "$work/reports/$name.json" >"$work/reports/$name.txt" 2>&1 || echo "$name: report exit $?"
+  head -n 40 "$work/reports/$name.txt"
+  mkdir -p "$work/redacted/$name" "$work/fx/$name" "$work/full/$name"
+  # The fixture is nsys's whole export, not orch's (orch exports only the tables it reads
+  # today): tests and other analyses need every table the capture holds.
+  local rep
+  for rep in "$run"/reports/*.nsys-rep; do
+    "$NSYS" export --type sqlite --force-overwrite true --include-json true \
+      -o "$work/full/$name/$(basename "$rep" .nsys-rep).sqlite" "$rep" >/dev/null 2>&1 \
+      || "$NSYS" export --type sqlite --force-overwrite true \
+        -o "$work/full/$name/$(basename "$rep" .nsys-rep).sqlite" "$rep" >/dev/null
+  done
+  orch redact "$work/full/$name"/*.sqlite -o "$work/redacted/$name"
+  local f
+  for f in "$work/redacted/$name"/*.sqlite.gz; do  # drop the job id: NAME_r<rank>_<host>.<pid>
+    mv "$f" "$work/fx/$name/$(basename "$f" | sed "s/^${name}_${job}_/${name}_/")"
+  done
+  cp "$run/manifest.json" "$work/reports/$name.manifest.json"
+  echo "$name: OK job $job in $((SECONDS - t0))s, $(du -b "$work/fx/$name"/* | awk '{s+=$1} END {print s}') bytes" | tee "$work/status/$name"
+}
+
+time_one() {  # time_one WORK ROW: the loop without a profiler, 3 runs in one process
+  local name args
+  name=$(field "$2" 0)
+  args=$(field "$2" 1)
+  [ "$REHEARSE" = 1 ] && args="--steps 8 $GPT_TINY"
+  echo "== timing $name at ${SECONDS}s"
+  # shellcheck disable=SC2086
+  (cd "$here" && timeout 240 python3 modern_loops.py $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
+    || echo "timing $name: exit $?"
+  grep -E '^steady' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
+}
+
+cpu_shim() {  # CPU runs only: torch.cuda.nvtx needs a CUDA build of torch; make it a no-op
+  local shim
+  shim=$(mktemp -d /tmp/orch-cpu-shim.XXXXXX)
+  cat >"$shim/sitecustomize.py" <<'EOF'
+import contextlib
+import torch
+if not torch.cuda.is_available():
+    import torch.cuda.nvtx as _nvtx
+    _nvtx.range = lambda *a, **k: contextlib.nullcontext()
+EOF
+  export PYTHONPATH="$shim${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+device_run() {
+  local out deadline=${CAPTURE_DEADLINE_S:-540} row
+  out=$(realpath -m "$1")
+  mkdir -p "$out"
+  if [ "$REHEARSE" = 0 ]; then
+    device_setup
+  else
+    NSYS=${NSYS:-/usr/lib/nsight-systems/target-linux-x64/nsys}
+    cpu_shim
+  fi
+  local work=/tmp/orch-modern
+  rm -rf "$work" && mkdir -p "$work"/{logs,status,reports,redacted,fx,specs,timings}
+  export ORCH_CLUSTER_DIR=$work/specs/clusters ORCH_RUNS=$work/runs PYTHONUNBUFFERED=1
+  local gpu ver
+  gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")')
+  ver=$("$NSYS" --version | grep -oE '[0-9]{4}\.[0-9]+(\.[0-9]+)?' | head -n 1)
+  {
+    [ "$REHEARSE" = 1 ] && echo "REHEARSAL on CPU (tiny sizes): not a capture to keep"
+    echo "gpu: $gpu; nsys: $ver ($NSYS)"
+    python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' 2>&1 || true
+    python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' 2>&1 || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+    lscpu | grep -E 'Model name|^CPU\(s\)' || true
+    echo "orch: working tree at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?') + uncommitted edits"
+  } | tee "$work/status/_env"
+  write_config "$work/specs" "$NSYS" "$ver" "$gpu"
+  time_one "$work" "${TIMINGS[0]}"  # fills the compile caches first
+  for row in "${CAPTURES[@]}"; do
+    if [ -n "${CAPTURE_ONLY:-}" ] && [[ " $CAPTURE_ONLY " != *" $(field "$row" 0) "* ]]; then continue; fi
+    if [ $((SECONDS + 60)) -gt "$deadline" ]; then
+      echo "SKIPPED (deadline, ${SECONDS}s used): $(field "$row" 0)" | tee -a "$work/status/_skipped"
+      continue
+    fi
+    capture_one "$work" "$row"
+    if [ "$(field "$row" 0)" = gpt_eager_accum4 ] && [ "${CAPTURE_TIMINGS:-1}" = 1 ]; then
+      # the other timings before the last capture
+      for t in "${TIMINGS[@]:1}"; do
+        [ $((SECONDS + 30)) -gt "$deadline" ] && break
+        time_one "$work" "$t"
+      done
+    fi
+    pack "$work" "$out"
+  done
+  cat "$work"/status/* "$work"/timings/_summary 2>/dev/null || true
+  pack "$work" "$out"
+  ls -la "$out"
+}
+
+pack() {  # pack WORK OUT: every export in one tar per <= 15.5 MiB, the rest in one tgz
+  local work=$1 out=$2
+  python3 - "$work" "$out" <<'EOF'
+import os, sys, tarfile
+work, out = sys.argv[1:]
+files = sorted((os.path.getsize(os.path.join(work, "fx", n, f)), f"{n}/{f}")
+               for n in os.listdir(f"{work}/fx") for f in os.listdir(f"{work}/fx/{n}"))
+cap, bins = int(15.5 * 2**20), []
+for size, arc in sorted(files, reverse=True):
+    for b in bins:
+        if b[0] + size + 4096 <= cap:
+            b[0] += size + 4096; b[1].append(arc); break
+    else:
+        bins.append([size + 4096, [arc]])
+for i, b in enumerate(bins[:6]):
+    with tarfile.open(f"{out}/.fx{i}.tmp", "w") as t:
+        for arc in sorted(b[1]):
+            t.add(os.path.join(work, "fx", arc), arcname=arc)
+    os.replace(f"{out}/.fx{i}.tmp", f"{out}/fx{i}.tar")
+EOF
+  tar -czf "$out/.reports.tmp" -C "$work" reports logs status specs timings && mv "$out/.reports.tmp" "$out/reports.tar.gz"
+}
+
+make_fixtures() {  # make_fixtures SRC DEST
+  local src=$1 dest=$2 tmp
+  tmp=$(mktemp -d /tmp/orch-modern-fx.XXXXXX)
+  mkdir -p "$dest"
+  for t in "$src"/fx*.tar; do tar -xf "$t" -C "$tmp"; done
+  python3 - "$tmp" "$dest" <<'EOF'
+import gzip, os, shutil, sqlite3, sys
+tmp, dest = sys.argv[1:]
+# OS-runtime rows of threads with no CUDA API call (Inductor's compile workers, DataLoader
+# pin/worker polling, c10d's TCPStore) are dropped; the loop thread's rows stay whole.
+print("file\tosrt_rows\tosrt_rows_removed\tgz_bytes")
+for cap in sorted(os.listdir(tmp)):
+    for f in sorted(os.listdir(os.path.join(tmp, cap))):
+        plain = os.path.join(tmp, f[:-3])
+        with gzip.open(os.path.join(tmp, cap, f)) as a, open(plain, "wb") as b:
+            shutil.copyfileobj(a, b)
+        con = sqlite3.connect(plain)
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        n_osrt = n_del = 0
+        if "OSRT_API" in tables and "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+            n_osrt = con.execute("SELECT count(*) FROM OSRT_API").fetchone()[0]
+            n_del = con.execute("DELETE FROM OSRT_API WHERE globalTid NOT IN "
+                                "(SELECT DISTINCT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME)").rowcount
+            if "OSRT_CALLCHAINS" in tables:
+                con.execute("DELETE FROM OSRT_CALLCHAINS WHERE id NOT IN (SELECT callchainId FROM OSRT_API)")
+        con.commit()
+        con.execute("VACUUM")
+        con.close()
+        out = os.path.join(dest, f)
+        with open(plain, "rb") as a, gzip.GzipFile(out, "wb", compresslevel=9, mtime=0) as b:
+            shutil.copyfileobj(a, b)
+        os.unlink(plain)
+        print(f"{f}\t{n_osrt}\t{n_del}\t{os.path.getsize(out)}")
+EOF
+  rm -rf "$tmp"
+}
+
+case $mode in
+  --device) device_run "${1:?--device OUT}" ;;
+  --rehearse) REHEARSE=1 CAPTURE_DEADLINE_S=${CAPTURE_DEADLINE_S:-3000} device_run "${1:?--rehearse OUT}" ;;
+  --fixtures) make_fixtures "$(realpath -m "${1:?--fixtures SRC DEST}")" "$(realpath -m "${2:?--fixtures SRC DEST}")" ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac

@@ -1,0 +1,188 @@
+"""Single-GPU training loops the way current code writes them, for profiling.
+
+One script, several everyday variants (each a flag a user would plausibly have in a train.py):
+
+    python modern_loops.py --model gpt --compile reduce-overhead     # torch.compile + CUDA graphs
+    python modern_loops.py --model gpt                               # the same model, eager
+    python modern_loops.py --model gpt --empty-cache                 # empty_cache() after every step
+    python modern_loops.py --model gpt --keep-outputs                # logits kept for "later metrics"
+    python modern_loops.py --model gpt --accum 4 --steps 20          # gradient accumulation
+    python modern_loops.py --model resnet --no-pin                   # images from pageable memory
+    python modern_loops.py --model gpt --nvtx                        # an NVTX range per step
+
+The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
+ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
+loop N times in one process and prints the steady step time of each run (no profiler needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln(x))
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class Tokens(Dataset):
+    def __init__(self, n: int, seq: int, vocab: int):
+        self.data = torch.randint(0, vocab, (n, seq + 1), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data[i, :-1], self.data[i, 1:]
+
+
+class Images(Dataset):
+    """Decoded, normalised float images (as a pre-processed dataset cache would hold them)."""
+
+    def __init__(self, n: int, size: int, classes: int):
+        g = torch.Generator().manual_seed(0)
+        self.pool = torch.randn(64, 3, size, size, generator=g)
+        self.labels = torch.randint(0, classes, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool[i % len(self.pool)].clone(), self.labels[i]
+
+
+def build(args: argparse.Namespace, device: torch.device):
+    if args.model == "gpt":
+        model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+        data = Tokens(args.batch * args.accum * (args.steps + 1), args.seq, args.vocab)
+    else:
+        import torchvision
+
+        model = torchvision.models.resnet18(num_classes=args.classes).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+        data = Images(args.batch * args.accum * (args.steps + 1), args.image_size, args.classes)
+    loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True,
+                        num_workers=args.workers, pin_memory=not args.no_pin,
+                        persistent_workers=args.workers > 0)
+    return model, opt, loader
+
+
+def loss_of(model, args, x, y):
+    if args.model == "gpt":
+        return model(x, y)
+    logits = model(x)
+    return logits, F.cross_entropy(logits, y)
+
+
+def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
+    """One pass of `--steps` optimizer steps; returns the mean step time after `--warmup` steps."""
+    kept = []  # --keep-outputs: "for metrics at the end of the epoch" (with their autograd graph)
+    batches = iter(loader)
+    t_start = None
+    for step in range(args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize(device) if device.type == "cuda" else None
+            t_start = time.perf_counter()
+        rng = torch.cuda.nvtx.range(f"step {step}") if args.nvtx else contextlib.nullcontext()
+        with rng:
+            for _ in range(args.accum):
+                x, y = next(batches)
+                x, y = x.to(device, non_blocking=not args.no_pin), y.to(device, non_blocking=not args.no_pin)
+                if args.compile:
+                    torch.compiler.cudagraph_mark_step_begin()
+                logits, loss = loss_of(model, args, x, y)
+                (loss / args.accum).backward()
+                if args.keep_outputs:
+                    kept.append((logits, loss))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if args.empty_cache:
+                torch.cuda.empty_cache()
+            if step % args.log_every == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    n = args.steps - args.warmup
+    return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=("gpt", "resnet"), default="gpt")
+    p.add_argument("--compile", choices=("reduce-overhead", "default", "max-autotune"), default=None)
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--no-pin", action="store_true", help="DataLoader(pin_memory=False), blocking copies")
+    p.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
+    p.add_argument("--keep-outputs", action="store_true", help="keep every step's (logits, loss)")
+    p.add_argument("--nvtx", action="store_true", help="an NVTX range 'step N' around every step")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the printed step time")
+    p.add_argument("--repeat", type=int, default=1, help="run the whole loop this many times")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    if args.device == "cpu" and (args.compile == "reduce-overhead" or args.empty_cache):
+        args.compile, args.empty_cache = None, False  # CPU smoke runs: no CUDA graphs, no CUDA cache
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model, opt, loader = build(args, device)
+    if args.compile:
+        model = torch.compile(model, mode=args.compile)
+    n = sum(q.numel() for q in model.parameters())
+    print(f"{args.model}: {n / 1e6:.1f}M parameters, compile={args.compile}, batch {args.batch} x {args.accum}")
+    model.train()
+    times = [run(args, model, opt, loader, device) for _ in range(args.repeat)]
+    print("steady step ms per run: " + " ".join(f"{t:.3f}" for t in times))
+    print(f"steady step ms median: {statistics.median(times):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -49,6 +49,9 @@ class KernelRow(_Durations):
     name: str = Field(description="demangled kernel name (nsys groups by it, and by grid/block)")
     short_name: str
     cls: Literal["compute", "communication", "memory"]
+    origin: Literal["generated", "library", "graph"] = Field(
+        default="library", description="generated: a Triton kernel torch.compile (Inductor) wrote (triton_*); "
+        "library: cuBLAS, cuDNN, ATen, NCCL, ...; graph: one CUDA graph replay (graph-level tracing)")
     pct: float = Field(description="share of the rank's kernel time")
     median_total_ms: float = Field(description="cross-rank median of per_step_ms (total_ms without steps)")
     min_total_ms: float

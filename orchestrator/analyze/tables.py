@@ -68,7 +68,8 @@ def _phases(v: Views) -> list[PhaseRow]:
 
 
 def _kernels(v: Views) -> list[KernelRow]:
-    return [KernelRow(rank=r["rank"], name=r["name"], short_name=r["short_name"] or r["name"], cls=r["cls"], **_dur(r),
+    return [KernelRow(rank=r["rank"], name=r["name"], short_name=r["short_name"] or r["name"], cls=r["cls"],
+                      origin=r["origin"], **_dur(r),
                       pct=round(r["pct"], 3), median_total_ms=ms(r["median_total_ns"]),
                       min_total_ms=ms(r["min_total_ns"]), max_total_ms=ms(r["max_total_ns"]), ranks=r["n_ranks"],
                       outlier=r["outlier"])

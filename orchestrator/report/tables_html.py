@@ -77,8 +77,9 @@ def stats_html(report: Report) -> str:
                      "gpu_per_step_ms": "gpu_outlier"}, waits)
     parts = [
         ("kernels", "Kernels across ranks (cuda_gpu_kern_sum)",
-         _table("kernels", t.kernels, ["rank", "short_name", "cls", *_DUR, "pct", "median_total_ms", "min_total_ms",
-                                       "max_total_ms"], {"total_ms": "outlier", "per_step_ms": "outlier"}, waits)),
+         _table("kernels", t.kernels, ["rank", "short_name", "cls", "origin", *_DUR, "pct", "median_total_ms",
+                                       "min_total_ms", "max_total_ms"],
+                {"total_ms": "outlier", "per_step_ms": "outlier"}, waits)),
         ("memory", "Memory operations across ranks (cuda_gpu_mem_time_sum / cuda_gpu_mem_size_sum)",
          _table("memory", t.memory, ["rank", "op", "host_kind", *_DUR, "pct", "mb", "median_mb", "median_total_ms"],
                 {"total_ms": "outlier", "per_step_ms": "outlier"}, waits)),

@@ -37,8 +37,14 @@ class CpuGap(Rule):
             if not hit:
                 continue
             worst = max(100 * ms / win[rk] for rk, ms in hit.items())
+            # Gaps no NVTX range explains are named by the loop thread's call (40_gaps.sql).
+            call = name.removeprefix("loop thread in ")
+            title = (f"GPU idle while the CPU is in `{name}`" if call == name
+                     else "GPU idle while the loop thread runs Python between CUDA calls"
+                     if call == "Python between CUDA calls"
+                     else f"GPU idle while the loop thread is in `{call}`")
             out.append(finding(
-                self.kind, hit, f"GPU idle while the CPU is in `{name}`",
+                self.kind, hit, title,
                 [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                  f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(hit.items())],
                 OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else CPU_GAP_FIX, max(hit.values()), pct=worst))

@@ -24,6 +24,11 @@ CREATE OR REPLACE MACRO is_sync_api(name) AS coalesce(regexp_matches(name,
 -- number standing alone after a space as `#` (the seed tutorial's `Step 3 Start` and
 -- `Epoch 1 Start` -> `Step # Start`, `Epoch # Start`: one group, not one per step).
 -- Numbers inside a word or a dotted path (`conv2d`, `layers.3.attn`) are kept.
+-- Kernels an optimizer step launches once per step (PyTorch's foreach/fused optimizers and
+-- clip_grad_norm_'s norm): the iteration of a gradient-accumulation loop.
+CREATE OR REPLACE MACRO is_optimizer_kernel(name) AS coalesce(regexp_matches(name,
+    '(?i)multi_tensor_apply|lpnorm|fused_?adam|adamw?_|_adamw?|sgd|lamb|adagrad|rmsprop|optimizer'), false);
+
 CREATE OR REPLACE MACRO range_group(t) AS
     trim(regexp_replace(regexp_replace(regexp_replace(t, ',.*$', ''), '\s*(mb|microbatch|#)?\s*\d+$', ''),
                         '(\s)\d+\b', '\1#', 'g'));

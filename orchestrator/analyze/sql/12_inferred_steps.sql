@@ -1,17 +1,18 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
--- Reads: steps, step_source, kernels, cuda_api.
+-- Reads: steps, step_source, kernels, graph_execs, cuda_api.
 -- Provides (adds rows to steps and step_source from 10_steps.sql):
 --   beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
 --   beat_candidates(rank, src, name, cand, run, ..., regular)  each candidate's longest run, judged
 --   beat_bursts(rank, src, name, cand, n, burst, ts, tid)  each candidate's occurrences merged in bursts
 --   beat_runs(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
---   beat(rank, src, name, t0, t1, bursts, period_ns, rcv)                          the chosen beat
+--   beat(rank, src, name, t0, t1, bursts, period_ns, rcv, micro_batches, micro_name)  the chosen beat
 --   steps rows with family = 4: [beat_i, beat_{i+1}) on the beat's launching thread, step = i
 --   step_source row (4, beat name) when no rank had NVTX steps
 -- Method (no NVTX: the loop's own period), per rank that has no step ranges:
 --   1. Candidate beats: every kernel short name, timed by the start of its CUDA launch call
---      (cuda_api.correlation_id = kernels.correlation_id), and every host-sync API name
---      (is_sync_api), timed by the call's start. A candidate needs >= 4 occurrences.
+--      (cuda_api.correlation_id = kernels.correlation_id), every CUDA graph replayed with
+--      graph-level tracing (its cudaGraphLaunch), and every host-sync API name (is_sync_api),
+--      timed by the call's start. A candidate needs >= 4 occurrences.
 --   2. Bursts: a loop that does a thing k times per iteration (`.item()` once per
 --      microbatch) repeats in bursts. Sort the intervals between occurrences; a break is an
 --      interval at least burst_ratio = 4 times the next smaller one (intervals under 1 us
@@ -24,11 +25,27 @@
 --      below max_rcv = 0.2, and at least a third of the candidate's bursts (a stretch of a
 --      kernel that repeats every layer within one step is not the loop).
 --   4. The iteration count is the burst count most regular candidates agree on (ties: the
---      smaller count); the beat is the regular candidate with that count and the lowest robust
---      CV (ties: a host sync first, then by name).
---   5. Steps: [burst_i, burst_{i+1}) over the beat's run, on the thread that launched burst_i,
+--      smaller count), among the candidates whose run spans at least a fifth of the longest
+--      regular run (a pattern of torch.compile's warm-up, each layer's kernels once in a few
+--      ms, is regular but short, and has many more names than the loop's own); the beat is the
+--      regular candidate with that count and the lowest robust CV (ties: a host sync first,
+--      then by name).
+--   5. Gradient accumulation: an iteration is an optimizer step. When a regular candidate
+--      launched by the optimizer or gradient clipping (is_optimizer_kernel) repeats every k >= 2
+--      periods of the beat (period ratio within 0.2 of an integer), it becomes the beat and the
+--      old beat's period its micro-batch: micro_batches = k.
+--   6. The beat's run is then extended over its neighbouring bursts while each interval stays
+--      within [1/4, 8] x its period: a step that also logs breaks a 25 % run but is no warm-up.
+--      The CPU runs ahead of a busy GPU, so a `.item()` every N steps waits for several queued
+--      steps at once and the launches after it come fast (a few periods, then a fraction of
+--      one); torch.compile's warm-up and graph recording, start-up and tear-down (tens of
+--      periods) still end it. So the steps span the whole steady loop, not its longest calm
+--      stretch.
+--   7. Steps: [burst_i, burst_{i+1}) over the extended run, on the thread that launched burst_i,
 --      numbered 0.. in order, family = 4; the interval into the run (the warm-up iteration)
---      is step 0, which the window leaves out like any first step.
+--      is step 0, which the window leaves out like any first step. The run's last burst opens
+--      the last step too, to one period later or that thread's last CUDA call, whichever
+--      comes first (the loop's last iteration has no next burst to end it).
 -- Ranks with NVTX step ranges are left alone. Known limit: when the warm-up repeats a pattern
 -- more often than the steady loop does (e.g. a pipeline stage waiting at start), the vote
 -- can pick the warm-up's pattern.
@@ -43,6 +60,10 @@ WITH todo AS (
     SELECT a.rank, 'kernel' AS src, k.short_name AS name, a.tid, a.start AS ts
     FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id
     WHERE k.rank IN (SELECT rank FROM todo) AND k.short_name IS NOT NULL
+    UNION ALL
+    SELECT a.rank, 'graph', 'CUDA graph ' || g.graph_id, a.tid, a.start
+    FROM graph_execs g JOIN cuda_api a ON a.rank = g.rank AND a.correlation_id = g.correlation_id
+    WHERE g.rank IN (SELECT rank FROM todo)
     UNION ALL
     SELECT a.rank, 'sync', a.name, a.tid, a.start FROM cuda_api a
     WHERE a.rank IN (SELECT rank FROM todo) AND a.name IN (SELECT name FROM sync_names)
@@ -112,31 +133,68 @@ FROM beat_runs r JOIN (
     SELECT cand, arg_min(run, (-bursts, rcv, run)) AS run FROM beat_runs GROUP BY cand) USING (cand, run);
 
 CREATE OR REPLACE TABLE beat AS
-WITH votes AS (
+WITH long_runs AS (
+    SELECT c.* FROM beat_candidates c
+    JOIN (SELECT rank, max(t1 - t0) AS span FROM beat_candidates WHERE regular GROUP BY rank) m USING (rank)
+    WHERE c.regular AND c.t1 - c.t0 >= 0.2 * m.span
+), votes AS (
     SELECT rank, bursts, row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, bursts) AS i
-    FROM beat_candidates WHERE regular GROUP BY rank, bursts
+    FROM long_runs GROUP BY rank, bursts
+), voted AS (
+    SELECT rank, src, name, t0, t1, bursts, period_ns, rcv FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.src = 'sync' DESC, c.name) AS j
+        FROM long_runs c JOIN votes v ON v.rank = c.rank AND v.bursts = c.bursts AND v.i = 1)
+    WHERE j = 1
+), optimizer AS (  -- an optimizer step every k >= 2 beats: gradient accumulation
+    SELECT rank, src, name, t0, t1, bursts, period_ns, rcv, k, micro_name FROM (
+        SELECT c.*, round(c.period_ns / v.period_ns) AS k, v.name AS micro_name,
+               row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.name) AS j
+        FROM beat_candidates c JOIN voted v USING (rank)
+        WHERE c.regular AND c.src = 'kernel' AND is_optimizer_kernel(c.name)
+          AND c.period_ns >= 1.5 * v.period_ns
+          AND abs(c.period_ns / v.period_ns - round(c.period_ns / v.period_ns)) < 0.2)
+    WHERE j = 1
 )
-SELECT rank, src, name, t0, t1, bursts, period_ns, rcv FROM (
-    SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.src = 'sync' DESC, c.name) AS j
-    FROM beat_candidates c JOIN votes v ON v.rank = c.rank AND v.bursts = c.bursts AND v.i = 1
-    WHERE c.regular)
-WHERE j = 1;
+SELECT rank, src, name, t0, t1, bursts, period_ns, rcv, CAST(k AS INTEGER) AS micro_batches, micro_name
+FROM optimizer
+UNION ALL
+SELECT rank, src, name, t0, t1, bursts, period_ns, rcv, 1, NULL FROM voted
+WHERE rank NOT IN (SELECT rank FROM optimizer);
 
--- The beat's bursts inside its regular run, plus the burst just before it: the interval into
+-- The beat's bursts inside its extended run, plus the burst just before it: the interval into
 -- the run is the warm-up iteration (step 0), which the window leaves out like any first step.
 INSERT INTO steps BY NAME
-WITH lead_in AS (
-    SELECT b.rank, coalesce(max(bb.ts), any_value(b.t0)) AS t_first
-    FROM beat b LEFT JOIN beat_bursts bb ON bb.rank = b.rank AND bb.src = b.src AND bb.name = b.name AND bb.ts < b.t0
+WITH ext AS (  -- the beat's bursts and the interval to the next one
+    SELECT bb.rank, bb.ts, lead(bb.ts) OVER w - bb.ts AS iv, row_number() OVER w AS i
+    FROM beat_bursts bb JOIN beat b USING (rank, src, name) WINDOW w AS (PARTITION BY bb.rank ORDER BY bb.ts)
+), banded AS (  -- intervals within [1/4, 8] x the period; consecutive ones share i - r
+    SELECT e.*, e.i - row_number() OVER (PARTITION BY e.rank ORDER BY e.i) AS isl
+    FROM ext e JOIN beat b USING (rank) WHERE e.iv BETWEEN 0.25 * b.period_ns AND 8 * b.period_ns
+), extended AS (  -- the stretch of such intervals that holds the regular run
+    SELECT x.rank, x.x0, x.x1 FROM (
+        SELECT rank, isl, min(ts) AS x0, max(ts + iv) AS x1 FROM banded GROUP BY rank, isl) x
+    JOIN beat b ON b.rank = x.rank AND b.t0 BETWEEN x.x0 AND x.x1
+), lead_in AS (
+    SELECT b.rank, coalesce(max(bb.ts), any_value(least(b.t0, x.x0))) AS t_first,
+           any_value(greatest(b.t1, coalesce(x.x1, b.t1))) AS t_last
+    FROM beat b LEFT JOIN extended x USING (rank)
+    LEFT JOIN beat_bursts bb ON bb.rank = b.rank AND bb.src = b.src AND bb.name = b.name
+        AND bb.ts < least(b.t0, coalesce(x.x0, b.t0))
     GROUP BY b.rank
+), bounded AS (  -- the last burst's step ends one period later or at its thread's last CUDA call
+    SELECT bb.rank, bb.tid, bb.ts AS start, lead(bb.ts) OVER (PARTITION BY bb.rank ORDER BY bb.ts) AS next,
+           CAST(bb.ts + b.period_ns AS BIGINT) AS one_period
+    FROM beat_bursts bb JOIN beat b USING (rank, src, name) JOIN lead_in l USING (rank)
+    WHERE bb.ts BETWEEN l.t_first AND l.t_last
+), last_call AS (
+    SELECT a.rank, a.tid, max(a."end") AS t FROM cuda_api a JOIN (SELECT DISTINCT rank, tid FROM bounded) USING (rank, tid)
+    GROUP BY a.rank, a.tid
 )
 SELECT rank, tid, start, "end", CAST(row_number() OVER (PARTITION BY rank ORDER BY start) - 1 AS INTEGER) AS step,
        4 AS family
 FROM (
-    SELECT bb.rank, bb.tid, bb.ts AS start, lead(bb.ts) OVER (PARTITION BY bb.rank ORDER BY bb.ts) AS "end"
-    FROM beat_bursts bb JOIN beat b USING (rank, src, name) JOIN lead_in l USING (rank)
-    WHERE bb.ts BETWEEN l.t_first AND b.t1)
-WHERE "end" IS NOT NULL;
+    SELECT b.rank, b.tid, b.start, coalesce(b.next, least(b.one_period, greatest(c.t, b.start + 1))) AS "end"
+    FROM bounded b LEFT JOIN last_call c USING (rank, tid));
 
 INSERT INTO step_source
 SELECT 4, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM step_source) HAVING count(*) > 0;

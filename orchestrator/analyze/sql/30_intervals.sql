@@ -1,7 +1,7 @@
 -- GPU time per rank by class, as interval unions clipped to the window.
 -- Reads: gpu_ops, win. Provides:
---   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels), comm (NCCL
---                             kernels), busy (kernels + memcpy + memset), p2p (NCCL send/recv)
+--   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels and CUDA graph
+--                             replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv)
 --   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
 CREATE OR REPLACE TABLE clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
@@ -9,7 +9,7 @@ FROM gpu_ops o JOIN win w USING (rank)
 CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
 WHERE o."end" > w.w0 AND o.start < w.w1
   AND (c.cls = 'busy'
-       OR (c.cls = 'compute' AND o.kind = 'kernel' AND NOT o.is_comm)
+       OR (c.cls = 'compute' AND o.kind IN ('kernel', 'graph') AND NOT o.is_comm)
        OR (c.cls = 'comm' AND o.is_comm)
        OR (c.cls = 'p2p' AND is_p2p(o.name)));
 

@@ -6,7 +6,11 @@
 -- the loop thread synchronised with the GPU, copied results to the host or launched kernels
 -- anywhere in that interval (metrics, logging, an evaluation run between steps: `.item()`,
 -- `.cpu()`), then it is `between steps (other work)`. (Copying the next batch in is input.)
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, memcpy, params. Provides:
+-- A gap no range explains is named by what the loop thread was doing at its midpoint: the
+-- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
+-- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
+-- code: no call to wait in).
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, osrt, memcpy, params. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(rank, tid, start, end, depth, nvtx_row)  default-domain ranges (with a name) that
@@ -66,15 +70,30 @@ WITH gaps AS (
     SELECT g.rank, g.s, b.other_work FROM gaps g
     ASOF JOIN between_steps b ON b.rank = g.rank AND g.s + g.dur // 2 >= b.s
     WHERE g.s + g.dur // 2 < b.e
+), mid AS (SELECT rank, s, s + dur // 2 AS m FROM gaps),
+api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last one started before it)
+    SELECT g.rank, g.s, regexp_replace(a.name, '_v\d+$', '') AS call FROM mid g
+    ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)) a
+        ON a.rank = g.rank AND g.m >= a.start
+    WHERE a."end" > g.m
+), os AS (
+    SELECT g.rank, g.s, o.name AS call FROM mid g
+    ASOF JOIN (SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread USING (rank, tid)) o
+        ON o.rank = g.rank AND g.m >= o.start
+    WHERE o."end" > g.m
 )
 SELECT g.rank, g.s, g.e, g.dur,
        coalesce(range_group(c.text),
                 CASE WHEN b.other_work THEN 'between steps (other work)'
                      WHEN b.rank IS NOT NULL THEN 'between steps (input pipeline)'
-                     ELSE '(no NVTX range)' END) AS range_group,
+                     WHEN a.call IS NOT NULL THEN 'loop thread in ' || a.call
+                     WHEN o.call IS NOT NULL THEN 'loop thread in ' || o.call
+                     ELSE 'loop thread in Python between CUDA calls' END) AS range_group,
        c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
-LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s;
+LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s
+LEFT JOIN api a ON a.rank = g.rank AND a.s = g.s
+LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE VIEW small_gaps AS

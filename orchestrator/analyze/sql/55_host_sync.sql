@@ -5,7 +5,10 @@
 --   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
 --       is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy (same correlation_id)
 --       is DtoH into pageable memory (those block until the copy is done); name without the
---       `_vNNNN` suffix; step = the step whose range holds the call's start (any thread)
+--       `_vNNNN` suffix; step = the step whose range holds the call's start (any thread).
+--       Not a host sync: the stream sync PyTorch makes right after a host-to-device copy from
+--       pageable memory (the thread's previous CUDA call is that copy): the copy's own wait,
+--       which pageable_memcpy reports with the copy
 --   sync_idle(rank, start, idle_ns)  per sync: GPU idle from its return (end) until the next GPU
 --       op on the rank starts, the cost that matters (after a sync the CPU must refill the
 --       queue). 0 when GPU work is running at the return; cut at the next sync's return (so idle
@@ -25,9 +28,17 @@ WITH calls AS (
                  AND m.kind = 'DtoH' AND m.dst_kind = 'pageable'))
 ), in_win AS (
     SELECT c.* FROM calls c JOIN win w USING (rank) WHERE c.start >= w.w0 AND c.start < w.w1
+), prev AS (  -- each sync's previous CUDA call on its thread
+    SELECT c.*, p.correlation_id AS prev_corr FROM in_win c
+    ASOF LEFT JOIN (SELECT rank, tid, start, correlation_id FROM cuda_api) p
+        ON p.rank = c.rank AND p.tid = c.tid AND p.start < c.start
+), own AS (
+    SELECT * FROM prev c WHERE NOT EXISTS (
+        SELECT 1 FROM memcpy m WHERE m.rank = c.rank AND m.correlation_id = c.prev_corr
+                                 AND m.kind = 'HtoD' AND m.src_kind = 'pageable')
 ), stepped AS (
     SELECT h.rank, h.tid, h.start, h."end", h.name, max(s.step) AS step
-    FROM in_win h LEFT JOIN steps s ON s.rank = h.rank AND h.start >= s.start AND h.start < s."end"
+    FROM own h LEFT JOIN steps s ON s.rank = h.rank AND h.start >= s.start AND h.start < s."end"
     GROUP BY h.rank, h.tid, h.start, h."end", h.name
 )
 SELECT rank, tid, start, "end", regexp_replace(name, '_v\d+$', '') AS name, step FROM stepped;

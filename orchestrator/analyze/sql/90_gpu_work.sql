@@ -11,4 +11,4 @@ WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL;
 CREATE OR REPLACE VIEW kernel_stats AS
 SELECT o.rank, count(*) AS n, median(o."end" - o.start) AS median_ns, count(DISTINCT o.step) AS n_steps
 FROM gpu_ops o JOIN win w USING (rank)
-WHERE o.kind = 'kernel' AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank;
+WHERE o.kind IN ('kernel', 'graph') AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank;

@@ -1,0 +1,63 @@
+"""A loop that already replays CUDA graphs (torch.compile mode="reduce-overhead", captured
+steps): how much of the GPU time the graphs hold, what runs outside them, and what the loop
+thread does between two replays. The advice for such a loop is to capture more of the step or
+give each replay more work, never to adopt CUDA graphs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+
+FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
+       "the step: the optimizer step and gradient clipping (torch.compile the function that calls "
+       "optimizer.step(), or capture it in the same torch.cuda.graph), the loss and metrics, and keep "
+       "graph breaks out of the model (torch._dynamo.explain); cut the Python between replays "
+       "(no per-step .item() or logging); or give each replay more work (a larger per-step batch).")
+GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the default) times each replay as one "
+                   "span that includes the idle between its nodes; --cuda-graph-trace=node times each kernel")
+
+
+@dataclass
+class CudaGraphs(Rule):
+    kind = "cuda_graphs"
+    reads = ("graph_usage",)
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        win = ctx.window_ms()
+        busy = {r.rank: r.gpu_busy_ms for r in ctx.report.ranks}
+        rows = [r for r in ctx.views.rows("graph_usage") if win.get(r["rank"])]
+        if not rows:
+            return []
+        evidence, idle = [], {}
+        for r in rows:
+            rk, steps = r["rank"], r["n_steps"] or 0
+            per = f" ({r['replays'] / steps:.1f} per step)" if steps else ""
+            evidence.append(
+                f"rank {rk}: {r['replays']} graph replays{per}; {ns_to_ms(r['graph_busy_ns'])} ms of its "
+                f"{ns_to_ms(r['busy_ns'])} ms of GPU work ran inside CUDA graphs ({r['graph_share_pct']}%), "
+                f"{ns_to_ms(r['eager_kernel_ns'])} ms in {r['eager_kernels']} kernels launched outside them"
+                + (f" (most time: {r['top_eager']})" if r["top_eager"] else ""))
+            if r["between_ns"]:
+                parts = [(r["launch_ns"], "launching eager kernels"), (r["sync_ns"], "in host syncs"),
+                         (r["copy_ns"], "in copies"), (r["other_api_ns"], "in other CUDA calls"),
+                         (r["python_ns"], "in no CUDA call (Python, or in backward() waiting for the autograd thread)")]
+                scale = f"{ns_to_ms(r['between_ns'] / steps)} ms per step" if steps else \
+                    f"{ns_to_ms(r['between_ns'])} ms"
+                evidence.append(f"rank {rk}: between replays ({scale}) the loop thread was " + ", ".join(
+                    f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
+                    if round(100 * ns / r["between_ns"])))
+            idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
+        if any(r["graph_level"] for r in rows):
+            evidence.append(GRAPH_SPAN_NOTE)
+        worst = max(idle, key=lambda rk: idle[rk] / win[rk])
+        share = min(r["graph_share_pct"] for r in rows)
+        return [finding(
+            self.kind, [r["rank"] for r in rows],
+            f"CUDA graphs replayed: {share}% of GPU time inside graphs, the GPU idle "
+            f"{round(100 * idle[worst] / win[worst], 1)}% of the window between them",
+            evidence, FIX, idle[worst], pct=100 * idle[worst] / win[worst])]
+
+
+RULE = CudaGraphs()

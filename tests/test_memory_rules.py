@@ -1,0 +1,108 @@
+"""The GPU memory rules (memory_growth, memory_near_capacity, allocator_churn) on small
+synthetic MemoryReports: what fires, what does not, and the numbers in the evidence, known by
+construction. The real captures are in tests/test_gpu_memory.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model_memory import MemoryReport, RankMemory
+from orchestrator.analyze.rules import registry
+from tests.rulekit import context, rank
+
+GIB, MIB = 2**30, 2**20
+CAP = 80 * GIB
+
+
+def _run(kind: str, ctx) -> list[Finding]:
+    (rule,) = [r for r in registry() if r.kind == kind]
+    return rule.evaluate(ctx)
+
+
+def _mem(rk: int, **kw: Any) -> RankMemory:
+    base: dict[str, Any] = dict(rank=rk, device=0, capacity_bytes=CAP, baseline_bytes=0, start_bytes=10 * GIB,
+                                peak_bytes=12 * GIB, end_bytes=10 * GIB, capture_peak_bytes=12 * GIB,
+                                headroom_bytes=CAP - 12 * GIB, peak_pct=15.0, growth_bytes_per_step=0.0,
+                                growth_r2=1.0, rising_steps=0, steps=20, allocs=0, frees=0,
+                                alloc_calls_per_step=0.0, free_calls_per_step=0.0, sync_frees_per_step=0.0,
+                                alloc_api_ms_per_step=0.0, alloc_api_pct=0.0)
+    base.update(kw)
+    return RankMemory(**base)
+
+
+def _ctx(ranks: list[RankMemory], **report: Any):
+    peaks = {r.rank: r.peak_bytes or 0 for r in ranks}
+    top = max(peaks, key=lambda k: (peaks[k], -k))
+    mem = MemoryReport(source="cuda_memory_usage", ranks=ranks, peak_rank=top, max_peak_bytes=max(peaks.values()),
+                       min_peak_bytes=min(peaks.values()), spread_bytes=max(peaks.values()) - min(peaks.values()),
+                       median_peak_bytes=float(sorted(peaks.values())[len(peaks) // 2]))
+    return context([rank(r.rank) for r in ranks], memory=mem, **report)
+
+
+def test_memory_growth_rate_and_steps_left() -> None:
+    leak = _mem(1, growth_bytes_per_step=72 * MIB, growth_r2=0.98, rising_steps=19, start_bytes=4 * GIB,
+                end_bytes=int(4 * GIB + 19 * 72 * MIB), steps_to_full=(CAP - (4 * GIB + 19 * 72 * MIB)) / (72 * MIB))
+    (f,) = _run("memory_growth", _ctx([_mem(0), leak]))
+    assert f.ranks == [1] and f.severity == "high"  # (76456 MiB left) / 72 MiB = 1062 steps left: out of memory soon
+    assert f.title == "GPU memory grows every step (+72 MiB/step, full in ~1062 steps)"
+    assert f.evidence[0].startswith("rank 1: +72.0 MiB per step over 20 steps (R² 0.98, higher than the step before "
+                                    "in 19 of 19), 4.00 GiB in use at the window's start, 5.34 GiB at its end")
+    assert "~1062 more steps" in f.evidence[0] and ".detach()" in f.fix and ".item()" in f.fix
+    timed = _ctx([_mem(0), leak])
+    timed.report.ranks[1].median_step_ms = 120.0
+    (g,) = _run("memory_growth", timed)
+    assert g.evidence[0].endswith("at this rate (~2.1 min at 120.0 ms/step)")  # 1062 x 0.12 s = 127 s
+
+
+def test_memory_growth_quiet_when_flat_or_one_jump() -> None:
+    assert _run("memory_growth", _ctx([_mem(0), _mem(1)])) == []
+    # one jump (an evaluation step allocating 1 GiB once): a slope, but rising in 1 of 19 steps
+    jump = _mem(0, growth_bytes_per_step=30 * MIB, growth_r2=0.6, rising_steps=1, steps_to_full=2000.0)
+    assert _run("memory_growth", _ctx([jump])) == []
+    slow = _mem(0, growth_bytes_per_step=0.5 * MIB, growth_r2=1.0, rising_steps=19, steps_to_full=1e5)
+    assert _run("memory_growth", _ctx([slow])) == []
+    assert _run("memory_growth", context([rank(0)])) == []  # no memory section at all
+
+
+def test_memory_near_capacity_names_the_peak_rank_and_spread() -> None:
+    ranks = [_mem(0, peak_bytes=int(0.95 * CAP), peak_pct=95.0, headroom_bytes=int(0.05 * CAP)),
+             _mem(1, peak_bytes=60 * GIB, peak_pct=75.0), _mem(2, peak_bytes=58 * GIB, peak_pct=72.5)]
+    (f,) = _run("memory_near_capacity", _ctx(ranks))
+    assert f.ranks == [0] and f.severity == "medium" and "rank 0 (95.0 % at peak)" in f.title
+    assert f.evidence[0] == "rank 0: peak 76.00 GiB of 80.00 GiB (95.0 %), headroom 4.00 GiB (at most: the CUDA " \
+                            "context is not counted)"
+    assert f.evidence[-1] == "highest peak on rank 0; peaks across 3 ranks differ by 18.00 GiB (median 60.00 GiB)"
+    assert _run("memory_near_capacity", _ctx([_mem(0), _mem(1)])) == []
+    staged = _ctx(ranks)
+    staged.report.ranks[0].stage = 0
+    (g,) = _run("memory_near_capacity", staged)
+    assert g.evidence[-1].startswith("highest peak on rank 0 (pipeline stage 0); peaks across 3 ranks")
+    full = _mem(0, peak_bytes=int(0.98 * CAP), peak_pct=98.0)
+    assert _run("memory_near_capacity", _ctx([full]))[0].severity == "high"
+
+
+def test_allocator_churn_cost_and_quiet_loop() -> None:
+    churn = _mem(0, alloc_calls_per_step=12.0, free_calls_per_step=12.0, sync_frees_per_step=12.0,
+                 alloc_api_ms_per_step=2.5, alloc_api_pct=9.0)
+    (f,) = _run("allocator_churn", _ctx([churn, _mem(1)]))
+    assert f.ranks == [0] and f.severity == "medium" and f.cost_ms == 9.0  # 9 % of a 100 ms window
+    assert f.evidence == ["rank 0: 12.0 allocations + 12.0 frees per step (cudaMalloc/cudaFree family), 2.50 ms of "
+                          "CPU per step in them (9.0 % of the iteration); 12.0 cudaFree per step, each waiting for "
+                          "the whole device"]
+    assert "empty_cache()" in f.fix and "expandable_segments:True" in f.fix
+    # the caching allocator's occasional call: under the thresholds
+    rare = _mem(0, alloc_calls_per_step=0.3, alloc_api_ms_per_step=0.2, alloc_api_pct=0.15)
+    assert _run("allocator_churn", _ctx([rare])) == []
+    many_cheap = _mem(0, alloc_calls_per_step=4.0, free_calls_per_step=4.0, alloc_api_pct=0.5)
+    assert _run("allocator_churn", _ctx([many_cheap])) == []
+
+
+def test_curves_kept_for_the_extremes_and_a_sample() -> None:
+    from orchestrator.analyze.memory import curve_ranks
+
+    peaks = {rk: (rk * 7919) % 41 for rk in range(40)}  # a permutation of 0..40 without one value
+    kept = curve_ranks(peaks)
+    top, low = max(peaks, key=lambda r: peaks[r]), min(peaks, key=lambda r: peaks[r])
+    assert len(kept) == 16 == len(set(kept)) and top in kept and low in kept and kept == sorted(kept)
+    assert curve_ranks({3: 1, 5: 2}) == [3, 5]

@@ -1,6 +1,11 @@
 """The parallel layout (tp, pp, dp): one model for the job spec, `--layout`, the manifest and collect.
 
-Megatron order: tp fastest, then dp, then pp, so `stage = rank // (tp*dp)`. A layout may be
+Megatron order: tp fastest, then dp, then pp, so `stage = rank // (tp*dp)`. `--layout` also
+takes cp (context parallel: between tp and dp, so `stage = rank // (tp*cp*dp)`), ep (expert
+parallel: carved out of the data-parallel ranks, no extra ranks) and vpp (virtual pipeline
+stages per rank: no extra ranks). The data-parallel index of a rank is its place in the
+stage's dp*cp group, the ranks Megatron reduces gradients over; what orch cannot analyse per
+cp, ep or vpp group the report says (70_stages.sql `layout_notes`). A layout may be
 *partial* (`pp=2` alone): the missing dp follows from the world size, which the spec knows
 up front and `orch collect --from` only learns from the ranks it finds. Either way it is
 filled in by `resolve`, and where it cannot be (tp*pp does not divide the world size) the
@@ -16,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.errors import OrchError
 
 Dim = Annotated[int, Field(ge=1, le=65536, strict=True)]
-KEYS = ("tp", "pp", "dp")
+KEYS = ("tp", "pp", "dp")  # the job spec's keys
+CLI_KEYS = (*KEYS, "cp", "ep", "vpp")  # --layout's
 
 
 class Layout(BaseModel):
@@ -32,6 +38,9 @@ class Layout(BaseModel):
     tp: Dim = 1
     pp: Dim = 1
     dp: Dim | None = None
+    cp: Dim = 1
+    ep: Dim = 1
+    vpp: Dim = 1
     world_size: int | None = Field(default=None, ge=1)
     nproc_per_node: int | None = Field(default=None, ge=1)
     known: bool = False
@@ -46,14 +55,19 @@ class Layout(BaseModel):
         for part in text.split(","):
             key, _, value = part.partition("=")
             key, value = key.strip(), value.strip()
-            if key not in KEYS or not value.isascii() or not value.isdigit() or not 1 <= int(value) <= 65536 \
-                    or key in vals:
-                raise OrchError(f"{flag} {text!r}: use e.g. {flag} tp=1,pp=2,dp=4 "
-                                "(each of tp, pp, dp at most once, positive integers; dp may be left out)")
+            if key not in CLI_KEYS or not value.isascii() or not value.isdigit() \
+                    or not 1 <= int(value) <= 65536 or key in vals:
+                raise OrchError(f"{flag} {text!r}: use e.g. {flag} tp=1,pp=2,dp=4 (each of tp, pp, dp, cp, ep, "
+                                "vpp at most once, positive integers; dp may be left out)")
             vals[key] = int(value)
         lay = cls(**vals, known=True)
+        if lay.vpp > 1 and lay.pp < 2:
+            raise OrchError(f"{flag} {text!r}: vpp={lay.vpp} needs a pipeline (pp >= 2); drop vpp or give pp")
         if "dp" in vals:
-            lay = lay.model_copy(update={"world_size": lay.tp * lay.pp * lay.dp})
+            if (lay.cp * lay.dp) % lay.ep:
+                raise OrchError(f"{flag} {text!r}: ep={lay.ep} must divide dp*cp = {lay.cp * lay.dp} (expert-parallel "
+                                "groups are made of data-parallel ranks); fix ep or dp")
+            lay = lay.model_copy(update={"world_size": lay.tp * lay.cp * lay.pp * lay.dp})
         return lay if world_size is None else lay.resolve(world_size, exact=True, source=flag)
 
     @classmethod
@@ -82,44 +96,49 @@ class Layout(BaseModel):
             upd["nproc_per_node"] = nproc_per_node
         if not self.known:
             return self.model_copy(update=upd) if upd else self
-        tp_pp = self.tp * self.pp
+        tp_pp = self.tp * self.cp * self.pp  # the ranks of one data-parallel replica
         if (self.dp is None or exact) and world_size % tp_pp:
             fix = ("fix layout or nodes/nproc_per_node" if source == "layout" else
                    f"give dp explicitly, e.g. {source} tp={self.tp},pp={self.pp},dp=N")
-            raise OrchError(f"{source}: tp*pp = {tp_pp} does not divide the world size {world_size}; {fix}")
+            raise OrchError(f"{source}: {self._mp_name()} = {tp_pp} does not divide the world size {world_size}; {fix}")
         if self.dp is None:
             upd.update(dp=world_size // tp_pp, world_size=world_size)
         elif exact:
             if tp_pp * self.dp != world_size:
                 fix = ("fix layout.dp or drop it to derive it" if source == "layout"
                        else f"fix dp in {source} or drop it")
-                raise OrchError(f"{source}: tp*pp*dp = {tp_pp * self.dp} but the world size is {world_size}; {fix}")
+                raise OrchError(f"{source}: {self._mp_name()}*dp = {tp_pp * self.dp} but the world size is "
+                                f"{world_size}; {fix}")
             upd["world_size"] = world_size
         return self.model_copy(update=upd) if upd else self
 
+    def _mp_name(self) -> str:
+        return "tp*cp*pp" if self.cp > 1 else "tp*pp"
+
     @property
     def stage_size(self) -> int | None:
-        """Ranks per pipeline stage (tp*dp), None while dp is unknown."""
+        """Ranks per pipeline stage (tp*cp*dp), None while dp is unknown."""
         dp = self._dp()
-        return self.tp * dp if dp else None
+        return self.tp * self.cp * dp if dp else None
 
     def _dp(self) -> int | None:
-        return self.dp or (self.world_size // (self.tp * self.pp) if self.world_size else None)
+        return self.dp or (self.world_size // (self.tp * self.cp * self.pp) if self.world_size else None)
 
     def place(self, rank: int) -> dict[str, int | None]:
         """Node, stage, dp and tp index of a global rank (None where the layout cannot say)."""
         dp = self._dp()
         return {
             "node": rank // self.nproc_per_node if self.nproc_per_node else None,
-            "stage": rank // (self.tp * dp) if (self.known and dp) else None,
-            "dp_index": (rank // self.tp) % dp if (self.known and dp) else None,
+            "stage": rank // (self.tp * self.cp * dp) if (self.known and dp) else None,
+            "dp_index": (rank // self.tp) % (self.cp * dp) if (self.known and dp) else None,
             "tp_index": rank % self.tp if self.known else None,
         }
 
     def meta(self) -> dict[str, Any]:
         """The store's `meta.layout` / the manifest's `layout` (keys read by analysis)."""
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "known": self.known,
-                "world_size": self.world_size, "nproc_per_node": self.nproc_per_node}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep, "vpp": self.vpp,
+                "known": self.known, "world_size": self.world_size, "nproc_per_node": self.nproc_per_node}
 
     def describe(self) -> str:
-        return f"tp={self.tp} pp={self.pp} dp={self.dp}"
+        more = "".join(f" {k}={getattr(self, k)}" for k in ("cp", "ep", "vpp") if getattr(self, k) > 1)
+        return f"tp={self.tp} pp={self.pp} dp={self.dp}{more}"

@@ -61,14 +61,15 @@ def report(tmp_path_factory: pytest.TempPathFactory):
 
 def test_the_slow_stage0_rank_is_the_root(report) -> None:
     (f,) = [f for f in report.findings if f.kind == "straggler"]
-    assert f.ranks == [1] and f.victims == [0, 2]
+    # Rank 3 (its activations came late) and rank 2 (waited for rank 3) are victims like rank 0.
+    assert f.ranks == [1] and f.victims == [0, 2, 3]
     assert "`data_load`" in f.title
     # Rank 3 starts the stage-1 all-reduce last every step, yet it is a victim, not a cause.
     assert {s.rank for s in report.stragglers} == {1, 3}
-    assert any(e.startswith("rank 3 started last in") and "only because it had itself waited for rank 1" in e
-               for e in f.evidence)
-    # By construction: 30 ms of waiting per measured step (steps 1..9) on rank 0 and on rank 2.
-    assert f.cost_ms == pytest.approx(2 * 9 * 30, abs=0.5)
+    assert any(e.startswith("rank 3 started last in") and "a victim, not the cause" in e for e in f.evidence)
+    # By construction every measured step (1..9) is 30 ms longer: what rank 1 puts on the
+    # critical path, once (rank 0 and rank 3 wait for the same 30 ms).
+    assert f.cost_ms == pytest.approx(9 * 30, abs=0.5)
 
 
 def test_waiting_split_by_kind(report) -> None:

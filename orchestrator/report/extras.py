@@ -5,7 +5,8 @@ Why a second read of the store: the `Report` holds per-rank totals, but a timeli
 individual kernels, waits and NVTX ranges of a few ranks in one step, and a CPU-only capture
 has no GPU step times in the report at all (its steps are NVTX ranges). Everything here is
 read from the analysis views (`analyze/sql/`): `steps`, `step_gpu`, `gpu_ops`, `nccl_waits`
-(waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, `blame_edges`, `nvtx`.
+(waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical path
+(`cp_path`, `wait_nodes`, `cp_segments`), `nvtx`.
 Times are ms on the store's aligned clock, relative to the shown step's start (`t0`).
 """
 
@@ -60,6 +61,15 @@ class Edge(Strict):
     e: float
 
 
+class PathSeg(Strict):
+    """One rank's work on the step's critical path (59_critical_path.sql), and the excess it put there."""
+
+    rank: int
+    s: float
+    e: float
+    created: float = 0.0
+
+
 class Hidden(Strict):
     """The ranks not drawn, summarised."""
 
@@ -76,7 +86,8 @@ class StepView(Strict):
     t1: float = Field(description="ms from t0 to the end of the last shown rank's step")
     t0_ns: int = Field(description="the view's start on the store clock")
     lanes: list[Lane]
-    edges: list[Edge] = Field(default_factory=list)
+    edges: list[Edge] = Field(default_factory=list, description="the waits on the step's critical path")
+    path: list[PathSeg] = Field(default_factory=list, description="the step's critical path, in time order")
     hidden: Hidden | None = None
 
 
@@ -230,7 +241,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                    [ranks, t0, t1]):
         lane, name = lanes[o["rank"]], o["name"] or "?"
         if not o["is_comm"]:
-            kind = "compute" if o["kind"] == "kernel" else "other GPU"
+            kind = "compute" if o["kind"] in ("kernel", "graph") else "other GPU"  # graph: a CUDA graph replay
             lane.gpu.append(Seg(s=ms(max(o["start"], t0)), e=ms(min(o["end"], t1)), kind=kind, name=name))
             continue
         w = wait_at.get((o["rank"], o["start"]))
@@ -257,11 +268,22 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                        [rk, tid, t0, t1, d0, d0 + NVTX_DEPTH]):
             s, e = clip(n["start"], n["end"])
             lanes[rk].cpu.append(Seg(s=s, e=e, kind="nvtx", name=n["text"] or "", depth=int(n["depth"] - d0)))
-    edges = [Edge(victim=b["victim"], via=b["via"], root=b["root"], s=ms(max(b["s"], t0)), e=ms(min(b["e"], t1)))
-             for b in _safe(v, "SELECT victim, via, root, s, e FROM blame_edges WHERE e > ? AND s < ? ORDER BY ns DESC "
-                               "LIMIT 200", [t0, t1])]
+    # The step's critical path: each wait on it, and each wait for a rank while it held the path
+    # (a DP peer held up off the path), is an arrow from the rank waited for to the waiter.
+    edges = [Edge(victim=b["rank"], via=b["waited_for"], root=b["waited_for"], s=ms(max(b["s"], t0)),
+                  e=ms(min(b["e"], t1)))
+             for b in _safe(v, """SELECT DISTINCT rank, waited_for, s, e FROM (
+                                    SELECT w.* FROM cp_path k JOIN wait_edges w ON w.id = k.id WHERE k.step = ?
+                                    UNION ALL
+                                    SELECT w.* FROM cp_segments g JOIN wait_edges w ON w.step = g.step
+                                     AND w.waited_for = g.rank AND w.e > g.s AND w.e <= g.e WHERE g.step = ?)
+                                WHERE e > ? AND s < ? ORDER BY e - s DESC LIMIT 200""", [step, step, t0, t1])]
+    path = [PathSeg(rank=g["rank"], s=ms(max(g["s"], t0)), e=ms(min(g["e"], t1)),
+                    created=round(g["created_ns"] / NS, 3))
+            for g in _safe(v, "SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",
+                           [step])]
     return StepView(label=label, step=step, t1=ms(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
-                    hidden=_hidden(v, report, ranks, t0, t1))
+                    path=path, hidden=_hidden(v, report, ranks, t0, t1))
 
 
 def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hidden | None:

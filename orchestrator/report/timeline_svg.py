@@ -3,8 +3,9 @@
 One lane per shown rank on the store's aligned clock: NVTX ranges of the loop thread on top
 (nested levels stacked), host syncs under them, then the GPU row, whose grey background is
 idle, with compute, NCCL transfer, NCCL waiting for another rank and other GPU work on it.
-The root-cause path (blame edges: victim waited for root during [s, e]) is drawn as red
-arrows from the root's lane to each victim's wait, with the root's late interval outlined.
+The step's critical path (59_critical_path.sql) is a red bar under the GPU row of each rank
+while it held the step (thicker where it put excess on the path), and each wait on the path is a
+red arrow from the rank waited for to the waiter, with the wait outlined on the waited-for lane.
 Intervals closer than half a pixel merge (thousands of kernels per step would otherwise be
 thousands of invisible rects); the merged title counts them.
 """
@@ -112,14 +113,30 @@ def render_view(view: StepView, idx: int, gpu: bool) -> str:
                                 f'fill="{COLORS[kind]}"><title>rank {_e(ln.rank)} {kind}: {_e(what)}; '
                                 f"{e - s:.3f} ms at +{s:.3f} ms</title></rect>")
         parts.append(f'<g class="lane" data-rank="{_e(ln.rank)}" data-role="{_e(ln.role)}">{"".join(body)}</g>')
+    parts.extend(_critical(view, gpu_y, x))
     parts.extend(_path(view, gpu_y, x))
     h = top + lane_h * len(view.lanes) + 4
     return (f'<svg id="timeline-{idx}" class="timeline" data-step="{_e(view.step)}" data-t0-ns="{view.t0_ns}" '
             f'width="{LEFT + WIDTH + 20}" height="{h}" role="img">{"".join(parts)}</svg>')
 
 
+def _critical(view: StepView, gpu_y: dict[int, float], x: Callable[[float], float]) -> list[str]:
+    """The critical path: a bar under the GPU row of the rank that held the step at each moment."""
+    out = []
+    for g in view.path:
+        if g.rank not in gpu_y:
+            continue
+        h = 4 if g.created > 0 else 2
+        out.append(f'<rect class="cp" data-rank="{_e(g.rank)}" data-s="{g.s:.4f}" data-e="{g.e:.4f}" '
+                   f'x="{x(g.s):.1f}" y="{gpu_y[g.rank] + GPU_H + 1}" width="{max(0.5, x(g.e) - x(g.s)):.1f}" '
+                   f'height="{h}" fill="#d50000"><title>critical path: rank {_e(g.rank)} from +{g.s:.3f} to '
+                   f"+{g.e:.3f} ms; {g.created:.3f} ms of others' excess waiting came from here</title></rect>")
+    return out
+
+
 def _path(view: StepView, gpu_y: dict[int, float], x: Callable[[float], float]) -> list[str]:
-    """Red arrows root -> victim at the end of each wait (when the root finally arrived)."""
+    """Red arrows waited-for -> waiter at the end of each wait on the path (when the waited-for
+    rank arrived)."""
     out = []
     edges = sorted((e for e in view.edges if e.victim in gpu_y and e.root in gpu_y and e.e > e.s),
                    key=lambda e: e.s - e.e)[:20]
@@ -144,5 +161,6 @@ def legend(gpu: bool) -> str:
     keys = ["compute", "comm transfer", "comm waiting", "other GPU", "sync", "idle"] if gpu else []
     names = {"sync": "host sync (CPU blocked)", "idle": "GPU idle"}
     items = "".join(f'<span style="background:{COLORS[k]}"></span>{_e(names.get(k, k))}' for k in keys)
-    path = '<span style="background:#d50000"></span>root-cause path (root late &rarr; victim waits)' if gpu else ""
+    path = ('<span style="background:#d50000"></span>critical path (bar: who held the step; arrow: waited-for '
+            '&rarr; waiter)') if gpu else ""
     return f'<div class="legend">NVTX ranges of the loop thread on top of each lane. {items}{path}</div>'

@@ -39,9 +39,13 @@ class CpuPhaseOutlier(Rule):
             if row["rank"] in cpu_only:
                 per[row["grp"]][row["rank"]] = row
         hot = []  # (excess, grp, rank, row, median of the others)
+        slower = []  # every excess in a range that can hold a collective: candidate waiting
+        # A range a rank never opens costs it nothing: a range only the slow rank has (an extra
+        # evaluation, a hang) is compared with zero on the others, not left without a reference.
+        seen = {rk for rows in per.values() for rk in rows}
         for grp, rows in per.items():
             for rk, r in rows.items():
-                others = [o["ns_per_step"] for k, o in rows.items() if k != rk]
+                others = [rows[k]["ns_per_step"] if k in rows else 0.0 for k in seen if k != rk]
                 if not others:
                     continue
                 med = statistics.median(others)
@@ -49,6 +53,8 @@ class CpuPhaseOutlier(Rule):
                 if (r["ns_per_step"] >= self.min_ratio * med and excess >= self.min_excess_ns
                         and excess >= self.min_step_share * (r["step_ns"] or 0)):
                     hot.append((excess, grp, rk, r, med))
+                elif ABSORBS_WAIT.search(grp) and excess >= self.min_excess_ns:
+                    slower.append((excess, grp, rk, r, med))
         if not hot:
             return []
         # Ranges that cannot absorb waiting first, then by excess.
@@ -56,7 +62,11 @@ class CpuPhaseOutlier(Rule):
         grp = hot[0][1]
         causes = [h for h in hot if h[1] == grp]
         cause_ranks = sorted({c[2] for c in causes})
-        waits = [h for h in hot if h[1] != grp and h[2] not in cause_ranks]
+        # The others' waiting shows as excess where their collective sits (DDP: `backward`),
+        # hot or not: half the cause's excess there is waiting for it.
+        least = min(c[0] for c in causes)
+        waits = [h for h in hot + slower if h[1] != grp and h[2] not in cause_ranks
+                 and (h in hot or (ABSORBS_WAIT.search(h[1]) and 2 * h[0] >= least))]
         evidence = [f"rank {c[2]}: {ns_to_ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median "
                     f"of {ns_to_ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% "
                     f"of its {ns_to_ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]

@@ -1,51 +1,90 @@
 """Pipeline stages idle (no compute kernel running) for a large share of the step: the bubble.
-Waiting in NCCL send/recv counts as bubble: the GPU is "busy" in a kernel that only waits."""
+Waiting in NCCL send/recv counts as bubble: the GPU is "busy" in a kernel that only waits.
+
+The schedule's own bubble, (p-1)/(m+p-1), is the price of the schedule (fixed by more
+microbatches or another schedule); the excess above it is lost to something else, and the
+critical path (59_critical_path.sql) names the rank whose work made it. The finding costs the
+excess when the microbatch count is known (the theoretical part is a design choice, not a
+fault), the whole bubble otherwise."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
 
 FIX = ("Shrink the pipeline bubble: more microbatches per step (the bubble is (p-1)/(m+p-1) for "
        "GPipe/1F1B with p stages and m microbatches), an interleaved or zero-bubble schedule "
        "(torch.distributed.pipelining ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble, Megatron "
        "--num-layers-per-virtual-pipeline-stage), and stages of equal cost.")
+ROOT_FIX = ("The excess over the schedule's bubble comes from rank {rk} (`{phase}`): fix that first (see the "
+            "straggler finding); more microbatches only shrink the theoretical part.")
 
 
 @dataclass
 class PipelineBubble(Rule):
     kind = "pipeline_bubble"
-    reads = ("stage_metrics", "microbatches", "imbalance")
+    reads = ("stage_metrics", "microbatches", "imbalance", "cp_roots")
     min_bubble_pct: float = 10.0  # a stage's no-compute share of the window
     # An imbalance above this ratio is the bubble's cause: stage_imbalance reports it instead.
     imbalance_ratio: float = 1.25
+    # Excess below this many points over theory is the schedule's own bubble plus noise.
+    min_excess_pct: float = 5.0
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         stages = ctx.report.stages
         if len(stages) < 2 or (ctx.report.imbalance and ctx.report.imbalance.ratio >= self.imbalance_ratio):
             return []
         hit = [s for s in stages if s.bubble_pct >= self.min_bubble_pct]
+        theory = stages[0].theory_bubble_pct
+        if theory is not None:
+            hit = [s for s in hit if (s.excess_bubble_pct or 0.0) >= self.min_excess_pct]
         if not hit:
             return []
         rows = {r["stage"]: r for r in ctx.views.rows("stage_metrics")}
         evidence = []
         for s in stages:
             wait_ms = round((rows[s.stage]["p2p_wait_ns"] or 0) / 1e6, 3)
+            split = (f" = {theory}% theory + {s.excess_bubble_pct}% excess" if theory is not None else "")
             evidence.append(f"stage {s.stage} (ranks {s.ranks}): no compute kernel running {s.bubble_pct}% of "
-                            f"the window; {wait_ms} ms of it in send/recv kernels waiting for the peer stage")
-        theory = stages[0].theory_bubble_pct
+                            f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage")
         if theory is not None:
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches: "
-                            f"(p-1)/(m+p-1) = {theory}%")
+                            f"(p-1)/(m+p-1) = {theory}% (the schedule's own bubble)")
         else:
-            evidence.append("microbatch count unknown (pass --microbatches M to compare with theory)")
-        worst = max(hit, key=lambda s: s.bubble_pct)
-        cost = worst.bubble_pct / 100 * (rows[worst.stage]["window_ns"] or 0) / 1e6
-        return [finding(self.kind, [r for s in hit for r in s.ranks],
-                        f"pipeline bubble: stages idle {min(s.bubble_pct for s in hit)}-{worst.bubble_pct}% "
-                        "of the step", evidence, FIX, cost, pct=worst.bubble_pct)]
+            evidence.append("microbatch count unknown (pass --microbatches M to split the schedule's bubble "
+                            "from the excess)")
+        worst = max(hit, key=lambda s: s.excess_bubble_pct if theory is not None else s.bubble_pct)
+        lost = worst.excess_bubble_pct if theory is not None else worst.bubble_pct
+        cost = (lost or 0.0) / 100 * (rows[worst.stage]["window_ns"] or 0) / 1e6
+        fix, root = FIX, self._root(ctx)
+        if root:
+            rk, phase, created, n = root
+            evidence.append(f"the excess comes from rank {rk}: the root of the critical path in {n} steps, "
+                            f"{created} ms put on it while in `{phase}`")
+            fix = ROOT_FIX.format(rk=rk, phase=phase) + " " + FIX
+        what = f"{worst.excess_bubble_pct}% above the schedule's {theory}%" if theory is not None else \
+            f"{min(s.bubble_pct for s in hit)}-{worst.bubble_pct}%"
+        title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
+        return [finding(self.kind, [r for s in hit for r in s.ranks], title, evidence, fix, cost,
+                        pct=lost)]
+
+    @staticmethod
+    def _root(ctx: Context) -> tuple[int, str, float, int] | None:
+        """The rank that put the most excess on the steps' critical paths, with its main phase."""
+        by: dict[int, list[dict]] = defaultdict(list)
+        for r in ctx.views.rows("cp_roots"):
+            by[r["rank"]].append(r)
+        if not by:
+            return None
+        rk, rows = max(by.items(), key=lambda kv: sum(r["created_ns"] for r in kv[1]))
+        phases: dict[str, float] = defaultdict(float)
+        for r in rows:
+            phases[r["phase"] or "GPU compute"] += r["created_ns"]
+        phase = max(phases, key=lambda p: phases[p])
+        return rk, phase, ns_to_ms(sum(r["created_ns"] for r in rows)), len(rows)
 
 
 RULE = PipelineBubble()

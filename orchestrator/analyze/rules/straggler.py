@@ -1,14 +1,16 @@
-"""The rank that holds the others up in their collectives, found by following every wait to
-its root (56_root_cause.sql): a rank that only arrives late because it was itself waiting
-(e.g. for its pipeline input) is a victim, and the blame passes to the rank it waited for."""
+"""The rank that holds the others up, from every step's critical path across ranks
+(59_critical_path.sql): the walk back from the step's end through the waits stops at work
+nobody waited for, and a rank whose lateness is explained by its own earlier wait (a stage-1
+rank that reaches its all-reduce last because its activations came late) is a victim, whatever
+it does later. The finding costs what the root put on the critical path, not the sum of its
+victims' waiting (two victims of one delay are one delay)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.model import Straggler as Stats
+from orchestrator.analyze.model import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
     DATA_LOADER_FIX,
@@ -18,94 +20,129 @@ from orchestrator.analyze.rules.base import (
     Rule,
     finding,
     ns_to_ms,
+    severity_for,
 )
 
-NO_CAUSE_FIX = ("No CPU-side cause is visible. Compare rank {rk}'s kernel times and GPU clocks with "
-                "the others (nvidia-smi -q -d CLOCK,PERFORMANCE: throttling, ECC, PCIe/NVLink), its "
+NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare rank {rk}'s kernel times and GPU "
+                "clocks with the others (nvidia-smi -q -d CLOCK,PERFORMANCE: throttling, ECC, PCIe/NVLink), its "
                 "input sizes (uneven shards or sequence lengths), and its host (CPU contention, NUMA).")
+COMPUTE = "GPU compute"
 
 
 @dataclass
 class Straggler(Rule):
     kind = "straggler"
-    reads = ("root_blame", "root_context", "root_busy", "root_cpu", "stragglers", "rank_metrics")
-    # A CPU range is named as the cause when the root rank's GPU idled in it for at least this
-    # share of the time the others waited for it.
+    reads = ("cp_roots", "cp_steps", "stragglers", "rank_metrics")
+    # A root is reported when it is late in collectives far more often than chance (the
+    # `stragglers` view); or when in at least `min_outlier_steps` steps it put this share of a
+    # median step on the path; or when it is the root of at least half the steps, holding each
+    # up by a median of `consistent_ms` or more (a slow pipeline stage has no collectives to be
+    # late in). The small skews of a healthy job and one hiccup stay quiet.
+    outlier_share: float = 0.5
+    min_outlier_steps: int = 2
+    consistent_ms: float = 5.0
+    # A cause every rank shows (all ranks idle in the same range for at least this share of
+    # their window) outranks the rank that shows it most: fix the shared cause first.
+    shared_share: float = 0.05
+    # A CPU range (or work between steps) is named as the cause when the steps it explains hold at
+    # least this share of the excess; otherwise the root's GPU was computing.
     cause_share: float = 0.3
-    # A root reached only through other ranks' waits (not itself statistically late) is
-    # reported when the waiting it caused is at least this share of its victims' windows.
-    min_indirect_pct: float = 1.0
 
     def evaluate(self, ctx: Context) -> list[Finding]:
+        roots = ctx.views.rows("cp_roots")
+        if not roots:
+            return []
+        steps = ctx.views.rows("cp_steps")
+        total_ns = sum(s["t1"] - s["t0"] for s in steps) or 1
+        spans = sorted(s["t1"] - s["t0"] for s in steps)
+        median_ns = spans[len(spans) // 2]
         stats = {s.rank: s for s in ctx.report.stragglers}
+        per: dict[int, list[dict]] = defaultdict(list)
+        for r in roots:
+            per[r["rank"]].append(r)
         ranks = {r.rank: r for r in ctx.report.ranks}
-        busy = ctx.views.by_rank("root_busy")
-        out = []
-        for b in sorted(ctx.views.rows("root_blame"), key=lambda b: -b["caused_ns"]):
-            rk, caused = b["root"], ns_to_ms(b["caused_ns"])
-            victims = [ranks[v] for v in b["victims"] if v in ranks]
-            denom = sum(v.window_ms for v in victims)
-            pct = round(100 * caused / denom, 2) if denom else 0.0
-            s = stats.get(rk)
-            if s is None and (b["max_hops"] == 0 or pct < self.min_indirect_pct):
+        out: list[Finding] = []
+        by_shared: dict[str, list[Finding]] = defaultdict(list)
+        for rk, rows in sorted(per.items(), key=lambda kv: -sum(r["created_ns"] for r in kv[1])):
+            created = sum(r["created_ns"] for r in rows)
+            pct = round(100 * created / total_ns, 2)
+            outliers = [r for r in rows if r["created_ns"] >= self.outlier_share * median_ns]
+            typical = sorted(r["created_ns"] for r in rows)[len(rows) // 2]
+            consistent = 2 * len(rows) >= len(steps) and ns_to_ms(typical) >= self.consistent_ms
+            if rk not in stats and len(outliers) < self.min_outlier_steps and not consistent:
                 continue
-            evidence = self._lateness(rk, s, caused, pct, victims)
-            for via in b["vias"] or []:
-                vs = stats.get(via)
-                late = f"started last in {vs.late_count} of {vs.collectives} collectives, but " if vs else "was late "
-                evidence.append(f"rank {via} {late}only because it had itself waited for rank {rk} "
-                                "(point-to-point or collective) since its previous collective: a victim, not the cause")
-            cause = self._cause(ctx, rk, busy.get(rk), evidence)
-            calls = sorted((c for c in ctx.views.rows("root_cpu") if c["rank"] == rk), key=lambda c: -c["ns"])
-            b_ms = ns_to_ms(busy[rk]["wait_ns"]) if rk in busy else 0.0
-            if calls and b_ms and ns_to_ms(calls[0]["ns"]) >= 0.2 * b_ms:
-                evidence.append(f"its loop thread was in `{calls[0]['call']}` for "
-                                f"{round(100 * ns_to_ms(calls[0]['ns']) / b_ms)}% of that time (OS runtime trace)")
-            if cause == BETWEEN_STEPS_WORK:
-                fix = f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
-            elif cause and DATA_RANGE.search(cause):
-                fix = f"Rank {rk} is late because its `{cause}` is slow: " + DATA_LOADER_FIX
-            elif cause:
-                fix = (f"Rank {rk} is late while in `{cause}`: make that range faster on rank {rk} "
-                       "or move it off the step.")
-            else:
-                fix = NO_CAUSE_FIX.format(rk=rk)
-            where = f" (in `{cause}`)" if cause else ""
+            by_phase: dict[str, int] = defaultdict(int)
+            for r in rows:
+                by_phase[r["phase"] or COMPUTE] += r["created_ns"]
+            named = [p for p in by_phase if p != COMPUTE]
+            top = max(named, key=lambda p: (by_phase[p], p)) if named else COMPUTE
+            phase = top if by_phase[top] >= self.cause_share * created else COMPUTE
+            victims = sorted({v for r in rows for v in r["victims"]})
+            evidence = [
+                f"rank {rk} is the root of the critical path in {len(rows)} of {len(steps)} steps: it put "
+                f"{ns_to_ms(created)} ms of waiting on it ({pct}% of the steps' time; median "
+                f"{sorted(r['share_pct'] for r in rows)[len(rows) // 2]}% of a step it holds up)",
+                "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
+                                                     sorted(by_phase.items(), key=lambda kv: -kv[1])),
+            ]
+            s = stats.get(rk)
+            if s:
+                evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
+                                f"1 in {s.group_size}; p={s.p_value:.2g}), median {s.median_lateness_ms} ms late")
+            for v in victims:
+                vs = stats.get(v)
+                late = f"started last in {vs.late_count} of {vs.collectives} collectives, but " if vs else ""
+                evidence.append(f"rank {v} {late}waited for rank {rk}'s lateness (directly, or after waiting "
+                                "for a rank that waited for it): a victim, not the cause")
+            severity: Severity = severity_for(pct)
+            shared = self._shared(ctx, phase)
+            if shared:
+                lo, hi = min(shared.values()), max(shared.values())
+                evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "
+                                "shows most; the shared finding comes first")
+                severity = "medium" if severity == "high" else severity
+            where = f" (in `{phase}`)" if phase != COMPUTE else " (GPU computing)"
             title = (f"rank {rk} is a straggler{where}" if s else
-                     f"rank {rk} holds up rank(s) {', '.join(str(v.rank) for v in victims)}{where}")
-            out.append(finding(self.kind, [rk], title, evidence, fix, caused,
-                               pct=s.share_of_window_pct if s else pct, victims=[v.rank for v in victims]))
+                     f"rank {rk} holds up rank(s) {', '.join(map(str, victims))}{where}")
+            out.append(finding(self.kind, [rk], title, evidence, self._fix(rk, phase), ns_to_ms(created),
+                               severity=severity, victims=[v for v in victims if v in ranks]))
+            if shared:
+                by_shared[phase].append(out[-1])
+        for phase, fs in by_shared.items():  # ranks that take turns in a shared cause: one finding
+            if len(fs) > 1:
+                out = [f for f in out if f not in fs] + [self._turns(phase, fs)]
         return out
 
-    @staticmethod
-    def _lateness(rk: int, s: Stats | None, caused: float, pct: float, victims: list) -> list[str]:
-        ev = []
-        if s:
-            ev.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives "
-                      f"(chance: 1 in {s.group_size}; p={s.p_value:.2g}), median {s.median_lateness_ms} ms late")
-        ev.append(f"the other ranks waited {caused} ms for it in NCCL kernels ({pct}% of their window)")
-        for w in victims:
-            if w.nccl_wait_ms > 0:
-                share = round(100 * w.nccl_wait_ms / w.comm_ms) if w.comm_ms else 0
-                ev.append(f"rank {w.rank}: {w.nccl_wait_ms} ms of its {w.comm_ms} ms of communication "
-                          f"({share}%) was waiting")
-        return ev
+    def _turns(self, phase: str, fs: list[Finding]) -> Finding:
+        rks = sorted(r for f in fs for r in f.ranks)
+        names = ", ".join(map(str, rks))
+        evidence = [f"ranks {names} take turns as the root of the critical path, each while in `{phase}`: "
+                    + "; ".join(f"rank {f.ranks[0]} {f.cost_ms} ms" for f in fs)]
+        evidence += [e for e in fs[0].evidence if e.startswith("every rank idles")]
+        fix = (DATA_LOADER_FIX if DATA_RANGE.search(phase) else
+               f"Every rank is slow in `{phase}`: make it faster everywhere; then the slowest rank's share.")
+        order = ("high", "medium", "low", "info")
+        return finding(self.kind, rks, f"ranks {names} take turns holding each other up (in `{phase}`, a cause "
+                       "every rank shares)", evidence, fix, sum(f.cost_ms for f in fs),
+                       severity=min((f.severity for f in fs), key=order.index))
 
-    def _cause(self, ctx: Context, rk: int, b: dict[str, Any] | None, evidence: list[str]) -> str | None:
-        wait_ms = ns_to_ms(b["wait_ns"]) if b else 0.0
-        top = sorted((c for c in ctx.views.rows("root_context") if c["rank"] == rk),
-                     key=lambda c: (-c["ns"], c["range_group"]))
-        if top and wait_ms and ns_to_ms(top[0]["ns"]) >= self.cause_share * wait_ms:
-            idle = ns_to_ms(top[0]["ns"])
-            evidence.append(f"while it fell behind (since its previous collective), rank {rk}'s GPU sat idle for "
-                            f"{idle} ms ({round(100 * idle / wait_ms)}% of that time) with its CPU in "
-                            f"`{top[0]['range_group']}`")
-            return top[0]["range_group"]
-        if b and wait_ms:
-            busy_pct = round(100 * ns_to_ms(b["busy_ns"]) / wait_ms)
-            evidence.append(f"while it fell behind (since its previous collective), rank {rk}'s GPU ran compute "
-                            f"{busy_pct}% of the time; no CPU-side range explains the lateness")
-        return None
+    def _shared(self, ctx: Context, phase: str) -> dict[int, float]:
+        """Every rank's GPU idle in `phase`, when every rank idles there for a share of its window."""
+        if phase == COMPUTE:
+            return {}
+        idle = {r.rank: r.gaps_by_range_ms.get(phase, 0.0) for r in ctx.report.ranks}
+        ok = all(idle[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
+        return idle if ok and len(idle) > 1 else {}
+
+    @staticmethod
+    def _fix(rk: int, phase: str) -> str:
+        if phase == BETWEEN_STEPS_WORK:
+            return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
+        if DATA_RANGE.search(phase):
+            return f"Rank {rk} is late because its `{phase}` is slow: " + DATA_LOADER_FIX
+        if phase != COMPUTE:
+            return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
+        return NO_CAUSE_FIX.format(rk=rk)
 
 
 RULE = Straggler()

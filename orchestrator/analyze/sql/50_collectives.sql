@@ -7,7 +7,7 @@
 --   coll(rank, g1, g2, name, start, end, kth, latest, earliest, wait_ns, is_last, group_size)
 --   coll_rank(rank, n_coll, nccl_wait_ns, late_count, group_size, wait_caused_ns, median_lateness_ns)
 --   stragglers   ranks that start last far more often than chance (binomial p < 0.01); who
---                is to blame for the waiting is 56_root_cause.sql's question
+--                is to blame for the waiting is 57_wait_graph.sql and 59_critical_path.sql's question
 CREATE OR REPLACE TABLE coll AS
 WITH k AS (
     SELECT o.rank, coalesce(r.stage, 0) AS g1, coalesce(r.tp_index, 0) AS g2, o.name, o.start, o."end",

@@ -3,12 +3,15 @@
 -- between the heaviest and lightest stage.
 -- Microbatches per step: --microbatches, else counted from NVTX microbatch ranges
 -- (`forward mb3`, `microbatch 3`) of the first stage's steps. Theory (GPipe/1F1B): the bubble
--- is (p-1)/(m+p-1) of the step with p stages and m microbatches.
+-- is (p-1)/(m+p-1) of the step with p stages and m microbatches ((p-1)/(v*m+p-1) interleaved over
+-- v = vpp virtual stages per rank): the schedule's own bubble; the
+-- excess above it is what stragglers and unequal stages add (59_critical_path.sql names who).
 -- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
 --   microbatches(m, source)
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
---                 theory_bubble_pct, microbatches)
+--                 theory_bubble_pct, microbatches, excess_bubble_pct)
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
+--   layout_notes(note)   what a cp, ep or vpp layout names that the analysis does not look into
 CREATE OR REPLACE TABLE microbatches AS
 WITH mb AS (
     SELECT n.rank, s.step, count(DISTINCT regexp_extract(n.text, '(?i)(?:mb|microbatch)[ _#:]*(\d+)', 1)) AS m
@@ -31,8 +34,29 @@ WITH s AS (
       AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
     GROUP BY stage
 )
-SELECT s.*, round(100.0 * (n.p - 1) / (m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches
-FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true;
+SELECT s.*, round(100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches,
+       round(s.bubble_pct - 100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS excess_bubble_pct
+FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true
+CROSS JOIN (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v
+            FROM meta WHERE key = 'layout') v;
+
+-- What the layout names but the analysis does not look into, one line each for the report.
+CREATE OR REPLACE VIEW layout_notes AS
+WITH l AS (
+    SELECT coalesce(TRY_CAST(json_extract(value, '$.cp') AS INTEGER), 1) AS cp,
+           coalesce(TRY_CAST(json_extract(value, '$.ep') AS INTEGER), 1) AS ep,
+           coalesce(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER), 1) AS vpp
+    FROM meta WHERE key = 'layout'
+)
+SELECT 'layout cp=' || cp || ': ranks are grouped by stage and tp index; the collectives of one context-parallel '
+       || 'group (ring-attention all-gathers and send/recv) are matched with the rest of the stage''s dp*cp '
+       || 'group by order, so their waits are approximate' AS note FROM l WHERE cp > 1
+UNION ALL
+SELECT 'layout ep=' || ep || ': expert-parallel all-to-alls are matched within the stage''s data-parallel group by '
+       || 'order (approximate waits); the load of each expert is not analysed' FROM l WHERE ep > 1
+UNION ALL
+SELECT 'layout vpp=' || vpp || ': the bubble''s theory is (p-1)/(vpp*m+p-1) for the interleaved schedule; the '
+       || 'virtual stages of a rank are not told apart' FROM l WHERE vpp > 1;
 
 CREATE OR REPLACE VIEW imbalance AS
 WITH s AS (SELECT * FROM stage_metrics)

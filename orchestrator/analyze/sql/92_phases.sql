@@ -71,8 +71,14 @@ WITH cpu AS (
            coalesce(gpu.gpu_ns, 0) / cpu.n_steps AS gpu_per_step_ns, coalesce(inst.gpu_ops, 0) AS gpu_ops,
            coalesce(inst.gpu_span_ns, 0) AS gpu_span_ns
     FROM cpu LEFT JOIN gpu USING (rank, gid) LEFT JOIN inst USING (rank, gid)
-), xc AS (SELECT rank, grp AS key, coalesce(per_step_ns, total_ns) AS x FROM t),
-   xg AS (SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t),
+), absent AS (  -- a range a rank never opens costs it nothing: zero is its reference there, so a
+    -- range only the slow rank has (an extra evaluation, a hang) is an outlier on that rank
+    SELECT c.rank, g.grp FROM stats_cpu c CROSS JOIN (SELECT DISTINCT grp FROM t) g
+    ANTI JOIN t ON t.rank = c.rank AND t.grp = g.grp
+), xc AS (SELECT rank, grp AS key, coalesce(per_step_ns, total_ns) AS x FROM t
+          UNION ALL SELECT rank, grp, 0 FROM absent),
+   xg AS (SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t
+          UNION ALL SELECT rank, grp, 0 FROM absent),
    rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg')),
    med AS (SELECT grp, median(coalesce(per_step_ns, total_ns)) AS cpu_median_ns,
                   median(coalesce(gpu_per_step_ns, gpu_ns)) AS gpu_median_ns FROM t GROUP BY grp)

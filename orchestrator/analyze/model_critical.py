@@ -1,0 +1,48 @@
+"""Typed critical path of every analysed step (57_wait_graph.sql, 59_critical_path.sql): who
+held the step up, doing what, and who only waited. `Report.critical_path` holds one
+`CriticalPath` (None without matched collectives or send/recv across ranks).
+
+Times are ms; a segment's s/e are relative to its step's start (the step's earliest GPU work
+on any rank), so steps compare at a glance.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from orchestrator.analyze.model_base import Strict
+
+
+class PathSegment(Strict):
+    """One rank's work on the path, between its previous collective or send/recv and the moment
+    the walk left it (someone waited for it there, or the step ended)."""
+
+    rank: int
+    s: float
+    e: float
+    after_wait_for: int | None = Field(None, description="the rank it had waited for just before "
+                                                         "(its lateness then came from there); None: it did not wait")
+    created_ms: float = Field(description="excess waiting this segment put on the path (others waited for it "
+                                          "beyond what they normally wait, minus the lateness it carried in)")
+
+
+class CriticalStep(Strict):
+    step: int
+    ms: float = Field(description="the step's span: earliest GPU work of the step on any rank to the last")
+    end_rank: int = Field(description="the rank whose work of the step ends last: where the walk back starts")
+    root: int | None = Field(None, description="the rank that put the most excess on the path, when that is "
+                                               ">= 10 % of the step and >= 1 ms; None: nobody held the step up")
+    root_phase: str | None = Field(None, description="what the root did meanwhile: the CPU range its GPU idled "
+                                                     "in, `between steps (other work)`, or `GPU compute`")
+    root_ms: float = 0.0
+    root_share_pct: float = Field(0.0, description="root_ms as a share of the step")
+    victims: list[int] = Field(default_factory=list, description="ranks that waited for the root's lateness")
+    path: list[PathSegment] = Field(default_factory=list, description="in time order")
+
+
+class CriticalPath(Strict):
+    steps: list[CriticalStep]
+    composition_ms: dict[str, float] = Field(
+        default_factory=dict, description="what the path is made of over all steps: GPU compute, GPU idle by CPU "
+                                          "range, and `other` (transfers, other GPU work, CPU time)")
+    roots: dict[int, float] = Field(default_factory=dict, description="rank -> excess it put on the paths (ms)")

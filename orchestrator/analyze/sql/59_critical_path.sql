@@ -1,0 +1,137 @@
+-- The critical path of every step across ranks: from the step's end (the rank whose work of
+-- the step ends last) walk back through the waits of wait_edges: at each rank, the latest wait
+-- that ended before the current point hands the walk to the rank it waited for, at the moment
+-- that rank arrived. Between two waits a rank worked: a path segment. The walk stops at the
+-- step's start (its earliest GPU work on any rank), so the first segment is work nobody waited
+-- for. A rank never waits inside its segment, so whoever waited for it there (on the path or
+-- off it: a DP peer at an all-reduce) waited for that segment's work. Excess enters the path in
+-- a segment when the excess others waited for it there exceeds the excess of the wait that
+-- started the segment (this rank had waited itself): a rank whose lateness is explained by its
+-- own earlier wait passes the blame back and is a victim, whatever it did afterwards. DP, TP,
+-- PP and microbatches are all just waits here.
+-- Reads: wait_nodes, wait_edges, gpu_ops, first_step, params, gap_attr, islands. Provides:
+--   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
+--   cp_path(step, hop, id, upto)                 the nodes on the path, hop 0 = the last
+--   cp_segments(step, hop, rank, s, e, in_excess_ns, out_excess_ns, created_ns, waited_for)
+--       the work on the path after a node (which waited for waited_for, or did not wait);
+--       created = the excess this segment put on the path
+--   cp_segment_phase(step, hop, rank, what, ns)  what the segment's rank did: GPU idle by CPU
+--       range (gap_attr), 'GPU compute' (compute kernels), compute launched between steps
+--   cp_rank_step(step, rank, path_ns, created_ns, phase, phase_ns, waited_ns, waited_excess_ns)
+--       per step and rank: time on the path, excess it put there, its dominant cause while
+--       doing so, and the (excess) waiting it suffered in the step
+--   cp_roots(step, rank, created_ns, phase, step_ns, share_pct, victims)   one row per step
+--       with a root (none when no rank put a tenth of the step on the path)
+CREATE OR REPLACE TABLE cp_steps AS
+SELECT o.step, arg_max(o.rank, o."end") AS rank, min(o.start) AS t0, max(o."end") AS t1
+FROM gpu_ops o JOIN first_step f USING (rank), params p
+WHERE o.step IS NOT NULL AND in_selected(o.step, f.first_step, p.step_lo, p.step_hi)
+GROUP BY o.step
+HAVING count(DISTINCT o.rank) > 1;
+
+-- The walk: hop 0 is the end rank's last node before the step's end; each hop follows pred
+-- (to the rank waited for, or back along the same rank) while the step has time left before it.
+-- A path row is a node and the work after it on its rank, up to where the walk came from.
+CREATE OR REPLACE TABLE cp_path AS
+WITH RECURSIVE first AS (
+    SELECT s.step, w.id, s.t1 AS upto FROM cp_steps s
+    ASOF JOIN (SELECT rank, s, id FROM wait_nodes) w ON w.rank = s.rank AND s.t1 > w.s
+), walk(step, hop, id, upto) AS (
+    SELECT step, 0, id, upto FROM first
+    UNION ALL
+    SELECT k.step, k.hop + 1, w.pred, CASE WHEN w.waited_for <> w.rank THEN w.e ELSE w.s END
+    FROM walk k JOIN wait_nodes w ON w.id = k.id JOIN cp_steps s ON s.step = k.step
+    WHERE w.pred IS NOT NULL AND (CASE WHEN w.waited_for <> w.rank THEN w.e ELSE w.s END) > s.t0
+      AND k.hop < 1000000
+)
+SELECT * FROM walk;
+
+CREATE OR REPLACE TABLE cp_segments AS
+WITH seg AS (
+    SELECT k.step, k.hop, w.rank, greatest(w.e, s.t0) AS s, k.upto AS e,
+           CASE WHEN w.step = k.step THEN w.carried_ns ELSE 0 END AS in_excess_ns,  -- a step starts afresh
+           CASE WHEN w.waited_for <> w.rank THEN w.waited_for END AS waited_for
+    FROM cp_path k JOIN wait_nodes w ON w.id = k.id JOIN cp_steps s ON s.step = k.step
+    WHERE k.upto > w.e
+    UNION ALL  -- the walk ran out of nodes (the first analysed step): the work before the last one
+    SELECT k.step, k.hop + 1, w.waited_for, s.t0, x.at_t, 0, NULL
+    FROM cp_path k JOIN wait_nodes w ON w.id = k.id JOIN cp_steps s ON s.step = k.step,
+    LATERAL (SELECT CASE WHEN w.waited_for <> w.rank THEN w.e ELSE w.s END AS at_t) x
+    WHERE w.pred IS NULL AND x.at_t > s.t0
+), caused AS (  -- the segment's rank made others wait in it (it never waits inside a segment); a
+    -- waiter is back in step after each wait, so its waits add up; two waiters held up by the
+    -- same lateness (a DP peer and the next stage) are one delay: the worst waiter counts
+    SELECT step, hop, max(ns) AS ns FROM (
+        SELECT seg.step, seg.hop, w.rank, sum(w.excess_ns) AS ns
+        FROM seg JOIN wait_edges w ON w.step = seg.step AND w.waited_for = seg.rank AND w.e > seg.s AND w.e <= seg.e
+        GROUP BY ALL)
+    GROUP BY ALL
+)
+SELECT seg.step, seg.hop, seg.rank, seg.s, seg.e, seg.in_excess_ns, coalesce(c.ns, 0) AS out_excess_ns,
+       greatest(coalesce(c.ns, 0) - seg.in_excess_ns, 0) AS created_ns, seg.waited_for
+FROM seg LEFT JOIN caused c USING (step, hop);
+
+-- Compute launched outside every step range (gpu_ops.step is NULL: metrics, evaluation, logging
+-- between steps) is that work, not the step's: it counts as `between steps (other work)`.
+CREATE OR REPLACE TABLE cp_segment_phase AS
+WITH seg AS (SELECT step, hop, rank, s AS start, e AS "end" FROM cp_segments WHERE e > s),
+ci AS (SELECT rank, s, e FROM islands WHERE cls = 'compute'),
+bs_raw AS (SELECT rank, 'b' AS cls, start AS s, "end" AS e FROM gpu_ops
+           WHERE kind = 'kernel' AND NOT is_comm AND step IS NULL AND rank IN (SELECT rank FROM seg)),
+bs AS (SELECT rank, s, e FROM union_intervals('bs_raw')),
+idle AS (
+    SELECT o.step, o.hop, o.rank, g.range_group AS what, sum(least(o."end", o.d_e) - greatest(o.start, o.d_s)) AS ns
+    FROM overlapping('gap_attr', 'seg') o
+    JOIN gap_attr g ON g.rank = o.rank AND g.s = o.d_s
+    GROUP BY ALL
+), comp AS (
+    SELECT step, hop, rank, 'GPU compute' AS what, sum(least("end", d_e) - greatest(start, d_s)) AS ns
+    FROM overlapping('ci', 'seg')
+    GROUP BY ALL
+), between AS (
+    SELECT step, hop, rank, 'between steps (other work)' AS what, sum(least("end", d_e) - greatest(start, d_s)) AS ns
+    FROM overlapping('bs', 'seg')
+    GROUP BY ALL
+)
+SELECT step, hop, rank, what, sum(ns) AS ns  -- (between-steps compute is not GPU compute twice)
+FROM (SELECT * FROM idle UNION ALL SELECT * FROM comp UNION ALL SELECT * FROM between
+      UNION ALL SELECT step, hop, rank, 'GPU compute', -ns FROM between)
+GROUP BY ALL HAVING sum(ns) > 0;
+
+CREATE OR REPLACE TABLE cp_rank_step AS
+WITH seg AS (
+    SELECT step, rank, sum(e - s) AS path_ns, sum(created_ns) AS created_ns FROM cp_segments GROUP BY ALL
+), ph AS (  -- GPU idle by CPU range in the segments where this rank put excess on the path
+    SELECT c.step, c.rank, p.what, sum(p.ns) AS ns
+    FROM cp_segments c JOIN cp_segment_phase p USING (step, hop, rank)
+    WHERE c.created_ns > 0 AND p.what <> 'GPU compute' GROUP BY ALL
+), top AS (  -- the range whose idle explains at least half the excess, else the GPU was computing
+    SELECT s.step, s.rank,
+           CASE WHEN 2 * max(ph.ns) >= s.created_ns THEN arg_max(ph.what, ph.ns) ELSE 'GPU compute' END AS phase,
+           CASE WHEN 2 * max(ph.ns) >= s.created_ns THEN max(ph.ns) END AS phase_ns
+    FROM seg s LEFT JOIN ph USING (step, rank) WHERE s.created_ns > 0 GROUP BY s.step, s.rank, s.created_ns
+), waited AS (
+    SELECT step, rank, sum(wait_ns) AS waited_ns, sum(excess_ns) AS waited_excess_ns
+    FROM wait_edges WHERE step IN (SELECT step FROM cp_steps) GROUP BY ALL
+)
+SELECT coalesce(seg.step, waited.step) AS step, coalesce(seg.rank, waited.rank) AS rank,
+       coalesce(seg.path_ns, 0) AS path_ns, coalesce(seg.created_ns, 0) AS created_ns,
+       top.phase, coalesce(top.phase_ns, 0) AS phase_ns,
+       coalesce(waited.waited_ns, 0) AS waited_ns, coalesce(waited.waited_excess_ns, 0) AS waited_excess_ns
+FROM seg FULL JOIN waited USING (step, rank) LEFT JOIN top USING (step, rank);
+
+-- The step's root: the rank that put the most excess on the path, when that excess is at
+-- least a tenth of the step's span and 1 ms (the small waits of a healthy job stay below); its
+-- victims: every other rank that waited for a quarter of that excess or more in the step.
+CREATE OR REPLACE TABLE cp_roots AS
+WITH r AS (
+    SELECT c.step, arg_max(c.rank, c.created_ns) AS rank, max(c.created_ns) AS created_ns,
+           arg_max(c.phase, c.created_ns) AS phase, any_value(s.t1 - s.t0) AS step_ns
+    FROM cp_rank_step c JOIN cp_steps s USING (step) GROUP BY c.step
+)
+SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
+       round(100.0 * r.created_ns / r.step_ns, 2) AS share_pct,
+       coalesce((SELECT list(v.rank ORDER BY v.rank) FROM cp_rank_step v
+                 WHERE v.step = r.step AND v.rank <> r.rank AND 4 * v.waited_excess_ns >= r.created_ns),
+                []) AS victims
+FROM r WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.submit.failure import failure_line, rank_traceback
+from orchestrator.submit.failure import exit_words, failure_line, rank_traceback
 from tests.conftest import run_orch
 from tests.test_e2e import _spec
 
@@ -37,7 +37,7 @@ def _torchrun(tmp_path: Path, how: str) -> str:
 
 @pytest.mark.parametrize(("how", "want"), [
     ("raise", "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels"),
-    ("kill", "rank 1 failed first (killed by SIGKILL)"),
+    ("kill", "rank 1 failed first (killed by SIGKILL (out of memory? the OOM killer sends it))"),
 ])
 def test_names_the_rank_that_failed_first(tmp_path: Path, how: str, want: str) -> None:
     text = _torchrun(tmp_path, how)
@@ -61,6 +61,17 @@ def test_status_of_a_local_job_shows_the_failing_ranks_traceback(tmp_path: Path)
     assert p.returncode == 1 and "FAILED" in p.stdout, p.stdout + p.stderr
     assert "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels" in " ".join(p.stdout.split())
     assert "the failing rank's traceback" in p.stdout and 'raise ValueError("batch 7 has no labels")' in p.stdout
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (137, "killed by SIGKILL (exit status 137; out of memory? the OOM killer sends it)"),
+    (-9, "killed by SIGKILL (out of memory? the OOM killer sends it)"),
+    (143, "killed by SIGTERM (exit status 143; stopped: time limit, cancel or another rank)"),
+    (129, "killed by SIGHUP (exit status 129)"), (1, "exit status 1"), (255, "exit status 255"),
+])
+def test_exit_status_in_words(code: int, words: str) -> None:
+    # The shell's 128 + N: signal.h numbers (SIGKILL 9, SIGTERM 15, SIGHUP 1).
+    assert exit_words(code) == words
 
 
 def test_other_nodes_say_they_were_stopped() -> None:

@@ -204,3 +204,34 @@ def test_wrapper_stopped_by_its_launcher_keeps_the_report(tmp_path: Path, nsys: 
     reports = list((tmp_path / "reports").glob("wrap_4243_r0_*.nsys-rep"))
     out = log.read_text()
     assert len(reports) == 1 and "starting it again" not in out, out
+
+
+def test_early_warning_is_rendered_and_checked(tmp_path: Path) -> None:
+    """sbatch.sh carries Slurm's early warning (submitit's mechanism, `--signal=USR2@lead`) and
+    launch.sh the grace; a lead that does not exceed the grace, or does not fit in the time
+    limit, is one line naming the field."""
+    from tests.conftest import run_orch
+
+    r = render(load_job(_spec(tmp_path / "ok", "all", nproc=1, nodes=1, stop_grace_s=20, warn_lead_s=45)),
+               tmp_path / "ok" / "scripts")
+    assert "\n#SBATCH --signal=USR2@45\n" in r.scripts["sbatch.sh"]
+    assert "\nexport ORCH_STOP_GRACE_S=20\n" in r.scripts["launch.sh"]
+    unset = render(load_job(_spec(tmp_path / "unset", "all", nproc=1, nodes=1)), tmp_path / "unset" / "scripts")
+    assert "\n#SBATCH --signal=USR2@90\n" in unset.scripts["sbatch.sh"]  # submitit's own default delay
+
+    bad = _spec(tmp_path / "bad", "all", nproc=1, nodes=1, stop_grace_s=60, warn_lead_s=30)
+    p = run_orch("validate", str(bad))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "warn_lead_s (30) must exceed stop_grace_s (60)" in p.stderr
+
+    long = _spec(tmp_path / "long", "all", nproc=1, nodes=1, stop_grace_s=10, warn_lead_s=70)
+    spec = yaml.safe_load(long.read_text())
+    spec["slurm"]["time"] = "1"
+    long.write_text(yaml.safe_dump(spec))
+    p = run_orch("render", str(long), "-o", str(tmp_path / "long" / "out"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "profile.warn_lead_s (70 s) is not below the time limit (60 s)" in p.stderr
+    spec["profile"] = {"ranks": "all"}  # no lead given: 90 s, at most half the limit
+    long.write_text(yaml.safe_dump(spec))
+    short = render(load_job(long), tmp_path / "long" / "scripts")
+    assert "\n#SBATCH --signal=USR2@30\n" in short.scripts["sbatch.sh"]

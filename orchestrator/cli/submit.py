@@ -47,6 +47,11 @@ def print_status(st: dict[str, Any]) -> None:
 
     out.print(f"job {escape(st['job_id'])} ({escape(st['name'])}, {st['executor']}): [bold]{st['state']}[/bold] "
               f"(from {escape(st['source'])})")
+    stop = st.get("stop")
+    if stop:  # orch's node supervisor stopped it: say why and when
+        why = {"timeout": "at the time limit's early warning", "cancelled": "on a cancel"}.get(stop.get("reason"), "")
+        out.print(f"stopped by orch {why} ({stop.get('signal', '?')}) after {stop.get('after_s', '?')} s: "
+                  "captures first, then the ranks", markup=False)
     t = Table(title="tasks (one per node)")
     for c in ("task", "result", "error"):
         t.add_column(c)
@@ -55,7 +60,8 @@ def print_status(st: dict[str, Any]) -> None:
     out.print(t)
     for task in st["tasks"]:
         if task.get("log_tail"):
-            what = "- the failing rank's traceback" if task.get("log_kind") == "traceback" else "log tail"
+            what = {"traceback": "- the failing rank's traceback", "orch": "- orch's lines"}.get(
+                task.get("log_kind", ""), "log tail")
             out.print(f"--- task {task['task']} {what} ({task['stderr']}):", markup=False)
             out.print(task["log_tail"], markup=False)
     for rank in st["profiled_ranks"]:
@@ -78,8 +84,10 @@ def cmd_status(a: argparse.Namespace) -> int:
 def cmd_cancel(a: argparse.Namespace) -> int:
     from orchestrator.submit.core import cancel
 
-    m = cancel(run_arg(a))
-    out.print(f"cancel requested for job {m.job_id}", markup=False)
+    m, killed = cancel(run_arg(a))
+    out.print(f"job {m.job_id} cancelled: captures stopped, then its processes"
+              + (f"; killed {len(killed)} that outlived the stop (pids {', '.join(killed)})" if killed else ""),
+              markup=False)
     return 0
 
 

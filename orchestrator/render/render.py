@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -22,8 +22,10 @@ from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, profile_args
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
+from orchestrator.submit.limits import stop_timing
 
 SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh")
+HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)
 # Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
 
@@ -38,12 +40,16 @@ class Rendered:
     scripts: dict[str, str]
     node_command: list[str]  # what each node runs: [container prefix...] bash launch.sh
     report_pattern: str  # nsys `-o` value, with %q{ORCH_JOB_ID}, %q{RANK}, %h, %p
+    hooks: dict[str, str] = field(default_factory=dict)  # Python files for the ranks' PYTHONPATH
 
     def write(self) -> None:
         """Write all scripts, each via a temp file + rename, so a failure leaves no partial file."""
         self.script_dir.mkdir(parents=True, exist_ok=True)
         for name, text in self.scripts.items():
             write_text_atomic(self.script_dir / name, text, mode=0o755)
+        for name, text in self.hooks.items():
+            (self.script_dir / HOOK_DIR).mkdir(exist_ok=True)
+            write_text_atomic(self.script_dir / HOOK_DIR / name, text, mode=0o644)
 
 
 def shell_quote(value: object) -> str:
@@ -109,6 +115,8 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
             )
     stem = naming.report_stem(job.output_name)
     nc = node_command(job, script_dir)
+    prof = job.spec.profile
+    timing = stop_timing(job.slurm.time, prof.warn_lead_s, prof.stop_grace_s)
     ctx = {
         "job": job,
         "version": __version__,
@@ -132,9 +140,12 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "setup": list(job.slurm.setup or []),
         "modules": list(job.slurm.modules or []),
         "node_command": nc,
+        "timing": timing,
+        "dump_dir": str(log_dir.parent / "dumps"),
     }
     env = _env()
     scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}
+    hooks = {"sitecustomize.py": env.get_template("sitecustomize.py.j2").render(**ctx)}
     return Rendered(script_dir=script_dir, report_dir=report_dir, log_dir=log_dir,
                     scripts=scripts, node_command=nc,
-                    report_pattern=str(report_dir / stem))
+                    report_pattern=str(report_dir / stem), hooks=hooks)

@@ -261,6 +261,13 @@ class Profile(Strict):
     extra_args: list[str] = []
     output_dir: str | None = None
     output_name: str | None = None
+    # How a capture ends when the job does not (time limit, cancel, a failed rank): the early
+    # warning comes `warn_lead_s` before the time limit (Slurm's --signal, and the same locally;
+    # unset: 90 s, at most half the limit), and each nsys then has `stop_grace_s` to write its
+    # report before it is killed. A report needs that time while the job still runs, so the lead
+    # must exceed the grace.
+    stop_grace_s: int = Field(default=60, ge=1, le=3600)
+    warn_lead_s: int | None = Field(default=None, ge=2, le=86400)
 
     @field_validator("capture_range_nvtx")
     @classmethod
@@ -301,6 +308,9 @@ class Profile(Strict):
             raise ValueError("capture_range_nvtx is only used with capture_range: nvtx")
         if self.capture_range == "none" and self.capture_range_end:
             raise ValueError("capture_range_end needs capture_range cudaProfilerApi or nvtx")
+        if self.warn_lead_s is not None and self.warn_lead_s <= self.stop_grace_s:
+            raise ValueError(f"warn_lead_s ({self.warn_lead_s}) must exceed stop_grace_s ({self.stop_grace_s}): "
+                             "the reports are written between the warning and the time limit")
         return self
 
 

@@ -1,10 +1,11 @@
 """Submit backends behind one small protocol: submit, state, cancel, task results.
 
-Both backends run the rendered per-node launch through submitit (`CommandFunction`: the same
-command `sbatch.sh` gives to srun) and read each task's outcome from submitit's own files
-(`JobPaths`: result pickle, stdout, stderr), so no file name is re-derived here. What differs
-per backend (the executor, where the job state comes from, how to cancel) lives in
-`slurm.py` and `local.py`; `backend_for(executor)` is the one place that picks between them.
+Both backends run the rendered per-node launch through submitit (under `node.NodeCommand`, the
+supervisor that stops it in order; the same command `sbatch.sh` gives to srun) and read each
+task's outcome from submitit's own files (`JobPaths`: result pickle, stdout, stderr), so no
+file name is re-derived here. What differs per backend (the executor, where the job state
+comes from, how to cancel) lives in `slurm.py` and `local.py`; `backend_for(executor)` is the
+one place that picks between them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import submitit
-from submitit.core.utils import CommandFunction, FailedJobError, JobPaths
+from submitit.core.utils import FailedJobError, JobPaths
 
 from orchestrator.errors import OrchError
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.failure import failure_line, rank_traceback
+from orchestrator.submit.failure import failure_line, rank_traceback, root_cause
+from orchestrator.submit.limits import StopTiming, stop_timing
+from orchestrator.submit.node import NodeCommand
 
 # Slurm's terminal states; the local backend reports a subset of them.
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -51,7 +54,8 @@ class Backend(Protocol):
         """{'state', 'source', ...}: never stuck at UNKNOWN once the tasks have reported."""
         ...
 
-    def cancel(self, folder: Path, job_id: str) -> None:
+    def cancel(self, folder: Path, job_id: str) -> list[str]:
+        """Stop the job in order (captures first); returns the pids it had to kill itself."""
         ...
 
 
@@ -60,6 +64,7 @@ class SubmititBackend:
     from submitit's result pickles."""
 
     name = "submitit"
+    enforces_limit = False  # the local executor enforces the time limit itself; Slurm does on Slurm
 
     def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
         raise NotImplementedError
@@ -69,7 +74,8 @@ class SubmititBackend:
 
     def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
         ex = self.make_executor(job, folder)
-        fn = CommandFunction(rendered.node_command, verbose=True, cwd=str(rendered.script_dir.parent))
+        fn = NodeCommand(rendered.node_command, cwd=str(rendered.script_dir.parent), folder=str(folder),
+                         timing=job_stop_timing(job), enforce_limit=self.enforces_limit)
         try:
             # submitit echoes sbatch's stderr itself; it is folded into our one-line error instead.
             with contextlib.redirect_stderr(io.StringIO()):
@@ -94,12 +100,20 @@ class SubmititBackend:
                         text = str(value).strip()
                         info["error"] = failure_line(text) or (text.splitlines()[-1][:300] if text else "")
                         info["traceback"] = rank_traceback(text)
+                        cause = root_cause(text)
+                        if cause:
+                            info["failed_rank"], info["failed_exit"] = cause
                 except Exception as e:  # a half-written or foreign pickle: say so, keep going
                     info["result"] = f"unreadable ({e.__class__.__name__})"
             else:
                 info["result"] = "pending"
             out.append(info)
         return out
+
+
+def job_stop_timing(job: ResolvedJob) -> StopTiming:
+    p = job.spec.profile
+    return stop_timing(job.slurm.time, p.warn_lead_s, p.stop_grace_s)
 
 
 def backend_for(executor: str) -> Backend:

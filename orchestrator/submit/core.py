@@ -100,16 +100,24 @@ def job_status(run: Path) -> dict[str, Any]:
         for t in tasks:
             if "log_tail" not in t:
                 t["log_tail"] = tail(Path(t["stderr"]))
+    if state.get("stop"):
+        # orch stopped the job: its own lines (the stop order, reports lost or recovered) say
+        # more than torchrun's traceback of the SIGTERM it was sent.
+        for t in tasks:
+            said = [ln for ln in tail(Path(t["stderr"]), 400).splitlines() if ln.startswith("orch: ")]
+            if said:
+                t["log_tail"], t["log_kind"] = "\n".join(dict.fromkeys(said)), "orch"
     return {"run": str(run), "job_id": m.job_id, "name": m.name, "executor": m.executor,
             **state, "tasks": tasks, "profiled_ranks": m.profiled_ranks,
             "reports": existing_reports(m)}
 
 
-def cancel(run: Path) -> Manifest:
-    """Ask the job's scheduler to cancel it; returns the manifest (for its job id)."""
+def cancel(run: Path) -> tuple[Manifest, list[str]]:
+    """Stop the job, its captures first; returns the manifest (for its job id) and the pids
+    that had to be killed because they outlived the stop."""
     m = read_manifest(run)
-    backend_for(m.executor).cancel(Path(m.submitit_folder), m.job_id)
-    return m
+    killed = backend_for(m.executor).cancel(Path(m.submitit_folder), m.job_id)
+    return m, killed
 
 
 def wait(run: Path, on_poll: Callable[[dict[str, Any]], None] | None = None,
@@ -117,6 +125,8 @@ def wait(run: Path, on_poll: Callable[[dict[str, Any]], None] | None = None,
     t0 = time.monotonic()
     while True:
         st = job_status(run)
+        if st["state"] in TERMINAL:
+            st = _settled(run, st, poll_s)
         if on_poll:
             on_poll(st)
         if st["state"] in TERMINAL:
@@ -124,3 +134,20 @@ def wait(run: Path, on_poll: Callable[[dict[str, Any]], None] | None = None,
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
             return st
         time.sleep(poll_s)
+
+
+def _settled(run: Path, st: dict[str, Any], poll_s: float, settle_s: float = 15) -> dict[str, Any]:
+    """The status once the reports stopped arriving: a node's last nsys may still be renaming
+    its report onto a shared file system when the scheduler already says the job ended."""
+    want = len(st["profiled_ranks"])
+    found = sum(1 for v in st["reports"].values() if v)
+    deadline = time.monotonic() + settle_s
+    while found < want and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        again = job_status(run)
+        now = sum(1 for v in again["reports"].values() if v)
+        st = again
+        if now == found:
+            break
+        found = now
+    return st

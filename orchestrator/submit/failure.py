@@ -67,13 +67,30 @@ def _signal(n: int) -> str:
         return f"signal {n}"
 
 
+# What a signal usually means when it ends a rank.
+_WHY = {"SIGKILL": "out of memory? the OOM killer sends it", "SIGTERM": "stopped: time limit, cancel or another rank",
+        "SIGSEGV": "a crash in native code", "SIGABRT": "aborted: a failed check in native code",
+        "SIGBUS": "a bad memory access, often /dev/shm full", "SIGINT": "interrupted"}
+
+
+def exit_words(n: int) -> str:
+    """An exit status in words: minus a signal number (Python's, torchrun's) or the shell's
+    128 + signal (what a wrapper or nsys passes on) names the signal and what it likely means."""
+    if n < 0 or 128 < n < 128 + 65:
+        sig = _signal(-n if n < 0 else n - 128)
+        notes = [f"exit status {n}"] if n > 0 else []
+        notes += [_WHY[sig]] if sig in _WHY else []
+        return f"killed by {sig}" + (f" ({'; '.join(notes)})" if notes else "")
+    return f"exit status {n}"
+
+
 def _status(code: str) -> str:
     """torchrun's `exitcode` field: a status, or minus a signal number."""
     try:
         n = int(code.split()[0])
     except (ValueError, IndexError):
         return f"exit status {code}"
-    return f"killed by {_signal(-n)}" if n < 0 else f"exit status {n}"
+    return exit_words(n)
 
 
 def failure_line(text: str) -> str | None:
@@ -91,6 +108,17 @@ def failure_line(text: str) -> str | None:
         return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "
                 "or the job was cancelled or ran out of time")
     return None
+
+
+def root_cause(text: str) -> tuple[int, str] | None:
+    """(rank, how it ended in words) of the rank torchrun names as the first to fail."""
+    fields = _root(text)
+    if fields is None:
+        return None
+    try:
+        return int(fields.get("rank", "?").split()[0]), _status(fields.get("exitcode", "?"))
+    except ValueError:
+        return None
 
 
 def rank_traceback(text: str, lines: int = 12) -> str | None:

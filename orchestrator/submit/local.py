@@ -2,61 +2,134 @@
 
 submitit's `LocalJob` only knows its process inside the Python that submitted it; `orch
 status` runs later in another process, so the state comes from the controller's pid (the
-job id) and submitit's result files, and a cancel leaves a marker so it reads CANCELLED.
+job id) and submitit's result files; the node supervisor (`node.py`) says why it stopped the
+job (time limit, cancel), and a cancel leaves a marker of its own so it reads CANCELLED even
+when the supervisor could not write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import submitit
 from submitit.core.utils import JobPaths
 
+from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.backend import SubmititBackend
-from orchestrator.submit.slurm import slurm_minutes
+from orchestrator.submit.backend import SubmititBackend, job_stop_timing
+from orchestrator.submit.limits import KILL_WAIT_S
+from orchestrator.submit.node import SETTLE_S, descendants, signal_tree, start_time, stop_file, supervisor_file
 
 
 class LocalBackend(SubmititBackend):
     name = "local"
+    enforces_limit = True
 
     def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
         ex = submitit.LocalExecutor(folder=folder)
+        # The node supervisor enforces the time limit; submitit's controller, which would SIGKILL
+        # the supervisor and orphan the ranks, is given the limit plus the whole stop order (and
+        # no early signal of its own: the supervisor sends it).
+        t = job_stop_timing(job)
+        budget_s = t.limit_s + t.grace_s + KILL_WAIT_S + SETTLE_S + 60
         # LocalExecutor exports CUDA_VISIBLE_DEVICES from gpus_per_node (0 hides all GPUs).
-        ex.update_parameters(timeout_min=slurm_minutes(job.slurm.time), nodes=1, tasks_per_node=1,
+        ex.update_parameters(timeout_min=-(-budget_s // 60), signal_delay_s=0, nodes=1, tasks_per_node=1,
                              gpus_per_node=job.gpus_per_node)
         return ex
+
+    def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
+        # The controller outlives `orch submit` and inherits its stdout/stderr: when those are a
+        # pipe (`orch submit ... | tee`, a test harness) the controller dies once the reader
+        # goes, taking the job's bookkeeping with it. It writes to a file of its own instead.
+        folder.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        log = os.open(folder / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            return super().submit(job, rendered, folder)
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in (*saved, log):
+                os.close(fd)
 
     def ntasks(self, nodes: int) -> int:
         return 1  # one machine, one controller task
 
     def state(self, folder: Path, job_id: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
-        try:
-            os.kill(int(job_id), 0)
-            alive = Path(f"/proc/{job_id}").exists() and "Z" not in _proc_state(job_id)
-        except (ProcessLookupError, ValueError, OverflowError):
-            alive = False
-        except PermissionError:
-            alive = True
+        alive = _alive(job_id)
         results = {t["result"] for t in tasks}
+        stop = read_stop(folder, job_id)
         if alive and "pending" in results:
             state = "RUNNING"
         elif results == {"success"}:
             state = "COMPLETED"
-        elif "error" in results:
-            state = "FAILED"
+        elif _cancel_marker(folder, job_id).exists() or stop.get("reason") == "cancelled":
+            state = "CANCELLED"
+        elif stop.get("reason") == "timeout":
+            state = "TIMEOUT"
         else:
-            state = "CANCELLED" if _cancel_marker(folder, job_id).exists() else "FAILED"
-        return {"state": state, "steps": [], "source": "local controller"}
+            state = "FAILED"
+        return {"state": state, "steps": [], "source": "local controller", **({"stop": stop} if stop else {})}
 
-    def cancel(self, folder: Path, job_id: str) -> None:
+    def cancel(self, folder: Path, job_id: str) -> list[str]:
+        """Stop the job in order and wait for it; returns what had to be killed by pid."""
         _cancel_marker(folder, job_id).touch()
         with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(job_id), signal.SIGTERM)  # the controller forwards it to its tasks
+            os.kill(int(job_id), signal.SIGTERM)  # the controller forwards it to the node supervisor
+        sup = _supervisor(folder, job_id)
+        wait_s = (sup or {}).get("grace_s", 60) + SETTLE_S + KILL_WAIT_S + 10
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and (_alive(job_id) or (sup and _same(sup))):
+            time.sleep(0.3)
+        killed: list[str] = []
+        if sup and _same(sup):  # the supervisor outlived its grace: end its tree, then it
+            pids = descendants(sup["pid"])
+            signal_tree(sup["pid"], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(sup["pid"], signal.SIGKILL)
+            killed = [str(p) for p in [*pids, sup["pid"]]]
+        return killed
+
+
+def read_stop(folder: Path, job_id: str) -> dict[str, Any]:
+    """Why the node supervisor stopped the job ({} when it ended by itself)."""
+    try:
+        return json.loads(stop_file(folder, job_id, 0).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _supervisor(folder: Path, job_id: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(supervisor_file(folder, job_id, 0).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _same(sup: dict[str, Any]) -> bool:
+    """Is the recorded supervisor still that process (same pid, same start time)?"""
+    return start_time(int(sup["pid"])) == sup.get("start") and _proc_state(str(sup["pid"])) != "Z"
+
+
+def _alive(job_id: str) -> bool:
+    try:
+        os.kill(int(job_id), 0)
+        return Path(f"/proc/{job_id}").exists() and "Z" not in _proc_state(job_id)
+    except (ProcessLookupError, ValueError, OverflowError):
+        return False
+    except PermissionError:
+        return True
 
 
 def _cancel_marker(folder: Path, job_id: str) -> Path:

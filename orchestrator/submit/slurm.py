@@ -2,18 +2,21 @@
 
 State comes from submitit's own sacct watcher; orch adds only what submitit lacks: without
 accounting (sacct fails or has not seen the job) it asks squeue, then `scontrol show job`,
-then judges by submitit's result files. submitit ends a non-checkpointable job itself at the
-signal sent shortly before the time limit, so Slurm records FAILED; its log says TIMEOUT.
+then judges by submitit's result files. orch's node supervisor ends the job at the early
+warning sent before the time limit (after the captures stopped), so Slurm records FAILED; the
+supervisor's stop file says TIMEOUT.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,26 +26,11 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from orchestrator.errors import OrchError
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.backend import TERMINAL, SubmititBackend, tail
+from orchestrator.submit.backend import TERMINAL, SubmititBackend, job_stop_timing, tail
+from orchestrator.submit.limits import KILL_WAIT_S, slurm_minutes
+from orchestrator.submit.node import SETTLE_S, stop_file, supervisor_file
 
-
-def slurm_minutes(time: str | None) -> int:
-    """Slurm time string -> whole minutes (rounded up), the unit submitit expects."""
-    if not time:
-        return 60
-    days, _, rest = time.rpartition("-")
-    parts = [int(x) for x in rest.split(":")]
-    if days:  # D-HH[:MM[:SS]]
-        parts += [0] * (3 - len(parts))
-        h, m, s = parts
-    elif len(parts) == 3:
-        h, m, s = parts
-    elif len(parts) == 2:
-        h, m, s = 0, parts[0], parts[1]
-    else:
-        h, m, s = 0, parts[0], 0
-    total_s = ((int(days or 0) * 24 + h) * 60 + m) * 60 + s
-    return max(1, -(-total_s // 60))
+__all__ = ["SlurmBackend", "scheduler_state", "slurm_minutes"]
 
 
 def _extra_params(lines: list[str]) -> dict[str, Any]:
@@ -128,7 +116,7 @@ class SlurmBackend(SubmititBackend):
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
         params: dict[str, Any] = {
             "job_name": job.spec.name, "nodes": job.nodes, "ntasks_per_node": 1,
-            "time": slurm_minutes(s.time), "signal_delay_s": 30,
+            "time": slurm_minutes(s.time), "signal_delay_s": job_stop_timing(job).lead_s,
             # As in sbatch.sh: one failing node ends the job instead of leaving the others
             # blocked in a collective until NCCL/gloo time out.
             "srun_args": ["--kill-on-bad-exit=1"],
@@ -153,14 +141,44 @@ class SlurmBackend(SubmititBackend):
         if state["state"] == "UNKNOWN" and all(t["result"] != "pending" for t in tasks):
             state["state"] = "COMPLETED" if all(t["result"] == "success" for t in tasks) else "FAILED"
             state["source"] += "; submitit results"
-        if state["state"] == "FAILED" and any(
-                "this job is timed-out" in tail(Path(t["stderr"]), 200) for t in tasks):
+        # The node supervisors end a job at the time limit's early warning, or at `orch cancel`'s,
+        # before Slurm does: Slurm then records how the processes ended, orch says why.
+        stops = [read_json(stop_file(folder, job_id, t["task"])) for t in tasks]
+        if state["state"] in ("FAILED", "COMPLETED") and _cancel_marker(folder, job_id).exists():
+            state["state"] = "CANCELLED"
+            state["source"] += "; orch cancel"
+        elif state["state"] == "FAILED" and (any(s.get("reason") == "timeout" for s in stops) or any(
+                "this job is timed-out" in tail(Path(t["stderr"]), 200) for t in tasks)):
             state["state"] = "TIMEOUT"
-            state["source"] += "; submitit time-limit signal"
+            state["source"] += "; time-limit warning"
+        stop = next((s for s in stops if s), None)
+        if stop:
+            state["stop"] = stop
         return state
 
-    def cancel(self, folder: Path, job_id: str) -> None:
+    def cancel(self, folder: Path, job_id: str) -> list[str]:
+        """The early warning first (`scancel --signal=USR2`: every node stops its captures), then,
+        once the job ended or its grace ran out, `scancel`."""
+        with contextlib.suppress(OSError):
+            _cancel_marker(folder, job_id).touch()
+        if scheduler_state(job_id)["state"] == "RUNNING":
+            _run(["scancel", "--signal=USR2", job_id])
+            sup = read_json(supervisor_file(folder, job_id, 0))
+            deadline = time.monotonic() + sup.get("grace_s", 60) + SETTLE_S + KILL_WAIT_S + 10
+            while time.monotonic() < deadline and scheduler_state(job_id)["state"] not in TERMINAL:
+                time.sleep(1)
         p = _run(["scancel", job_id])
         if p is None or p.returncode != 0:
             raise OrchError(f"scancel {job_id} failed: {(p.stderr.strip() if p else 'scancel not found')}")
+        return []
 
+
+def _cancel_marker(folder: Path, job_id: str) -> Path:
+    return folder / f".{job_id}.cancelled"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

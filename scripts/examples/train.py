@@ -8,6 +8,9 @@ Every step is an NVTX range `step N` holding `data_load`, `forward`, `backward`,
 Planted faults for the analysis to find:
   --slow-rank R --slow-ms MS   rank R sleeps MS in every data_load (a straggler)
   --heavy-stage S              stage S holds --heavy-factor times more layers
+  --fault F --fault-rank R --fault-step N
+                               rank R, in step N before its backward (the all-reduce): hangs
+                               (F=hang), raises (F=raise) or is SIGKILLed (F=sigkill, as by the OOM killer)
 
 Runs on CPU (gloo) or GPU (nccl). NVTX comes from the `nvtx` package (which nsys records on
 CPU too) or, failing that, torch.cuda.nvtx on GPU.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import time
 
 import torch
@@ -66,9 +70,24 @@ def parse() -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--capture", default="", help="START:STOP steps for cudaProfilerStart/Stop")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank exits with status 3")
+    p.add_argument("--fault", choices=("hang", "raise", "sigkill"), default=None)
+    p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--fault-step", type=int, default=0)
     p.add_argument("--no-sync", action="store_true",
                    help="do not read the loss every step (lets the CPU run ahead of the GPU)")
     return p.parse_args()
+
+
+def fault(kind: str, step: int) -> None:
+    """The planted fault, inside the step's NVTX range, before its backward's all-reduce."""
+    print(f"rank fault: {kind} at step {step}", flush=True)
+    if kind == "hang":
+        with nvtx_range("hang"):
+            while True:
+                time.sleep(1)
+    if kind == "raise":
+        raise RuntimeError(f"planted failure at step {step}")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
@@ -141,6 +160,8 @@ def main() -> None:
                         with nvtx_range("send_activation"):
                             dist.send(y.detach().contiguous(), next_rank)
                     outs.append(y)
+            if a.fault and rank == a.fault_rank and step == a.fault_step:
+                fault(a.fault, step)
             for m in range(a.microbatches):
                 no_sync = dp > 1 and m < a.microbatches - 1
                 sync = model.no_sync() if no_sync else contextlib.nullcontext()

@@ -36,5 +36,97 @@ if [ "${#rdzv[@]}" -eq 0 ]; then
 fi
 echo "orch: node $node_rank/$nnodes on $(hostname) job $ORCH_JOB_ID: torchrun ${rdzv[*]}" >&2
 
-exec python3 -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node=2 \
-  --max-restarts=0 "${rdzv[@]}" --no-python "$here/rank_wrapper.sh" python3 -u <REPO>/scripts/examples/train.py --steps 6 --slow-rank 1 --slow-ms 20
+# How this node stops when the job does not end by itself. The early warning (SIGUSR2, sent
+# 90 s before the time limit by Slurm's --signal and by orch's local executor) or a cancel
+# (SIGTERM) is turned into one SIGTERM to torchrun, which passes it to every rank wrapper; a
+# profiled rank's wrapper asks its nsys to stop (nsys keeps the program's NVTX ranges, ends the
+# program and writes the report). Below torchrun SIGUSR2 is ignored, so Slurm's signal to every
+# process of the step reaches no program. Then each nsys of this node gets up to 60 s to
+# finish its report (profile.stop_grace_s) before it is killed and named here.
+export ORCH_STOP_GRACE_S=60
+export ORCH_CTL_DIR=/orch/run/logs/.orch-$ORCH_JOB_ID-n$node_rank
+mkdir -p "$ORCH_CTL_DIR"
+
+# Hang evidence, under the run directory: PyTorch's Flight Recorder (the last collectives of
+# every process group, dumped per rank by the NCCL watchdog when a collective times out; the
+# TORCH_NCCL_* names are the older spellings of the TORCH_FR_* ones) and, on a stop, a stack
+# dump of every rank's Python threads (pyhooks/sitecustomize.py). Values set above win.
+export ORCH_DUMP_DIR=/orch/run/dumps
+mkdir -p "$ORCH_DUMP_DIR/flight_recorder"
+export TORCH_FR_BUFFER_SIZE=${TORCH_FR_BUFFER_SIZE:-${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}}
+export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-$TORCH_FR_BUFFER_SIZE}
+export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+export TORCH_FR_DUMP_TEMP_FILE=${TORCH_FR_DUMP_TEMP_FILE:-$ORCH_DUMP_DIR/flight_recorder/rank_}
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$TORCH_FR_DUMP_TEMP_FILE}
+export PYTHONPATH="$here/pyhooks${PYTHONPATH:+:$PYTHONPATH}"
+
+stopping=""
+torchrun_pid=""
+# shellcheck disable=SC2317 # called by the traps below
+stop_node() {
+  if [ -n "$stopping" ]; then return; fi
+  stopping=$1
+  echo "orch: node $node_rank: $1: stack dumps, then stopping the captures, then the ranks" >&2
+  local f
+  for f in "$ORCH_CTL_DIR"/app.r*.pid; do
+    if [ -s "$f" ]; then kill -WINCH "$(cat "$f")" 2>/dev/null || true; fi
+  done
+  sleep 1
+  if [ -n "$torchrun_pid" ]; then kill -TERM "$torchrun_pid" 2>/dev/null || true; fi
+}
+trap 'stop_node "time-limit warning (SIGUSR2)"' USR2
+trap 'stop_node "SIGTERM"' TERM
+trap 'stop_node "SIGINT"' INT
+trap 'stop_node "SIGHUP"' HUP
+(
+  trap '' USR2
+  exec python3 -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node=2 \
+    --max-restarts=0 "${rdzv[@]}" --no-python "$here/rank_wrapper.sh" python3 -u <REPO>/scripts/examples/train.py --steps 6 --slow-rank 1 --slow-ms 20
+) &
+torchrun_pid=$!
+if [ -n "$stopping" ]; then kill -TERM "$torchrun_pid" 2>/dev/null || true; fi
+while kill -0 "$torchrun_pid" 2>/dev/null; do wait "$torchrun_pid" || true; done
+rc=0
+wait "$torchrun_pid" || rc=$?
+
+# lost_report RANK APP_PID, once this rank's nsys was killed: nsys 2022.4's own agent (a process
+# of its own session, outside the group killed) may still turn the raw stream into the report,
+# so it gets a few seconds; else the report is named as lost, with where its raw stream
+# (.qdstrm, under nsys' TMPDIR) can be turned into a report by hand.
+lost_report() {
+  local r=$1 app=$2 out
+  out=/orch/run/reports/ddp-cpu_${ORCH_JOB_ID}_r${r}_$(hostname).${app:-0}.nsys-rep
+  for _ in $(seq 1 20); do
+    if [ -s "$out" ]; then
+      echo "orch: rank $r: nsys' agent finished the report after all: $out" >&2
+      return
+    fi
+    sleep 0.5
+  done
+  echo "orch: rank $r: report lost: nsys did not write it in its grace; its raw stream may remain as" \
+       "${TMPDIR:-/tmp}/nsys-report-*.qdstrm on $(hostname): turn it into a report with" \
+       "$(dirname "$(readlink -f "$(command -v nsys)")")/../host-linux-x64/QdstrmImporter -i FILE" >&2
+}
+
+# Each profiled rank's wrapper left its nsys' pid (and its program's) in $ORCH_CTL_DIR while
+# nsys ran. A wrapper torchrun killed leaves them behind: wait for that nsys, then kill it.
+deadline=$((SECONDS + ORCH_STOP_GRACE_S))
+for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
+  [ -e "$f" ] || continue
+  pid=$(cat "$f" 2>/dev/null || true)
+  r=${f##*/nsys.r}
+  r=${r%.pid}
+  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
+  app=$(cat "$ORCH_CTL_DIR/app.r$r.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "orch: rank $r: nsys was still writing its report ${ORCH_STOP_GRACE_S} s after the stop;" \
+         "killed (raise profile.stop_grace_s)" >&2
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    lost_report "$r" "$app"
+  fi
+  if [ -n "$app" ]; then kill -KILL "$app" 2>/dev/null || true; fi
+  rm -f "$f" "$ORCH_CTL_DIR/app.r$r.pid"
+done
+rm -f "$ORCH_CTL_DIR"/app.r*.pid  # the unprofiled ranks' (their programs ended with torchrun)
+rmdir "$ORCH_CTL_DIR" 2>/dev/null || true
+exit "$rc"

@@ -5,6 +5,9 @@
 #SBATCH --time=01:00:00
 #SBATCH --gpus-per-node=2
 #SBATCH --output=/orch/run/logs/%x_%j.out
+# Early warning 90 s before the time limit (as submitit sets it): launch.sh stops every
+# capture on it, and each nsys has 60 s to write its report before the limit's SIGTERM.
+#SBATCH --signal=USR2@90
 # orch sbatch script for job ddp-gpu (rendered by orch 0.1.0).
 # Submit by hand with `sbatch /orch/run/scripts/sbatch.sh`, or let `orch submit` do it.
 # Profiled ranks: 0-1; reports: /orch/run/reports/ddp-gpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p.nsys-rep

@@ -20,6 +20,8 @@ in_ranks() {
 
 # Profiled ranks: 0,3
 if ! in_ranks "$rank" 0 0 3 3; then
+  # The program keeps this pid: launch.sh asks it for a stack dump when it stops the job.
+  if [ -n "${ORCH_CTL_DIR:-}" ]; then echo "$$" > "$ORCH_CTL_DIR/app.r$rank.pid" 2>/dev/null || true; fi
   exec "$@"
 fi
 
@@ -32,17 +34,51 @@ mkdir -p /orch/run/reports
 # Such an attempt ran nothing, so it is started again. The program's first act is to create a
 # marker (a shell builtin: no extra process in the trace), which tells a failed start from a
 # program that ran and failed: that one is never run twice. Without a writable marker, no retry.
-started=$(mktemp -u "${TMPDIR:-/tmp}/orch-started.XXXXXXXX")
+# The marker holds the program's pid: launch.sh reads it from $ORCH_CTL_DIR (below).
+ctl=${ORCH_CTL_DIR:-}
+if [ -n "$ctl" ]; then
+  started=$ctl/app.r$rank.pid
+else
+  started=$(mktemp -u "${TMPDIR:-/tmp}/orch-started.XXXXXXXX")
+fi
 attempts=3
 if ! { : > "$started"; } 2>/dev/null; then attempts=1; fi
 rm -f "$started"
+# How the capture ends when the job does not end by itself: torchrun passes a stop (the time
+# limit's warning, a cancel, another rank's failure) as SIGTERM to this wrapper's process
+# group. nsys runs in a session of its own, so that signal does not reach it or the program
+# (a program killed before nsys stops loses its NVTX ranges); the wrapper asks nsys to stop
+# instead, and nsys ends the program once it has its ranges. launch.sh finds nsys by the pid
+# files in $ORCH_CTL_DIR when torchrun killed this wrapper before nsys was done.
+# nsys is asked once, and not after the program ended: nsys is then writing its report, and a
+# SIGTERM would abort it instead.
 stop=0
-trap 'stop=1' TERM INT HUP  # torchrun and Slurm signal nsys too: let it write its report, then stop
+asked=0
+nsys_pid=""
+stop_capture() {
+  stop=1
+  if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return; fi
+  local app
+  app=$(cat "$started" 2>/dev/null || true)
+  if [ -z "$app" ] || kill -0 "$app" 2>/dev/null; then
+    asked=1
+    kill -TERM "$nsys_pid" 2>/dev/null || true
+  fi
+}
+trap stop_capture TERM INT HUP
 for attempt in $(seq 1 "$attempts"); do
   rc=0
   # shellcheck disable=SC2016 # the inner sh expands them
-  ORCH_STARTED=$started nsys profile "${nsys_args[@]}" -o '/orch/run/reports/ddp-slurm-cpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' \
-    /bin/sh -c ': > "$ORCH_STARTED" 2>/dev/null; unset ORCH_STARTED; exec "$@"' orch-rank "$@" || rc=$?
+  ORCH_STARTED=$started setsid nsys profile "${nsys_args[@]}" -o '/orch/run/reports/ddp-slurm-cpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' \
+    /bin/sh -c 'echo $$ > "$ORCH_STARTED" 2>/dev/null; unset ORCH_STARTED; exec "$@"' orch-rank "$@" &
+  nsys_pid=$!
+  asked=0
+  if [ -n "$ctl" ]; then echo "$nsys_pid" > "$ctl/nsys.r$rank.pid" 2>/dev/null || true; fi
+  if [ "$stop" -eq 1 ]; then stop_capture; fi
+  while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
+  wait "$nsys_pid" || rc=$?
+  nsys_pid=""
+  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid"; fi
   ran=0
   if [ -e "$started" ]; then ran=1; fi
   rm -f "$started"

@@ -1,0 +1,237 @@
+"""Real jobs that do not end by themselves, through `orch submit` on the local executor (gloo on
+CPU, real nsys): a rank that hangs until the time limit, `orch cancel` mid-run, a rank that
+raises, a rank SIGKILLed. Each asserts the state, the reports kept, their NVTX ranges (read with
+sqlite3 from nsys' own export) and that no process of the job survives (tests/subreaper.py:
+every process the job started stays a descendant of the test's subreaper, checked by pid)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES, REPO
+
+pytestmark = pytest.mark.nsys
+
+
+class JobTree:
+    """Runs orch commands under the test's subreaper (tests/subreaper.py)."""
+
+    def __init__(self) -> None:
+        self.p = subprocess.Popen([sys.executable, str(REPO / "tests" / "subreaper.py")], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+    def _ask(self, req: dict) -> dict:
+        self.p.stdin.write(json.dumps(req) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def orch(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+        r = self._ask({"run": [sys.executable, "-m", "orchestrator.cli", *args], "timeout": timeout,
+                       "env": env or {}})
+        return subprocess.CompletedProcess(args, r["rc"], r["stdout"], r["stderr"])
+
+    def survivors(self, settle_s: float = 10) -> list[list]:
+        """What is still running after up to `settle_s` (the controller exits just after its task)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            left = self._ask({"survivors": True})["pids"]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self._ask({"kill": True})
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def tree():
+    t = JobTree()
+    yield t
+    t.close()
+
+
+def _spec(tmp: Path, args: list[str], time_limit: str, grace: int = 25, lead: int = 33, cluster: str = "local",
+          nproc: int = 2) -> Path:
+    spec = {
+        "name": "stops", "cluster": cluster, "run_root": str(tmp / "runs"), "slurm": {"time": time_limit},
+        "launch": {"script": str(EXAMPLES / "train.py"), "nproc_per_node": nproc, "args": args,
+                   "env": {"GLOO_SOCKET_IFNAME": "lo"}},
+        "layout": {"tp": 1, "pp": 1},
+        "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "stop_grace_s": grace, "warn_lead_s": lead},
+    }
+    p = tmp / "job.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def _run_dir(tmp: Path) -> Path:
+    (run,) = list((tmp / "runs").iterdir())
+    return run
+
+
+def _nvtx(report: Path) -> list[tuple[str, int | None]]:
+    """(text, end) of every NVTX range of a report, from nsys' own SQLite export."""
+    out = report.with_suffix(".sqlite")
+    subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(out), str(report)],
+                   check=True, capture_output=True, timeout=300)
+    con = sqlite3.connect(out)
+    rows = con.execute("SELECT coalesce(e.text, s.value) AS t, e.\"end\" FROM NVTX_EVENTS e "
+                       "LEFT JOIN StringIds s ON s.id = e.textId WHERE t IS NOT NULL ORDER BY e.start").fetchall()
+    con.close()
+    return rows
+
+
+def _reports(run: Path) -> dict[int, Path]:
+    return {int(re.search(r"_r(\d+)_", p.name).group(1)): p for p in (run / "reports").glob("*.nsys-rep")}
+
+
+def _report(tree: JobTree, tmp: Path) -> dict:
+    """`orch collect` then `orch report --json` of the test's one run."""
+    run = _run_dir(tmp)
+    c = tree.orch("collect", str(run))
+    assert c.returncode == 0, c.stderr
+    r = tree.orch("report", str(run), "--json", str(tmp / "r.json"))
+    assert r.returncode == 0, r.stderr
+    return json.loads((tmp / "r.json").read_text())
+
+
+def _steps(rows: list[tuple[str, int | None]]) -> list[str]:
+    return [t for t, _ in rows if t and t.startswith("step ")]
+
+
+def test_hang_until_the_time_limit(tmp_path: Path, nsys: str, tree: JobTree) -> None:
+    """Rank 1 hangs in step 3 before its backward; rank 0 waits in the all-reduce. The 60 s
+    limit's warning (33 s ahead) stops both captures: both reports, with the unfinished step."""
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "01:00")
+    t0 = time.monotonic()
+    p = tree.orch("submit", str(spec), "--wait", "--timeout", "200")
+    took = time.monotonic() - t0
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "TIMEOUT" in p.stdout and p.stderr.strip().splitlines()[-1].endswith("TIMEOUT (2/2 reports)"), p.stderr
+    assert took < 60 + 15, took  # the job ended at its limit, not at gloo's 30-minute timeout
+    assert tree.survivors() == []
+    reports = _reports(_run_dir(tmp_path))
+    assert sorted(reports) == [0, 1]
+    r0, r1 = _nvtx(reports[0]), _nvtx(reports[1])
+    assert _steps(r1)[-1] == "step 3" and ("hang", r1[-1][1]) in r1  # open ranges kept, ended at the stop
+    assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
+
+    rep = _report(tree, tmp_path)
+    o = rep["outcome"]
+    assert o["state"] == "hung" and o["scheduler_state"] == "TIMEOUT" and o["behind"] == [1], o
+    assert o["line"].startswith("hung (TIMEOUT): rank(s) 1 never reached backward of step 3"), o["line"]
+    ends = {r["rank"]: r for r in o["ranks"]}
+    assert [ends[r]["last_done_step"] for r in (0, 1)] == [2, 2]  # the fault is planted in step 3
+    assert ends[0]["open_ranges"] == ["step 3", "backward"] and ends[1]["open_ranges"] == ["step 3", "hang"]
+    assert rep["findings"][0]["kind"] == "job_outcome" and rep["findings"][0]["ranks"] == [1]
+    assert all(f["kind"] != "healthy" for f in rep["findings"])
+    # Every rank's Python stack, dumped at the warning: rank 1 in the planted hang, rank 0 in its
+    # backward's all-reduce.
+    stacks = {r: (_run_dir(tmp_path) / "dumps" / f"stacks.r{r}.txt").read_text() for r in (0, 1)}
+    assert 'in fault' in stacks[1] and "in backward" in stacks[0], stacks
+    assert str(_run_dir(tmp_path) / "dumps" / "stacks.r1.txt") in o["dumps"]
+    # `hang` only happens in the unfinished step: were that step averaged in, it would be a phase.
+    assert rep["cpu_phases"] and all(c["range"] != "hang" for c in rep["cpu_phases"])
+
+
+def test_cancel_mid_run(tmp_path: Path, nsys: str, tree: JobTree) -> None:
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "0", "--fault-step", "2"], "05:00")
+    p = tree.orch("submit", str(spec))
+    assert p.returncode == 0, p.stderr
+    job = re.search(r"as job (\S+)", p.stdout).group(1)
+    run = _run_dir(tmp_path)
+    log = run / "submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 120
+    while "rank fault: hang" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "rank fault: hang" in log.read_text() and tree.survivors(settle_s=0)  # rank 0 hangs, the job runs
+    c = tree.orch("cancel", job, "--runs", str(tmp_path / "runs"))
+    assert c.returncode == 0 and f"job {job} cancelled" in c.stdout, c.stdout + c.stderr
+    assert tree.survivors() == []
+    st = json.loads(tree.orch("status", job, "--runs", str(tmp_path / "runs"), "--json").stdout)
+    assert st["state"] == "CANCELLED", st
+    reports = _reports(run)
+    assert sorted(reports) == [0, 1]
+    r0 = _nvtx(reports[0])
+    assert ("hang", r0[-1][1]) in r0
+    assert _steps(_nvtx(reports[1]))[-1] == "step 2"
+    o = _report(tree, tmp_path)["outcome"]
+    assert o["state"] == "hung" and o["scheduler_state"] == "CANCELLED" and o["behind"] == [0], o
+
+
+@pytest.mark.parametrize(("fault", "words", "last", "exit_"), [
+    ("raise", "rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3", {"step 3"},
+     "exit status 1"),
+    # A SIGKILLed program cannot close the range it was in: whether nsys got `step 3` at all
+    # depends on whether the NVTX buffer was handed over before the kill.
+    ("sigkill", "rank 1 failed first (killed by SIGKILL (exit status 137; out of memory?", {"step 2", "step 3"},
+     "killed by SIGKILL"),
+])
+def test_one_rank_fails(tmp_path: Path, nsys: str, tree: JobTree, fault: str, words: str, last: set[str],
+                        exit_: str) -> None:
+    """Rank 1 fails in step 3: torchrun stops rank 0, whose capture is stopped, not killed."""
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", fault, "--fault-rank", "1", "--fault-step", "3"], "05:00")
+    p = tree.orch("submit", str(spec), "--wait", "--timeout", "200")
+    assert p.returncode == 1 and "FAILED" in p.stdout, p.stdout + p.stderr
+    assert words in " ".join(p.stdout.split()), p.stdout
+    assert p.stderr.strip().splitlines()[-1].endswith("FAILED (2/2 reports)"), p.stderr
+    assert tree.survivors() == []
+    reports = _reports(_run_dir(tmp_path))
+    r0 = _nvtx(reports[0])
+    assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
+    got = _steps(_nvtx(reports[1]))[-1]
+    assert got in last
+    rep = _report(tree, tmp_path)
+    o = rep["outcome"]
+    assert o["state"] == "failed", o
+    assert o["line"].startswith(f"failed (FAILED): rank 1 failed first ({exit_}"), o["line"]
+    assert o["line"].endswith(f"; its capture ends in {got}"), o["line"]
+    assert rep["findings"][0]["kind"] == "job_outcome" and all(f["kind"] != "healthy" for f in rep["findings"])
+
+
+def _slurm_job_processes(job: str) -> list[int]:
+    """Processes whose environment says they belong to Slurm job `job` (slurmstepd exports
+    SLURM_JOB_ID to every task): on Slurm the job's processes are not the test's descendants."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"SLURM_JOB_ID={job}".encode() in env:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.slurm
+def test_slurm_time_limit_keeps_every_report(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster) -> None:
+    """2 nodes x 1 rank on the local Slurm, rank 1 hangs: Slurm's early warning (--signal,
+    40 s before the 1-minute limit) stops both captures, on both nodes, before the limit."""
+    env = slurm_cluster.client_env
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "1",
+                 grace=25, lead=40, cluster="local-slurm", nproc=1)
+    p = tree.orch("submit", str(spec), "--wait", "--timeout", "240", env=env)
+    assert p.returncode == 1 and "TIMEOUT" in p.stdout, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("TIMEOUT (2/2 reports)"), p.stderr
+    job = re.search(r"as job (\S+)", p.stdout).group(1)
+    deadline = time.monotonic() + 30
+    while _slurm_job_processes(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _slurm_job_processes(job) == []
+    reports = _reports(_run_dir(tmp_path))
+    r0, r1 = _nvtx(reports[0]), _nvtx(reports[1])
+    assert _steps(r1)[-1] == "step 3" and ("hang", r1[-1][1]) in r1
+    assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"

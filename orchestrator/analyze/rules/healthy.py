@@ -17,6 +17,9 @@ class Healthy(Rule):
     def evaluate(self, ctx: Context) -> list[Finding]:
         if any(f.severity in ("high", "medium") for f in ctx.findings):
             return []
+        outcome = ctx.report.outcome
+        if outcome is not None and outcome.state not in ("completed", "unknown"):
+            return []  # a job that failed, hung or was stopped is never "healthy"
         ranks = ctx.report.ranks
         busy = [100 - r.gpu_idle_pct for r in ranks if r.gpu_busy_ms > 0]
         evidence = (f"GPU busy {min(busy):.1f}-{max(busy):.1f}% of the window across ranks" if busy

@@ -1,13 +1,16 @@
 -- CPU phases: per rank, mean time per selected step spent in each default-domain NVTX range
 -- group, as self time (minus directly nested ranges) so that a parent such as `forward` is
 -- not blamed for the `data_load` inside it; offset = where in the step it runs, on average.
--- Computed for CPU-only ranks (no GPU activity captured), where it is all there is.
--- Reads: steps, first_step, win, cpu_ranges, nvtx, params. Provides:
+-- Computed for CPU-only ranks (no GPU activity captured), where it is all there is. Over the
+-- complete steps only, as the step times (60_step_times.sql): a rank's last step may have been
+-- cut by a hang, a time limit or a failure, and its phases then last until the capture ended.
+-- Reads: steps, first_step, win, cpu_ranges, nvtx, params, step_gpu. Provides:
 --   cpu_phases(rank, grp, ns_per_step, offset_ns, step_ns, n_steps)
 CREATE OR REPLACE TABLE selected_steps AS
 SELECT s.* FROM steps s JOIN first_step f USING (rank), params p
 WHERE s.rank IN (SELECT rank FROM win WHERE source = 'steps (cpu only)')
-  AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi);
+  AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi)
+  AND (s.rank, s.step) IN (SELECT (rank, step) FROM step_gpu WHERE complete);
 
 CREATE OR REPLACE TABLE cpu_phases AS
 WITH child AS (

@@ -1,0 +1,45 @@
+-- Where each rank stood when its capture ended, for a job that did not end by itself (a hang,
+-- a time limit, a cancel, a failed rank). nsys closes the ranges still open when it stops, at
+-- the moment it stops: they are the ranges of the loop thread that end within 2 ms of its last
+-- range's end. last_done_step is the last step that ended before that; a rank's furthest phase
+-- is, among the child ranges of its last step, the one that starts latest in a finished step
+-- (job-wide median offset from the step's start, over each rank's 3 steps before it): where
+-- the ranks' furthest phases differ, the ranks behind never reached what the others waited in.
+-- Reads: nvtx, steps. Provides:
+--   rank_end(rank, end_ns, last_step, last_done_step, open_ranges, furthest, furthest_offset_ns)
+CREATE OR REPLACE TABLE rank_end AS
+WITH loop AS (
+    SELECT rank, tid, max(step) AS last_step FROM steps GROUP BY rank, tid
+), fin AS (
+    SELECT n.rank, l.tid, l.last_step, max(n."end") AS end_ns
+    FROM nvtx n JOIN loop l ON n.rank = l.rank AND n.tid = l.tid
+    WHERE n.domain_id = 0 GROUP BY n.rank, l.tid, l.last_step
+), opened AS (
+    SELECT n.rank, list(n.text ORDER BY n.depth, n.start) AS open_ranges
+    FROM nvtx n JOIN fin f ON n.rank = f.rank AND n.tid = f.tid
+    WHERE n.domain_id = 0 AND n.text IS NOT NULL AND n."end" >= f.end_ns - 2000000
+    GROUP BY n.rank
+), recent AS (  -- the last steps, with the depth of their own range
+    SELECT s.rank, s.tid, s.step, s.start, s."end", f.last_step, sn.depth
+    FROM steps s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
+    JOIN nvtx sn ON sn.rank = s.rank AND sn.tid = s.tid AND sn.start = s.start AND sn."end" = s."end"
+     AND sn.domain_id = 0
+    WHERE s.step BETWEEN f.last_step - 3 AND f.last_step
+), kids AS (
+    SELECT r.rank, r.step, r.last_step, n.text, n.start - r.start AS off
+    FROM recent r JOIN nvtx n ON n.rank = r.rank AND n.tid = r.tid AND n.domain_id = 0
+     AND n.depth = r.depth + 1 AND n.start >= r.start AND n.start < r."end"
+    WHERE n.text IS NOT NULL
+), typical AS (
+    SELECT text, median(off) AS off FROM kids WHERE step < last_step GROUP BY text
+), furthest AS (
+    SELECT k.rank, arg_max(k.text, t.off) AS furthest, max(t.off) AS furthest_offset_ns
+    FROM kids k JOIN typical t USING (text) WHERE k.step = k.last_step GROUP BY k.rank
+), done AS (
+    SELECT s.rank, max(s.step) AS last_done_step
+    FROM steps s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
+    WHERE s."end" < f.end_ns - 2000000 GROUP BY s.rank
+)
+SELECT f.rank, f.end_ns, f.last_step, d.last_done_step, o.open_ranges, u.furthest,
+       CAST(u.furthest_offset_ns AS BIGINT) AS furthest_offset_ns
+FROM fin f LEFT JOIN done d USING (rank) LEFT JOIN opened o USING (rank) LEFT JOIN furthest u USING (rank);

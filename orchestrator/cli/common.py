@@ -74,6 +74,28 @@ def positive_float(example: str) -> Callable[[str], float]:
     return parse
 
 
+def positive_int(example: str) -> Callable[[str], int]:
+    """argparse type: a whole number > 0."""
+
+    def parse(text: str) -> int:
+        t = text.strip().replace("_", "")
+        if not (t.isascii() and t.isdigit() and 0 < len(t) <= 12 and int(t) > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0; use e.g. {example}")
+        return int(t)
+
+    return parse
+
+
+def rank_list(text: str) -> list[int]:
+    """argparse type: '0,3,8-15' (the store says later which ranks exist)."""
+    from orchestrator.spec.ranks import parse_rank_list
+
+    try:
+        return parse_rank_list(text, world=10**9, field="--ranks")
+    except OrchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def workers(text: str) -> int:
     """argparse type for --workers: 1..64 (each worker may run one `nsys export`)."""
     t = text.strip()

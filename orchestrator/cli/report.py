@@ -21,6 +21,8 @@ from orchestrator.cli.common import (
     err,
     out,
     positive_float,
+    positive_int,
+    rank_list,
     runs_opt,
     store_of,
 )
@@ -182,12 +184,35 @@ def cmd_diff(a: argparse.Namespace) -> int:
 
 
 def cmd_export_trace(a: argparse.Namespace) -> int:
-    from orchestrator.report.trace import export_trace
+    from orchestrator.report.trace import export_trace, trace_format
 
     check_output_file(a.output, "-o")
-    n = export_trace(store_of(a.run, a.runs), Path(a.output))
-    out.print(f"wrote {plain(a.output)} ({n} events); open it in https://ui.perfetto.dev", markup=False)
+    trace_format(Path(a.output))
+    store = store_of(a.run, a.runs)
+
+    def priority() -> list[int]:
+        """The ranks the report blames and their victims, the median rank, rank 0."""
+        from orchestrator.analyze.engine import Options
+        from orchestrator.analyze.report import build_report
+
+        return trace_priority(build_report(store, Options()))
+
+    res = export_trace(store, Path(a.output), ranks=a.ranks, max_events=a.max_events, priority=priority)
+    out.print(f"wrote {plain(a.output)} ({res.events} events, {len(res.ranks)} ranks); "
+              "open it in https://ui.perfetto.dev", markup=False)
+    if res.note:
+        err.print(f"note: {res.note}", markup=False)
     return 0
+
+
+def trace_priority(report: Report) -> list[int]:
+    """Ranks in the order a trace that cannot hold them all keeps them: each finding's ranks then
+    its victims (findings come ordered by cost), the rank of median step time, rank 0."""
+    order = [r for f in report.findings for r in (*f.ranks, *f.victims)]
+    timed = sorted((m.median_step_ms, m.rank) for m in report.ranks if m.median_step_ms is not None)
+    if timed:
+        order.append(timed[len(timed) // 2][1])
+    return [*dict.fromkeys([*order, 0])]
 
 
 def report_opts(p: argparse.ArgumentParser) -> None:
@@ -224,8 +249,13 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Handler]:
                    help="multiply every threshold")
     p.add_argument("--json", help="write the deltas as JSON")
     runs_opt(p)
-    p = sub.add_parser("export-trace", help="all ranks as one Chrome/Perfetto JSON timeline")
+    p = sub.add_parser("export-trace", help="all ranks as one timeline: Perfetto protobuf (.pftrace) or Chrome JSON")
     p.add_argument("run", help="job id, run directory, the --out of a collect, or profile.duckdb")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True,
+                   help="trace.pftrace (Perfetto's own format, any size) or trace.json (Chrome JSON, < ~1 GB)")
+    p.add_argument("--ranks", type=rank_list, help="only these ranks, e.g. 0,3,8-15 (default: all that fit)")
+    p.add_argument("--max-events", type=positive_int("--max-events 1000000"),
+                   help="past this many slices keep the ranks the findings name, their victims, the median "
+                        "rank and rank 0 first (default: 20M for .pftrace, 5M for .json)")
     runs_opt(p)
     return {"report": cmd_report, "analyze": cmd_analyze, "diff": cmd_diff, "export-trace": cmd_export_trace}

@@ -26,7 +26,7 @@ from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
-STORE_VERSIONS = {"2"}  # store layouts this analysis reads (2: names classified at analysis time)
+STORE_VERSIONS = {"3"}  # store layouts this analysis reads (3: GPU memory events, CUDA graph replays)
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,14 @@ class Views:
         return row[0] if row else None
 
 
+def check_store_version(con: duckdb.DuckDBPyConnection, store: Path) -> None:
+    """A store of another layout is refused in one line, before a query fails on a missing table."""
+    version = Views(con).scalar("SELECT value FROM meta WHERE key = 'store_version'")
+    if version is not None and str(version) not in STORE_VERSIONS:
+        raise OrchError(f"{store} was written by another orch (store version {version}); "
+                        "re-run `orch collect` with this orch")
+
+
 def analysis(store: Path, opts: Options,
              writer: duckdb.DuckDBPyConnection | None = None) -> tuple[duckdb.DuckDBPyConnection, Views]:
     """Open `store`, run the SQL, and return the connection (caller closes) and its views.
@@ -184,10 +192,7 @@ def analysis(store: Path, opts: Options,
     the analysis runs on a cursor of it instead of opening the file."""
     con = open_store(store) if writer is None else on_writer(writer)
     try:
-        version = Views(con).scalar("SELECT value FROM meta WHERE key = 'store_version'")
-        if version is not None and str(version) not in STORE_VERSIONS:
-            raise OrchError(f"{store} was written by another orch (store version {version}); "
-                            "re-run `orch collect` with this orch")
+        check_store_version(con, store)
         run_sql(con, opts)
     except duckdb.Error as e:
         con.close()

@@ -16,6 +16,8 @@ from pydantic import Field, ValidationError
 
 from orchestrator.analyze.model_base import Strict
 from orchestrator.analyze.model_comm import CommReport
+from orchestrator.analyze.model_critical import CriticalPath
+from orchestrator.analyze.model_memory import MemoryReport
 from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
 
@@ -88,6 +90,7 @@ class StageMetrics(Strict):
     gpu_idle_pct: float
     theory_bubble_pct: float | None = Field(None, description="(p-1)/(m+p-1) when microbatches are known")
     microbatches: int | None = None
+    excess_bubble_pct: float | None = Field(None, description="bubble_pct above the schedule's theory")
 
 
 class Imbalance(Strict):
@@ -133,6 +136,29 @@ class Finding(Strict):
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
 
 
+class RankOutcome(Strict):
+    rank: int
+    last_step: int | None = Field(None, description="the last step the rank began")
+    last_done_step: int | None = Field(None, description="the last step it finished before the job ended")
+    open_ranges: list[str] = Field(default_factory=list, description="NVTX ranges it was in when its capture "
+                                                                      "ended, outermost first")
+    furthest: str | None = Field(None, description="the furthest phase of its last step it began")
+    exit: str | None = Field(None, description="how its process ended, in words, where the launcher said")
+
+
+class Outcome(Strict):
+    """How the job ended, from its run directory (none for reports orch did not submit)."""
+
+    state: str = Field(description="completed, failed, timed out, hung, cancelled, running or unknown")
+    scheduler_state: str = Field(description="the scheduler's word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...")
+    line: str = Field(description="the outcome in one line")
+    behind: list[int] = Field(default_factory=list, description="ranks that never reached the step or phase "
+                                                                 "the others were waiting in")
+    ranks: list[RankOutcome] = Field(default_factory=list)
+    dumps: list[str] = Field(default_factory=list, description="hang evidence gathered beside the reports "
+                                                               "(stack dumps, Flight Recorder)")
+
+
 class Window(Strict):
     source: list[str]
     steps: list[int] | None
@@ -159,6 +185,10 @@ class Report(Strict):
     gpu_activity: bool
     tables: StatsTables = Field(default_factory=StatsTables, description="nsys stats tables across ranks")
     comm: CommReport | None = Field(None, description="bytes and bandwidth per collective kind, size, group, scope")
+    memory: MemoryReport | None = Field(None, description="GPU memory in use per rank, its growth, allocator calls")
+    critical_path: CriticalPath | None = Field(None, description="per step: the cross-rank critical path, its root "
+                                                                 "and victims (none without matched waits)")
+    outcome: Outcome | None = Field(None, description="how the job ended; none for reports orch did not submit")
     notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")
     findings: list[Finding] = Field(default_factory=list)
 

@@ -14,7 +14,9 @@ import duckdb
 
 from orchestrator import __version__
 from orchestrator.analyze.comm import build_comm
+from orchestrator.analyze.critical import build_critical_path
 from orchestrator.analyze.engine import Options, Views, analysis
+from orchestrator.analyze.memory import build_memory
 from orchestrator.analyze.model import (
     CpuPhase,
     Gap,
@@ -28,6 +30,7 @@ from orchestrator.analyze.model import (
     Straggler,
     Window,
 )
+from orchestrator.analyze.outcome import build_outcome
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context, ns_to_ms
 from orchestrator.analyze.tables import build_tables
@@ -99,6 +102,11 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
         fam, pattern = src[0]["family"], src[0]["pattern"]
         if fam == 4:
             step_source = f"inferred iterations (no step markers): the period of `{pattern}`"
+            acc = v.query("SELECT micro_batches AS k, micro_name FROM beat WHERE micro_batches > 1 "
+                          "ORDER BY rank LIMIT 1")
+            if acc:  # gradient accumulation: the iteration is the optimizer step
+                step_source += (f" (an optimizer step of {acc[0]['k']} micro-batches, each the period of "
+                                f"`{acc[0]['micro_name']}`)")
         else:
             label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
                      3: "repeated NVTX ranges"}[fam]
@@ -117,6 +125,7 @@ def _notes(v: Views) -> list[str]:
                      "HAVING sum(out_of_range) > 0"):
         notes.append(f"{o['n']} GPU metric samples outside 0..100 % (impossible) were left out of the means of "
                      f"rank(s) {', '.join(map(str, o['ranks']))}")
+    notes += [o["note"] for o in v.rows("layout_notes")]  # what a cp/ep/vpp layout leaves unanalysed
     return notes
 
 
@@ -149,7 +158,8 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         ranks=ranks, steps=_steps(v),
         stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
                              bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
-                             theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"])
+                             theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"],
+                             excess_bubble_pct=s["excess_bubble_pct"])
                 for s in v.rows("stage_metrics")],
         imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
         stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],
@@ -165,6 +175,9 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
         tables=build_tables(v, opts),
         comm=build_comm(v),
+        memory=build_memory(v),
+        critical_path=build_critical_path(v),
     )
     report.notes = _notes(v)
+    report.outcome = build_outcome(v, store)  # before the rules: a job that did not complete is never healthy
     return report

@@ -26,7 +26,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-STORE_VERSION = 2  # 2: kernels.category dropped; osrt, threads, sync added; ranks.untraced
+# 2: kernels.category dropped; osrt, threads, sync added; ranks.untraced
+# 3: gpu_memory, gpu_info, graph_execs added (the analysis reads them: a v2 store is re-collected)
+STORE_VERSION = 3
 
 # OS runtime calls shorter than this are not stored: a training process makes tens of
 # thousands of microsecond calls (non-blocking accept/stat/ioctl polls) that would double the
@@ -40,6 +42,7 @@ COPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7
              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
 MEM_KIND = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
             5: "device static", 6: "managed static"}
+MEM_OP = {0: "alloc", 1: "free"}  # ENUM_CUDA_DEV_MEM_EVENT_OPER
 SYNC_TYPE = {0: "unknown", 1: "event_synchronize", 2: "stream_wait_event", 3: "stream_synchronize",
              4: "context_synchronize"}
 
@@ -62,7 +65,10 @@ class Table:
     source: str  # the nsys table
     columns: tuple[Col, ...]
     doc: str
-    noted: bool = True  # a missing source table is a note on the rank (False: a trace option was off)
+    # A missing source table is a note on the rank ("partial"). False where its absence is no
+    # loss: a trace option was off, or nsys writes no table for a kind with no events (a loop
+    # with no NVTX ranges, no copies or no memsets is whole).
+    noted: bool = True
     builder: str = "plain"  # plain | nvtx | gpu_metrics | threads
     # The FROM item for the source, when it is not the table itself ({s}: schema prefix).
     from_sql: str = ""
@@ -110,10 +116,10 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         Col("bytes", "BIGINT", ("bytes",)),
         Col("src_kind", "VARCHAR", ("srcKind",), "enum", MEM_KIND),
         Col("dst_kind", "VARCHAR", ("dstKind",), "enum", MEM_KIND),
-    ), "memory copies"),
+    ), "memory copies", noted=False),
     Table("memset", "CUPTI_ACTIVITY_KIND_MEMSET", (
         _t("start", "start"), _t("end", "end"), *_DEV, Col("bytes", "BIGINT", ("bytes",)),
-    ), "memsets"),
+    ), "memsets", noted=False),
     Table("cuda_api", "CUPTI_ACTIVITY_KIND_RUNTIME", (
         _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
         Col("correlation_id", "BIGINT", ("correlationId",)),
@@ -129,7 +135,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         # NCCL's own ranges carry {"Message size [bytes]": N, ...}, the bytes per collective.
         Col("payload", "VARCHAR", ("jsonText", "jsonTextId"), "text_or_string", optional=True),
     ), "NVTX push/pop and start/end ranges with their nesting depth per (thread, domain) and payload",
-        builder="nvtx", extra_expected=("eventType",)),
+        builder="nvtx", extra_expected=("eventType",), noted=False),
     Table("gpu_metrics", "GPU_METRICS", (
         _t("start", "timestamp"),
         Col("gpu", "INTEGER", ("typeId",), "expr", expr="CAST(x.typeId % 256 AS INTEGER)"),
@@ -157,6 +163,26 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         Col("sync_type", "VARCHAR", ("syncType", "deprecatedSyncType"), "enum", SYNC_TYPE),
     ), "CUDA synchronizations; the calling thread is cuda_api.tid of the same correlation_id",
         noted=False),
+    # Only with `nsys profile --cuda-memory-usage=true`: one row per allocation or free of
+    # GPU memory (cudaMalloc, the caching allocator's segments, cudaMallocAsync pools).
+    Table("gpu_memory", "CUDA_GPU_MEMORY_USAGE_EVENTS", (
+        _t("start", "start"), Col("device", "INTEGER", ("deviceId",)),
+        Col("op", "VARCHAR", ("memoryOperationType",), "enum", MEM_OP),
+        Col("mem_kind", "VARCHAR", ("memKind",), "enum", MEM_KIND),
+        Col("bytes", "BIGINT", ("bytes",)), Col("address", "BIGINT", ("address",)),
+    ), "GPU memory allocations and frees (--cuda-memory-usage=true)", noted=False),
+    # CUDA graph replays as one row each (nsys --cuda-graph-trace=graph, its default): the
+    # graph's kernels then have no rows of their own, so this is GPU work like a kernel's.
+    # correlation_id is the launching cudaGraphLaunch's (with node tracing the kernels carry it).
+    Table("graph_execs", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", (
+        _t("start", "start"), _t("end", "end"), *_DEV,
+        Col("graph_id", "BIGINT", ("graphId",)), Col("graph_exec_id", "BIGINT", ("graphExecId",)),
+    ), "CUDA graph executions (graph-level tracing: one row per replay)", noted=False),
+    # Every GPU of the node (not only the rank's): the rank's is the device its work ran on.
+    Table("gpu_info", "TARGET_INFO_GPU", (
+        Col("device", "INTEGER", ("id",)), Col("name", "VARCHAR", ("name",)),
+        Col("total_memory", "BIGINT", ("totalMemory",)),
+    ), "the node's GPUs and their memory capacity in bytes", noted=False),
 )}
 
 # Source tables of the event tables, by store table (the probe's list).

@@ -10,6 +10,8 @@ from typing import Any
 
 from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.report.comm_diff import comm_rows
+from orchestrator.report.critical_diff import critical_rows
+from orchestrator.report.memory_diff import memory_rows
 
 # metric -> (direction where bigger is worse?, threshold, kind)
 METRICS: dict[str, tuple[bool, float, str]] = {
@@ -55,7 +57,8 @@ def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
             rows.append(row)
             if regressed:
                 regressions.append(row)
-    for row in comm_rows(a, b, scale):  # bandwidth per collective kind and size (issue 15)
+    for row in [*comm_rows(a, b, scale), *memory_rows(a, b, scale),  # bandwidth per kind and size; memory
+                *critical_rows(a, b, scale)]:  # bubble, critical-path composition and roots
         rows.append(row)
         if row["regressed"]:
             regressions.append(row)

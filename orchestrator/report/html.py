@@ -13,7 +13,7 @@ from __future__ import annotations
 from html import escape
 
 from orchestrator.analyze.model import Report
-from orchestrator.report import comm_html, cpu_html, timeline_svg
+from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.extras import Extras, step_times
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
@@ -195,6 +195,18 @@ def _problems(report: Report, notes: bool) -> str:
     return out
 
 
+def _outcome(report: Report) -> str:
+    """How the job ended, first: the timings of a job that did not complete read otherwise."""
+    o = report.outcome
+    if o is None:
+        return ""
+    cls = "sev-info" if o.state == "completed" else "sev-high"
+    rows = "".join(f"<li>rank {r.rank}: last finished step {_e(r.last_done_step)}"
+                   + (f", in {_e(' > '.join(r.open_ranges))} when its capture ended" if r.open_ranges else "")
+                   + (f", {_e(r.exit)}" if r.exit else "") + "</li>" for r in o.ranks if o.state != "completed")
+    return f'<p id="outcome" class="{cls}"><b>Job outcome:</b> {_e(o.line)}</p>' + (f"<ul>{rows}</ul>" if rows else "")
+
+
 def render_html(report: Report, extras: Extras | None = None) -> str:
     """The page; `extras` (from the store) adds the timeline, CPU step heatmap and waiting heatmap."""
     w, gpu = report.window, report.gpu_activity
@@ -204,7 +216,8 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
                      f"<h2>Aligned timeline across ranks</h2>{timeline(report, extras)}",
                      f"<h2>Step time per rank</h2>{step_heatmap(report, extras)}",
                      f"<h2>Waiting for other ranks per step</h2>{wait_heatmap(report, extras)}",
-                     f"<h2>Stages</h2>{stage_bars(report)}", comm_html.comm_section(report), _gpu_tables(report)]
+                     f"<h2>Stages</h2>{stage_bars(report)}", comm_html.comm_section(report),
+                     memory_html.memory_section(report), _gpu_tables(report)]
     else:
         sections += [f"<h2>CPU phases per rank</h2>{cpu_html.phase_bars(report)}",
                      f"<h2>Aligned timeline across ranks (CPU)</h2>{timeline(report, extras)}",
@@ -215,7 +228,7 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
         "off), so this report compares the ranks' CPU phases and step times; GPU metrics do not apply.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
-<body><h1>orch cross-rank report</h1>
+<body><h1>orch cross-rank report</h1>{_outcome(report)}
 <p>Window: {_e(w.note)}; steps from {_e(w.step_source)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
 {banner}{_problems(report, notes=False)}
 {"".join(sections)}{_problems(report, notes=True)}

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.report.comm_terminal import print_comm
+from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
 from orchestrator.report.wording import fix_text, split_problems
@@ -136,6 +137,9 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     if not wide and console.width > WIDTH:
         console.width = WIDTH
     w = report.window
+    if report.outcome is not None:  # how the job ended comes before anything measured in it
+        style = "green" if report.outcome.state == "completed" else "bold red"
+        console.print(f"[{style}]job outcome:[/] {cell(report.outcome.line)}", highlight=False)
     _line(console, f"window: {plain(w.note)}; steps from {plain(w.step_source)}; gaps >= {w.gap_ms} ms", wide, "  ")
     if not report.gpu_activity:
         console.print("CPU-only capture (no GPU activity traced): comparing the ranks' CPU phases", highlight=False)
@@ -152,6 +156,7 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     console.print(t)
     _more(console, hidden, report)
     print_comm(report, console)
+    print_memory(report, console)
     if report.stages:
         st = _table("stages", wide)
         for col in ("stage", "ranks", "compute ms", "bubble %"):

@@ -1,9 +1,9 @@
 """How much memory DuckDB may take in one orch process, and where it spills past that.
 
 One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 1GB). Without a
-limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory: the
-report of 512 synthetic ranks peaked at 3.9 GB. With 1GB and a spill directory it peaked at
-1.3 GB, in the same time, with an identical report (measured for issue 16; docs/benchmarks.md).
+limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory; with
+1GB and a spill directory a large report takes far less memory, in the same time, with an
+identical report (docs/benchmarks-code.md).
 The collect spills next to the store it writes (`.duckdb-spill`, as large as the store can
 be); the analysis, which only reads a store, to a fresh path under the system temp directory
 (never the user's working directory, DuckDB's default for an in-memory database). DuckDB

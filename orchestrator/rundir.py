@@ -2,12 +2,16 @@
 
     <root>/<name>-<timestamp>/
         manifest.json      what was submitted and what to expect (written atomically)
-        scripts/           sbatch.sh, launch.sh, rank_wrapper.sh
+        scripts/           sbatch.sh, launch.sh, rank_wrapper.sh, pyhooks/ (the ranks' hook)
         logs/              Slurm/submitit logs
+        submitit/          submitit's folder for the job (pickles, per-task logs)
         reports/           nsys reports (%h.%p names)
+        dumps/             hang evidence: stacks.r<RANK>.txt, flight_recorder/rank_<RANK>
         exports/           SQLite exports made by `orch collect`
+        parts/             Parquet parts of the map/reduce collect; submitit-collect/ its array
         profile.duckdb     the merged store
 
+`RunPaths` is the one home of these names (after submitit's JobPaths): every stage asks it.
 `orch status/collect/report <jobid>` find a run by its job id under the run root.
 """
 
@@ -26,6 +30,25 @@ from orchestrator.layout import Layout
 
 MANIFEST = "manifest.json"
 STORE = "profile.duckdb"
+
+
+class RunPaths:
+    """Every path of one run directory (see the module docstring for the layout)."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = Path(run)
+
+    manifest = property(lambda self: self.run / MANIFEST)
+    store = property(lambda self: self.run / STORE)
+    scripts = property(lambda self: self.run / "scripts")
+    logs = property(lambda self: self.run / "logs")
+    submitit = property(lambda self: self.run / "submitit")
+    reports = property(lambda self: self.run / "reports")
+    dumps = property(lambda self: self.run / "dumps")
+    flight_recorder = property(lambda self: self.run / "dumps" / "flight_recorder")
+    exports = property(lambda self: self.run / "exports")
+    parts = property(lambda self: self.run / "parts")
+    submitit_collect = property(lambda self: self.run / "submitit-collect")
 
 
 def default_root() -> Path:

@@ -2,9 +2,9 @@
 value binding: the one place orch turns a value into SQL text.
 
 Why not `con.execute(sql, params)`: DuckDB's Python client imports pandas and numpy (and pyarrow
-with them) the first time it binds a non-NULL Python value, 0.4 s on every `orch report` and
-`orch analyze` (measured on this project's 2-core CI machine; more than the analysis SQL of a
-small job). `execute` keeps the query parameterized instead: the statement is PREPAREd with its
+with them) the first time it binds a non-NULL Python value: a fixed cost on every `orch report`
+and `orch analyze`, more than the analysis SQL of a small job (docs/benchmarks-code.md).
+`execute` keeps the query parameterized instead: the statement is PREPAREd with its
 `?` placeholders and EXECUTEd with the values as typed literals, so a value can never change
 the statement's shape. Only None, bool, int, float, str and lists of them are accepted.
 """

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import itertools
 import statistics
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,7 @@ def _arg_note(raw: dict[str, Any], key: str) -> str | None:
 
 def job_step_ms(report: Any, extras: Any) -> float | None:
     """Median over steady steps of the slowest rank's step time (GPU spans, or NVTX steps on CPU)."""
-    from orchestrator.report.extras import step_times
+    from orchestrator.analyze.model_timeline import step_times
 
     times = step_times(report, extras)
     per_step: dict[int, float] = {}
@@ -142,11 +141,11 @@ def job_step_ms(report: Any, extras: Any) -> float | None:
 def measure(point: Point, store: Path, run: Path) -> None:
     """Analyse one finished job; its report.html/json go in its run directory."""
     from orchestrator.analyze.engine import Options
+    from orchestrator.analyze.report import build_analysis
     from orchestrator.fsutil import write_text_atomic
-    from orchestrator.report.extras import build_with_extras
     from orchestrator.report.html import render_html
 
-    report, extras = build_with_extras(store, Options())
+    report, extras = build_analysis(store, Options())
     write_text_atomic(run / "report.json", report.model_dump_json(indent=1))
     write_text_atomic(run / "report.html", render_html(report, extras))
     point.report_html = str(run / "report.html")
@@ -162,12 +161,13 @@ def measure(point: Point, store: Path, run: Path) -> None:
 def run_sweep(job_path: Path, sets: list[tuple[str, list[str]]], runs: Path | None = None,
               timeout_s: float | None = None, log: Callable[[str], None] = print) -> Sweep:
     """Submit, wait for, collect and analyse one job per combination, one after another."""
-    from orchestrator.cli.collect import collect_from_run
-    from orchestrator.spec.load import _read_yaml, parse_spec, resolve
+    from orchestrator.collect.options import CollectOptions
+    from orchestrator.collect.run import collect_run
+    from orchestrator.spec.load import parse_spec, read_yaml, resolve
     from orchestrator.submit.backend import TERMINAL
     from orchestrator.submit.core import submit, wait
 
-    raw = _read_yaml(job_path, "job spec")
+    raw = read_yaml(job_path, "job spec")
     combos = combinations(sets)
     jobs = []
     for i, combo in enumerate(combos):  # every combination validates before anything is submitted
@@ -179,7 +179,6 @@ def run_sweep(job_path: Path, sets: list[tuple[str, list[str]]], runs: Path | No
         jobs.append(resolve(parse_spec(data, desc), job_path))
     sweep = Sweep(job=str(job_path), keys=[k for k, _ in sets], points=[Point(values=c) for c in combos],
                   notes=[n for k, _ in sets if (n := _arg_note(raw, k))])
-    ns = types.SimpleNamespace(nsys=None, workers=None, keep_env=False, engine="auto", align_clocks=False)
     for job, point in zip(jobs, sweep.points, strict=True):
         run, m = submit(job, runs)
         point.job_id, point.run = m.job_id, str(run)
@@ -193,7 +192,7 @@ def run_sweep(job_path: Path, sets: list[tuple[str, list[str]]], runs: Path | No
             log(f"sweep: {point.label}: {point.error}")
             continue
         try:
-            res = collect_from_run(run, ns)
+            res = collect_run(run, CollectOptions())
             measure(point, res.store, run)
         except OrchError as e:
             point.error = str(e)

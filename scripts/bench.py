@@ -8,7 +8,7 @@ timed phase, as by the CLI). On a shared machine timings are noisy, so each data
 run `--runs` times ALTERNATELY (floor, orch, floor, orch, ...) and the medians are compared:
 the ratios are side by side in one run, never across runs. Writes docs/benchmarks.md and
 docs/benchmarks.json with the machine and the date. Datasets are cached under
-~/.cache/orch-bench (outside the repo). The GPU-machine half of issue 16 (export formats,
+~/.cache/orch-bench (outside the repo). The GPU-machine half of the benchmark (export formats,
 `nsys recipe`) is scripts/bench_recipe.sh: see docs/benchmarks.md.
 """
 
@@ -169,7 +169,8 @@ def main() -> None:
 def _bytecode(tree: Path) -> None:
     """Compile an orch tree to bytecode first, as `pip install` does: an editable install run
     with PYTHONDONTWRITEBYTECODE set (this machine's default) recompiles every module on every
-    start (0.18 s of a 2-rank `orch analyze`), which no installed orch pays."""
+    start (a cost the timings would charge to orch; docs/benchmarks-code.md), which no
+    installed orch pays."""
     import compileall
 
     if not compileall.compile_dir(str(tree / "orchestrator"), quiet=1):

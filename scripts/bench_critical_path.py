@@ -31,7 +31,7 @@ SOURCE = REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_capture"
 def phase_collect(d: Path, out: Path) -> dict:
     from rich.console import Console
 
-    from orchestrator.collect.mapreduce import collect_parts
+    from orchestrator.collect.collect import collect_parts
     from orchestrator.layout import Layout
 
     res = collect_parts([d], out, layout=Layout(), workers=2, console=Console(stderr=True, quiet=True))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("ORCH_BENCH_CACHE", Path.home() / ".cache" / "orch-bench"))
-# The issue's original floor: five event tables, every row.
+# floor py5: five event tables, every row: the narrower Python floor of docs/benchmarks.md.
 FLOOR5 = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
           "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"]
 # Every source table orch reads today (store v2).
@@ -27,7 +27,7 @@ SOURCES = [*FLOOR5, "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "GPU_METR
 TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
          "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"}
 REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e",
-             REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures (issue 13)
+             REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures
 
 
 def default_source() -> Path:

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md from scripts/bench.py's results: the tables, each goal of issue 16 as a
+"""docs/benchmarks.md from scripts/bench.py's results: the tables, each speed goal as a
 ratio measured side by side in one run (met/MISSED), and the GPU-machine plan (not run here)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def render(results: list[dict], meta: dict) -> str:
         "reads (kernels, memcpy, memset, runtime, NVTX, OSRT, sync, GPU metrics, thread names, StringIds), "
         "all rows, of every export, into memory (import duckdb and the extension load included).",
         "- **floor py**: plain sqlite3 read of every row of the same tables (OSRT: the rows orch keeps, "
-        "filtered by SQLite); **floor py5**: the issue's original floor (five event tables).",
+        "filtered by SQLite); **floor py5**: the original floor (five event tables).",
         "- **orch**: `orch analyze` in one process: collect (probe, ingest, store) + report (every view "
         "and rule), the report on the collect's own connection while the store's checkpoint runs, as the "
         "CLI does it; ingest (`orch collect`) and analyze (`orch report` of the kept store) are also timed "
@@ -60,7 +60,7 @@ def render(results: list[dict], meta: dict) -> str:
                      f"{r['orch']['cpu_s']:.2f} | {_f(b['cpu_s'] if b else None)} | "
                      f"{q['cpu orch/floor_c']:.2f} | {q['cpu orch/floor_py']:.2f} | "
                      f"{_f(q.get('cpu before/floor_c'))} |")
-    lines += ["", "## Goals (issue 16)", ""]
+    lines += ["", "## Goals", ""]
     real = [r for r in results if r["dataset"].startswith("real")]
     if real:
         worst = max(r["ratios"]["orch/floor_c"] for r in real)

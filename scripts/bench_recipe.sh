@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, GPU-machine half: orch's complete report against `nsys recipe` on the SAME real
+# The benchmark's GPU-machine half (scripts/bench.py is the CPU half): orch's complete report against `nsys recipe` on the SAME real
 # .nsys-rep files, export included, and the export formats nsys offers, timed side by side in
 # one call. Needs nsys >= 2024 (recipes, arrowdir/parquetdir) and orch installed; no GPU is
 # used by the timing itself, only the reports made on one.

@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import CACHE, REPO, dataset, run_phase
+from bench import run_phase
+from bench_data import CACHE, REPO
+from bench_data import synthetic_dataset as dataset
 
 
 def default_source() -> Path:
@@ -38,7 +40,7 @@ def default_source() -> Path:
 def phase_collect(d: Path, out: Path, workers: int) -> dict:
     from rich.console import Console
 
-    from orchestrator.collect.mapreduce import collect_parts
+    from orchestrator.collect.collect import collect_parts
     from orchestrator.layout import Layout
 
     res = collect_parts([d], out, layout=Layout(), workers=workers, console=Console(stderr=True, quiet=True))

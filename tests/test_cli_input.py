@@ -149,7 +149,7 @@ def test_analyze_keeps_temp_store_when_the_analysis_fails(gpu_fixtures: Path, tm
         raise OrchError("analysis failed on the store: planted")
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(report_mod, "build_report", broken)
+    monkeypatch.setattr(report_mod, "build_analysis", broken)
     code = main(["analyze", str(gpu_fixtures / "ddp_capture"), "--json", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -17,8 +17,7 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from orchestrator.collect.collect import collect
-from orchestrator.collect.mapreduce import collect_parts
+from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.tables import OSRT_MIN_NS
 from orchestrator.layout import Layout
 from tests.test_untrusted_collect import plant

@@ -1,4 +1,4 @@
-"""Bytes and bandwidth per collective (issue 15) on real 2x H200 captures with known message
+"""Bytes and bandwidth per collective on real 2x H200 captures with known message
 sizes (tests/fixtures/comm, see its README): orch's numbers against an independent
 computation from the sizes the script sent and its own CUDA-event (nccl-tests style) timing."""
 

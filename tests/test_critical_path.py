@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -98,6 +99,29 @@ def test_per_step_roots_are_the_planted_steps(planted) -> None:
         return
     assert [(r[0], r[1], r[2], r[3]) for r in planted_steps] == [
         (s, delayed[0], LABEL, [x for x in ranks if x != delayed[0]]) for s in steps]
+
+
+def test_terminal_names_the_root_of_the_planted_steps(planted) -> None:
+    """The terminal's critical-path lines: the planted rank holds up the planted steps (and only
+    those are listed as held up most, each with about D put on the path, in the planted range).
+    Unplanted steps may have a small root of their own: only the planted ones are checked."""
+    from orchestrator.report.critical_terminal import MAX_STEPS, critical_lines
+
+    _, rep, _, delayed, steps, ranks = planted
+    lines = critical_lines(rep)
+    assert lines[0].startswith(f"critical path over {len(rep.critical_path.steps)} step(s): ")
+    if len(delayed) == len(ranks):  # every rank paused alike: the planted steps have no root
+        assert not any(re.match(rf"  step {st}: ", line) for st in steps for line in lines), lines
+        return
+    (root,) = delayed
+    held = re.match(rf"  held up by rank {root} in (\d+)/{len(rep.critical_path.steps)} step\(s\), ", lines[1])
+    assert held and int(held.group(1)) >= len(steps), lines[1]  # first: it put the most on the paths
+    listed = lines[2:]
+    assert len(listed) == min(MAX_STEPS, len(steps))
+    for line in listed:
+        step, put = re.fullmatch(r"  step (\d+): [\d.]+ ms; rank \d+ put ([\d.]+) ms .*", line).groups()
+        assert int(step) in steps and f"rank {root} put" in line and f" in {LABEL};" in line, line
+        assert float(put) == pytest.approx(D_NS / MS, rel=0.15)
 
 
 @pytest.mark.parametrize("fx,pattern,layout,m", [
@@ -204,13 +228,13 @@ def test_timeline_draws_the_critical_path(planted) -> None:
     bars of a step tile it (each moment of the step is on one rank's bar)."""
     import re
 
-    from orchestrator.report.extras import build_with_extras
+    from orchestrator.analyze.report import build_analysis
     from orchestrator.report.html import render_html
 
     name, _, store, delayed, _, ranks = planted
     if len(delayed) == len(ranks):
         return
-    rep, ex = build_with_extras(store, Options(microbatches=CASES[name][3]))
+    rep, ex = build_analysis(store, Options(microbatches=CASES[name][3]))
     html = render_html(rep, ex)
     svgs = re.findall(r'<svg id="timeline-\d+".*?</svg>', html, re.S)
     assert len(svgs) == 2  # the representative (median) step and the slowest

@@ -141,7 +141,13 @@ def test_hang_until_the_time_limit(tmp_path: Path, nsys: str, tree: JobTree) -> 
     # backward's all-reduce.
     stacks = {r: (_run_dir(tmp_path) / "dumps" / f"stacks.r{r}.txt").read_text() for r in (0, 1)}
     assert 'in fault' in stacks[1] and "in backward" in stacks[0], stacks
-    assert str(_run_dir(tmp_path) / "dumps" / "stacks.r1.txt") in o["dumps"]
+    assert "dumps/stacks.r1.txt" in o["dumps"] and "dumps/flight_recorder/rank_1" in o["dumps"], o["dumps"]
+    # PyTorch's Flight Recorder, dumped by the rank hook at the warning: rank 1 never entered the
+    # all-reduce rank 0 waits in (DDP's gradient bucket, called from train.py's backward).
+    (fr,) = o["flight_recorder"]
+    assert re.match(r"Flight Recorder, process group \d+: rank\(s\) 1 never entered collective #\d+ "
+                    r"\(gloo:all_reduce \[\[\d+\]\]\), which rank\(s\) 0 entered at .*train\.py:\d+ \(main\)", fr), fr
+    assert ends[1]["stack"][0].startswith("fault (examples/train.py:"), ends[1]["stack"]
     # `hang` only happens in the unfinished step: were that step averaged in, it would be a phase.
     assert rep["cpu_phases"] and all(c["range"] != "hang" for c in rep["cpu_phases"])
 
@@ -235,3 +241,62 @@ def test_slurm_time_limit_keeps_every_report(tmp_path: Path, nsys: str, tree: Jo
     r0, r1 = _nvtx(reports[0]), _nvtx(reports[1])
     assert _steps(r1)[-1] == "step 3" and ("hang", r1[-1][1]) in r1
     assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
+
+
+def _slurm_gone(job: str, settle_s: float = 30) -> list[int]:
+    """The job's processes still alive after up to `settle_s` (slurmstepd reaps after the step)."""
+    deadline = time.monotonic() + settle_s
+    while _slurm_job_processes(job) and time.monotonic() < deadline:
+        time.sleep(1)
+    return _slurm_job_processes(job)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("fault", ["raise", "sigkill", "cancel"])
+def test_slurm_fault(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster, fault: str) -> None:
+    """2 nodes x 1 rank on the local Slurm. raise/sigkill: rank 1 fails in step 3; srun's
+    --kill-on-bad-exit stops node 0, whose capture is stopped, not killed. cancel: rank 0 hangs in
+    step 2 and `orch cancel` sends the early warning first, so both captures are kept."""
+    env = slurm_cluster.client_env
+    runs = str(tmp_path / "runs")
+    hang = fault == "cancel"
+    args = ["--steps", "50", "--fault", "hang" if hang else fault, "--fault-rank", "0" if hang else "1",
+            "--fault-step", "2" if hang else "3"]
+    spec = _spec(tmp_path, args, "5", grace=25, lead=40, cluster="local-slurm", nproc=1)
+    p = tree.orch("submit", str(spec), *([] if hang else ["--wait", "--timeout", "240"]), env=env)
+    job = re.search(r"as job (\S+)", p.stdout).group(1)
+    run = _run_dir(tmp_path)
+    if hang:
+        assert p.returncode == 0, p.stderr
+        log = run / "submitit" / f"{job}_0_log.out"
+        deadline = time.monotonic() + 180
+        while "rank fault: hang" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "rank fault: hang" in log.read_text(), log.read_text()
+        assert _slurm_job_processes(job)  # the job runs, rank 0 hangs
+        c = tree.orch("cancel", job, "--runs", runs, env=env)
+        assert c.returncode == 0 and f"job {job} cancelled" in c.stdout, c.stdout + c.stderr
+    else:
+        assert p.returncode == 1 and "FAILED" in p.stdout, p.stdout + p.stderr
+    assert _slurm_gone(job) == []
+    st = json.loads(tree.orch("status", job, "--runs", runs, "--json", env=env).stdout)
+    assert st["state"] == ("CANCELLED" if hang else "FAILED"), st
+    reports = _reports(run)
+    assert sorted(reports) == [0, 1], st
+    r0, r1 = _nvtx(reports[0]), _nvtx(reports[1])
+    o = _report(tree, tmp_path)["outcome"]
+    if hang:
+        assert ("hang", r0[-1][1]) in r0 and _steps(r0)[-1] == "step 2"
+        assert _steps(r1)[-1] == "step 2" and r1[-1][0] == "backward"
+        assert o["state"] == "hung" and o["scheduler_state"] == "CANCELLED" and o["behind"] == [0], o
+        assert o["line"].startswith("hung (CANCELLED): rank(s) 0 never reached backward of step 2"), o["line"]
+        ends = {r["rank"]: r for r in o["ranks"]}
+        assert [ends[r]["last_done_step"] for r in (0, 1)] == [1, 1], ends
+        return
+    assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
+    got = _steps(r1)[-1]
+    assert got in ({"step 3"} if fault == "raise" else {"step 2", "step 3"})
+    exit_ = "exit status 1" if fault == "raise" else "killed by SIGKILL"
+    assert o["state"] == "failed" and o["scheduler_state"] == "FAILED", o
+    assert o["line"].startswith(f"failed (FAILED): rank 1 failed first ({exit_}"), o["line"]
+    assert f"; its capture ends in {got}" in o["line"], o["line"]

@@ -223,7 +223,7 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
 def test_timeline_export_shows_graph_replays(stores, truth, tmp_path: Path) -> None:
     """The aligned timeline (orch export-trace) draws every graph replay of graph-level tracing
     as a GPU slice: without them the graphs' GPU time would be blank."""
-    from orchestrator.report.trace import export_trace
+    from orchestrator.export.trace import export_trace
 
     out = tmp_path / "t.json"
     export_trace(stores["gpt_compile_ro_graphtrace"], out)

@@ -13,8 +13,7 @@ from rich.console import Console
 
 from orchestrator.analyze.engine import Options
 from orchestrator.analyze.report import build_report
-from orchestrator.collect.collect import collect
-from orchestrator.collect.mapreduce import collect_parts
+from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.layout import Layout
 from tests.conftest import REPO, run_orch
 

@@ -11,8 +11,8 @@ import duckdb
 import pytest
 
 from orchestrator.analyze.model import Finding, StepRow, StepTime
+from orchestrator.analyze.model_timeline import Extras
 from orchestrator.errors import OrchError
-from orchestrator.report.extras import Extras
 from orchestrator.report.html import render_html
 from orchestrator.sweep import apply, combinations, parse_set
 from tests.browser import dump_dom, screenshot

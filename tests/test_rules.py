@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 import orchestrator.analyze.rules as rules_pkg
-from orchestrator.analyze.model import Finding, Imbalance, StageMetrics
+from orchestrator.analyze.model import SEVERITY_ORDER, Finding, Imbalance, StageMetrics
 from orchestrator.analyze.rules import registry
 from tests.rulekit import context, rank
 
@@ -71,9 +71,16 @@ def test_stage_imbalance_names_victims() -> None:
 def test_launch_bound() -> None:
     tables = {"kernel_stats": [{"rank": 0, "n": 2000, "median_ns": 8000, "n_steps": 4}],
               "small_gaps": [{"rank": 0, "n": 1990, "ns": 15_000_000}],
-              "graph_usage": [{"rank": 1}]}  # another rank replays CUDA graphs, not this one
+              "graph_usage": [{"rank": 1}],  # another rank replays CUDA graphs, not this one
+              "capture_overhead": [{"rank": 0, "est_ns": 2_000_000, "api_calls": 300}]}  # under 25 %: not said
     (f,) = _run("launch_bound", context([rank(0)], tables))
     assert f.evidence == ["rank 0: 2000 kernels (median 8.0 us), 1990 sub-threshold gaps totalling 15.0 ms"]
+    assert f.cost_ms == 15.0
+    # nsys's estimated per-call cost explains 12 of the 15 ms: said, and only the rest is the cost.
+    tables["capture_overhead"] = [{"rank": 0, "est_ns": 12_000_000, "api_calls": 1600}]
+    (t,) = _run("launch_bound", context([rank(0)], tables))
+    assert t.evidence[1].startswith("rank 0: ≈ 12.0 ms of those gaps is nsys' own per-call cost")
+    assert t.cost_ms == 3.0 and SEVERITY_ORDER[t.severity] > SEVERITY_ORDER[f.severity]
     assert "capture steady-state steps with CUDA graphs" in f.fix
     # The same rank already replaying CUDA graphs is told to capture what is left, not to adopt them.
     tables["graph_usage"] = [{"rank": 0}]
@@ -267,3 +274,17 @@ def test_slow_link_against_nominal_nvlink() -> None:
     assert "0.6% of 450 GB/s" in f.evidence[0] and len(f.evidence) == 2  # the 4 KiB row is latency, not judged
     healthy = [dict(k, median_busbw_gbps=330.0, pct_of_nominal=73.3) for k in kinds[:1]]
     assert _run("slow_link", context(ranks, comm=_comm([], healthy, nominal=True))) == []
+
+
+def test_how_the_job_ended_leads_every_finding() -> None:
+    """The outcome of a job that did not complete costs nothing measurable, yet comes first:
+    above a costly high finding and above everything else."""
+    from orchestrator.analyze.rules import rank_findings
+    from orchestrator.analyze.rules.base import finding
+
+    costly = finding("cpu_phase_outlier", [1], "`forward` is slow on rank(s) 1", [], "fix", 50.0, severity="high")
+    outcome = finding("job_outcome", [1], "the job hung (TIMEOUT)", [], "fix", 0.0, severity="high")
+    low = finding("gpu_low_util", [0], "low", [], "fix", 90.0, severity="low")
+    assert [f.kind for f in rank_findings([low, costly, outcome])] == ["job_outcome", "cpu_phase_outlier",
+                                                                       "gpu_low_util"]
+    assert {r.kind for r in registry() if r.leads} == {"job_outcome"}

@@ -1,5 +1,5 @@
-"""The analysis SQL run concurrently (analyze/schedule.py): the dependencies it reads from the
-SQL, and the same tables as a plain run of every file in order, on a real capture."""
+"""The analysis SQL run concurrently (analyze/schedule.py): the dependencies it takes from the
+files' declared headers, and the same tables as a plain run of every file in order, on a real capture."""
 
 from __future__ import annotations
 
@@ -25,24 +25,27 @@ from orchestrator.layout import Layout
 REAL = Path(__file__).parent / "fixtures" / "real"
 
 
-def test_dependencies_read_from_the_sql() -> None:
+def _head(reads: str, provides: str, writes: str = "") -> str:
+    return (f"-- Reads: {reads}.\n" + (f"-- Writes: {writes}.\n" if writes else "")
+            + "-- Provides:\n" + "".join(f"--   {p}\n" for p in provides.split()))
+
+
+def test_dependencies_from_the_declared_headers() -> None:
     files = [
-        ("a.sql", "CREATE OR REPLACE TABLE t AS SELECT 1 AS x;"),
-        ("b.sql", "-- mentions u in a comment only\nCREATE OR REPLACE VIEW v AS SELECT * FROM t2;"),
-        ("c.sql", "CREATE OR REPLACE TABLE t2 AS SELECT * FROM t;"),
-        ("d.sql", "CREATE OR REPLACE TABLE u AS SELECT 1 AS x;"),
-        ("e.sql", "CREATE OR REPLACE MACRO m(tbl) AS TABLE SELECT * FROM query_table(tbl);"),
-        ("f.sql", "INSERT INTO t SELECT 2;"),  # writes t: after every earlier reader of t
-        ("g.sql", "CREATE OR REPLACE TABLE w AS SELECT * FROM v, m('u');"),
+        ("a.sql", _head("nothing", "t(x)")),
+        ("b.sql", _head("nothing", "u(x)")),
+        ("c.sql", _head("t", "v(x)")),  # a view over t
+        ("d.sql", _head("nothing", "m(tbl)")),
+        ("e.sql", _head("t", "e1(x)", writes="t")),  # adds rows to t: after its provider and its reader c
+        ("f.sql", _head("v, m, u", "f1(x)")),
+        ("g.sql", _head("v", "g1(x)", writes="u")),  # f reads u: first
+        ("h.sql", _head("nothing", "h1(x)", writes="t")),  # f and g read t through v: first
     ]
     after = {u.name: set(u.after) for u in schedule.plan(files)}
-    assert after["a.sql"] == set() and after["b.sql"] == set() and after["d.sql"] == set()
-    assert after["c.sql"] == {"a.sql", "b.sql"}  # b mentions t2, which c (re)creates: b first
-    assert after["f.sql"] == {"a.sql", "c.sql"}  # c reads t: the insert waits for it
-    # g reads view v (file b), which reads table t2 (file c: a table is complete once its file
-    # is, so g need not wait for a or f); m('u') names u (file d) inside a string: every
-    # mention counts; and m itself (file e)
-    assert after["g.sql"] == {"b.sql", "c.sql", "d.sql", "e.sql"}
+    assert after == {"a.sql": set(), "b.sql": set(), "c.sql": {"a.sql"}, "d.sql": set(),
+                     "e.sql": {"a.sql", "c.sql"}, "f.sql": {"b.sql", "c.sql", "d.sql"},
+                     "g.sql": {"b.sql", "c.sql", "f.sql"},
+                     "h.sql": {"a.sql", "c.sql", "e.sql", "f.sql", "g.sql"}}
 
 
 def _rows(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple]:
@@ -83,10 +86,10 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
 def test_a_failed_file_stops_the_files_after_it() -> None:
     con = duckdb.connect()
     units = schedule.plan([
-        ("a.sql", "CREATE TABLE a AS SELECT 1 AS x;"),
-        ("b.sql", "CREATE TABLE b AS SELECT * FROM no_such_table;"),
-        ("c.sql", "CREATE TABLE c AS SELECT * FROM b;"),
-        ("d.sql", "CREATE TABLE d AS SELECT * FROM c;"),
+        ("a.sql", _head("nothing", "a(x)") + "CREATE TABLE a AS SELECT 1 AS x;"),
+        ("b.sql", _head("no_such_table", "b(x)") + "CREATE TABLE b AS SELECT * FROM no_such_table;"),
+        ("c.sql", _head("b", "c(x)") + "CREATE TABLE c AS SELECT * FROM b;"),
+        ("d.sql", _head("c", "d(x)") + "CREATE TABLE d AS SELECT * FROM c;"),
     ])
     try:
         schedule.run(con, units, lambda cur: None, n_workers=2)

@@ -20,9 +20,9 @@ def _merged(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def test_union_intervals_and_length_with_duplicates() -> None:
     """Random overlapping intervals with many exact duplicates (a GPU op under two nested ranges
-    of one group is in phase_ops twice). The macro once kept duplicates: its two window sorts
-    could order equal rows differently and put one in the previous island (seen at 512 ranks
-    when the analysis spilled: a phase's GPU time 3 % too high, different from run to run)."""
+    of one group is in phase_ops twice). Duplicates must not survive: two window sorts could
+    order equal rows differently and put one in the previous island (at 512 ranks, when the
+    analysis spills: a phase's GPU time 3 % too high, different from run to run)."""
     con = duckdb.connect()
     con.execute("SET threads = 2")
     con.execute((SQL_DIR / "00_macros.sql").read_text())

@@ -51,9 +51,9 @@ def test_report_imports_no_pandas(tmp_path: Path) -> None:
 import sys, json
 from orchestrator.api import analyze
 rep = analyze([{str(fx)!r}], out={str(tmp_path / 'run')!r})
-from orchestrator.report.extras import build_with_extras
+from orchestrator.analyze.report import build_analysis
 from orchestrator.analyze.engine import Options
-build_with_extras(rep.store, Options(steps_from='^step'))
+build_analysis(rep.store, Options(steps_from='^step'))
 print(json.dumps({{m: m in sys.modules for m in ('pandas', 'numpy')}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

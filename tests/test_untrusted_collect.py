@@ -220,7 +220,7 @@ def test_bad_numbers_isolated(base: list[Path], tmp_path: Path, case: str) -> No
 
 
 def test_rank_minus1_then_good_ranks_same_batch(base: list[Path], tmp_path: Path) -> None:
-    """The issue's case: RANK="-1" in a file without a rank in its name, sorted before the good
+    """One bad rank must not take its batch down: RANK="-1" in a file without a rank in its name, sorted before the good
     ones, in one batch: nothing is left attached and every good rank is collected."""
     def prepare(d: Path) -> None:
         plant(_bad_copy(d, base, "a_first_vm.1.sqlite"), _env('RANK="-1"'))

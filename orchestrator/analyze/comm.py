@@ -14,7 +14,7 @@ from orchestrator.analyze.model_comm import (
     bucket_label,
     nominal_for,
 )
-from orchestrator.analyze.rules.base import ns_to_ms
+from orchestrator.analyze.units import ms
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -34,7 +34,7 @@ def build_comm(v: Views) -> CommReport | None:
     rate = nominal.gbps_per_direction if nominal else None
     by_kind = [CommKindRow(
         kind=r["kind"], size_bucket=bucket_label(r["bucket"]), bucket_bytes=r["bucket"], scope=r["scope"],
-        instances=r["n"], median_bytes=float(r["median_bytes"]), transfer_ms=ns_to_ms(r["transfer_ns"]),
+        instances=r["n"], median_bytes=float(r["median_bytes"]), transfer_ms=ms(r["transfer_ns"]),
         median_algbw_gbps=_r(r["median_algbw_gbps"]), median_busbw_gbps=_r(r["median_busbw_gbps"]),
         p10_busbw_gbps=_r(r["p10_busbw_gbps"]),
         pct_of_nominal=_r(100 * r["median_busbw_gbps"] / rate, 1)
@@ -47,7 +47,7 @@ def build_comm(v: Views) -> CommReport | None:
     ) for r in v.query("SELECT * FROM comm_unit_table ORDER BY unit, kind, bucket")]
     by_scope = [CommScopeRow(
         scope=r["scope"], instances=r["n"], gbytes=round((r["bytes"] or 0) / 1e9, 3),
-        transfer_ms_per_rank=ns_to_ms(r["transfer_ns"]), wait_ms_per_rank=ns_to_ms(r["wait_ns"]),
+        transfer_ms_per_rank=ms(r["transfer_ns"]), wait_ms_per_rank=ms(r["wait_ns"]),
         share_of_window_pct=round(r["share_of_window_pct"] or 0.0, 2), median_busbw_gbps=_r(r["median_busbw_gbps"]),
     ) for r in v.query("SELECT * FROM comm_scope_table ORDER BY scope")]
     return CommReport(size_source="nccl_nvtx_payload" if info["n_sized_kernels"] else "none",

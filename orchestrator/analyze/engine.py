@@ -20,13 +20,15 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze import schedule
+from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
-STORE_VERSIONS = {"3"}  # store layouts this analysis reads (3: GPU memory events, CUDA graph replays)
+# The store layout this analysis reads is the one collect writes (history: collect/tables.py).
+STORE_VERSIONS = {str(STORE_VERSION)}
 
 
 @dataclass(frozen=True)
@@ -106,11 +108,8 @@ def store_rows(con: duckdb.DuckDBPyConnection) -> int:
 def analysis_threads(store_rows: int, cores: int | None = None) -> int:
     """DuckDB threads for one analysis: one per 100k store rows, at least 4, at most the cores.
     A small store's statements are too small to share out; files run side by side anyway
-    (schedule.py). Measured on 16 cores (analysis SQL wall, median of 5): a 2-rank real store
-    (115k rows) 0.41/0.37/0.38 s at 2/4/8 threads; 8 synthetic ranks (204k) 0.45/0.41/0.39;
-    32 ranks (816k) 0.92/0.84/0.81 s at 4/8/16 threads, which the former rule (one thread per
-    4 MiB of file: 13 MB there) held at 4; the 20 real exports of tests/fixtures as one job
-    1.17/1.14/1.15 s at 8/12/16."""
+    (schedule.py). Rows, not the file's size, measure the work: compression hides it, and a
+    rule by file size keeps a large store at too few threads (docs/benchmarks-code.md)."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(cores, max(4, int(store_rows) // 100_000)))
 
@@ -120,8 +119,8 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     resolve to the analysis objects (in-memory catalog) first, then to the store's tables;
     the analysis creates its objects in memory, so the store is never written.
     DuckDB turns an ASOF join whose left side it ESTIMATES below 64 rows into a nested loop
-    over the whole right side; its estimates of our CTEs are often far too low (294 NVTX
-    ranges x 32k CUDA calls: 1.3 M loop rows, 3x slower). The ASOF joins here are the
+    over the whole right side; its estimates of our CTEs are often far too low (NVTX ranges x
+    CUDA calls as a loop, several times slower: docs/benchmarks-code.md). The ASOF joins here are the
     linear paths on purpose: always take them."""
     con.execute("SET search_path = 'memory.main,store.main'")
     con.execute("SET asof_loop_join_threshold = 0")
@@ -140,10 +139,21 @@ def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     lo, hi = opts.steps if opts.steps else (None, None)
     params = (("gap_ns", "BIGINT", int(opts.gap_ms * 1e6)), ("step_lo", "INTEGER", lo), ("step_hi", "INTEGER", hi),
               ("steps_from", "VARCHAR", opts.steps_from), ("microbatches", "INTEGER", opts.microbatches),
-              ("stats_scope", "VARCHAR", opts.stats_scope))
+              ("stats_scope", "VARCHAR", opts.stats_scope), ("ended_early", "BOOLEAN", ended_early(con)))
     # CREATE cannot be PREPAREd: typed literals (sqltext says why values are not bound here).
     con.execute("CREATE OR REPLACE TABLE params AS SELECT "
                 + ", ".join(f"CAST({literal(v)} AS {t}) AS {n}" for n, t, v in params))
+
+
+def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the store's job did not complete (failed, timed out, cancelled), from what
+    `orch collect` kept of its status; False for a store built from reports alone."""
+    try:
+        row = con.execute("SELECT json_extract_string(max(value), '$.status.state') FROM meta WHERE key = 'job'"
+                          ).fetchone()
+    except duckdb.Error:
+        return False
+    return bool(row and row[0] and row[0] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN"))
 
 
 @functools.cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_memory import MEMORY_HINT, MemoryCurve, MemoryReport, RankMemory
-from orchestrator.analyze.rules.base import ns_to_ms
+from orchestrator.analyze.units import ms
 
 MAX_CURVES = 16
 
@@ -53,7 +53,7 @@ def build_memory(v: Views) -> MemoryReport | None:
             allocs=int(m.get("n_alloc") or 0), frees=int(m.get("n_free") or 0),
             alloc_calls_per_step=_per(c.get("n_alloc"), n), free_calls_per_step=_per(c.get("n_free"), n),
             sync_frees_per_step=_per(c.get("n_sync_free"), n),
-            alloc_api_ms_per_step=None if not n else ns_to_ms(c["api_ns"] / n),
+            alloc_api_ms_per_step=None if not n else ms(c["api_ns"] / n),
             alloc_api_pct=round(100 * c["api_ns"] / c["step_ns"], 3) if n and c.get("step_ns") else None,
         ))
     out = MemoryReport(source="cuda_memory_usage" if mem else "none", hint=None if mem else MEMORY_HINT, ranks=ranks)
@@ -66,6 +66,6 @@ def build_memory(v: Views) -> MemoryReport | None:
         pts = v.query("SELECT rank, list(level ORDER BY b) AS y FROM mem_curve WHERE list_contains(?, rank) "
                       "GROUP BY rank ORDER BY rank", [keep])
         out.curves = [MemoryCurve(rank=p["rank"], bytes=[int(y) for y in p["y"]]) for p in pts]
-        out.curve_t_ms = [ns_to_ms(t) for t in
+        out.curve_t_ms = [ms(t) for t in
                           (r["t"] for r in v.query("SELECT DISTINCT b, t FROM mem_curve ORDER BY b"))]
     return out

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
 from orchestrator.analyze.model_base import Strict
+from orchestrator.analyze.model_columns import Column, Diff, Html, Terminal, late_of, steady_mean_step, top_gap, waiting
 from orchestrator.analyze.model_comm import CommReport
 from orchestrator.analyze.model_critical import CriticalPath
 from orchestrator.analyze.model_memory import MemoryReport
+from orchestrator.analyze.model_overhead import CaptureOverhead
 from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
 
@@ -44,35 +46,53 @@ class StepTime(Strict):
 class RankMetrics(Strict):
     """Per-rank metrics over the rank's analysis window (view `rank_metrics` and friends)."""
 
-    rank: int
-    host: str | None = None
-    stage: int | None = None
+    # Each field declares where it comes from and how the renderers show it (model_columns):
+    # a new per-rank metric is its SQL plus one field here.
+
+    rank: Annotated[int, Column(terminal=Terminal("rank", 1, 1, fmt=""), html=Html("rank", 1))]
+    host: Annotated[str | None, Column(terminal=Terminal("host", 2, fmt="", left=True), html=Html("host", 2))] = None
+    stage: Annotated[int | None, Column(terminal=Terminal("stage", 3, fmt=""), html=Html("stage", 3))] = None
     status: str
-    window_ms: float
-    compute_ms: float = Field(description="union of non-communication kernels")
-    comm_ms: float = Field(description="union of NCCL kernels (collectives and send/recv)")
+    window_ms: Annotated[float, Column(terminal=Terminal("window", 4), html=Html("window ms", 4))]
+    compute_ms: Annotated[float, Column(terminal=Terminal("compute", 6, 3), html=Html("compute ms", 6),
+                                        diff=Diff(5, True, 0.10, "relative"))] = Field(
+        description="union of non-communication kernels")
+    comm_ms: Annotated[float, Column(terminal=Terminal("comm", 7), html=Html("comm ms", 7))] = Field(
+        description="union of NCCL kernels (collectives and send/recv)")
     overlap_ms: float = Field(description="NCCL time that overlaps compute kernels")
-    comm_overlap_pct: float
-    exposed_comm_ms: float = Field(description="NCCL time not hidden behind compute")
-    gpu_busy_ms: float
-    gpu_idle_pct: float
-    no_compute_pct: float = Field(0.0, description="share of the window with no compute kernel: a stage's bubble")
+    comm_overlap_pct: Annotated[float, Column(terminal=Terminal("overlap %", 8), html=Html("overlap %", 8),
+                                              diff=Diff(3, False, 10.0, "points"))]
+    exposed_comm_ms: Annotated[float, Column(terminal=Terminal("exposed comm", 9, 4), html=Html("exposed comm ms", 9),
+                                             diff=Diff(4, True, 0.10, "relative"))] = Field(
+        description="NCCL time not hidden behind compute")
+    gpu_busy_ms: Annotated[float, Column(source="busy_ns")]
+    gpu_idle_pct: Annotated[float, Column(terminal=Terminal("GPU idle %", 10, 6), html=Html("GPU idle %", 10),
+                                          diff=Diff(1, True, 5.0, "points"))]
+    no_compute_pct: Annotated[float, Column(diff=Diff(2, True, 5.0, "points"))] = Field(
+        0.0, description="share of the window with no compute kernel: a stage's bubble")
     p2p_ms: float = Field(description="NCCL send/recv share of comm_ms")
-    nccl_wait_ms: float = Field(description="NCCL time spent waiting for the last rank of a collective")
-    p2p_wait_ms: float = Field(0.0, description="send/recv time spent waiting for the peer")
+    nccl_wait_ms: Annotated[float, Column(terminal=Terminal("waiting", 11, 5, value=waiting),
+                                          html=Html("NCCL wait ms", 11), diff=Diff(6, True, 0.25, "relative"))] = Field(
+        description="NCCL time spent waiting for the last rank of a collective")
+    p2p_wait_ms: Annotated[float, Column(html=Html("p2p wait ms", 12), diff=Diff(7, True, 0.25, "relative"))] = Field(
+        0.0, description="send/recv time spent waiting for the peer")
     transfer_ms: float = Field(0.0, description="NCCL kernel time not spent waiting for another rank: moving data")
-    late_count: int
-    collectives: int
-    mean_step_ms: float | None = None
-    median_step_ms: float | None = None
-    p90_step_ms: float | None = None
-    sync_per_step: float | None = Field(None, description="host synchronisations per step")
-    sync_idle_ms_per_step: float | None = Field(None, description="GPU idle right after host syncs, per step")
+    late_count: Annotated[int, Column(terminal=Terminal("late", 12, 7, fmt="", value=late_of), html=Html("late", 13))]
+    collectives: Annotated[int, Column(source="n_coll")]
+    mean_step_ms: Annotated[float | None, Column(diff=Diff(8, True, 0.05, "relative", missing=steady_mean_step))] = None
+    median_step_ms: Annotated[float | None, Column(terminal=Terminal("step", 5, 2), html=Html("median step ms", 5),
+                                                   diff=Diff(9, True, 0.05, "relative"))] = None
+    p90_step_ms: Annotated[float | None, Column(diff=Diff(10, True, 0.10, "relative"))] = None
+    sync_per_step: Annotated[float | None, Column(view="sync_stats", digits=2, terminal=Terminal("syncs/step", 13))] = (
+        Field(None, description="host synchronisations per step"))
+    sync_idle_ms_per_step: Annotated[float | None, Column(view="sync_stats", source="idle_after_ns_per_step")] = Field(
+        None, description="GPU idle right after host syncs, per step")
     sm_active_pct: float | None = Field(None, description="GPU metrics: mean SMs active over the window")
     tensor_active_pct: float | None = Field(None, description="GPU metrics: mean tensor cores active")
-    gaps_by_range_ms: dict[str, float]
-    top_gaps: list[Gap]
-    step_ms: list[StepTime]
+    gaps_by_range_ms: Annotated[dict[str, float], Column(view="", terminal=Terminal(
+        "top gap range", 14, 8, fmt="", left=True, value=top_gap))]
+    top_gaps: Annotated[list[Gap], Column(view="")]
+    step_ms: Annotated[list[StepTime], Column(view="")]
 
 
 class StepRow(Strict):
@@ -144,6 +164,8 @@ class RankOutcome(Strict):
                                                                       "ended, outermost first")
     furthest: str | None = Field(None, description="the furthest phase of its last step it began")
     exit: str | None = Field(None, description="how its process ended, in words, where the launcher said")
+    stack: list[str] = Field(default_factory=list, description="its main thread's Python stack when orch stopped "
+                             "it, innermost first (from the stack dump)")
 
 
 class Outcome(Strict):
@@ -155,8 +177,10 @@ class Outcome(Strict):
     behind: list[int] = Field(default_factory=list, description="ranks that never reached the step or phase "
                                                                  "the others were waiting in")
     ranks: list[RankOutcome] = Field(default_factory=list)
-    dumps: list[str] = Field(default_factory=list, description="hang evidence gathered beside the reports "
-                                                               "(stack dumps, Flight Recorder)")
+    dumps: list[str] = Field(default_factory=list, description="hang evidence beside the reports, relative "
+                                                               "to the run directory (stack dumps, Flight Recorder)")
+    flight_recorder: list[str] = Field(default_factory=list, description="what PyTorch's Flight Recorder dumps "
+                                       "say: ranks that never entered a collective, collectives that differ")
 
 
 class Window(Strict):
@@ -189,6 +213,7 @@ class Report(Strict):
     critical_path: CriticalPath | None = Field(None, description="per step: the cross-rank critical path, its root "
                                                                  "and victims (none without matched waits)")
     outcome: Outcome | None = Field(None, description="how the job ended; none for reports orch did not submit")
+    capture_overhead: CaptureOverhead | None = Field(None, description="what tracing cost each rank, estimated")
     notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")
     findings: list[Finding] = Field(default_factory=list)
 

@@ -1,4 +1,4 @@
-"""Typed communication section of the report (issue 15): bytes, transfer time and bandwidth per
+"""Typed communication section of the report: bytes, transfer time and bandwidth per
 collective kind, message-size bucket, communicator group / p2p pair and scope (intra/inter-node),
 with the source of the byte counts and the nominal link rate they are compared with.
 

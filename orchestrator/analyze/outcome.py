@@ -11,34 +11,30 @@ in: the others' long last phase is a symptom.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analyze import flight
 from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model import Outcome, RankOutcome
-from orchestrator.errors import OrchError
+from orchestrator.collect.evidence import gather
 
 _WORDS = {"COMPLETED": "completed", "FAILED": "failed", "TIMEOUT": "timed out", "CANCELLED": "cancelled",
           "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "PREEMPTED": "cancelled", "DEADLINE": "timed out",
           "BOOT_FAIL": "failed", "RUNNING": "running", "PENDING": "running"}
 
 
-def job_state(run: Path) -> dict[str, Any] | None:
-    """`orch status` of the run `run`, or None when it is not an orch run directory."""
-    if not (run / "manifest.json").is_file():
-        return None
-    from orchestrator.submit.core import job_status
-
-    try:
-        return job_status(run)
-    except (OrchError, OSError):
-        return None
-
-
-def dumps(run: Path) -> list[str]:
-    """The hang evidence `orch collect` gathered beside the reports."""
-    d = run / "dumps"
-    return sorted(str(p) for p in d.rglob("*") if p.is_file() and p.stat().st_size) if d.is_dir() else []
+def evidence(v: Views, store: Path | str) -> dict[str, Any]:
+    """What `orch collect` kept of the job's end in the store (meta key `job`), else what the run
+    directory beside the store holds now (a store collected before evidence was kept)."""
+    kept = v.scalar("SELECT max(value) FROM meta WHERE key = 'job'")
+    if kept:
+        try:
+            return json.loads(kept)
+        except ValueError:
+            pass
+    return gather(Path(store).parent)
 
 
 def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
@@ -59,39 +55,50 @@ def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
 
 def build_outcome(v: Views, store: Path | str) -> Outcome | None:
     """The outcome of the run whose store is `store` (None for a store outside a run directory)."""
-    st = job_state(Path(store).parent)
-    if st is None:
+    ev = evidence(v, store)
+    st = ev.get("status")
+    if not st:
         return None
     sched = st["state"]
     ends = v.rows("rank_end")
     exits = {t["failed_rank"]: t["failed_exit"] for t in st["tasks"] if "failed_rank" in t}
     ranks = [RankOutcome(rank=e["rank"], last_step=e["last_step"], last_done_step=e["last_done_step"],
-                         open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]))
+                         open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
+                         stack=ev.get("stacks", {}).get(str(e["rank"]), []))
              for e in ends]
     state = _WORDS.get(sched, "unknown")
-    late, where = behind(ends) if sched in ("TIMEOUT", "CANCELLED", "DEADLINE") else ([], "")
+    stopped = sched in ("TIMEOUT", "CANCELLED", "DEADLINE")
+    late, where = behind(ends) if stopped else ([], "")
+    fr_late, fr_where, fr_lines = flight.mismatch(ev.get("flight_recorder", []))
     parts = []
+    if stopped and fr_late and not late:
+        # The trace did not tell the ranks apart (all in the same phase), the recorder does.
+        late, where = fr_late, fr_where
     if late:
         state = "hung"
         waiting = [e["rank"] for e in ends if e["rank"] not in late]
         parts.append(f"rank(s) {_list(late)} never reached {where}, where rank(s) {_list(waiting)} waited")
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
-    first = next(({"rank": t["failed_rank"], "how": t["failed_exit"]} for t in st["tasks"] if "failed_rank" in t),
-                 None)
+    first = next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or ""}
+                  for t in sorted(st["tasks"], key=lambda t: t.get("failed_at") or "~") if "failed_rank" in t), None)
     if first and sched != "COMPLETED":
         # Where its capture ends, not which step it finished: a SIGKILLed program loses the
         # ranges it was in, so its report ends with the step before the one it died in.
         ro = next((r for r in ranks if r.rank == first["rank"]), None)
         step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
-        parts.append(f"rank {first['rank']} failed first ({first['how']}){step}")
+        head = f"rank {first['rank']} failed first ({first['how']})"
+        # The launcher's line adds the rank's own last words (its exception, a native abort's message).
+        said = first["said"] if first["said"].startswith(head) else head
+        parts.append(f"{said}{step}")
     stop = st.get("stop") or {}
     if stop:
-        why = {"timeout": "the time limit's early warning", "cancelled": "a cancel"}.get(stop.get("reason"), "a stop")
+        why = {"timeout": "the time limit's early warning", "cancelled": "a cancel",
+               "step_ended": "Slurm's end of the step (another node failed)"}.get(stop.get("reason"), "a stop")
         parts.append(f"orch stopped the captures at {why} after {stop.get('after_s', '?')} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
-                   dumps=dumps(store.parent))
+                   dumps=ev.get("dumps", []), flight_recorder=fr_lines)
 
 
 def _list(ranks: list[int]) -> str:

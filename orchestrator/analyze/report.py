@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -30,53 +31,52 @@ from orchestrator.analyze.model import (
     Straggler,
     Window,
 )
+from orchestrator.analyze.model_columns import Column, columns
+from orchestrator.analyze.model_overhead import build_overhead
+from orchestrator.analyze.model_timeline import Extras
 from orchestrator.analyze.outcome import build_outcome
 from orchestrator.analyze.rules import find_all
-from orchestrator.analyze.rules.base import Context, ns_to_ms
+from orchestrator.analyze.rules.base import Context
 from orchestrator.analyze.tables import build_tables
+from orchestrator.analyze.timeline import extras_from_views
+from orchestrator.analyze.units import ms, ms_or_none
 from orchestrator.collect.timings import phase
-
-
-def _ms(ns: float | None) -> float | None:
-    return None if ns is None else ns_to_ms(ns)
 
 
 def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
     gaps_by: dict[int, dict[str, float]] = defaultdict(dict)
     for g in v.query("SELECT rank, range_group, sum(dur) AS ns FROM gap_attr GROUP BY ALL "
                      "ORDER BY rank, ns DESC, range_group"):
-        gaps_by[g["rank"]][g["range_group"]] = ns_to_ms(g["ns"])
+        gaps_by[g["rank"]][g["range_group"]] = ms(g["ns"])
     top: dict[int, list[Gap]] = defaultdict(list)
     for g in v.query("""SELECT rank, s, dur, range_group, range_text FROM (
                             SELECT *, row_number() OVER (PARTITION BY rank ORDER BY dur DESC, s) AS i FROM gap_attr)
                         WHERE i <= ? ORDER BY rank, dur DESC, s""", [opts.top_gaps]):
-        top[g["rank"]].append(Gap(start_ms=ns_to_ms(g["s"]), ms=ns_to_ms(g["dur"]), range=g["range_group"],
+        top[g["rank"]].append(Gap(start_ms=ms(g["s"]), ms=ms(g["dur"]), range=g["range_group"],
                                   text=g["range_text"]))
     steps: dict[int, list[StepTime]] = defaultdict(list)
     for s in v.query("SELECT rank, step, ns, warmup FROM step_gpu ORDER BY step, rank"):
-        steps[s["rank"]].append(StepTime(step=s["step"], ms=ns_to_ms(s["ns"]), warmup=bool(s["warmup"])))
-    sync = v.by_rank("sync_stats")
+        steps[s["rank"]].append(StepTime(step=s["step"], ms=ms(s["ns"]), warmup=bool(s["warmup"])))
+    cols = {name: c for name, c in columns(RankMetrics).items() if c.view}
+    rows = {view: v.by_rank(view) for view in {c.view for c in cols.values()}}
     out = []
     for r in v.rows("rank_metrics"):
         rk = r["rank"]
-        sy = sync.get(rk) or {}
-        out.append(RankMetrics(
-            rank=rk, host=r["host"], stage=r["stage"], status=r["status"],
-            window_ms=ns_to_ms(r["window_ns"]), compute_ms=ns_to_ms(r["compute_ns"]),
-            comm_ms=ns_to_ms(r["comm_ns"]), overlap_ms=ns_to_ms(r["overlap_ns"]),
-            comm_overlap_pct=r["comm_overlap_pct"], exposed_comm_ms=ns_to_ms(r["exposed_comm_ns"]),
-            gpu_busy_ms=ns_to_ms(r["busy_ns"]), gpu_idle_pct=r["gpu_idle_pct"],
-            no_compute_pct=r["no_compute_pct"], p2p_ms=ns_to_ms(r["p2p_ns"]),
-            nccl_wait_ms=ns_to_ms(r["nccl_wait_ns"]), p2p_wait_ms=ns_to_ms(r["p2p_wait_ns"]),
-            transfer_ms=ns_to_ms(r["transfer_ns"]), late_count=int(r["late_count"]),
-            collectives=int(r["n_coll"]), mean_step_ms=_ms(r["mean_step_ns"]),
-            median_step_ms=_ms(r["median_step_ns"]), p90_step_ms=_ms(r["p90_step_ns"]),
-            sm_active_pct=r["sm_active_pct"], tensor_active_pct=r["tensor_active_pct"],
-            sync_per_step=None if sy.get("sync_per_step") is None else round(sy["sync_per_step"], 2),
-            sync_idle_ms_per_step=_ms(sy.get("idle_after_ns_per_step")),
-            gaps_by_range_ms=gaps_by.get(rk, {}), top_gaps=top.get(rk, []), step_ms=steps.get(rk, []),
-        ))
+        fields = {name: _value(name, c, rows[c.view].get(rk) or {}) for name, c in cols.items()}
+        out.append(RankMetrics(**fields, gaps_by_range_ms=gaps_by.get(rk, {}), top_gaps=top.get(rk, []),
+                               step_ms=steps.get(rk, [])))
     return out
+
+
+def _value(field: str, col: Column, row: dict[str, Any]) -> Any:
+    """A field from its view row: a time in ns converted to ms (µs; a missing time stays missing
+    where the field may be None, else counts as 0), anything else as the view has it."""
+    x = row.get(col.source_of(field))
+    if "_ms" in field:
+        return ms_or_none(x) if RankMetrics.model_fields[field].default is None else ms(x)
+    if x is not None and col.digits is not None:
+        return round(x, col.digits)
+    return x
 
 
 def _steps(v: Views) -> list[StepRow]:
@@ -85,7 +85,7 @@ def _steps(v: Views) -> list[StepRow]:
                       FROM step_gpu WHERE rank IN (SELECT rank FROM rank_metrics) GROUP BY step ORDER BY step""")
     out = []
     for r in rows:
-        vals = {str(k): ns_to_ms(ns) for k, ns in zip(r["ranks"], r["ns"], strict=True)}
+        vals = {str(k): ms(ns) for k, ns in zip(r["ranks"], r["ns"], strict=True)}
         out.append(StepRow(step=r["step"], ms_by_rank=vals,
                            spread_ms=round(max(vals.values()) - min(vals.values()), 3), warmup=r["warmup"]))
     return out
@@ -93,7 +93,7 @@ def _steps(v: Views) -> list[StepRow]:
 
 def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
     src = v.query("SELECT family, pattern FROM step_source")
-    per_rank = {r["rank"]: [ns_to_ms(r["w0"]), ns_to_ms(r["w1"])] for r in v.rows("rank_metrics")}
+    per_rank = {r["rank"]: [ms(r["w0"]), ms(r["w1"])] for r in v.rows("rank_metrics")}
     sources = sorted({r["window_source"] for r in v.rows("rank_metrics")})
     if not src:
         note, step_source = "no step ranges found: the whole capture is the window", "none"
@@ -119,7 +119,7 @@ def _notes(v: Views) -> list[str]:
     notes = []
     for o in v.rows("collector_overhead"):
         notes.append(f"GPU metrics were sampled by rank(s) {', '.join(map(str, o['collectors']))} for their node: "
-                     f"median step {ns_to_ms(o['collector_median_ns'])} ms there vs {ns_to_ms(o['others_median_ns'])} "
+                     f"median step {ms(o['collector_median_ns'])} ms there vs {ms(o['others_median_ns'])} "
                      "ms on the other ranks (the difference includes any waiting for other ranks)")
     for o in v.query("SELECT list(DISTINCT rank ORDER BY rank) AS ranks, sum(out_of_range) AS n FROM gpu_metric_rank "
                      "HAVING sum(out_of_range) > 0"):
@@ -134,6 +134,20 @@ def build_report(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection |
     con, v = analysis(store, opts, writer)
     try:
         return report_from_views(v, store, opts)
+    finally:
+        con.close()
+
+
+def build_analysis(store: Path, opts: Options,
+                   writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
+    """The analysis product: the report and the timeline the HTML draws, from ONE analysis pass
+    over the store (`writer`: as for build_report). Every output (terminal, JSON, HTML) renders
+    this pair; none chooses what is analysed."""
+    con, v = analysis(store, opts, writer)
+    try:
+        report = report_from_views(v, store, opts)
+        with phase("report: timeline extras"):
+            return report, extras_from_views(v, report)
     finally:
         con.close()
 
@@ -156,27 +170,28 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
     report = Report(
         orch_version=__version__, store=str(store), window=_window(v, opts, ranks), layout=layout,
         ranks=ranks, steps=_steps(v),
-        stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ns_to_ms(s["compute_ns"]),
+        stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ms(s["compute_ns"]),
                              bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
                              theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"],
                              excess_bubble_pct=s["excess_bubble_pct"])
                 for s in v.rows("stage_metrics")],
         imbalance=next((Imbalance(**i) for i in v.rows("imbalance")), None),
         stragglers=[Straggler(rank=s["rank"], late_count=s["late_count"], collectives=s["collectives"],
-                              group_size=s["group_size"], wait_caused_ms=ns_to_ms(s["wait_caused_ns"]),
-                              median_lateness_ms=ns_to_ms(s["median_lateness_ns"]),
+                              group_size=s["group_size"], wait_caused_ms=ms(s["wait_caused_ns"]),
+                              median_lateness_ms=ms(s["median_lateness_ns"]),
                               share_of_window_pct=s["share_of_window_pct"], p_value=float(f"{s['p_value']:.3g}"))
                     for s in sorted(v.rows("stragglers"), key=lambda s: -s["wait_caused_ns"])],
         missing_ranks=[r["rank"] for r in all_ranks if r["status"] == "missing"],
         problems=[Problem(rank=r["rank"], status=r["status"], reason=r["error"])
                   for r in all_ranks if r["status"] != "ok"],
-        cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ns_to_ms(c["ns_per_step"]),
+        cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ms(c["ns_per_step"]),
                              steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
         gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
         tables=build_tables(v, opts),
         comm=build_comm(v),
         memory=build_memory(v),
         critical_path=build_critical_path(v),
+        capture_overhead=build_overhead(v),
     )
     report.notes = _notes(v)
     report.outcome = build_outcome(v, store)  # before the rules: a job that did not complete is never healthy

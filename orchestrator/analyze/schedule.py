@@ -5,12 +5,12 @@ one core busy however many it has, and a report waited for every file one after 
 files form a DAG (after `30_intervals.sql` the collectives, gaps, host syncs, phases and
 API tables branch apart): on a 2-rank real store the longest chain is 0.25 s of 0.59 s.
 
-The DAG comes from the SQL itself, never from a hand-kept list that could go stale: a file
-depends on every earlier file that creates or writes (INSERT/DELETE/UPDATE) a name it
-mentions, and on every earlier file that mentions a name it writes (the reader must finish
-first). Mentions of a view or macro count as mentions of everything its defining file
-mentions, so a view over a table from a third file waits for that file as well. Mentions are
-whole words of the SQL without its comments: a spurious match only costs parallelism.
+The DAG comes from each file's declared header (sqlmodules.py), which
+tests/test_sql_modules.py holds to what DuckDB really binds: a file waits for every earlier
+file that provides or adds rows to (`Writes`) a name it reads or writes, and a file that adds
+rows to a table waits for every earlier file that reads it, directly or through a view of an
+earlier file (the reader must finish first). A table is complete once its file is, so the
+waits are transitive: a file needs to wait only for its direct providers.
 
 Each worker runs on its own cursor of the one database (DuckDB releases the GIL while it
 executes); tables are shared through the in-memory catalog (not TEMP: temp objects are
@@ -22,7 +22,6 @@ a worker waits for is already running or done (no deadlock).
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,13 +29,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from orchestrator.analyze import sqlmodules
 from orchestrator.collect.timings import phase
-
-_COMMENT = re.compile(r"--[^\n]*")
-_CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(TABLE|VIEW|MACRO)\s+"
-                     r"(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
-_WRITE = re.compile(r"\b(?:INSERT\s+INTO|DELETE\s+FROM|UPDATE)\s+(\w+)", re.IGNORECASE)
-_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -50,33 +44,28 @@ class Unit:
 
 def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
     """(name, sql) in execution order -> units with their dependencies (see module docstring)."""
-    parsed = []
-    for name, sql in files:
-        text = _COMMENT.sub("", sql)
-        made = _CREATE.findall(text)
-        writes = {n.lower() for _, n in made} | {n.lower() for n in _WRITE.findall(text)}
-        lazy = {n.lower() for kind, n in made if kind.upper() in ("VIEW", "MACRO")}
-        parsed.append((name, sql, writes, lazy, {w.lower() for w in _WORD.findall(text)}))
-    expands: dict[str, set[str]] = {}  # view/macro name -> words of its defining file
-    for _, _, _, lazy, words in parsed:
-        for n in lazy:
-            expands[n] = words
+    modules = sqlmodules.parse_all(files)
+    seen: dict[str, set[str]] = {}  # name -> what reading it reads, through views of earlier files
     units = []
-    for i, (name, sql, writes, _, words) in enumerate(parsed):
-        seen, todo = set(words), list(words & expands.keys())
-        while todo:  # a view or macro mentions what its file mentions, transitively
-            more = expands[todo.pop()] - seen
-            seen |= more
-            todo.extend(more & expands.keys())
-        after = tuple(n2 for n2, _, w2, _, words2 in parsed[:i] if w2 & seen or writes & words2)
-        units.append(Unit(name, sql, after))
+    for i, m in enumerate(modules):
+        needs = set(m.reads) | set(m.writes)
+        after = tuple(e.file for e in modules[:i]
+                      if (e.names | set(e.writes)) & needs or set(m.writes) & seen_by(e, seen))
+        units.append(Unit(m.file, m.sql, after))
+        for p in m.provides:
+            seen[p.name] = seen_by(m, seen)
     return units
 
 
+def seen_by(m: sqlmodules.Module, seen: dict[str, set[str]]) -> set[str]:
+    """Everything module `m` reads, directly or through the views it reads."""
+    return set(m.reads).union(*(seen.get(r, set()) for r in m.reads))
+
+
 def workers() -> int:
-    """Concurrent files: half the cores, 2 to 8. Measured on a 2-rank real store (report with
-    the HTML's extras, median of 5): 2 cores, 1/2/4 files: 0.72-0.80/0.55-0.61/0.64-0.68 s;
-    32 cores (best of 3), 1/2/4/8 files: 0.89-0.97/0.76-0.77/0.67-0.72/0.63-0.64 s."""
+    """Concurrent files: half the cores, 2 to 8. More files than half the cores compete for
+    them (on 2 cores 4 files are slower than 2), and past 8 there is little left to gain
+    (docs/benchmarks-code.md)."""
     return min(8, max(2, (os.cpu_count() or 2) // 2))
 
 

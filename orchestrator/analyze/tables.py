@@ -21,6 +21,7 @@ from orchestrator.analyze.model_tables import (
     SyncCopy,
     ThreadRow,
 )
+from orchestrator.analyze.units import ms_or_none
 
 TOP_PHASES = 40  # range groups
 TOP_KERNELS = 25  # kernel names
@@ -29,15 +30,8 @@ LOW_UTIL_PCT = 50.0  # nsys gpu-low-util's default threshold
 
 
 def ms(ns: float | int | None) -> float | None:
-    """ns -> ms at ns precision (the tables are compared with nsys's ns numbers). An integer
-    count of ns needs no rounding: n / 1e6 is the double nearest to the 6-decimal n / 10^6,
-    which is what round() would return (checked on 3 M random integers up to 2^62). round()
-    was a fifth of the report's Python at 128 ranks; it is left to means and medians."""
-    if ns is None:
-        return None
-    if type(ns) is int:
-        return ns / 1e6
-    return round(float(ns) / 1e6, 6)
+    """ns -> ms at ns precision: the tables are compared with nsys's ns numbers."""
+    return ms_or_none(ns, 6)
 
 
 def _dur(r: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from orchestrator.report.safe import plain
 
 if TYPE_CHECKING:
     from orchestrator.collect.gather import Started
+    from orchestrator.collect.options import CollectOptions
 
 # Imports of pydantic, DuckDB and rich wait inside the functions: the exports start first
 # (`early`), and these modules load while nsys runs.
@@ -22,100 +23,51 @@ if TYPE_CHECKING:
 
 def _map_reduce(a: argparse.Namespace) -> bool:
     """--parts or --on-cluster: the map/reduce collect, which exports in its own workers and
-    builds the store in its own connection (callers with their own Namespace, sweep, lack them)."""
+    builds the store in its own connection (`orch analyze` has neither option)."""
     return bool(getattr(a, "parts", False) or getattr(a, "on_cluster", False))
 
 
-def early(a: argparse.Namespace, paths: list[str], run: Path, nsys: str | None = None,
-          name_prefix: str | None = None) -> AbstractContextManager[dict[Path, Started]]:
+def early(a: argparse.Namespace, paths: list[str], run: Path,
+          nsys: str | None = None) -> AbstractContextManager[dict[Path, Started]]:
     """The in-process collect's first exports, started now (gather.early_exports); the
     map/reduce collect (--parts, --on-cluster) exports in its own workers."""
     if _map_reduce(a):
         return nullcontext({})
     from orchestrator.collect.gather import early_exports
 
-    return early_exports([Path(p) for p in paths], run, nsys=nsys, workers=a.workers, name_prefix=name_prefix)
+    return early_exports([Path(p) for p in paths], run, nsys=nsys, workers=a.workers)
 
 
-def _collector(a: argparse.Namespace, cluster: dict[str, Any] | None = None,
-               started: dict[Path, Started] | None = None) -> Any:
-    """The in-process collect (default; it takes over the `started` exports), or the map/reduce
-    over Parquet parts (--parts: a local process pool; --on-cluster: a Slurm job array with
-    `cluster`'s settings)."""
-    from functools import partial
+def options(a: argparse.Namespace, **more: Any) -> CollectOptions:
+    """The collect's settings from the command line; `more` adds the caller's own."""
+    from orchestrator.collect.options import CollectOptions
+    from orchestrator.layout import Layout
 
-    if not _map_reduce(a):
-        from orchestrator.collect.collect import collect
+    array = None
+    if getattr(a, "on_cluster", False):
+        from orchestrator.spec.load import find_cluster, load_cluster
+        from orchestrator.submit.array import ArrayOptions
 
-        return partial(collect, started=started)
-    from orchestrator.collect.mapreduce import collect_parts
-
-    if not getattr(a, "on_cluster", False):
-        return collect_parts
-    from orchestrator.collect.cluster import ArrayOptions
-    from orchestrator.spec.load import find_cluster, load_cluster
-    from orchestrator.spec.model import ClusterConfig
-
-    if a.cluster:
-        config = load_cluster(find_cluster(a.cluster, None))
-    elif cluster:
-        config = ClusterConfig.model_validate(cluster)
-    else:
-        raise OrchError("--on-cluster with --from needs --cluster NAME (the cluster config to submit the map to)")
-    return partial(collect_parts, array=ArrayOptions(cluster=config, time=a.time, cpus=a.task_cpus,
-                                                     chunk=a.chunk, timeout_s=a.timeout))
-
-
-def collect_from_run(run: Path, a: argparse.Namespace) -> Any:
-    """Collect the reports a submitted job's manifest expects."""
-    from orchestrator import naming
-    from orchestrator.rundir import read_manifest
-
-    m = read_manifest(run)
-    if not m.profiled_ranks:
-        raise OrchError(f"job {m.job_id} profiled no ranks (profile.ranks: none): nothing to collect")
-    if not Path(m.report_dir).is_dir():
-        raise OrchError(f"no reports from job {m.job_id} in {m.report_dir} (expected ranks "
-                        f"{m.profiled_ranks}); see `orch status {m.job_id}`")
-    prefix = naming.name_prefix(m.output_name, m.job_id)
-    nsys = a.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path")
-    with early(a, [m.report_dir], run, nsys, prefix) as started:
-        collect = _collector(a, m.cluster_config, started)
-        return collect([Path(m.report_dir)], run, layout=m.job_layout(), expected=m.profiled_ranks,
-                       name_prefix=prefix, nsys=nsys, workers=a.workers, keep_env=a.keep_env,
-                       engine=a.engine, align=a.align_clocks, console=err,
-                       extra_meta={"job_id": m.job_id, "run": str(run)})
-
-
-def collect_from_paths(paths: list[str], dest: Path, a: argparse.Namespace,
-                       started: dict[Path, Started] | None = None) -> Any:
-    """Collect reports orch did not submit; a partial --layout gets dp from the ranks found.
-    `started`: the exports `early` started (the caller keeps its context open meanwhile)."""
-    collect = _collector(a, started=started)
-    return collect([Path(p) for p in paths], dest, **_from_paths(a))
+        config = load_cluster(find_cluster(a.cluster, None)) if a.cluster else None
+        if config is None and getattr(a, "from_paths", None):
+            raise OrchError("--on-cluster with --from needs --cluster NAME (the cluster config to submit the map to)")
+        array = ArrayOptions(cluster=config, time=a.time, cpus=a.task_cpus, chunk=a.chunk, timeout_s=a.timeout)
+    return CollectOptions(layout=Layout.parse(getattr(a, "layout", None)), nsys=a.nsys, workers=a.workers,
+                          keep_env=a.keep_env, engine=a.engine, align=a.align_clocks, console=err,
+                          parts=bool(getattr(a, "parts", False)), array=array, **more)
 
 
 @contextmanager
 def collected_open(paths: list[str], dest: Path, a: argparse.Namespace,
                    started: dict[Path, Started]) -> Iterator[tuple[Any, Any]]:
-    """`collect_from_paths` for `orch analyze`: the in-process collect holds the store open
-    for an analysis on its own connection while the checkpoint runs (collect.collecting);
-    the map/reduce collect gives a closed store (connection None)."""
-    if _map_reduce(a):
-        yield collect_from_paths(paths, dest, a, started), None
-        return
+    """The collect of `orch analyze`: the in-process collect holds the store open for an
+    analysis on its own connection while the checkpoint runs (collect.collecting); the
+    map/reduce collect gives a closed store (connection None)."""
     from orchestrator.collect.collect import collecting
 
-    with collecting([Path(p) for p in paths], dest, started=started, background=True, **_from_paths(a)) as held:
+    opts = options(a, started=started, background=not _map_reduce(a))
+    with collecting([Path(p) for p in paths], dest, opts) as held:
         yield held
-
-
-def _from_paths(a: argparse.Namespace) -> dict[str, Any]:
-    """The collect's settings from the command line (reports given by path)."""
-    from orchestrator.layout import Layout
-
-    return {"layout": Layout.parse(a.layout), "nsys": a.nsys, "workers": a.workers, "keep_env": a.keep_env,
-            "engine": a.engine, "align": a.align_clocks, "console": err}
 
 
 def print_collect(res: Any) -> None:
@@ -149,7 +101,9 @@ def cmd_collect(a: argparse.Namespace) -> int:
         dest = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="orch-collect-", dir="."))
         try:
             with early(a, a.from_paths, dest, a.nsys) as started:
-                res = collect_from_paths(a.from_paths, dest, a, started)
+                from orchestrator.collect.collect import collect
+
+                res = collect([Path(p) for p in a.from_paths], dest, options(a, started=started))
         except BaseException:
             if not a.out:
                 _remove_if_empty(dest)  # a bad --layout or path leaves no empty folder behind
@@ -157,7 +111,9 @@ def cmd_collect(a: argparse.Namespace) -> int:
     else:
         if not a.run:
             raise OrchError("orch collect needs a job id / run directory, or --from PATH...")
-        res = collect_from_run(run_arg(a), a)
+        from orchestrator.collect.run import collect_run
+
+        res = collect_run(run_arg(a), options(a))
     print_collect(res)
     return 0
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 class _LazyConsole:
     """A rich Console made on first use. The CLI modules load without rich, pydantic or
-    DuckDB (0.25-0.4 s of imports), so that `orch collect`/`analyze` start the nsys exports
+    DuckDB (slow imports; docs/benchmarks-code.md), so that `orch collect`/`analyze` start the nsys exports
     first and load the rest while nsys runs (collect/gather.early_exports)."""
 
     def __init__(self, **options: Any) -> None:

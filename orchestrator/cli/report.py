@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from orchestrator.analyze.engine import Options
     from orchestrator.analyze.model import Report
-    from orchestrator.report.extras import Extras
+    from orchestrator.analyze.model_timeline import Extras
 
 
 def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
@@ -43,17 +43,16 @@ def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
 
 
 def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
-             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras | None]:
-    """The report, and with --html the timeline's extras, from one analysis pass (`writer`:
-    the collect's open connection, engine.analysis)."""
-    from orchestrator.analyze.report import build_report
-    from orchestrator.report.extras import build_with_extras
+             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
+    """The report and the timeline's extras from one analysis pass (`writer`: the collect's
+    open connection, engine.analysis). What is analysed never depends on the outputs asked
+    for: a JSON and an HTML of one run come from the same product."""
+    from orchestrator.analyze.report import build_analysis
 
-    opts = opts or _options(a)
-    return build_with_extras(store, opts, writer) if a.html else (build_report(store, opts, writer), None)
+    return build_analysis(store, opts or _options(a), writer)
 
 
-def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
+def _emit(report: Report, extras: Extras, a: argparse.Namespace) -> None:
     """Print, then write --json and --html."""
     from orchestrator.collect.timings import phase
     from orchestrator.fsutil import write_text_atomic
@@ -93,7 +92,6 @@ def _preload(a: argparse.Namespace) -> None:
     import orchestrator.report.terminal
 
     if a.html:
-        import orchestrator.report.extras
         import orchestrator.report.html  # noqa: F401
 
 
@@ -184,7 +182,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
 
 
 def cmd_export_trace(a: argparse.Namespace) -> int:
-    from orchestrator.report.trace import export_trace, trace_format
+    from orchestrator.export.trace import export_trace, trace_format
 
     check_output_file(a.output, "-o")
     trace_format(Path(a.output))
@@ -208,15 +206,15 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
 def trace_priority(report: Report) -> list[int]:
     """Ranks in the order a trace that cannot hold them all keeps them: each finding's ranks then
     its victims (findings come ordered by cost), the rank of median step time, rank 0."""
-    order = [r for f in report.findings for r in (*f.ranks, *f.victims)]
-    timed = sorted((m.median_step_ms, m.rank) for m in report.ranks if m.median_step_ms is not None)
-    if timed:
-        order.append(timed[len(timed) // 2][1])
+    from orchestrator.analyze.pick import by_findings, median_step_rank
+
+    median = median_step_rank(report)
+    order = [rk for rk, _ in by_findings(report)] + ([] if median is None else [median])
     return [*dict.fromkeys([*order, 0])]
 
 
 def report_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", help="write the report as JSON (schema: README, Report)")
+    p.add_argument("--json", help="write the report as JSON (schema: docs/report.schema.json)")
     p.add_argument("--html", help="write a self-contained HTML report")
     p.add_argument("--steps", help="A:B: analyze steps A..B (default: all steps after the first)")
     p.add_argument("--gap-ms", type=positive_float("--gap-ms 1"), default=1.0,

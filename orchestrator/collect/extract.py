@@ -8,11 +8,12 @@ SELECT names its output columns so that inserts go by name (`insert_sql`), never
 
 A table with a row filter (`Table.where`, e.g. OS runtime calls >= 10 us) is filtered INSIDE
 SQLite on the scanner path: DuckDB's sqlite scanner pushes projections but not filters, so it
-would convert every row of a 850k-row OSRT_API into vectors (0.2 s per rank) only to keep
-0.5 % of them. `sqlite_query(db, sql)` lets SQLite evaluate the filter and hand over only the
-kept rows; the inner query selects plain columns only, so their declared INTEGER/TEXT types
-survive (an expression would come back as VARCHAR), and the string joins, clock shift and
-enum mapping stay in DuckDB exactly as for every other table.
+would convert every row of OSRT_API (the largest table of a CPU-heavy capture) into vectors
+only to keep a small share of them (docs/benchmarks-code.md). `sqlite_query(db, sql)` lets
+SQLite evaluate the filter and hand over only the kept rows; the inner query selects plain
+columns only, so their declared INTEGER/TEXT types survive (an expression would come back as
+VARCHAR), and the string joins, clock shift and enum mapping stay in DuckDB exactly as for
+every other table.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def _nvtx(ctx: _Ctx, rank: int) -> str:
     # longer ranges open first (parents). One running sum over the rank's events sorted by
     # (thread, domain, time) is that count per (thread, domain): each (thread, domain) adds one
     # +1 and one -1 per range, so the sum is back at 0 where the next one begins (DuckDB's
-    # partitioned running sum took twice as long: 11 vs 6 ms for 16k events). Ranges that end
+    # partitioned running sum is slower: docs/benchmarks-code.md). Ranges that end
     # before they start are impossible: they get no depth, take no part in the count, and are
     # dropped (and counted) at finalize.
     # r is read three times: MATERIALIZED reads the export once (SQLite's own dialect, the

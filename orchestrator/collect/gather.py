@@ -25,6 +25,7 @@ from orchestrator import naming
 from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.collect.tables import export_tables
 from orchestrator.errors import OrchError
+from orchestrator.rundir import RunPaths
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
 # Export temps carry the writer's pid, so a later run can remove those of a killed one.
@@ -45,7 +46,7 @@ class ReportFile:
 
 def exports_dir(run: Path) -> Path:
     """Where a run's exports and decompressed copies go (kept: a later collect reuses them)."""
-    return run / "exports"
+    return RunPaths(run).exports
 
 
 def split_suffix(path: Path) -> tuple[str, str] | None:
@@ -114,16 +115,15 @@ class Started:
 
 def _newer_options() -> dict[str, list[str]]:
     """Options of nsys 2024+, by name. `--include-json`: without it NVTX extended payloads,
-    such as NCCL's message sizes, are left out (issue 15). `--tables`: only the tables orch
-    reads (a third less to write: 0.32 s instead of 0.48 s for two GPT-2 reports on the GPU
-    machine, docs/benchmarks-gpu.md)."""
+    such as NCCL's message sizes (the report's bytes and bandwidth per collective), are left
+    out. `--tables`: only the tables orch reads, less to write (docs/benchmarks-code.md)."""
     return {"--include-json": ["--include-json=true"], "--tables": ["--tables", ",".join(export_tables())]}
 
 
 def _start(nsys: str, origin: Path, tmp: Path) -> Started:
     """`nsys export` to SQLite with the newer options this nsys has not rejected. Asked
     optimistically (`_nsys_export` asks again without an option nsys rejects): a `nsys export
-    --help` probe first took 0.3 s with nsys 2022.4 here."""
+    --help` probe first would add one more nsys start to every collect (docs/benchmarks-code.md)."""
     rejected = _REJECTED.get(nsys, set())
     newer = {name: args for name, args in _newer_options().items() if name not in rejected}
     log = tempfile.TemporaryFile()  # noqa: SIM115 (outlives this call: _finish or _stop closes it)
@@ -190,7 +190,7 @@ def _needs_export(r: ReportFile, out_dir: Path) -> bool:
 def early_exports(paths: list[Path], run: Path, *, nsys: str | None, workers: int | None,
                   name_prefix: str | None = None) -> Iterator[dict[Path, Started]]:
     """Start the first exports the collect will need now, before the command loads the rest of
-    orch (pydantic, DuckDB, rich: 0.25-0.4 s), so that nsys runs meanwhile; `export_all`
+    orch (pydantic, DuckDB, rich: slow imports), so that nsys runs meanwhile; `export_all`
     takes them over (pass what this yields as `started=`). Best effort: a problem here
     (no nsys, a bad path) leaves the work, and the error message, to the collect. On the way
     out, exports nobody took over are killed, their temp files removed, and the folders made
@@ -225,8 +225,8 @@ def _fresh(target: Path, source: Path) -> bool:
     return target.exists() and target.stat().st_size > 0 and target.stat().st_mtime >= source.stat().st_mtime
 
 
-def _export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float,
-                started: dict[Path, Started] | None = None) -> None:
+def export_one(r: ReportFile, out_dir: Path, nsys: str | None, timeout_s: float,
+               started: dict[Path, Started] | None = None) -> None:
     """Export (or decompress) one report into `out_dir`, unless a fresh export is there;
     an export in `started` (early_exports) is waited for instead of started again."""
     target = out_dir / f"{r.stem}.sqlite"
@@ -278,7 +278,7 @@ def export_all(reports: list[ReportFile], out_dir: Path, *, nsys: str | None, wo
     clean_stale(out_dir, _EXPORT_TMP)
 
     def work(r: ReportFile) -> ReportFile:
-        _export_one(r, out_dir, nsys, timeout_s, started)
+        export_one(r, out_dir, nsys, timeout_s, started)
         return r
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

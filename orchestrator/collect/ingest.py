@@ -17,7 +17,6 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -25,18 +24,18 @@ import duckdb
 
 from orchestrator import numbers
 from orchestrator.collect.extract import insert_sql, missing_columns, select_sql
+from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member
-from orchestrator.collect.probe import ENV_ALLOW, open_ro
+from orchestrator.collect.pipeline import Written
+from orchestrator.collect.probe import open_ro
 from orchestrator.collect.schema import (
     EVENT_SCHEMA,
     RANKS_DDL,
     align_clocks_sql,
     arrow_schema,
     create_event_tables_sql,
-    finalize_sql,
-    negative_durations_sql,
 )
-from orchestrator.collect.store import Checkpoint, append_rows, first_line, new_store, store_write_failed, write_meta
+from orchestrator.collect.store import Checkpoint, first_line, new_store, store_write_failed, write_meta
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
@@ -56,8 +55,8 @@ def scanner_extension_path() -> Path | None:
 
 
 # For the connections that LOAD the scanner (give as `config=` to duckdb.connect). DuckDB's
-# signature check re-hashes the whole 35 MB extension file on every load: 65-80 ms, more than
-# ingesting a small rank's kernels. The file is the one inside the installed
+# signature check re-hashes the whole extension file on every load, which costs more than
+# ingesting a small rank's kernels (docs/benchmarks-code.md). The file is the one inside the installed
 # duckdb-extension-sqlite-scanner wheel, found by path (never downloaded), trusted as duckdb's
 # own library beside it is; and these connections never install an extension from the network.
 SCANNER_CONFIG = {"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false"}
@@ -110,7 +109,9 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                 con.execute(f"DETACH DATABASE IF EXISTS {alias}")
 
 
-def _batches(rows: sqlite3.Cursor, table: str) -> Iterator:
+def arrow_batches(rows: sqlite3.Cursor, table: str) -> Iterator:
+    """sqlite3 rows as Arrow batches of `table`'s schema, a fetch at a time: a rank's table is
+    never held whole (the in-process fallback and the map's Parquet writer both stream these)."""
     import pyarrow as pa
 
     schema = arrow_schema(table)
@@ -139,7 +140,8 @@ def _ingest_sqlite3(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
                     sql = select_sql(table, m.probe, m.rank, off, "")  # type: ignore[arg-type]
                     if not sql:
                         continue
-                    reader = pa.RecordBatchReader.from_batches(arrow_schema(table), _batches(scon.execute(sql), table))
+                    batches = arrow_batches(scon.execute(sql), table)
+                    reader = pa.RecordBatchReader.from_batches(arrow_schema(table), batches)
                     con.register("src_batches", reader)
                     try:
                         cols = ", ".join(f'"{c}"' for c, _ in EVENT_SCHEMA[table])
@@ -160,10 +162,9 @@ _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 
 
 # Ranks attached and inserted together in one transaction (BATCH), and in flight at once over
-# all workers (IN_FLIGHT). Larger batches mean fewer commits and a shorter checkpoint (2 cores,
-# 128 ranks: 0.16 s after batches of 32, 0.55 s after batches of 8), but every worker holds
-# its batch's rows uncommitted: on a 16-core node (8 workers) batches of 32 held 0.9 GB and
-# ingested in 2.3-2.5 s, batches of 8 0.77 GB in 1.6 s. docs/benchmarks-profile.md, 7th round.
+# all workers (IN_FLIGHT). Larger batches mean fewer commits and a shorter checkpoint, but every
+# worker holds its batch's rows uncommitted: with many workers, more memory and a slower ingest.
+# The trade-off, measured both ways: docs/benchmarks-code.md.
 BATCH = 32
 IN_FLIGHT = 64
 
@@ -173,7 +174,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     """Batches of ranks spread over `workers` cursors (each its own transactions), all appending
     to the store's event tables, which `_build` created. A failing batch is rolled back
     and retried rank by rank so one bad file only marks its own rank as an error; its rows
-    never reach the store. Impossible rows go in as they are: `_finalize` counts them on
+    never reach the store. Impossible rows go in as they are: `finalize_store` counts them on
     their rank, then deletes them."""
     ingest = _ingest_scanner if use_scanner else _ingest_sqlite3
     for m in ok:
@@ -231,20 +232,10 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
 
 
 # Rows waiting for the checkpoint stay in the writer's memory; an analysis that runs during a
-# background checkpoint shares the writer's memory limit with them. Past this much WAL (a
-# 2-rank GPT-2 job writes about 20 MB, 128 synthetic ranks about 90 MB) the checkpoint runs
+# background checkpoint shares the writer's memory limit with them. Past this much WAL (more
+# than small jobs write; sizes in docs/benchmarks-code.md) the checkpoint runs
 # first, as `orch collect` always does, and the analysis reads the written file.
 BACKGROUND_CHECKPOINT_MAX = 64 << 20
-
-
-@dataclass(frozen=True)
-class Written:
-    """The store being finished, held open by `writing_store`: `con` is the writer (its
-    in-memory catalog is the default, the store is attached as `store`), `engine` the ingest
-    engine used."""
-
-    con: duckdb.DuckDBPyConnection
-    engine: str
 
 
 @contextmanager
@@ -254,7 +245,9 @@ def writing_store(
     expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
     on_rank: Callable[[Member], None] | None = None, background: bool = False,
 ) -> Iterator[Written]:
-    """Build `store` and hold it open: the block gets the writer (`Written`) with every row,
+    """Build `store` and hold it open: the block gets the writer (`Written`: the connection,
+    its in-memory catalog the default and the store attached as `store`, and the ingest
+    engine used) with every row,
     table and meta in place; when it ends the checkpoint finishes, the writer closes and the
     store is renamed into place (`new_store`). With `background` the checkpoint runs during
     the block (a small store, BACKGROUND_CHECKPOINT_MAX), so an analysis in this process
@@ -292,8 +285,8 @@ def _build(con: duckdb.DuckDBPyConnection, members: list[Member], store: Path, *
     # spilling to a temp directory past it instead of growing.
     limit(con, str(store.parent / ".duckdb-spill"))
     # Each batch commits its own partly filled last row groups; the checkpoint's vacuum
-    # rewrites them and leaves the old blocks as free space inside the file (57 MB
-    # instead of 47 MB at 128 ranks). The rows are the same either way; deleted
+    # rewrites them and leaves the old blocks as free space inside the file (a larger
+    # file: docs/benchmarks-code.md). The rows are the same either way; deleted
     # impossible rows (rare) stay as marked deletes instead of being compacted away.
     con.execute("SET max_vacuum_tasks = 0")
     with phase("store: load sqlite scanner"):
@@ -312,92 +305,16 @@ def _build(con: duckdb.DuckDBPyConnection, members: list[Member], store: Path, *
     # No automatic checkpoint until the store is complete: a batch's rows of a table go
     # straight into the file as whole row groups when they fill one (nvtx, cuda_api), the
     # smaller tables' rows go to the WAL; each automatic checkpoint would compress the
-    # partly filled last row groups of those again (about a tenth of the collect's CPU at
-    # 128 ranks, and a bigger file). One checkpoint at the end (writing_store) writes them
-    # once and removes the WAL (90 MB at 128 ranks: those rows uncompressed).
+    # partly filled last row groups of those again (CPU spent for nothing, and a bigger
+    # file: docs/benchmarks-code.md). One checkpoint at the end (writing_store) writes them
+    # once and removes the WAL (those rows uncompressed).
     con.execute("SET checkpoint_threshold = '1TB'")
     with phase("store: ingest (wall)"):
         _ingest_all(con, ok, base, use_scanner, workers, on_rank)
     with phase("store: finalize"):
-        _finalize(con, members, base, layout, keep_env, expected)
+        finalize_store(con, members, base, layout, keep_env, expected)
     if align:
         with phase("store: align clocks"):
             con.execute(align_clocks_sql())
     write_meta(con, engine=used, base=base, layout=layout, align=align, extra=extra_meta)
     return used
-
-
-_RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", "tp_index", "gpu_name",
-              "session_start_utc_ns", "clock_offset_ns", "clock_correction_ns", "nsys_version", "schema_version",
-              "source_file", "identity_source", "status", "error", "untraced")
-
-
-def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> set[str]:
-    """Rows that end before they start are deleted at finalize; count them on their rank
-    first. Returns the tables that hold any (the only ones the delete has to scan)."""
-    by_rank = {m.rank: m for m in members if m.rank is not None and m.status == "ok" and not m.probe.error}
-    per: dict[int, list[str]] = {}
-    tables: set[str] = set()
-    for rank, table, n in con.execute(negative_durations_sql()).fetchall():
-        per.setdefault(rank, []).append(f"{n} {table}")
-        tables.add(table)
-    for rank, what in per.items():
-        if rank in by_rank:
-            by_rank[rank].probe.notes.append(f"dropped rows that end before they start: {', '.join(what)}")
-    return tables
-
-
-def _local_rank(m: Member, layout: Layout) -> int | None:
-    local, bad = numbers.optional(numbers.rank, m.probe.env.get("LOCAL_RANK"), "LOCAL_RANK")
-    if bad:
-        m.probe.notes.append(f"captured {bad}: ignored")
-    if local is not None:
-        return local
-    return m.rank % layout.nproc_per_node if (layout.nproc_per_node and m.rank is not None) else None
-
-
-def _finalize(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
-              keep_env: bool, expected: list[int] | None) -> None:
-    """The small tables (ranks, env, sources) from the members, and the event tables, which
-    hold every ingested row, finished in place: impossible rows counted on their rank, then
-    deleted; then finalize.sql."""
-    with phase("finalize: count impossible rows"):
-        impossible = _count_impossible(con, members)
-    rows, env_rows, src_rows = [], [], []
-    seen: set[int] = set()
-    for m in members:
-        p, r = m.probe, m.report
-        reason = p.error or "; ".join(m.notes) or None
-        src_rows.append((str(r.origin), m.rank, "error" if p.error else m.status, reason))
-        if m.rank is None or m.status == "duplicate":
-            continue
-        seen.add(m.rank)
-        place = layout.place(m.rank)
-        local = _local_rank(m, layout)
-        status = "error" if (p.error or m.status == "error") else ("partial" if p.notes else "ok")
-        rows.append((
-            m.rank, r.host or p.host, r.pid or p.pid, local,
-            place["node"], place["stage"], place["dp_index"], place["tp_index"], p.gpu_name,
-            p.session_start_ns, (p.session_start_ns - base) if p.session_start_ns is not None else None,
-            0, p.nsys_version, p.schema_version, str(r.origin), m.source or None, status,
-            "; ".join(dict.fromkeys(x for x in [p.error, *m.notes, *p.notes] if x)) or None,
-            ",".join(p.untraced) if not p.error else None,
-        ))
-        for k, v in p.env.items():
-            if keep_env or ENV_ALLOW.match(k):
-                env_rows.append((m.rank, k, v))
-    for rank in sorted(set(expected or []) - seen):
-        place = layout.place(rank)
-        rows.append((rank, None, None, None, place["node"], place["stage"], place["dp_index"],
-                     place["tp_index"], None, None, None, None, None, None, None, None, "missing",
-                     "no report found for this rank", None))
-    with phase("finalize: ranks/env/sources"):
-        append_rows(con, "ranks", _RANK_COLS, rows)
-        append_rows(con, "env", ("rank", "name", "value"), env_rows)
-        append_rows(con, "sources", ("file", "rank", "status", "reason"), src_rows)
-    # Hosts fill `node` when no layout says nproc_per_node (one node per distinct host).
-    con.execute("""UPDATE ranks SET node = h.n FROM (SELECT host, dense_rank() OVER (ORDER BY host) - 1 AS n
-                   FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h
-                   WHERE ranks.node IS NULL AND ranks.host = h.host""")
-    with phase("finalize: delete impossible rows, finalize.sql"):
-        con.execute(finalize_sql(impossible))

@@ -26,9 +26,9 @@ import duckdb
 
 from orchestrator import numbers
 from orchestrator.collect.extract import select_sql
-from orchestrator.collect.gather import ReportFile, _export_one, find_nsys
+from orchestrator.collect.gather import ReportFile, export_one, find_nsys
 from orchestrator.collect.identity import identify
-from orchestrator.collect.ingest import SCANNER_CONFIG, _batches, first_line, load_scanner
+from orchestrator.collect.ingest import SCANNER_CONFIG, arrow_batches, first_line, load_scanner
 from orchestrator.collect.parts import (
     MAP_VERSION,
     is_fresh,
@@ -142,7 +142,7 @@ def _write_sqlite3(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path], 
         for table, sql, out in _targets(p, rank, tmp_of, ""):
             n = 0
             with pq.ParquetWriter(out, arrow_schema(table), compression=COMPRESSION) as w:
-                for batch in _batches(scon.execute(sql), table):
+                for batch in arrow_batches(scon.execute(sql), table):
                     w.write_batch(batch)
                     n += batch.num_rows
             rows[table] = n
@@ -196,7 +196,7 @@ def map_report(task: MapTask) -> dict[str, Any]:
     stamp = source_stamp(r.origin)
     if r.sqlite is None:
         task.exports.mkdir(parents=True, exist_ok=True)
-        _export_one(r, task.exports, find_nsys(task.nsys), task.export_timeout_s)
+        export_one(r, task.exports, find_nsys(task.nsys), task.export_timeout_s)
     t1 = time.perf_counter()
     p = probe(r.sqlite) if r.sqlite else Probe(path=r.origin, error=r.error or "no export")
     rank = _map_rank(r, p) if not p.error else None

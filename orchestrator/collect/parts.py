@@ -34,7 +34,6 @@ from typing import Any
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import ENV_ALLOW, Probe
 
-PARTS = "parts"
 # Bumped when the map's output changes meaning: older metas are redone, never misread.
 MAP_VERSION = 1
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -92,7 +92,7 @@ def probe(path: Path) -> Probe:
 
 def _read(con: sqlite3.Connection, p: Probe) -> None:
     # Every table's columns in one query, not a PRAGMA per table (an export has ~55-80 tables):
-    # 128 ranks probed in 0.18 s instead of 0.35 s, each SQLite call being a GIL handoff.
+    # each SQLite call is a GIL handoff, so fewer calls probe faster (docs/benchmarks-code.md).
     for t, col in con.execute(
         "SELECT m.name, c.name FROM sqlite_master AS m LEFT JOIN pragma_table_info(m.name) AS c "
         "WHERE m.type = 'table'"

@@ -5,7 +5,7 @@ parts with `read_parquet`, shifts each rank onto the shared clock through a tiny
 (file -> rank, offset) table, and inserts them into the store's event tables (created as the
 in-process ingest creates them) under `memory_limit`, spilling to `temp_directory` past it.
 The result is the in-process ingest's store: the same identity (`identify` across all
-reports), the same finalize (ingest._finalize: ranks, env, sources, impossible rows counted
+reports), the same finalize (finalize.finalize_store: ranks, env, sources, impossible rows counted
 and deleted, finalize.sql) and the same meta, so `orch report` gives the same answer either
 way (tests/test_parts.py compares them table by table).
 """
@@ -18,8 +18,8 @@ from typing import Any
 import duckdb
 
 from orchestrator.collect.extract import insert_sql, missing_columns
+from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
-from orchestrator.collect.ingest import _finalize
 from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.store import append_rows, new_store, write_meta
@@ -102,7 +102,7 @@ def build_store_from_parts(
                 con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
                 con.execute(f"DROP VIEW {table}_stage")
             con.execute("DROP TABLE part_map")
-            _finalize(con, members, base, layout, keep_env, expected)
+            finalize_store(con, members, base, layout, keep_env, expected)
             if align:
                 con.execute(align_clocks_sql())
             write_meta(con, engine="parts", base=base, layout=layout, align=align,

@@ -85,8 +85,8 @@ def write_meta(con: duckdb.DuckDBPyConnection, *, engine: str, base: int, layout
 
 def append_rows(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], rows: list[tuple]) -> None:
     """Insert the small tables (ranks, env, sources, meta) as SQL VALUES literals, by column
-    name: no pyarrow import (0.2 s of fixed cost on every collect) and no bound parameters
-    (DuckDB binds thousands of `?` slowly: 0.7 s for 512 ranks, against 30 ms as literals).
+    name: no pyarrow import (a fixed cost on every collect) and no bound parameters (DuckDB
+    binds thousands of `?` far slower than it parses literals; docs/benchmarks-code.md).
     Strings pass through `numbers.text`: a file name in another encoding never fails it."""
     quoted = ", ".join(f'"{n}"' for n in names)
     for i in range(0, len(rows), 1000):
@@ -97,7 +97,7 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ..
 class Checkpoint:
     """`CHECKPOINT store` on its own cursor of the writer's connection, now or in a thread.
     In a thread, DuckDB writes the rows while other cursors read them (the analysis of
-    `orch analyze`, which then no longer waits for it: 0.07-0.11 s of a 2-rank GPT-2 job).
+    `orch analyze`, which then does not wait for it; docs/benchmarks-code.md).
     `wait` re-raises its error (a full disk: nothing may be renamed into place)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, background: bool) -> None:

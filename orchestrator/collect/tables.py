@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 # 2: kernels.category dropped; osrt, threads, sync added; ranks.untraced
 # 3: gpu_memory, gpu_info, graph_execs added (the analysis reads them: a v2 store is re-collected)
-STORE_VERSION = 3
+# 4: profiler_overhead added (the capture-overhead estimate reads it)
+STORE_VERSION = 4
 
 # OS runtime calls shorter than this are not stored: a training process makes tens of
 # thousands of microsecond calls (non-blocking accept/stat/ioctl polls) that would double the
@@ -178,6 +179,12 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         _t("start", "start"), _t("end", "end"), *_DEV,
         Col("graph_id", "BIGINT", ("graphId",)), Col("graph_exec_id", "BIGINT", ("graphExecId",)),
     ), "CUDA graph executions (graph-level tracing: one row per replay)", noted=False),
+    # nsys's own work inside the process (CUPTI buffer flushes, instrumentation, injection
+    # at dlopen): time the capture added that no traced call shows. Absent in older exports.
+    Table("profiler_overhead", "PROFILER_OVERHEAD", (
+        _t("start", "start"), _t("end", "end"), Col("tid", "BIGINT", ("globalTid",)),
+        Col("name", "VARCHAR", ("nameId",), "string"),
+    ), "nsys's own overhead ranges (CUPTI buffer flushes, instrumentation)", noted=False),
     # Every GPU of the node (not only the rank's): the rank's is the device its work ran on.
     Table("gpu_info", "TARGET_INFO_GPU", (
         Col("device", "INTEGER", ("id",)), Col("name", "VARCHAR", ("name",)),

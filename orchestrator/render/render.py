@@ -20,6 +20,7 @@ from orchestrator import __version__, naming
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, profile_args
+from orchestrator.rundir import RunPaths
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
 from orchestrator.submit.limits import stop_timing
@@ -102,11 +103,11 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
     script_dir = script_dir.resolve()
     out = job.spec.profile.output_dir
     if report_dir is None:
-        report_dir = Path(out).expanduser() if out else script_dir.parent / "reports"
+        report_dir = Path(out).expanduser() if out else RunPaths(script_dir.parent).reports
         if not report_dir.is_absolute():
             base = job.spec_path.parent.resolve() if job.spec_path else Path.cwd()
             report_dir = base / report_dir
-    log_dir = (log_dir or script_dir.parent / "logs").resolve()
+    log_dir = (log_dir or RunPaths(script_dir.parent).logs).resolve()
     for label, p in (("output directory", script_dir), ("log directory", log_dir)):
         if not _SAFE_PATH_RE.fullmatch(str(p)):
             raise OrchError(
@@ -141,7 +142,7 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "modules": list(job.slurm.modules or []),
         "node_command": nc,
         "timing": timing,
-        "dump_dir": str(log_dir.parent / "dumps"),
+        "dump_dir": str(RunPaths(log_dir.parent).dumps),
     }
     env = _env()
     scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}

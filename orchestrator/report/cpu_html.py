@@ -11,7 +11,7 @@ import statistics
 from html import escape
 
 from orchestrator.analyze.model import Report
-from orchestrator.report.extras import Extras
+from orchestrator.analyze.model_timeline import Extras
 from orchestrator.report.timeline_svg import nvtx_color
 
 MAX_BARS = 48

@@ -9,32 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.analyze.model import RankMetrics, Report
+from orchestrator.analyze.model_columns import Diff, diff_columns
 from orchestrator.report.comm_diff import comm_rows
 from orchestrator.report.critical_diff import critical_rows
 from orchestrator.report.memory_diff import memory_rows
 
-# metric -> (direction where bigger is worse?, threshold, kind)
-METRICS: dict[str, tuple[bool, float, str]] = {
-    "gpu_idle_pct": (True, 5.0, "points"),
-    "no_compute_pct": (True, 5.0, "points"),
-    "comm_overlap_pct": (False, 10.0, "points"),
-    "exposed_comm_ms": (True, 0.10, "relative"),
-    "compute_ms": (True, 0.10, "relative"),
-    "nccl_wait_ms": (True, 0.25, "relative"),
-    "p2p_wait_ms": (True, 0.25, "relative"),
-    "mean_step_ms": (True, 0.05, "relative"),
-    "median_step_ms": (True, 0.05, "relative"),
-    "p90_step_ms": (True, 0.10, "relative"),
-}
+# The per-rank metrics and their thresholds are declared on RankMetrics' fields (model_columns.Diff).
+METRICS: dict[str, Diff] = dict(diff_columns(RankMetrics))
 # Relative changes below this many ms are noise whatever their percentage.
 MIN_ABS_MS = 1.0
 
 
 def _value(r: RankMetrics, metric: str) -> float:
-    if metric == "mean_step_ms" and r.mean_step_ms is None:  # reports without step statistics
-        xs = [s.ms for s in r.step_ms if not s.warmup]
-        return sum(xs) / len(xs) if xs else 0.0
     v = getattr(r, metric)
+    missing = METRICS[metric].missing
+    if v is None and missing is not None:
+        return missing(r)
     return float(v or 0.0)
 
 
@@ -44,14 +34,14 @@ def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
     rb = {r.rank: r for r in b.ranks}
     rows, regressions = [], []
     for rank in sorted(set(ra) & set(rb)):
-        for metric, (worse_up, thr, kind) in METRICS.items():
+        for metric, m in METRICS.items():
             va, vb = _value(ra[rank], metric), _value(rb[rank], metric)
             delta = vb - va
-            bad = delta if worse_up else -delta
-            if kind == "points":
-                regressed = bad > thr * scale
+            bad = delta if m.worse_up else -delta
+            if m.kind == "points":
+                regressed = bad > m.threshold * scale
             else:
-                regressed = bad > MIN_ABS_MS and va > 0 and bad / va > thr * scale
+                regressed = bad > MIN_ABS_MS and va > 0 and bad / va > m.threshold * scale
             row = {"rank": rank, "metric": metric, "a": round(va, 3), "b": round(vb, 3),
                    "delta": round(delta, 3), "regressed": regressed}
             rows.append(row)

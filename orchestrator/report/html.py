@@ -1,7 +1,7 @@
 """One self-contained HTML file (inline SVG, CSS and the tables' sort script, no network).
 
 Order: what was captured, findings (the top one first, fixes worded for the capture), the
-stats tables (issue 20, `_stats_tables`), then the pictures: per-rank GPU time bars (GPU) or
+stats tables (`_stats_tables`), then the pictures: per-rank GPU time bars (GPU) or
 CPU phase bars (CPU-only), the aligned cross-rank timeline of a representative and of the
 slowest step, rank x step heatmaps of step time and of waiting, stage bars, and the tables.
 A CPU-only capture gets no GPU bars, columns or heatmaps: they would only show 100 % idle.
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model import RankMetrics, Report
+from orchestrator.analyze.model_columns import html_columns
+from orchestrator.analyze.model_timeline import Extras, step_times
+from orchestrator.analyze.pick import by_findings, pick_ranks
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
-from orchestrator.report.extras import Extras, step_times
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
-from orchestrator.report.wording import fix_text, split_problems
+from orchestrator.report.wording import split_problems
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
@@ -35,19 +37,11 @@ def _e(x: object) -> str:
 
 
 def bar_ranks(report: Report) -> list[int]:
-    """At most MAX_BARS ranks: those findings name, the most and least idle, then an even sample."""
-    ranks = [r.rank for r in report.ranks]
-    if len(ranks) <= MAX_BARS:
-        return ranks
-    pick: list[int] = []
-    for f in report.findings:
-        pick += [rk for rk in f.ranks + f.victims[:8] if rk not in pick]
+    """At most MAX_BARS ranks: those findings name (and their first 8 victims), the most and least
+    idle, then an even sample."""
     by_idle = sorted(report.ranks, key=lambda r: r.gpu_idle_pct)
-    pick += [r.rank for r in by_idle[:3] + by_idle[-3:] if r.rank not in pick]
-    rest = [rk for rk in ranks if rk not in pick]
-    room = max(0, MAX_BARS - len(pick))
-    pick += [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))] if room else []
-    return sorted(pick[:MAX_BARS])
+    extremes = [(r.rank, "extreme") for r in by_idle[:3] + by_idle[-3:]]
+    return list(pick_ranks([r.rank for r in report.ranks], [*by_findings(report, 8), *extremes], MAX_BARS))
 
 
 def rank_bars(report: Report) -> str:
@@ -143,17 +137,17 @@ def timeline(report: Report, extras: Extras | None) -> str:
 
 def _findings(report: Report) -> str:
     rows = "".join(
-        f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(fix_text(report, f.title))}</td>'
+        f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
         f'<td>{_e(", ".join(map(str, f.ranks)))}'
         + (f"<br>victims: {_e(', '.join(map(str, f.victims[:20])))}" if f.victims else "") + "</td><td><ul>"
-        + "".join(f"<li>{_e(fix_text(report, e))}</li>" for e in f.evidence)
-        + f"</ul></td><td>{_e(fix_text(report, f.fix))}</td></tr>"
+        + "".join(f"<li>{_e(e)}</li>" for e in f.evidence)
+        + f"</ul></td><td>{_e(f.fix)}</td></tr>"
         for f in report.findings)
     top = ""
     if report.findings and report.findings[0].kind != "healthy":
         f = report.findings[0]
         top = (f'<div class="top" id="top-finding"><b class="sev-{_e(f.severity)}">{_e(f.severity)}</b> '
-               f"{_e(fix_text(report, f.title))}<br><b>fix:</b> {_e(fix_text(report, f.fix))}</div>")
+               f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}</div>")
     return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'
             f"<th>evidence</th><th>fix</th></tr>{rows}</table>")
 
@@ -168,17 +162,14 @@ def _gpu_tables(report: Report) -> str:
         f"<tr><td>{_e(r.rank)}</td><td>{_e(name)}</td><td>{ms:.3f}</td></tr>"
         for r in report.ranks for name, ms in r.gaps_by_range_ms.items()
     ) or '<tr><td colspan="3">no GPU gaps above the threshold</td></tr>'
+    cols = html_columns(RankMetrics)
     m_rows = "".join(
-        "<tr>" + "".join(f"<td>{_e('' if getattr(r, k) is None else getattr(r, k))}</td>" for k in (
-            "rank", "host", "stage", "window_ms", "median_step_ms", "compute_ms", "comm_ms", "comm_overlap_pct",
-            "exposed_comm_ms", "gpu_idle_pct", "nccl_wait_ms", "p2p_wait_ms", "late_count")) + "</tr>"
+        "<tr>" + "".join(f"<td>{_e('' if getattr(r, k) is None else getattr(r, k))}</td>" for k, _ in cols) + "</tr>"
         for r in report.ranks
     )
+    head = "".join(f"<th>{_e(c.header)}</th>" for _, c in cols)
     return (f'<h2>GPU gaps by CPU range (ms)</h2><table id="gaps"><tr><th>rank</th><th>range</th><th>ms</th></tr>'
-            f'{g_rows}</table><h2>Metrics</h2><table id="metrics"><tr><th>rank</th><th>host</th><th>stage</th>'
-            "<th>window ms</th><th>median step ms</th><th>compute ms</th><th>comm ms</th><th>overlap %</th>"
-            "<th>exposed comm ms</th><th>GPU idle %</th><th>NCCL wait ms</th><th>p2p wait ms</th><th>late</th></tr>"
-            f"{m_rows}</table>")
+            f'{g_rows}</table><h2>Metrics</h2><table id="metrics"><tr>{head}</tr>{m_rows}</table>')
 
 
 def _problems(report: Report, notes: bool) -> str:
@@ -203,8 +194,16 @@ def _outcome(report: Report) -> str:
     cls = "sev-info" if o.state == "completed" else "sev-high"
     rows = "".join(f"<li>rank {r.rank}: last finished step {_e(r.last_done_step)}"
                    + (f", in {_e(' > '.join(r.open_ranges))} when its capture ended" if r.open_ranges else "")
-                   + (f", {_e(r.exit)}" if r.exit else "") + "</li>" for r in o.ranks if o.state != "completed")
+                   + (f", {_e(r.exit)}" if r.exit else "")
+                   + (f"<br><small>stack: {_e(' ← '.join(r.stack))}</small>" if r.stack else "") + "</li>"
+                   for r in o.ranks if o.state != "completed")
+    rows += "".join(f"<li>{_e(line)}</li>" for line in o.flight_recorder)
     return f'<p id="outcome" class="{cls}"><b>Job outcome:</b> {_e(o.line)}</p>' + (f"<ul>{rows}</ul>" if rows else "")
+
+
+def _overhead(report: Report) -> str:
+    o = report.capture_overhead
+    return f'<p class="cpu" id="capture-overhead">{_e(o.line)}</p>' if o is not None and o.line else ""
 
 
 def render_html(report: Report, extras: Extras | None = None) -> str:
@@ -230,7 +229,7 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>{_outcome(report)}
 <p>Window: {_e(w.note)}; steps from {_e(w.step_source)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
-{banner}{_problems(report, notes=False)}
+{_overhead(report)}{banner}{_problems(report, notes=False)}
 {"".join(sections)}{_problems(report, notes=True)}
 </body></html>
 """

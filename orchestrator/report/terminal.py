@@ -18,11 +18,15 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.analyze.model import RankMetrics, Report
+from orchestrator.analyze.model_columns import Terminal, terminal_columns
+from orchestrator.analyze.pick import by_findings
+from orchestrator.analyze.pick import pick_ranks as pick
 from orchestrator.report.comm_terminal import print_comm
+from orchestrator.report.critical_terminal import critical_lines
 from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
-from orchestrator.report.wording import fix_text, split_problems
+from orchestrator.report.wording import split_problems
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 MAX_ROWS = 16
@@ -36,16 +40,9 @@ def _table(title: str, wide: bool) -> Table:
 
 
 def pick_ranks(report: Report, ranks: list[int], limit: int = MAX_ROWS) -> list[int]:
-    """The ranks worth a row when there are too many: named by findings, then an even sample."""
-    if len(ranks) <= limit:
-        return ranks
-    pick: list[int] = []
-    for f in report.findings:
-        pick += [rk for rk in f.ranks + f.victims[:2] if rk in ranks and rk not in pick]
-    rest = [rk for rk in ranks if rk not in pick]
-    room = max(0, limit - len(pick))
-    pick += [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))] if room else []
-    return sorted(pick[:limit])
+    """The ranks worth a row when there are too many: named by findings (and their first two
+    victims), then an even sample."""
+    return list(pick(ranks, by_findings(report, 2, among=ranks), limit))
 
 
 def _cpu_table(report: Report, wide: bool) -> tuple[Table, int]:
@@ -67,38 +64,23 @@ def _cpu_table(report: Report, wide: bool) -> tuple[Table, int]:
     return t, len(ranks) - len(shown)
 
 
-def _top_gap(r: RankMetrics, width: int | None) -> str:
-    gaps = r.gaps_by_range_ms
-    if not gaps:
-        return ""
-    name, ms = max(gaps.items(), key=lambda kv: kv[1])
-    if width and len(name) > width:
-        name = name[: width - 1] + "…"
-    return cell(f"{name} {ms:.1f}")
-
-
 def _rank_table(report: Report, wide: bool) -> tuple[Table, int]:
+    """The columns the fields of RankMetrics declare (model_columns.Terminal), in their order."""
     t = _table("per rank (ms unless %)", wide)
-    cols = (["rank", "host", "stage", "window", "step", "compute", "comm", "overlap %", "exposed comm",
-             "GPU idle %", "waiting", "late", "syncs/step", "top gap range"] if wide else
-            ["rank", "step", "compute", "exposed comm", "waiting", "GPU idle %", "late", "top gap range"])
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("host", "top gap range") else "right")
+    cols = terminal_columns(RankMetrics, wide)
+    for _, col in cols:
+        t.add_column(col.label, justify="left" if col.left else "right")
     ranks = report.ranks if wide else [report.rank(rk) for rk in pick_ranks(report, [r.rank for r in report.ranks])]
     for r in ranks:
         if r is None:
             continue
-        step = "" if r.median_step_ms is None else f"{r.median_step_ms:.1f}"
-        wait, late = f"{r.nccl_wait_ms + r.p2p_wait_ms:.1f}", f"{r.late_count}/{r.collectives}"
-        if wide:
-            t.add_row(str(r.rank), cell(r.host or ""), "" if r.stage is None else str(r.stage), f"{r.window_ms:.1f}",
-                      step, f"{r.compute_ms:.1f}", f"{r.comm_ms:.1f}", f"{r.comm_overlap_pct:.1f}",
-                      f"{r.exposed_comm_ms:.1f}", f"{r.gpu_idle_pct:.1f}", wait, late,
-                      "" if r.sync_per_step is None else f"{r.sync_per_step:.1f}", _top_gap(r, None))
-        else:
-            t.add_row(str(r.rank), step, f"{r.compute_ms:.1f}", f"{r.exposed_comm_ms:.1f}", wait,
-                      f"{r.gpu_idle_pct:.1f}", late, _top_gap(r, 22))
+        t.add_row(*(_cell(r, name, col, wide) for name, col in cols))
     return t, len(report.ranks) - len(ranks)
+
+
+def _cell(r: RankMetrics, name: str, col: Terminal, wide: bool) -> str:
+    v = col.value(r, wide) if col.value else getattr(r, name)
+    return "" if v is None else cell(format(v, col.fmt))
 
 
 def _findings(report: Report, console: Console, wide: bool) -> None:
@@ -109,16 +91,16 @@ def _findings(report: Report, console: Console, wide: bool) -> None:
     for i, f in enumerate(report.findings, 1):
         victims = f.victims if wide or len(f.victims) <= 8 else [*f.victims[:8]]
         more_v = f" +{len(f.victims) - len(victims)}" if len(victims) < len(f.victims) else ""
-        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(fix_text(report, f.title))} (ranks "
+        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks "
                       f"{', '.join(map(str, f.ranks[:8 if not wide else None]))}"
                       + (f"; victims {', '.join(map(str, victims))}{more_v}" if f.victims else "") + ")",
                       highlight=False)
         shown = f.evidence if wide else f.evidence[:EVIDENCE]
         for e in shown:
-            _line(console, f"   - {plain(fix_text(report, e))}", wide)
+            _line(console, f"   - {plain(e)}", wide)
         if len(shown) < len(f.evidence):
             _line(console, f"   - ... {len(f.evidence) - len(shown)} more (--wide)", wide)
-        _line(console, f"   fix: {plain(fix_text(report, f.fix))}", wide)
+        _line(console, f"   fix: {plain(f.fix)}", wide)
 
 
 def _line(console: Console, text: str, wide: bool, indent: str = "     ") -> None:
@@ -140,7 +122,14 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     if report.outcome is not None:  # how the job ended comes before anything measured in it
         style = "green" if report.outcome.state == "completed" else "bold red"
         console.print(f"[{style}]job outcome:[/] {cell(report.outcome.line)}", highlight=False)
+        for line in report.outcome.flight_recorder:
+            _line(console, plain(line), wide, "  ")
+        for r in report.outcome.ranks:  # the ranks the outcome names: where each one stood
+            if r.stack and (r.rank in report.outcome.behind or r.exit):
+                _line(console, plain(f"  rank {r.rank} stack: {' <- '.join(r.stack)}"), wide, "    ")
     _line(console, f"window: {plain(w.note)}; steps from {plain(w.step_source)}; gaps >= {w.gap_ms} ms", wide, "  ")
+    if report.capture_overhead is not None and report.capture_overhead.line:
+        console.print(f"[yellow]{cell(report.capture_overhead.line)}[/]", highlight=False)
     if not report.gpu_activity:
         console.print("CPU-only capture (no GPU activity traced): comparing the ranks' CPU phases", highlight=False)
     _findings(report, console, wide)
@@ -157,6 +146,8 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     _more(console, hidden, report)
     print_comm(report, console)
     print_memory(report, console)
+    for line in critical_lines(report):
+        _line(console, plain(line), wide, "    ")
     if report.stages:
         st = _table("stages", wide)
         for col in ("stage", "ranks", "compute ms", "bubble %"):

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable
 from html import escape
 
-from orchestrator.report.extras import Seg, StepView
+from orchestrator.analyze.model_timeline import Seg, StepView
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "sync": "#ff6f00", "idle": "#e3e7ea"}

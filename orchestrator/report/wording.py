@@ -1,10 +1,8 @@
-"""Render-time wording shared by the terminal and the HTML report.
+"""Which rank problems the terminal and the HTML report show, and how.
 
-The rules write their fixes for GPU jobs ("Feed the GPU ahead of time"). On a CPU-only
-capture (`Report.gpu_activity` false) that advice reads as a bug, so the renderers reword
-the known GPU phrases for the CPU case. Until the rules carry CPU variants of their fix texts
-this is the one place that knows them. Partial-rank notes that only say the CUDA tables are
-absent are expected on a CPU-only capture and are dropped rather than shown as problems.
+Partial-rank notes that only say the CUDA tables are absent are expected on a CPU-only
+capture and are dropped rather than shown as problems. (The findings' words are the rules'
+own: a rule words its fix for a CPU-only capture itself, base.Context.worded.)
 """
 
 from __future__ import annotations
@@ -13,24 +11,8 @@ import re
 
 from orchestrator.analyze.model import Problem, Report
 
-_CPU_PHRASES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"Feed the GPU ahead of time: "), "Have each batch ready before the step needs it: "),
-    (re.compile(r", copy with \.to\(device, non_blocking=True\)"), ""),
-    (re.compile(r"The GPU idles while the CPU runs this range: "),
-     "The other ranks wait in their collectives while this rank runs this range: "),
-    (re.compile(r"\bGPU idle\b"), "idle"),
-]
 # A probe note that the CUDA/CUPTI tables are absent (nsys traced no CUDA).
 _UNTRACED = re.compile(r"no (CUPTI_\w+|TARGET_INFO_GPU\w*|GPU_METRICS\w*)(, \w+)* table\(s\): [^;]*")
-
-
-def fix_text(report: Report, text: str) -> str:
-    """A finding's fix (or title, evidence) worded for the capture: unchanged when it has GPU work."""
-    if report.gpu_activity:
-        return text
-    for pat, repl in _CPU_PHRASES:
-        text = pat.sub(repl, text)
-    return text
 
 
 def problem_reason(report: Report, p: Problem) -> str:

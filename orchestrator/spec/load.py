@@ -96,9 +96,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
     kind = e["type"]
     if kind == "extra_forbidden":
-        return f"{source}: unknown key '{loc}'; remove it or fix its spelling (see README, Job spec)"
+        return f"{source}: unknown key '{loc}'; remove it or fix its spelling (see docs/spec.md)"
     if kind == "missing":
-        return f"{source}: '{loc}' is required; add it (see README, Job spec)"
+        return f"{source}: '{loc}' is required; add it (see docs/spec.md)"
     msg = e["msg"].removeprefix("Value error, ")
     got = e.get("input")
     if isinstance(got, bool) and kind in ("int_type", "float_type", "string_type", "literal_error"):
@@ -144,7 +144,9 @@ class _DuplicateKeyError(Exception):
 MAX_SPEC_BYTES = 1 << 20
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """A spec file's mapping, every way it can be wrong said in one line (`orch sweep` reads
+    the job spec raw too, to set its keys before validating)."""
     try:
         if path.stat().st_size > MAX_SPEC_BYTES:
             raise OrchError(f"{what} {path} is larger than 1 MiB; a spec is a few lines")
@@ -209,7 +211,7 @@ def find_cluster(ref: str, spec_dir: Path | None) -> Path:
 
 
 def load_cluster(path: Path) -> ClusterConfig:
-    data = _read_yaml(path, "cluster config")
+    data = read_yaml(path, "cluster config")
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as e:
@@ -298,5 +300,5 @@ def parse_spec(data: Any, source: str) -> JobSpec:
 
 def load_job(path: str | Path) -> ResolvedJob:
     p = Path(path)
-    spec = parse_spec(_read_yaml(p, "job spec"), str(p))
+    spec = parse_spec(read_yaml(p, "job spec"), str(p))
     return resolve(spec, p)

@@ -23,7 +23,7 @@ from submitit.core.utils import FailedJobError, JobPaths
 from orchestrator.errors import OrchError
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.failure import failure_line, rank_traceback, root_cause
+from orchestrator.submit.failure import failed_at, failure_line, rank_traceback, root_cause
 from orchestrator.submit.limits import StopTiming, stop_timing
 from orchestrator.submit.node import NodeCommand
 
@@ -103,6 +103,7 @@ class SubmititBackend:
                         cause = root_cause(text)
                         if cause:
                             info["failed_rank"], info["failed_exit"] = cause
+                            info["failed_at"] = failed_at(text)
                 except Exception as e:  # a half-written or foreign pickle: say so, keep going
                     info["result"] = f"unreadable ({e.__class__.__name__})"
             else:

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator import __version__, naming
 from orchestrator.render import render
-from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_manifest
+from orchestrator.rundir import ExpectedReport, Manifest, RunPaths, default_root, read_manifest
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, backend_for, tail
 
@@ -38,12 +38,13 @@ def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, Manifest]:
     """Render into a new run directory and submit; on failure nothing is left behind."""
     root = Path(root or job.spec.run_root or default_root())
     run = new_run_dir(job, root)
+    paths = RunPaths(run)
     try:
-        rendered = render(job, run / "scripts", report_dir=None if job.spec.profile.output_dir
-                          else run / "reports", log_dir=run / "logs")
+        rendered = render(job, paths.scripts, report_dir=None if job.spec.profile.output_dir
+                          else paths.reports, log_dir=paths.logs)
         rendered.write()
-        (run / "logs").mkdir(exist_ok=True)
-        job_id = backend_for(job.cluster.executor).submit(job, rendered, run / "submitit")
+        paths.logs.mkdir(exist_ok=True)
+        job_id = backend_for(job.cluster.executor).submit(job, rendered, paths.submitit)
         manifest = Manifest(
             orch_version=__version__, name=job.spec.name, job_id=job_id,
             executor=job.cluster.executor, cluster=job.cluster.name,
@@ -59,7 +60,7 @@ def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, Manifest]:
             report_pattern=rendered.report_pattern,
             expected_reports=expected_reports(job, rendered.report_dir, job_id),
             scripts={name: str(rendered.script_dir / name) for name in rendered.scripts},
-            node_command=rendered.node_command, submitit_folder=str(run / "submitit"),
+            node_command=rendered.node_command, submitit_folder=str(paths.submitit),
             nsys=job.cluster.nsys.path,
         )
         manifest.write(run)

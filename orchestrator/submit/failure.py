@@ -20,6 +20,13 @@ _FIELD = re.compile(r"^\s+(\w[\w ]*?)\s*:\s?(.*?)\s*$")
 _STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _TAG = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _WRAPPER = re.compile(r"^orch: rank (\d+): (.*)$", re.M)
+# A C++ exception nobody caught (gloo's and NCCL's checks): std::terminate prints its type and
+# message, then aborts; there is no Python traceback to quote.
+_NATIVE = re.compile(r"terminate called after throwing an instance of '([^'\n]+)'\s*\n\s*what\(\):\s*(.+)")
+_LOCATION = re.compile(r"^\[[^\]]*\]\s*")
+# torchrun's log line for a rank that failed, stamped to the microsecond (glog: MMDD HH:MM:SS.us);
+# the Root Cause block's `time` has whole seconds only, too coarse to order two nodes' failures.
+_FAILED_AT = re.compile(r"^[EWI](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ \S+\] failed \(exitcode: ", re.M)
 # Frames of torchrun's and submitit's own tracebacks: the launcher reporting, not a rank failing.
 _LAUNCHER = ("torch/distributed/run.py", "torch/distributed/elastic/", "submitit/")
 
@@ -100,7 +107,7 @@ def failure_line(text: str) -> str | None:
         rank = fields.get("rank", "?").split()[0]
         said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
         block = _own(text, rank)
-        own = said[-1:] or ([block[-1].strip()] if block else [])
+        own = said[-1:] or ([block[-1].strip()] if block else []) or _native(text)
         head = f"rank {rank} failed first ({_status(fields.get('exitcode', '?'))})"
         return f"{head}: {own[0]}"[:300] if own else head
     stopped = _STOPPED.search(text)
@@ -108,6 +115,12 @@ def failure_line(text: str) -> str | None:
         return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "
                 "or the job was cancelled or ran out of time")
     return None
+
+
+def _native(text: str) -> list[str]:
+    """The uncaught C++ exception's type and message, without the source location it opens with."""
+    m = _NATIVE.search(text)
+    return [f"{m.group(1)}: {_LOCATION.sub('', m.group(2).strip())}"] if m else []
 
 
 def root_cause(text: str) -> tuple[int, str] | None:
@@ -119,6 +132,14 @@ def root_cause(text: str) -> tuple[int, str] | None:
         return int(fields.get("rank", "?").split()[0]), _status(fields.get("exitcode", "?"))
     except ValueError:
         return None
+
+
+def failed_at(text: str) -> str | None:
+    """When torchrun saw its first rank fail ('MMDD HH:MM:SS.us', sortable within a year): on
+    several nodes every torchrun names a root cause, and the earliest is the job's (the others
+    are ranks that lost their peer)."""
+    m = _FAILED_AT.search(text)
+    return m.group(1) if m else None
 
 
 def rank_traceback(text: str, lines: int = 12) -> str | None:

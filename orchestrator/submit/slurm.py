@@ -30,7 +30,7 @@ from orchestrator.submit.backend import TERMINAL, SubmititBackend, job_stop_timi
 from orchestrator.submit.limits import KILL_WAIT_S, slurm_minutes
 from orchestrator.submit.node import SETTLE_S, stop_file, supervisor_file
 
-__all__ = ["SlurmBackend", "scheduler_state", "slurm_minutes"]
+__all__ = ["SlurmBackend", "normalize_state", "run_command", "scheduler_state", "slurm_minutes"]
 
 
 def _extra_params(lines: list[str]) -> dict[str, Any]:
@@ -72,14 +72,17 @@ def _quiet_submitit() -> Iterator[None]:
         log.setLevel(level)
 
 
-def _run(cmd: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str] | None:
+def run_command(cmd: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str] | None:
+    """A Slurm client command (squeue, scontrol, scancel, sacct), None when it cannot run or hangs:
+    the callers fall back to another source instead of failing."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
 
 
-def _norm(state: str) -> str:
+def normalize_state(state: str) -> str:
+    """`CANCELLED by 123`, `COMPLETED+`: the bare state name."""
     s = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
     return "CANCELLED" if s.startswith("CANCELLED") else s
 
@@ -90,20 +93,20 @@ def scheduler_state(job_id: str) -> dict[str, Any]:
     with _quiet_submitit():
         info = _Watcher(delay_s=0).get_info(job_id, mode="force")
     if info.get("State"):
-        return {"state": _norm(info["State"]), "exit_code": info.get("ExitCode"), "nodes": info.get("NodeList"),
-                "steps": [], "source": "sacct"}
-    q = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%N"])
+        return {"state": normalize_state(info["State"]), "exit_code": info.get("ExitCode"),
+                "nodes": info.get("NodeList"), "steps": [], "source": "sacct"}
+    q = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%N"])
     if q is not None and q.returncode == 0 and q.stdout.strip():
         state, _, nodes = q.stdout.strip().splitlines()[0].partition("|")
-        if _norm(state) not in TERMINAL:
-            return {"state": _norm(state), "nodes": nodes, "steps": [], "source": "squeue"}
-    c = _run(["scontrol", "show", "job", job_id])
+        if normalize_state(state) not in TERMINAL:
+            return {"state": normalize_state(state), "nodes": nodes, "steps": [], "source": "squeue"}
+    c = run_command(["scontrol", "show", "job", job_id])
     if c is not None and c.returncode == 0:
         m = re.search(r"JobState=(\S+)", c.stdout)
         ec = re.search(r"ExitCode=(\S+)", c.stdout)
         nodes = re.search(r"\bNodeList=(\S+)", c.stdout)
         if m:
-            return {"state": _norm(m.group(1)), "exit_code": ec.group(1) if ec else None,
+            return {"state": normalize_state(m.group(1)), "exit_code": ec.group(1) if ec else None,
                     "nodes": nodes.group(1) if nodes else None, "steps": [], "source": "scontrol"}
     return {"state": "UNKNOWN", "steps": [], "source": "none (job no longer known to Slurm)"}
 
@@ -152,6 +155,10 @@ class SlurmBackend(SubmititBackend):
             state["state"] = "TIMEOUT"
             state["source"] += "; time-limit warning"
         stop = next((s for s in stops if s), None)
+        if stop and stop.get("reason") == "cancelled" and state["state"] != "CANCELLED":
+            # A SIGTERM that orch did not send: srun ending the step because another node's
+            # task failed (--kill-on-bad-exit), not a cancel.
+            stop = {**stop, "reason": "step_ended"}
         if stop:
             state["stop"] = stop
         return state
@@ -162,12 +169,12 @@ class SlurmBackend(SubmititBackend):
         with contextlib.suppress(OSError):
             _cancel_marker(folder, job_id).touch()
         if scheduler_state(job_id)["state"] == "RUNNING":
-            _run(["scancel", "--signal=USR2", job_id])
+            run_command(["scancel", "--signal=USR2", job_id])
             sup = read_json(supervisor_file(folder, job_id, 0))
             deadline = time.monotonic() + sup.get("grace_s", 60) + SETTLE_S + KILL_WAIT_S + 10
             while time.monotonic() < deadline and scheduler_state(job_id)["state"] not in TERMINAL:
                 time.sleep(1)
-        p = _run(["scancel", job_id])
+        p = run_command(["scancel", job_id])
         if p is None or p.returncode != 0:
             raise OrchError(f"scancel {job_id} failed: {(p.stderr.strip() if p else 'scancel not found')}")
         return []

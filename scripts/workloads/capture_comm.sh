@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Communication captures with known message sizes (issue 15; tests/fixtures/comm/).
+# Communication captures with known message sizes: the ground truth in tests/fixtures/comm/.
 #
 #   capture_comm.sh --device OUT     on the 2-GPU machine: nsys 2025.3 from the Nsight Compute
 #                                    image (libs in .cap/libs), one nsys per rank under torchrun

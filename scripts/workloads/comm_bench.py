@@ -1,4 +1,4 @@
-"""Communication benchmark with known message sizes (issue 15): the ground truth for orch's
+"""Communication benchmark with known message sizes: the ground truth for orch's
 bytes and bandwidth per collective.
 
 Modes:

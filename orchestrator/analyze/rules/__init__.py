@@ -27,18 +27,23 @@ def registry() -> list[Rule]:
 
 def rank_findings(found: list[Finding]) -> list[Finding]:
     """By severity; within one severity causes before symptoms (a rule with `symptom = True`
-    says WHEN the GPU starves, the others say why), then by cost."""
-    symptoms = {r.kind for r in registry() if r.symptom}
-    return sorted(found, key=lambda f: (SEVERITY_ORDER[f.severity], f.kind in symptoms, -f.cost_ms))
+    says WHEN the GPU starves, the others say why), then by cost. A rule with `leads = True`
+    (how the job ended) comes before all: what was measured in a job that did not complete
+    reads differently once that is known."""
+    rules = registry()
+    symptoms = {r.kind for r in rules if r.symptom}
+    leads = {r.kind for r in rules if r.leads}
+    return sorted(found, key=lambda f: (f.kind not in leads, SEVERITY_ORDER[f.severity], f.kind in symptoms,
+                                        -f.cost_ms))
 
 
 def find_all(ctx: Context) -> list[Finding]:
     rules = registry()
     for rule in (r for r in rules if not r.final):
-        ctx.findings.extend(rule.evaluate(ctx))
+        ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
     ctx.findings = rank_findings(ctx.findings)
     for rule in (r for r in rules if r.final):
-        ctx.findings.extend(rule.evaluate(ctx))
+        ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
     # Final rules' findings take their place by severity and cost too; `healthy` (info, no
     # cost) stays after everything it summarises.
     ctx.findings = sorted(rank_findings(ctx.findings), key=lambda f: f.kind == "healthy")

@@ -24,7 +24,7 @@ FIX = ("Keep the caching allocator's blocks: remove torch.cuda.empty_cache() (an
 @dataclass
 class AllocatorChurn(Rule):
     kind = "allocator_churn"
-    reads = ("alloc_calls",)
+    reads = ()
     min_calls_per_step: float = 2.0  # allocations + frees per iteration
     min_share_pct: float = 1.0  # CPU time in them, of the iterations
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model import Finding, Report, Severity
+from orchestrator.analyze.units import ms
 
 # NVTX range names that are the input pipeline in real code.
 DATA_RANGE = re.compile(r"data|load|batch|input|fetch|collate|sampler|prefetch", re.I)
@@ -36,6 +37,16 @@ OTHER_WORK_FIX = (
 CPU_GAP_FIX = (
     "The GPU idles while the CPU runs this range: move the work off the critical path "
     "(overlap it with GPU work, do it asynchronously or less often) or make it faster."
+)
+# The same advice for a CPU-only capture (no GPU traced): there the others wait in collectives,
+# and advice about feeding a GPU reads as a bug.
+DATA_LOADER_FIX_CPU = (
+    "Have each batch ready before the step needs it: DataLoader(num_workers>0, pin_memory=True, "
+    "prefetch_factor>=2, persistent_workers=True), and move decoding/augmentation out of the training loop."
+)
+CPU_GAP_FIX_CPU = (
+    "The other ranks wait in their collectives while this rank runs this range: move the work off the critical "
+    "path (overlap it with GPU work, do it asynchronously or less often) or make it faster."
 )
 
 
@@ -69,9 +80,8 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
     return f"rank {rank}'s loop thread was in `{top}` for {share}% of that idle time: {meaning}"
 
 
-def ns_to_ms(ns: float | int | None) -> float:
-    """ns -> ms, rounded to the µs the report shows (the only arithmetic rules do on metrics)."""
-    return round((ns or 0) / 1e6, 3)
+# Rules convert with the report's one ns -> ms (µs, None as 0) under the name they import from here.
+ns_to_ms = ms
 
 
 def severity_for(pct_of_window: float) -> Severity:
@@ -93,6 +103,19 @@ def finding(kind: str, ranks: Iterable[int], title: str, evidence: list[str], fi
                    fix=fix, cost_ms=round(cost_ms, 3), victims=sorted(set(victims)))
 
 
+class DeclaredViews(Views):
+    """The views as one rule sees them: those in its `reads`, from the shared cache. A rule
+    that reads another fails at once, instead of depending silently on a view nobody checks."""
+
+    def __init__(self, views: Views, rule: Rule) -> None:
+        self.con, self._cache, self._rule = views.con, views._cache, rule
+
+    def rows(self, view: str) -> list[dict[str, Any]]:
+        if view not in self._rule.reads:
+            raise LookupError(f"rule {self._rule.kind} reads view {view!r}, which its `reads` does not list")
+        return super().rows(view)
+
+
 @dataclass
 class Context:
     views: Views
@@ -100,16 +123,36 @@ class Context:
     opts: Options
     findings: list[Finding] = field(default_factory=list)
 
+    def for_rule(self, rule: Rule) -> Context:
+        """This context with the views limited to what `rule` declares it reads (same findings)."""
+        return replace(self, views=DeclaredViews(self.views, rule))
+
     def window_ms(self) -> dict[int, float]:
         return {r.rank: r.window_ms for r in self.report.ranks}
+
+    def worded(self, gpu: str, cpu: str) -> str:
+        """`gpu` for a capture with GPU work, else its CPU-only wording `cpu`."""
+        return gpu if self.report.gpu_activity else cpu
+
+    def data_loader_fix(self) -> str:
+        return self.worded(DATA_LOADER_FIX, DATA_LOADER_FIX_CPU)
+
+    def cpu_gap_fix(self) -> str:
+        return self.worded(CPU_GAP_FIX, CPU_GAP_FIX_CPU)
 
 
 @dataclass
 class Rule:
     kind: ClassVar[str]
+    # The views the rule queries itself (ctx.views; the report's metrics are not listed): the
+    # engine lets it read no other (DeclaredViews), tests/test_sql_modules.py checks the list
+    # against the rule's code and against the views the SQL modules provide.
     reads: ClassVar[tuple[str, ...]] = ()
     final: ClassVar[bool] = False
     symptom: ClassVar[bool] = False  # names when/where time is lost, not why: ranked after causes
+    explains_idle: ClassVar[bool] = False  # says why a rank's GPU idles (gpu_low_util defers to it)
+    root: ClassVar[bool] = False  # its findings' ranks hold the others up; `victims` waited for them
+    leads: ClassVar[bool] = False  # its findings come before every other (how the job ended)
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         raise NotImplementedError

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
-    CPU_GAP_FIX,
     DATA_RANGE,
     OTHER_WORK_FIX,
     Context,
@@ -20,7 +19,8 @@ from orchestrator.analyze.rules.base import (
 @dataclass
 class CpuGap(Rule):
     kind = "cpu_gap"
-    reads = ("gap_attr",)
+    explains_idle = True
+    reads = ()
     # Reported when the GPU idles in one range for at least this share of a rank's window.
     min_share: float = 0.1
 
@@ -47,7 +47,7 @@ class CpuGap(Rule):
                 self.kind, hit, title,
                 [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                  f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in sorted(hit.items())],
-                OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else CPU_GAP_FIX, max(hit.values()), pct=worst))
+                OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix(), max(hit.values()), pct=worst))
         return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import CPU_GAP_FIX, DATA_LOADER_FIX, DATA_RANGE, Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding, ns_to_ms
 
 # Ranges that can contain a collective or a wait, so their excess may be waiting for others.
 ABSORBS_WAIT = re.compile(r"backward|bwd|all.?reduce|all.?gather|reduce.?scatter|broadcast|barrier|sync|wait|"
@@ -27,6 +27,7 @@ ABSORBS_WAIT = re.compile(r"backward|bwd|all.?reduce|all.?gather|reduce.?scatter
 @dataclass
 class CpuPhaseOutlier(Rule):
     kind = "cpu_phase_outlier"
+    root = True
     reads = ("cpu_phases", "rank_metrics")
     min_ratio: float = 3.0  # this rank's self time per step vs the others' median
     min_excess_ns: float = 1e6
@@ -77,7 +78,7 @@ class CpuPhaseOutlier(Rule):
         names = ", ".join(map(str, cause_ranks))
         return [finding(
             self.kind, cause_ranks, f"`{grp}` is slow on rank(s) {names}", evidence,
-            f"Rank(s) {names}: " + (DATA_LOADER_FIX if DATA_RANGE.search(grp) else CPU_GAP_FIX),
+            f"Rank(s) {names}: " + (ctx.data_loader_fix() if DATA_RANGE.search(grp) else ctx.cpu_gap_fix()),
             max(ns_to_ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), pct=worst,
             victims=[w[2] for w in waits])]
 

@@ -6,13 +6,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import DATA_LOADER_FIX, DATA_RANGE, Context, Rule, cpu_state, finding
+from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state, finding
 
 
 @dataclass
 class DataLoaderStall(Rule):
     kind = "data_loader_stall"
-    reads = ("gap_attr", "gap_cpu")
+    explains_idle = True
+    reads = ("gap_cpu",)
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = 0.05
 
@@ -35,7 +36,7 @@ class DataLoaderStall(Rule):
             if state:
                 evidence.append(state)
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence,
-                        DATA_LOADER_FIX, max(stall.values()), pct=worst)]
+                        ctx.data_loader_fix(), max(stall.values()), pct=worst)]
 
 
 RULE = DataLoaderStall()

@@ -16,7 +16,8 @@ FIX = ("Overlap gradient all-reduce with backward: tune DDP bucket_cap_mb (small
 @dataclass
 class ExposedCommunication(Rule):
     kind = "exposed_communication"
-    reads = ("rank_metrics",)
+    explains_idle = True
+    reads = ()
     max_overlap_pct: float = 50.0  # reported only when less than this share of NCCL time overlaps
     min_share: float = 0.1  # exposed transfer (not waiting, not p2p) as a share of the window
 

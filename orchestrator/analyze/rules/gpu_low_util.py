@@ -16,8 +16,6 @@ from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
 
 FIX = ("Find what the CPU does during the low slices (the phase table and the thread view: a blocked "
        "main thread, a data-loading range, a sync) and overlap it with GPU work.")
-WHY = ("cpu_gap", "data_loader_stall", "host_sync", "straggler", "pipeline_bubble", "stage_imbalance",
-       "exposed_communication", "launch_bound")
 
 
 @dataclass
@@ -40,7 +38,10 @@ class GpuLowUtil(Rule):
         if not idle:
             return []
         worst = max(idle, key=lambda rk: idle[rk] / win[rk])
-        covered = {rk for f in ctx.findings if f.kind in WHY for rk in f.ranks}
+        from orchestrator.analyze.rules import registry  # the package imports this module
+
+        why = {r.kind for r in registry() if r.explains_idle}
+        covered = {rk for f in ctx.findings if f.kind in why for rk in f.ranks}
         pct = 100 * idle[worst] / win[worst]
         return [finding(
             self.kind, idle, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 time slices",

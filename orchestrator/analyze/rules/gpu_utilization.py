@@ -16,7 +16,7 @@ FIX = ("The GPU runs kernels but most SMs idle: grow the work per kernel (larger
 @dataclass
 class GpuUtilization(Rule):
     kind = "gpu_underutilized"
-    reads = ("rank_metrics", "gpu_util")
+    reads = ()
     min_compute_share: float = 0.5  # compute kernels run at least this share of the window...
     max_sm_active_pct: float = 30.0  # ...while the SMs are active less than this on average
 

@@ -11,7 +11,7 @@ from orchestrator.analyze.rules.base import Context, Rule, finding
 @dataclass
 class Healthy(Rule):
     kind = "healthy"
-    reads = ("rank_metrics",)
+    reads = ()
     final = True  # runs after every other rule and reads their findings
 
     def evaluate(self, ctx: Context) -> list[Finding]:

@@ -21,6 +21,7 @@ FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`
 @dataclass
 class HostSync(Rule):
     kind = "host_sync"
+    explains_idle = True
     reads = ("sync_stats", "sync_idle_ranges")
     # A sync at least this often per step on average is "in the hot loop" (per-step logging).
     min_per_step: float = 1.0

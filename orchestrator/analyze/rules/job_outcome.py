@@ -20,13 +20,21 @@ _FIX = {
     "timed out": "The job was still running at its time limit: raise slurm.time or profile fewer steps "
                  "(profile.capture_range).",
     "cancelled": "The job was cancelled: the steps it finished are analysed, the unfinished one is not.",
+    # A collective some ranks call and others do not (inside `if rank == 0:`, an evaluation or
+    # a log line on the main process only) pairs with a different collective on the others: NCCL
+    # hangs, gloo aborts on the size check.
+    "mismatch": "The ranks called different collectives at the same point: every rank must call the same "
+                "collectives in the same order. Look at the stack of the rank named above for a collective "
+                "called on some ranks only (under `if rank == 0:`, in evaluation, logging or checkpointing) "
+                "and call it on every rank, or use a value that needs no collective.",
 }
 
 
 @dataclass
 class JobOutcome(Rule):
     kind = "job_outcome"
-    reads = ("rank_end",)
+    leads = True
+    reads = ()
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         o = ctx.report.outcome
@@ -36,12 +44,16 @@ class JobOutcome(Rule):
             f"rank {r.rank}: last finished step {r.last_done_step if r.last_done_step is not None else 'none'}"
             + (f", in {' > '.join(r.open_ranges)} when its capture ended" if r.open_ranges else "")
             + (f", {r.exit}" if r.exit else "")
-            for r in o.ranks] + [f"hang evidence: {d}" for d in o.dumps]
+            for r in o.ranks] + list(o.flight_recorder)
         ranks = o.behind or [r.rank for r in o.ranks if r.exit] or [r.rank for r in o.ranks]
+        evidence += [f"rank {r.rank} stack when it ended: {' <- '.join(r.stack)}" for r in o.ranks
+                     if r.stack and r.rank in ranks][:4]
+        evidence += [f"hang evidence: {d}" for d in o.dumps][:8]
+        mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
         title = f"the job {o.state} ({o.scheduler_state})" + (
             f": rank(s) {', '.join(map(str, o.behind))} never got as far as the others" if o.behind else "")
-        return [finding(self.kind, ranks, title, evidence, _FIX.get(o.state, _FIX["failed"]), 0.0,
-                        severity="high")]
+        fix = _FIX["mismatch"] if mismatch else _FIX.get(o.state, _FIX["failed"])
+        return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high")]
 
 
 RULE = JobOutcome()

@@ -11,7 +11,7 @@ from orchestrator.analyze.rules.base import Context, Rule, finding
 @dataclass
 class LayoutNeeded(Rule):
     kind = "layout_needed"
-    reads = ("rank_metrics",)
+    reads = ()
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         hit = [r for r in ctx.report.ranks if r.p2p_ms > 0]

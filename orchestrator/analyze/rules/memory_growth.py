@@ -31,7 +31,7 @@ def _gib(b: float | None) -> str:
 @dataclass
 class MemoryGrowth(Rule):
     kind = "memory_growth"
-    reads = ("mem_rank",)
+    reads = ()
     min_bytes_per_step: float = 1 << 20  # slower growth is noise for a training job
     min_total_bytes: float = 64 << 20  # growth over the selected steps, slope x (steps - 1)
     min_r2: float = 0.5  # steady growth, not one jump (an evaluation, a bigger batch)

@@ -24,7 +24,7 @@ GIB = 2**30
 @dataclass
 class MemoryNearCapacity(Rule):
     kind = "memory_near_capacity"
-    reads = ("mem_rank", "mem_spread")
+    reads = ()
     min_peak_pct: float = 90.0  # of the GPU's memory
     high_peak_pct: float = 97.0
 

@@ -26,7 +26,8 @@ ROOT_FIX = ("The excess over the schedule's bubble comes from rank {rk} (`{phase
 @dataclass
 class PipelineBubble(Rule):
     kind = "pipeline_bubble"
-    reads = ("stage_metrics", "microbatches", "imbalance", "cp_roots")
+    explains_idle = True
+    reads = ("stage_metrics", "cp_roots")
     min_bubble_pct: float = 10.0  # a stage's no-compute share of the window
     # An imbalance above this ratio is the bubble's cause: stage_imbalance reports it instead.
     imbalance_ratio: float = 1.25

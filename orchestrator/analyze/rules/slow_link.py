@@ -32,7 +32,7 @@ FIX = ("Check the link these ranks use: `nvidia-smi topo -m` (NV# between the GP
 @dataclass
 class SlowLink(Rule):
     kind = "slow_link"
-    reads = ("comm_unit_table", "comm_kind_table")
+    reads = ()
     ratio: float = 0.5  # a unit slower than half its peers' median busbw
     mad_k: float = 3.0  # ... and below them by more than this many MADs
     min_instances: int = 2  # per unit and bucket

@@ -15,7 +15,8 @@ FIX = ("Re-balance the pipeline: move layers from the slowest stage to the faste
 @dataclass
 class StageImbalance(Rule):
     kind = "stage_imbalance"
-    reads = ("stage_metrics", "imbalance")
+    explains_idle = True
+    reads = ()
     min_ratio: float = 1.25  # heaviest / lightest stage compute
     high_ratio: float = 1.5
 

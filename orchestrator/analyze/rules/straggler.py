@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from orchestrator.analyze.model import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
-    DATA_LOADER_FIX,
     DATA_RANGE,
     OTHER_WORK_FIX,
     Context,
@@ -32,7 +31,9 @@ COMPUTE = "GPU compute"
 @dataclass
 class Straggler(Rule):
     kind = "straggler"
-    reads = ("cp_roots", "cp_steps", "stragglers", "rank_metrics")
+    explains_idle = True
+    root = True
+    reads = ("cp_roots", "cp_steps")
     # A root is reported when it is late in collectives far more often than chance (the
     # `stragglers` view); or when in at least `min_outlier_steps` steps it put this share of a
     # median step on the path; or when it is the root of at least half the steps, holding each
@@ -104,22 +105,22 @@ class Straggler(Rule):
             where = f" (in `{phase}`)" if phase != COMPUTE else " (GPU computing)"
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {', '.join(map(str, victims))}{where}")
-            out.append(finding(self.kind, [rk], title, evidence, self._fix(rk, phase), ns_to_ms(created),
+            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase), ns_to_ms(created),
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
                 by_shared[phase].append(out[-1])
         for phase, fs in by_shared.items():  # ranks that take turns in a shared cause: one finding
             if len(fs) > 1:
-                out = [f for f in out if f not in fs] + [self._turns(phase, fs)]
+                out = [f for f in out if f not in fs] + [self._turns(ctx, phase, fs)]
         return out
 
-    def _turns(self, phase: str, fs: list[Finding]) -> Finding:
+    def _turns(self, ctx: Context, phase: str, fs: list[Finding]) -> Finding:
         rks = sorted(r for f in fs for r in f.ranks)
         names = ", ".join(map(str, rks))
         evidence = [f"ranks {names} take turns as the root of the critical path, each while in `{phase}`: "
                     + "; ".join(f"rank {f.ranks[0]} {f.cost_ms} ms" for f in fs)]
         evidence += [e for e in fs[0].evidence if e.startswith("every rank idles")]
-        fix = (DATA_LOADER_FIX if DATA_RANGE.search(phase) else
+        fix = (ctx.data_loader_fix() if DATA_RANGE.search(phase) else
                f"Every rank is slow in `{phase}`: make it faster everywhere; then the slowest rank's share.")
         order = ("high", "medium", "low", "info")
         return finding(self.kind, rks, f"ranks {names} take turns holding each other up (in `{phase}`, a cause "
@@ -135,11 +136,11 @@ class Straggler(Rule):
         return idle if ok and len(idle) > 1 else {}
 
     @staticmethod
-    def _fix(rk: int, phase: str) -> str:
+    def _fix(ctx: Context, rk: int, phase: str) -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if DATA_RANGE.search(phase):
-            return f"Rank {rk} is late because its `{phase}` is slow: " + DATA_LOADER_FIX
+            return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
         return NO_CAUSE_FIX.format(rk=rk)

@@ -1,7 +1,17 @@
 -- Shared idioms as documented macros (the Perfetto stdlib way): a module that needs one of
 -- these calls the macro instead of restating it, so each idiom has one definition.
--- Reads: nothing. Provides: is_comm, is_p2p, is_sync_api, range_group, in_selected,
--- union_intervals, union_length, overlapping, binom_tail.
+-- Reads: nothing.
+-- Provides:
+--   is_comm(name)              an NCCL kernel (collective or point-to-point), from its short name
+--   is_p2p(name)               an NCCL send/recv kernel rather than a collective
+--   is_sync_api(name)          a CUDA call that blocks the calling thread until the GPU catches up
+--   is_optimizer_kernel(name)  a kernel the optimizer step or gradient clipping launches once per step
+--   range_group(t)             an NVTX name grouped for comparison (`forward mb3` -> `forward`)
+--   in_selected(step, first_step, lo, hi)  a step inside the analysed steps
+--   union_intervals(tbl)       table macro: the union of (rank, cls, s, e) intervals, as islands
+--   union_length(tbl)          table macro: the length of that union per (rank, cls)
+--   overlapping(dis, ivs)      table macro: each interval of ivs with each of dis it overlaps
+--   binom_tail(k, n, p)        P(X >= k) for X ~ Binomial(n, p)
 
 -- An NCCL kernel (collective or point-to-point), from the kernel's short name. Classified
 -- here, at analysis time, so a new rule never needs a new collect.

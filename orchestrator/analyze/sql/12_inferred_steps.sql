@@ -1,13 +1,14 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
--- Reads: steps, step_source, kernels, graph_execs, cuda_api.
--- Provides (adds rows to steps and step_source from 10_steps.sql):
+-- Reads: steps, step_source, kernels, graph_execs, cuda_api, is_sync_api, is_optimizer_kernel.
+-- Writes: steps, step_source. Rows of family 4, when no rank had NVTX steps: steps
+-- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (4, beat name).
+-- Provides:
 --   beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
---   beat_candidates(rank, src, name, cand, run, ..., regular)  each candidate's longest run, judged
---   beat_bursts(rank, src, name, cand, n, burst, ts, tid)  each candidate's occurrences merged in bursts
+--   beat_candidates(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv,
+--       regular)  each candidate's longest run, judged
+--   beat_bursts(rank, src, name, cand, n, ts, tid)  each candidate's occurrences merged in bursts
 --   beat_runs(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
 --   beat(rank, src, name, t0, t1, bursts, period_ns, rcv, micro_batches, micro_name)  the chosen beat
---   steps rows with family = 4: [beat_i, beat_{i+1}) on the beat's launching thread, step = i
---   step_source row (4, beat name) when no rank had NVTX steps
 -- Method (no NVTX: the loop's own period), per rank that has no step ranges:
 --   1. Candidate beats: every kernel short name, timed by the start of its CUDA launch call
 --      (cuda_api.correlation_id = kernels.correlation_id), every CUDA graph replayed with

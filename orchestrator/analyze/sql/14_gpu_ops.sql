@@ -1,12 +1,12 @@
 -- GPU work, the CUDA call that launched it, and the step of that launch.
--- Reads: kernels, memcpy, memset, graph_execs, cuda_api, steps. Provides:
+-- Reads: kernels, memcpy, memset, graph_execs, cuda_api, steps, is_comm. Provides:
 --   gpu_ops(rank, kind, is_comm, start, end, correlation_id, name, step, tid, launch, graph)
 --       tid, launch: the launching CUDA call's thread and start (NULL without one), the one
 --       home of the op -> call join (the phase table and the NCCL byte counts read it here)
 --       kind 'graph': one CUDA graph replay (graph-level tracing), GPU work like a kernel;
 --       graph: the op ran inside a CUDA graph (a replay, or a node kernel whose correlation id
 --       is its cudaGraphLaunch's, with --cuda-graph-trace=node)
---   first_step(rank, first_step)
+--   first_step(rank, first_step)  each rank's first step (in_selected leaves it out by default)
 -- A GPU op belongs to the step during which its CUDA launch happened, on any thread of the
 -- rank: backward kernels are launched by the autograd engine's thread (pt_autograd_N) while
 -- the loop's thread waits inside its step range.

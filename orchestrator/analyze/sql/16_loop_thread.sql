@@ -1,7 +1,9 @@
 -- The thread that runs the training loop: the one with the NVTX step ranges, else (no markers,
 -- or iterations inferred from a kernel the autograd thread launches) the one that makes the
 -- most CUDA calls, autograd threads excluded.
--- Reads: steps, cuda_api, threads. Provides: loop_thread(rank, tid)
+-- Reads: steps, cuda_api, threads.
+-- Provides:
+--   loop_thread(rank, tid)  the loop's thread per rank
 CREATE OR REPLACE TABLE loop_thread AS
 WITH from_steps AS (SELECT DISTINCT rank, tid FROM steps WHERE family < 4),
 busiest AS (

@@ -1,5 +1,5 @@
 -- The steady-state window per rank: where every per-rank metric is measured.
--- Reads: gpu_ops, steps, first_step, params.
+-- Reads: gpu_ops, steps, first_step, params, in_selected.
 -- Provides:
 --   win(rank, w0, w1, source)  [first start, last end] of the GPU ops launched inside the
 --                  selected steps (see in_selected); ranks without steps (or whose steps

@@ -1,7 +1,7 @@
 -- The nsys-stats tables across ranks, part 0: their scope and the cross-rank comparison,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
 -- Its own file so that those tables need not wait for the phase table (schedule.py).
--- Reads: ranks (all but missing), steps, first_step, win, params.
+-- Reads: ranks (all but missing), steps, first_step, win, params, in_selected.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
 --       and the window `win` without steps); params.stats_scope = 'capture': everything (what

@@ -1,9 +1,11 @@
 -- GPU time per rank by class, as interval unions clipped to the window.
--- Reads: gpu_ops, win. Provides:
+-- Reads: gpu_ops, win, is_p2p, is_comm, union_intervals, union_length. Provides:
 --   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels and CUDA graph
 --                             replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv)
 --   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
-CREATE OR REPLACE TABLE clipped AS
+--       per rank, each class's union inside the window; overlap = compute and comm at once
+--   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
+CREATE OR REPLACE TABLE _clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
 FROM gpu_ops o JOIN win w USING (rank)
 CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
@@ -13,7 +15,7 @@ WHERE o."end" > w.w0 AND o.start < w.w1
        OR (c.cls = 'comm' AND o.is_comm)
        OR (c.cls = 'p2p' AND is_p2p(o.name)));
 
-CREATE OR REPLACE TABLE islands AS SELECT * FROM union_intervals('clipped');
+CREATE OR REPLACE TABLE islands AS SELECT * FROM union_intervals('_clipped');
 
 CREATE OR REPLACE TABLE gpu_time AS
 WITH u AS (

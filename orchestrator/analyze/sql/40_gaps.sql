@@ -10,13 +10,16 @@
 -- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
 -- code: no call to wait in).
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, osrt, memcpy, params. Provides:
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, osrt, memcpy, params,
+-- is_sync_api, overlapping, range_group. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
---   cpu_ranges(rank, tid, start, end, depth, nvtx_row)  default-domain ranges (with a name) that
+--   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
 --       are not steps; nvtx_row = the range's rowid in nvtx: its name is read back only for the few
 --       ranges a result names (a million names copied here took 40 % of this table's time)
 --   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
+--   small_gaps(rank, n, ns)
+--       per rank, the count and time of gaps shorter than gap_ns (the launch-bound signature)
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s FROM islands WHERE cls = 'busy'

@@ -1,7 +1,7 @@
 -- What the training loop's CPU thread was doing while the GPU idled: blocked in an OS call
 -- (OS runtime trace: pthread_cond_wait/poll on the DataLoader's queue, read, sleep...) or
 -- running Python (no blocking call traced).
--- Reads: loop_thread, osrt, gap_attr, ranks (untraced). Provides:
+-- Reads: loop_thread, osrt, gap_attr, ranks (untraced), overlapping. Provides:
 --   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
 --       OS call inside those gaps (call NULL: the rest, when it was not blocked)
 --   osrt_traced(rank)                      ranks whose capture traced the OS runtime

@@ -3,10 +3,13 @@
 -- stage and tp index when the layout is known; all ranks otherwise) is one collective. Only
 -- collectives seen on every rank of the group, inside every rank's window, count. A rank
 -- waits from its own start until the latest start in the group, at most the kernel's length.
--- Reads: gpu_ops, ranks, win. Provides:
---   coll(rank, g1, g2, name, start, end, kth, latest, earliest, wait_ns, is_last, group_size)
+-- Reads: gpu_ops, ranks, win, is_p2p, is_comm, binom_tail. Provides:
+--   coll(rank, g1, g2, name, start, end, kth, in_win, latest, earliest, n_seen, all_in_win,
+--       wait_ns, is_last, group_size)  one row per rank and matched collective kernel
 --   coll_rank(rank, n_coll, nccl_wait_ns, late_count, group_size, wait_caused_ns, median_lateness_ns)
---   stragglers   ranks that start last far more often than chance (binomial p < 0.01); who
+--       per rank: collectives, NCCL waiting, how often it started last, the waiting it caused
+--   stragglers(rank, late_count, collectives, group_size, wait_caused_ns, median_lateness_ns, p_value,
+--       share_of_window_pct)  ranks that start last far more often than chance (binomial p < 0.01); who
 --                is to blame for the waiting is 57_wait_graph.sql and 59_critical_path.sql's question
 CREATE OR REPLACE TABLE coll AS
 WITH k AS (

@@ -5,12 +5,18 @@
 -- the other (both follow the same schedule). With more ranks (a middle stage has two peers)
 -- the peer is the overlapping send/recv kernel on an adjacent stage of the same pipeline
 -- whose end is closest; kernels with no overlapping peer stay unmatched (no wait counted).
--- Reads: gpu_ops, ranks, win, coll. Provides:
+-- Reads: gpu_ops, ranks, win, coll, is_p2p, is_comm. Provides:
 --   p2p_match(rank, start, end, peer, peer_start, wait_ns)   one row per matched kernel
 --   p2p_rank(rank, n_p2p, n_matched, p2p_wait_ns)
+--       per rank: send/recv kernels, how many matched a peer's, their waiting
 --   nccl_waits(rank, s, e, waited_for, kind)   every wait of every rank for another rank:
 --       collectives (for the group's last starter) and p2p (for the peer)
-CREATE OR REPLACE TABLE p2p_all AS
+--   _p2p_all(rank, stage, dp_index, tp_index, start, end, kth, in_win)
+--       every send/recv kernel, numbered per rank
+--   _p2p_pairs(rank, peer)  the rank pairs that talk to each other only
+--   _p2p_ops(rank, stage, dp_index, tp_index, start, end, kth, in_win)
+--       the send/recv kernels inside the window
+CREATE OR REPLACE TABLE _p2p_all AS
 SELECT o.rank, r.stage, r.dp_index, r.tp_index, o.start, o."end",
        row_number() OVER (PARTITION BY o.rank ORDER BY o.start) AS kth,
        (o."end" > w.w0 AND o.start < w.w1) AS in_win
@@ -18,8 +24,8 @@ FROM gpu_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
 WHERE o.kind = 'kernel' AND is_p2p(o.name);
 
 -- Ranks with p2p traffic that have exactly one possible peer among the ranks with p2p traffic.
-CREATE OR REPLACE TABLE p2p_pairs AS
-WITH rk AS (SELECT DISTINCT rank, stage, dp_index, tp_index FROM p2p_all),
+CREATE OR REPLACE TABLE _p2p_pairs AS
+WITH rk AS (SELECT DISTINCT rank, stage, dp_index, tp_index FROM _p2p_all),
 cand AS (
     SELECT a.rank, b.rank AS peer FROM rk a JOIN rk b ON b.rank <> a.rank
      AND (a.stage IS NULL OR b.stage IS NULL
@@ -28,18 +34,18 @@ cand AS (
 )
 SELECT rank, any_value(peer) AS peer FROM cand GROUP BY rank HAVING count(*) = 1;
 
-CREATE OR REPLACE TABLE p2p_ops AS SELECT * FROM p2p_all WHERE in_win;
+CREATE OR REPLACE TABLE _p2p_ops AS SELECT * FROM _p2p_all WHERE in_win;
 
 CREATE OR REPLACE TABLE p2p_match AS
 WITH ordered AS (  -- one peer each way: k-th with k-th
     SELECT a.rank, a.start, a."end", b.rank AS peer, b.start AS peer_start
-    FROM p2p_ops a JOIN p2p_pairs p ON p.rank = a.rank
-    JOIN p2p_pairs q ON q.rank = p.peer AND q.peer = a.rank
-    JOIN p2p_all b ON b.rank = p.peer AND b.kth = a.kth
+    FROM _p2p_ops a JOIN _p2p_pairs p ON p.rank = a.rank
+    JOIN _p2p_pairs q ON q.rank = p.peer AND q.peer = a.rank
+    JOIN _p2p_all b ON b.rank = p.peer AND b.kth = a.kth
 ), c AS (
     SELECT a.rank, a.start, a."end", b.rank AS peer, b.start AS peer_start,
            row_number() OVER (PARTITION BY a.rank, a.start ORDER BY abs(a."end" - b."end"), b.rank) AS pick
-    FROM p2p_ops a JOIN p2p_ops b
+    FROM _p2p_ops a JOIN _p2p_ops b
       ON b.rank <> a.rank AND b.start < a."end" AND a.start < b."end"
      AND a.rank NOT IN (SELECT rank FROM ordered)
      AND (a.stage IS NULL OR b.stage IS NULL
@@ -52,7 +58,7 @@ FROM (SELECT rank, start, "end", peer, peer_start FROM ordered
 
 CREATE OR REPLACE TABLE p2p_rank AS
 SELECT o.rank, count(*) AS n_p2p, count(m.rank) AS n_matched, coalesce(sum(m.wait_ns), 0) AS p2p_wait_ns
-FROM p2p_ops o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
+FROM _p2p_ops o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
 GROUP BY o.rank;
 
 CREATE OR REPLACE TABLE nccl_waits AS

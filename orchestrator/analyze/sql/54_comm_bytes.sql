@@ -9,8 +9,11 @@
 -- Reads: nvtx, gpu_ops. Provides:
 --   nccl_kind(name)   all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | send_recv | other
 --   nccl_calls(rank, tid, start, kind, call, msg_bytes, peer)
+--       NCCL calls with their message size, from NCCL's NVTX payload
 --   comm_bytes(rank, start, kind, msg_bytes, send_bytes, recv_bytes, n_calls, source)  one row per sized kernel
 --   comm_size_info(n_calls, n_sized_calls, n_comm_kernels, n_sized_kernels)
+--       how many calls and kernels have a size
+--   _nccl_launch(rank, k_start, kind, tid, l_start)  each NCCL kernel's launching call
 CREATE OR REPLACE MACRO nccl_kind(name) AS CASE
     WHEN name IS NULL THEN 'other'
     WHEN regexp_matches(name, 'AllReduce') THEN 'all_reduce'
@@ -39,14 +42,14 @@ SELECT rank, tid, start, kind, call,
        TRY_CAST(json_extract_string(js, '$."Peer rank"') AS INTEGER) AS peer
 FROM j;
 
-CREATE OR REPLACE TABLE nccl_launch AS
+CREATE OR REPLACE TABLE _nccl_launch AS
 SELECT rank, start AS k_start, nccl_kind(name) AS kind, tid, launch AS l_start
 FROM gpu_ops WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL;
 
 CREATE OR REPLACE TABLE comm_bytes AS
 WITH m AS (
     SELECT c.*, l.k_start FROM nccl_calls c
-    ASOF JOIN nccl_launch l ON c.rank = l.rank AND c.tid = l.tid AND c.kind = l.kind AND l.l_start >= c.start
+    ASOF JOIN _nccl_launch l ON c.rank = l.rank AND c.tid = l.tid AND c.kind = l.kind AND l.l_start >= c.start
 )
 SELECT rank, k_start AS start, any_value(kind) AS kind,
        sum(msg_bytes) AS msg_bytes,

@@ -1,6 +1,7 @@
 -- Host syncs: CPU calls that wait for the GPU (what `.item()`, `print(tensor)`, `.cpu()`,
 -- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind.
--- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params.
+-- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params,
+-- is_sync_api, in_selected, overlapping, gap_attr.
 -- Provides:
 --   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
 --       is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy (same correlation_id)
@@ -9,7 +10,8 @@
 --       Not a host sync: the stream sync PyTorch makes right after a host-to-device copy from
 --       pageable memory (the thread's previous CUDA call is that copy): the copy's own wait,
 --       which pageable_memcpy reports with the copy
---   sync_idle(rank, start, idle_ns)  per sync: GPU idle from its return (end) until the next GPU
+--   sync_idle(rank, start, end, tid, idle_ns)
+--       per sync: GPU idle from its return (end) until the next GPU
 --       op on the rank starts, the cost that matters (after a sync the CPU must refill the
 --       queue). 0 when GPU work is running at the return; cut at the next sync's return (so idle
 --       after back-to-back syncs is counted once) and at the window's end.

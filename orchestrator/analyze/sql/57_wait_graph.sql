@@ -15,11 +15,12 @@
 -- peer) is another rank. pred: where the walk back goes from a node: from a wait to the rank
 -- waited for, at the moment it arrived; from a node that did not wait (that rank was on time or
 -- last: every peer is in step with it afterwards) to the same rank's previous node.
--- Reads: coll, p2p_match, gpu_ops, ranks. Provides:
+-- Reads: coll, p2p_match, gpu_ops, ranks, is_p2p, is_comm. Provides:
 --   wait_nodes(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
 --       s = the kernel's start, e = when its wait ended (s when it did not wait); idx = the
 --       kernel's place among the rank's kernels of that kind in the step
---   wait_edges   the nodes that waited: rank waited for waited_for during [s, e]
+--   wait_edges(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
+--       the nodes that waited: rank waited for waited_for during [s, e]
 CREATE OR REPLACE TABLE wait_nodes AS
 WITH c AS (  -- every collective instance on every rank, waiting or not, with the group's last starter
     SELECT c.rank, c.start, c.name, c.wait_ns, coalesce(l.rank, c.rank) AS waited_for, 'collective' AS kind

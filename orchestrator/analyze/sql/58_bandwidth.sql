@@ -6,14 +6,17 @@
 -- all-reduce, (n-1)/n for all-gather/reduce-scatter/all-to-all, 1 for broadcast/reduce/p2p:
 -- what each rank's link carried, comparable across sizes and group sizes. GB/s = bytes/ns.
 -- Scope: `intra` when every rank of the group (or both p2p peers) is on one host, else `inter`.
--- Reads: coll, p2p_match, comm_bytes, ranks, win. Provides:
+-- Reads: coll, p2p_match, comm_bytes, ranks, win, nccl_kind. Provides:
 --   comm_groups(g1, g2, n_hosts, ranks)
---   comm_inst(rank, unit, scope, kind, start, end, wait_ns, transfer_ns, msg_bytes, bytes,
---             group_size, factor, algbw_gbps, busbw_gbps, bucket)   one row per rank and instance
+--       communicator groups: their ranks and how many hosts they span
+--   comm_inst(rank, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
+--       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  one row per rank and instance
 --   comm_kind_table(kind, bucket, scope, n, median_bytes, transfer_ns, median_algbw_gbps,
 --                   median_busbw_gbps, p10_busbw_gbps, max_busbw_gbps)
+--       per collective kind, size bucket and scope: sizes and bandwidths
 --   comm_unit_table(unit, scope, kind, bucket, ranks, n, median_busbw_gbps)   per group / p2p pair
 --   comm_scope_table(scope, n, bytes, transfer_ns, wait_ns, share_of_window_pct, median_busbw_gbps)
+--       intra- vs inter-node: bytes, transfer and waiting, bandwidth
 CREATE OR REPLACE TABLE comm_groups AS
 SELECT coalesce(stage, 0) AS g1, coalesce(tp_index, 0) AS g2, count(DISTINCT host) AS n_hosts,
        string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks

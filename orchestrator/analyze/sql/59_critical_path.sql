@@ -9,7 +9,8 @@
 -- started the segment (this rank had waited itself): a rank whose lateness is explained by its
 -- own earlier wait passes the blame back and is a victim, whatever it did afterwards. DP, TP,
 -- PP and microbatches are all just waits here.
--- Reads: wait_nodes, wait_edges, gpu_ops, first_step, params, gap_attr, islands. Provides:
+-- Reads: wait_nodes, wait_edges, gpu_ops, first_step, params, gap_attr, islands,
+-- in_selected, overlapping, union_intervals. Provides:
 --   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
 --   cp_path(step, hop, id, upto)                 the nodes on the path, hop 0 = the last
 --   cp_segments(step, hop, rank, s, e, in_excess_ns, out_excess_ns, created_ns, waited_for)

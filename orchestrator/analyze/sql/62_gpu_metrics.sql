@@ -6,7 +6,9 @@
 --   gpu_metric_rank(rank, metric, mean, n, collector, out_of_range)   mean of each sampled metric;
 --       samples of a percent metric outside 0..100 are impossible: left out of the mean, counted
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
+--       per rank, the sampled GPU metrics' means (percent)
 --   collector_overhead(collectors, collector_median_ns, others_median_ns)
+--       the sampling rank's median step time against the others'
 CREATE OR REPLACE TABLE rank_device AS
 SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
 

@@ -1,13 +1,15 @@
 -- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), across ranks, and
 -- allocator churn (cudaMalloc/cudaFree calls inside the steps).
--- Reads: gpu_memory, gpu_info, steps, first_step, win, params, cuda_api. Provides:
+-- Reads: gpu_memory, gpu_info, steps, first_step, win, params, cuda_api, in_selected. Provides:
 --   mem_level(rank, device, t, level, baseline)  bytes in use after every instant with allocations
 --       or frees on the rank's GPU: a running sum of allocations minus frees, plus the baseline
 --   mem_rank(rank, device, capacity, baseline, start_bytes, peak_bytes, peak_t, end_bytes,
 --            capture_peak_bytes, growth_per_step, growth_r2, rising_steps, n_steps, headroom_bytes,
 --            steps_to_full, n_alloc, n_free)
+--       per rank: the levels, their growth per step, capacity and headroom
 --   mem_step(rank, step, i, t, level)  bytes in use at the start of each selected step
 --   mem_spread(ranks, peak_rank, max_peak_bytes, min_peak_bytes, spread_bytes, median_peak_bytes)
+--       the peaks across ranks: highest, lowest, spread, median
 --   mem_curve(rank, b, t, level)        the highest level per time bucket (120 over the capture), for the HTML
 --   alloc_calls(rank, n_steps, n_alloc, n_free, n_sync_free, api_ns, step_ns)  allocator CUDA calls
 --       in the selected iterations (each from its step's start to the next step's start)

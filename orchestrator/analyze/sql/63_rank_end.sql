@@ -5,11 +5,14 @@
 -- is, among the child ranges of its last step, the one that starts latest in a finished step
 -- (job-wide median offset from the step's start, over each rank's 3 steps before it): where
 -- the ranks' furthest phases differ, the ranks behind never reached what the others waited in.
--- Reads: nvtx, steps. Provides:
+-- Reads: nvtx, steps, open_steps. Provides:
 --   rank_end(rank, end_ns, last_step, last_done_step, open_ranges, furthest, furthest_offset_ns)
+--       per rank, where it stood when the capture ended
 CREATE OR REPLACE TABLE rank_end AS
-WITH loop AS (
-    SELECT rank, tid, max(step) AS last_step FROM steps GROUP BY rank, tid
+WITH every_step AS (  -- the step a stopped job ended in is kept out of `steps`
+    SELECT * FROM steps UNION ALL BY NAME SELECT * FROM open_steps
+), loop AS (
+    SELECT rank, tid, max(step) AS last_step FROM every_step GROUP BY rank, tid
 ), fin AS (
     SELECT n.rank, l.tid, l.last_step, max(n."end") AS end_ns
     FROM nvtx n JOIN loop l ON n.rank = l.rank AND n.tid = l.tid
@@ -21,7 +24,7 @@ WITH loop AS (
     GROUP BY n.rank
 ), recent AS (  -- the last steps, with the depth of their own range
     SELECT s.rank, s.tid, s.step, s.start, s."end", f.last_step, sn.depth
-    FROM steps s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
+    FROM every_step s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
     JOIN nvtx sn ON sn.rank = s.rank AND sn.tid = s.tid AND sn.start = s.start AND sn."end" = s."end"
      AND sn.domain_id = 0
     WHERE s.step BETWEEN f.last_step - 3 AND f.last_step
@@ -37,7 +40,7 @@ WITH loop AS (
     FROM kids k JOIN typical t USING (text) WHERE k.step = k.last_step GROUP BY k.rank
 ), done AS (
     SELECT s.rank, max(s.step) AS last_done_step
-    FROM steps s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
+    FROM every_step s JOIN fin f ON s.rank = f.rank AND s.tid = f.tid
     WHERE s."end" < f.end_ns - 2000000 GROUP BY s.rank
 )
 SELECT f.rank, f.end_ns, f.last_step, d.last_done_step, o.open_ranges, u.furthest,

@@ -1,9 +1,10 @@
 -- Every per-rank metric of the report, one row per analysed rank (ns unless _pct).
--- Reads: win, gpu_time, coll_rank, p2p_rank, step_stats, gpu_util. Provides:
---   rank_metrics(rank, host, stage, status, w0, w1, window_source, window_ns, compute_ns,
---     comm_ns, overlap_ns, busy_ns, p2p_ns, exposed_comm_ns, comm_overlap_pct, compute_pct, no_compute_pct,
---     gpu_idle_pct, nccl_wait_ns, p2p_wait_ns, transfer_ns (NCCL kernel time not spent waiting),
---     late_count, n_coll, mean_step_ns, median_step_ns, p90_step_ns, sm_active_pct, tensor_active_pct)
+-- Reads: win, gpu_time, coll_rank, p2p_rank, step_stats, gpu_util, ranks. Provides:
+--   rank_metrics(rank, host, stage, status, w0, w1, window_source, window_ns, compute_ns, comm_ns,
+--       overlap_ns, busy_ns, p2p_ns, exposed_comm_ns, comm_overlap_pct, compute_pct,
+--       no_compute_pct, gpu_idle_pct, nccl_wait_ns, late_count, p2p_wait_ns, transfer_ns, n_coll,
+--       mean_step_ns, median_step_ns, p90_step_ns, sm_active_pct, tensor_active_pct)
+--       transfer_ns: NCCL kernel time not spent waiting
 CREATE OR REPLACE TABLE rank_metrics AS
 SELECT r.rank, r.host, r.stage, r.status, w.w0, w.w1, w.source AS window_source, w.w1 - w.w0 AS window_ns,
        t.compute_ns, t.comm_ns, t.overlap_ns, t.busy_ns, t.p2p_ns,

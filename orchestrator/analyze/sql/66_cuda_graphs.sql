@@ -3,7 +3,8 @@
 -- step, host syncs, Python). With graph-level tracing a replay is one GPU op whose span
 -- includes the idle between its nodes, so its GPU time reads a little higher than the sum of
 -- its kernels that node-level tracing (--cuda-graph-trace=node) shows.
--- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params. Provides:
+-- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params,
+-- is_sync_api, union_length, in_selected, overlapping. Provides:
 --   graph_usage(rank, replays, n_steps, graph_level, graph_busy_ns, busy_ns, graph_share_pct, eager_kernels,
 --       eager_kernel_ns, top_eager, between_ns, launch_ns, sync_ns, copy_ns, other_api_ns, python_ns)
 --       per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
@@ -15,12 +16,15 @@
 --       thread), split by what the loop thread was in: kernel launches, host syncs, copies,
 --       other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in backward()
 --       for the autograd engine)
-CREATE OR REPLACE TABLE graph_clipped AS
+--   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
+--   _graph_launch_gaps(rank, s, e)  from the end of each graph launch to the next
+--   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
+CREATE OR REPLACE TABLE _graph_clipped AS
 SELECT o.rank, 'graph' AS cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e, o.kind
 FROM gpu_ops o JOIN win w USING (rank)
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
-CREATE OR REPLACE TABLE graph_launch_gaps AS  -- from the end of each graph launch to the next
+CREATE OR REPLACE TABLE _graph_launch_gaps AS  -- from the end of each graph launch to the next
 SELECT rank, s, e FROM (
     SELECT a.rank, a."end" AS s, lead(a.start) OVER (PARTITION BY a.rank ORDER BY a.start) AS e
     FROM cuda_api a JOIN win w USING (rank)
@@ -28,19 +32,19 @@ SELECT rank, s, e FROM (
       AND a.start >= w.w0 AND a.start < w.w1)
 WHERE e > s;
 
-CREATE OR REPLACE TABLE graph_loop_calls AS  -- the loop thread's CUDA calls between graph launches
+CREATE OR REPLACE TABLE _graph_loop_calls AS  -- the loop thread's CUDA calls between graph launches
 SELECT a.rank, a.start, a."end",
        CASE WHEN is_sync_api(a.name) THEN 'sync'
             WHEN a.name LIKE '%Launch%' THEN 'launch'
             WHEN a.name LIKE '%emcpy%' OR a.name LIKE '%emset%' THEN 'copy'
             ELSE 'other' END AS what
 FROM cuda_api a JOIN loop_thread USING (rank, tid)
-WHERE a.rank IN (SELECT rank FROM graph_launch_gaps);
+WHERE a.rank IN (SELECT rank FROM _graph_launch_gaps);
 
 CREATE OR REPLACE TABLE graph_usage AS
 WITH g AS (
-    SELECT u.rank, u.ns AS graph_busy_ns, l.graph_level FROM union_length('graph_clipped') u
-    JOIN (SELECT rank, bool_or(kind = 'graph') AS graph_level FROM graph_clipped GROUP BY rank) l USING (rank)
+    SELECT u.rank, u.ns AS graph_busy_ns, l.graph_level FROM union_length('_graph_clipped') u
+    JOIN (SELECT rank, bool_or(kind = 'graph') AS graph_level FROM _graph_clipped GROUP BY rank) l USING (rank)
 ), replays AS (
     SELECT a.rank, count(*) AS replays FROM cuda_api a JOIN win w USING (rank)
     WHERE (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
@@ -59,10 +63,10 @@ WITH g AS (
         GROUP BY o.rank, o.name))
     GROUP BY rank
 ), between AS (
-    SELECT rank, sum(e - s) AS between_ns FROM graph_launch_gaps GROUP BY rank
+    SELECT rank, sum(e - s) AS between_ns FROM _graph_launch_gaps GROUP BY rank
 ), calls AS (  -- the between-launch intervals never overlap: overlapping() pairs them with the calls
     SELECT o.rank, o.what, sum(least(o.d_e, o."end") - greatest(o.d_s, o.start)) AS ns
-    FROM overlapping('graph_launch_gaps', 'graph_loop_calls') o GROUP BY o.rank, o.what
+    FROM overlapping('_graph_launch_gaps', '_graph_loop_calls') o GROUP BY o.rank, o.what
 ), by_what AS (
     SELECT rank, sum(ns) FILTER (WHERE what = 'launch') AS launch_ns, sum(ns) FILTER (WHERE what = 'sync') AS sync_ns,
            sum(ns) FILTER (WHERE what = 'copy') AS copy_ns, sum(ns) FILTER (WHERE what = 'other') AS other_api_ns,

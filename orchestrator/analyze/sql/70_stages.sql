@@ -7,9 +7,10 @@
 -- v = vpp virtual stages per rank): the schedule's own bubble; the
 -- excess above it is what stragglers and unequal stages add (59_critical_path.sql names who).
 -- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
---   microbatches(m, source)
+--   microbatches(m, source)  microbatches per step and where the number came from
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
 --                 theory_bubble_pct, microbatches, excess_bubble_pct)
+--       per pipeline stage: compute, bubble, theory and excess
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
 --   layout_notes(note)   what a cp, ep or vpp layout names that the analysis does not look into
 CREATE OR REPLACE TABLE microbatches AS

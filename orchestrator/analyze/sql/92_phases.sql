@@ -1,6 +1,6 @@
 -- The nsys-stats tables across ranks, part 1: the phase table (`nsys stats -r nvtx_sum` +
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
--- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops.
+-- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length.
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
 --       stats_cpu; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);

@@ -5,9 +5,10 @@
 --   kernel_origin(short_name)  generated (Triton kernels, as torch.compile/Inductor names them:
 --       triton_poi_/_red_/_per_/_tem_...) / library (cuBLAS, cuDNN, ATen, NCCL, ...) / graph
 --       (one CUDA graph replay, `CUDA graph <id>`, with graph-level tracing: its kernels have no rows)
---   kernel_table(rank, name, short_name, cls, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
---       std_ns, n_steps, per_step_ns, pct, median_total_ns, min_total_ns, max_total_ns, n_ranks,
---       outlier)  one row per rank and kernel (demangled name, as nsys groups it; nsys also
+--   kernel_table(rank, name, short_name, cls, origin, n, total_ns, mean_ns, med_ns, min_ns,
+--       max_ns, std_ns, n_steps, per_step_ns, pct, median_total_ns, min_total_ns, max_total_ns,
+--       n_ranks, outlier)
+--       one row per rank and kernel (demangled name, as nsys groups it; nsys also
 --       splits by grid/block) started inside stats_gpu; pct = share of the rank's kernel time;
 --       the cross-rank columns compare the per-step total (total without steps)
 CREATE OR REPLACE MACRO kernel_class(short_name) AS CASE

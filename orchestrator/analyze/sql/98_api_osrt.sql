@@ -1,6 +1,6 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step.
--- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length. Provides:
+-- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length, steps. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
@@ -13,11 +13,16 @@
 --       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
 --       else per thread; pct = share of the rank's time in that api
 --   thread_table(rank, tid, thread, role, span_ns, launch_ns, sync_ns, wait_ns, blocked_ns,
---       n_steps, blocked_per_step_ns, blocked_pct, launch_pct, top_wait)  per thread with calls:
+--       n_steps, top_wait, blocked_per_step_ns, blocked_pct, launch_pct)  per thread with calls:
 --       launch_ns = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking
 --       CUDA calls (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union
 --       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
 --       the scope (or the thread's own first..last call for the whole capture)
+--   _rank_pid(rank, pid)  the rank's process
+--   _thread_names(rank, tid, thread, role)  thread names of the rank's process
+--   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
+--   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones
+--   _thread_launch(rank, cls, s, e, name, api, blocking)  the non-blocking CUDA ones
 CREATE OR REPLACE MACRO thread_role(name, is_main) AS CASE
     WHEN is_main THEN 'main'
     WHEN name LIKE 'pt_autograd%' THEN 'autograd'
@@ -48,14 +53,14 @@ WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
 -- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
 -- file name), else ranks.pid.
-CREATE OR REPLACE TABLE rank_pid AS
+CREATE OR REPLACE TABLE _rank_pid AS
 SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
 FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
 
-CREATE OR REPLACE TABLE thread_names AS
+CREATE OR REPLACE TABLE _thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
-FROM threads t JOIN rank_pid r USING (rank)
+FROM threads t JOIN _rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
 CREATE OR REPLACE TABLE api_table AS
@@ -69,33 +74,33 @@ WITH t AS (
 SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_ns, t.med_ns, t.min_ns, t.max_ns,
        t.std_ns, c.n_steps, t.total_ns / c.n_steps AS per_step_ns,
        100.0 * t.total_ns / sum(CASE WHEN t.tid IS NULL THEN t.total_ns END) OVER (PARTITION BY t.rank, t.api) AS pct
-FROM t JOIN stats_cpu c USING (rank) LEFT JOIN thread_names n ON n.rank = t.rank AND n.tid = t.tid;
+FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid;
 
-CREATE OR REPLACE TABLE thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
+CREATE OR REPLACE TABLE _thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking
 FROM api_calls a JOIN stats_cpu c USING (rank);
 
-CREATE OR REPLACE VIEW thread_blocked AS
-SELECT * FROM thread_calls WHERE blocking;
-CREATE OR REPLACE VIEW thread_launch AS
-SELECT * FROM thread_calls WHERE api = 'cuda' AND NOT blocking;
+CREATE OR REPLACE VIEW _thread_blocked AS
+SELECT * FROM _thread_calls WHERE blocking;
+CREATE OR REPLACE VIEW _thread_launch AS
+SELECT * FROM _thread_calls WHERE api = 'cuda' AND NOT blocking;
 
 CREATE OR REPLACE TABLE thread_table AS
 WITH per AS (
     SELECT rank, cls AS tid, min(s) AS first_s, max(e) AS last_e,
            sum(CASE WHEN api = 'cuda' AND blocking THEN e - s ELSE 0 END) AS sync_ns,
            sum(CASE WHEN api = 'osrt' AND blocking THEN e - s ELSE 0 END) AS wait_ns
-    FROM thread_calls GROUP BY ALL
-), b AS (SELECT rank, cls AS tid, ns AS blocked_ns FROM union_length('thread_blocked')),
-   l AS (SELECT rank, cls AS tid, ns AS launch_ns FROM union_length('thread_launch')),
+    FROM _thread_calls GROUP BY ALL
+), b AS (SELECT rank, cls AS tid, ns AS blocked_ns FROM union_length('_thread_blocked')),
+   l AS (SELECT rank, cls AS tid, ns AS launch_ns FROM union_length('_thread_launch')),
    top AS (SELECT rank, cls AS tid, arg_max(name, tot) AS top_wait FROM (
-               SELECT rank, cls, name, sum(e - s) AS tot FROM thread_blocked GROUP BY ALL) GROUP BY ALL),
+               SELECT rank, cls, name, sum(e - s) AS tot FROM _thread_blocked GROUP BY ALL) GROUP BY ALL),
    t AS (
     SELECT per.rank, per.tid, coalesce(n.thread, 'thread ' || per.tid) AS thread, coalesce(n.role, 'other') AS role,
            CASE WHEN c.s <= -1152921504606846976 THEN per.last_e - per.first_s ELSE c.e - c.s END AS span_ns,
            coalesce(l.launch_ns, 0) AS launch_ns, per.sync_ns, per.wait_ns, coalesce(b.blocked_ns, 0) AS blocked_ns,
            c.n_steps, top.top_wait
-    FROM per JOIN stats_cpu c USING (rank) LEFT JOIN thread_names n USING (rank, tid)
+    FROM per JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n USING (rank, tid)
     LEFT JOIN b USING (rank, tid) LEFT JOIN l USING (rank, tid) LEFT JOIN top USING (rank, tid)
 )
 SELECT *, blocked_ns / n_steps AS blocked_per_step_ns,

@@ -1,6 +1,7 @@
 -- The `nsys analyze` rules orch did not have, across ranks (pageable async memcpy and sync
 -- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql).
--- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, is_sync_api. Provides:
+-- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, is_sync_api,
+-- union_intervals. Provides:
 --   sync_copies(rank, what, n, api_ns, gpu_ns, bytes, n_steps, top_api)  per rank, what =
 --       `memcpy`: cudaMemcpy* calls without Async whose copy is not a small (<= 64000 B) HtoD and
 --       not device-to-device (nsys cuda-sync-memcpy); `memset`: cudaMemset* calls without Async
@@ -12,6 +13,7 @@
 --       GPU span inside stats_gpu ([first op start, last op end]) cut in 30 equal slices; busy =
 --       union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops up,
 --       so its in-use can pass 100 % and hide idle time)
+--   _slice_ops(rank, cls, s, e, start, end)  GPU ops clipped to each slice
 CREATE OR REPLACE TABLE sync_copies AS
 WITH c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
@@ -38,16 +40,16 @@ WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_wi
   AND NOT starts_with(a.name, 'cuMemcpy')
 GROUP BY ALL;
 
-CREATE OR REPLACE TABLE slice_ops AS
+CREATE OR REPLACE TABLE _slice_ops AS
 SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu g USING (rank)
 WHERE o."end" > g.s AND o.start < g.e;
 
 CREATE OR REPLACE TABLE gpu_slices AS
-WITH ops AS (SELECT * FROM slice_ops), span AS (
+WITH ops AS (SELECT * FROM _slice_ops), span AS (
     SELECT o.rank, greatest(min(o.start), any_value(g.s)) AS s0, least(max(o."end"), any_value(g.e)) AS s1
     FROM ops o JOIN stats_gpu g USING (rank) GROUP BY o.rank
 ), busy AS (
-    SELECT rank, s, e FROM union_intervals('slice_ops')
+    SELECT rank, s, e FROM union_intervals('_slice_ops')
 ), sl AS (
     SELECT rank, i AS slice, s0 + (i * (s1 - s0)) // 30 AS s, s0 + ((i + 1) * (s1 - s0)) // 30 AS e
     FROM span, range(30) r(i) WHERE s1 > s0

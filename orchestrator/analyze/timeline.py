@@ -1,137 +1,37 @@
-"""What the HTML report draws beyond the `Report`: per-step times and waiting for the heatmaps,
-and the aligned cross-rank timeline of two steps (a representative one and the slowest).
-
-Why a second read of the store: the `Report` holds per-rank totals, but a timeline needs the
-individual kernels, waits and NVTX ranges of a few ranks in one step, and a CPU-only capture
-has no GPU step times in the report at all (its steps are NVTX ranges). Everything here is
-read from the analysis views (`analyze/sql/`): `steps`, `step_gpu`, `gpu_ops`, `nccl_waits`
-(waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical path
-(`cp_path`, `wait_nodes`, `cp_segments`), `nvtx`.
-Times are ms on the store's aligned clock, relative to the shown step's start (`t0`).
+"""The timeline's data (analyze/model_timeline.py), read from the analysis views in the same
+pass as the report: the per-step times of a CPU-only capture (its steps are NVTX ranges), NCCL
+waiting per step, and for two steps the individual kernels, waits and NVTX ranges of a few
+ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `gpu_ops`,
+`nccl_waits` (waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical
+path (`cp_path`, `wait_edges`, `cp_segments`), `nvtx`. A view that is missing is an error: a
+renamed view must fail a test, never draw an empty picture.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import duckdb
-from pydantic import Field
-
-from orchestrator.analyze.engine import Options, Views, analysis
+from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model import Report
-from orchestrator.analyze.model_base import Strict
-from orchestrator.analyze.report import report_from_views
-from orchestrator.collect.timings import phase
+from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, PathSeg, Seg, StepView, step_times
+from orchestrator.analyze.pick import pick_ranks
+from orchestrator.analyze.rules import registry
 
 NS = 1e6
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
 NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autograd noise)
-ROOT_KINDS = ("straggler", "cpu_phase_outlier")  # findings whose `ranks` hold the others up (`victims`)
-SegKind = Literal["compute", "comm transfer", "comm waiting", "other GPU", "sync", "nvtx"]
-
-
-class Seg(Strict):
-    """One drawn interval: ms from the step view's t0; depth only for NVTX ranges."""
-
-    s: float
-    e: float
-    kind: SegKind
-    name: str
-    depth: int = 0
-
-
-class Lane(Strict):
-    rank: int
-    role: str = Field("", description="root, victim, slowest, fastest or sample: why it is shown")
-    cpu: list[Seg] = Field(default_factory=list, description="NVTX ranges of the main (loop) thread")
-    syncs: list[Seg] = Field(default_factory=list, description="host syncs (CPU blocked on the GPU)")
-    gpu: list[Seg] = Field(default_factory=list, description="kernels, NCCL split into waiting/transfer")
-
-
-class Edge(Strict):
-    """One hop of the root-cause path: `victim` waited during [s, e] for `root` (through `via`)."""
-
-    victim: int
-    via: int
-    root: int
-    s: float
-    e: float
-
-
-class PathSeg(Strict):
-    """One rank's work on the step's critical path (59_critical_path.sql), and the excess it put there."""
-
-    rank: int
-    s: float
-    e: float
-    created: float = 0.0
-
-
-class Hidden(Strict):
-    """The ranks not drawn, summarised."""
-
-    n: int
-    busy_ms_median: float | None = None
-    waiting_ms_median: float | None = None
-    waiting_ms_max: float | None = None
-    waiting_max_rank: int | None = None
-
-
-class StepView(Strict):
-    label: str
-    step: int
-    t1: float = Field(description="ms from t0 to the end of the last shown rank's step")
-    t0_ns: int = Field(description="the view's start on the store clock")
-    lanes: list[Lane]
-    edges: list[Edge] = Field(default_factory=list, description="the waits on the step's critical path")
-    path: list[PathSeg] = Field(default_factory=list, description="the step's critical path, in time order")
-    hidden: Hidden | None = None
-
-
-class Extras(Strict):
-    cpu_step_ms: dict[int, dict[int, float]] = Field(
-        default_factory=dict, description="rank -> step -> wall time of the step's NVTX range on the loop thread")
-    first_step: dict[int, int] = Field(default_factory=dict, description="each rank's first (warm-up) step")
-    wait_ms: dict[int, dict[int, float]] = Field(
-        default_factory=dict, description="rank -> step -> NCCL waiting for other ranks (analysed steps only)")
-    views: list[StepView] = Field(default_factory=list)
-    note: str | None = None
-
-
-def build_with_extras(store: Path, opts: Options,
-                      writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
-    """The report and the HTML's extras from ONE analysis pass over the store (`writer`: as
-    for engine.analysis)."""
-    con, v = analysis(store, opts, writer)
-    try:
-        report = report_from_views(v, store, opts)
-        with phase("report: timeline extras"):
-            return report, extras_from_views(v, report)
-    finally:
-        con.close()
-
-
-def _safe(v: Views, sql: str, params: list | None = None) -> list[dict[str, Any]]:
-    """A view renamed by a newer analysis costs the timeline, never the report."""
-    import duckdb
-
-    try:
-        return v.query(sql, params)
-    except duckdb.Error:
-        return []
 
 
 def extras_from_views(v: Views, report: Report) -> Extras:
     ex = Extras()
-    steps = _safe(v, 'SELECT rank, tid, step, start, "end" FROM steps ORDER BY rank, step')
+    steps = v.query('SELECT rank, tid, step, start, "end" FROM steps ORDER BY rank, step')
     for r in steps:
         ex.cpu_step_ms.setdefault(r["rank"], {})[r["step"]] = round((r["end"] - r["start"]) / NS, 3)
     for rk, by in ex.cpu_step_ms.items():
         ex.first_step[rk] = min(by)
-    for r in _safe(v, """SELECT w.rank, o.step, sum(w.e - w.s) AS ns FROM nccl_waits w
+    for r in v.query("""SELECT w.rank, o.step, sum(w.e - w.s) AS ns FROM nccl_waits w
                         JOIN gpu_ops o ON o.rank = w.rank AND o.start = w.s AND o.is_comm
                         WHERE o.step IS NOT NULL GROUP BY ALL ORDER BY ALL"""):
         ex.wait_ms.setdefault(r["rank"], {})[r["step"]] = round(r["ns"] / NS, 3)
@@ -145,17 +45,6 @@ def extras_from_views(v: Views, report: Report) -> Extras:
         if view:
             ex.views.append(view)
     return ex
-
-
-def step_times(report: Report, ex: Extras) -> dict[int, dict[int, float]]:
-    """rank -> step -> ms: iteration times when the capture has GPU work, else NVTX step ranges."""
-    if report.gpu_activity and report.steps:
-        out: dict[int, dict[int, float]] = defaultdict(dict)
-        for s in report.steps:
-            for rk, ms in s.ms_by_rank.items():
-                out[int(rk)][s.step] = ms
-        return dict(out)
-    return ex.cpu_step_ms
 
 
 def pick_steps(report: Report, ex: Extras) -> list[tuple[str, int]]:
@@ -182,34 +71,13 @@ def _shown_ranks(report: Report, step: int, times: dict[int, dict[int, float]]) 
     fastest, then an even sample, up to MAX_LANES: at hundreds of ranks the lanes that explain
     the step are drawn and the rest is one summary line."""
     have = sorted(rk for rk, by in times.items() if step in by) or sorted(r.rank for r in report.ranks)
-    chosen: dict[int, str] = {}
-
-    def add(rk: int, role: str) -> None:
-        if rk in have and rk not in chosen and len(chosen) < MAX_LANES:
-            chosen[rk] = role
-
-    for f in report.findings:
-        if f.kind in ROOT_KINDS:
-            for rk in f.ranks:
-                add(rk, "root")
-    for f in report.findings:
-        for rk in f.victims[: MAX_LANES // 2]:
-            add(rk, "victim")
+    roots = {r.kind for r in registry() if r.root}
+    first = [(rk, "root") for f in report.findings if f.kind in roots for rk in f.ranks if rk in have]
+    first += [(rk, "victim") for f in report.findings for rk in f.victims[: MAX_LANES // 2] if rk in have]
     by = sorted((times[rk][step], rk) for rk in have if step in times.get(rk, {}))
-    if by:
-        add(by[-1][1], "slowest")
-        add(by[0][1], "fastest")
-    for f in report.findings:
-        if f.kind != "healthy":
-            for rk in f.ranks[:4]:
-                add(rk, "finding")
-    room = MAX_LANES - len(chosen)
-    rest = [rk for rk in have if rk not in chosen]
-    if room > 0 and rest:
-        stride = max(1, len(rest) / room)
-        for i in range(min(room, len(rest))):
-            add(rest[int(i * stride)], "sample")
-    return dict(sorted(chosen.items()))
+    first += [(by[-1][1], "slowest"), (by[0][1], "fastest")] if by else []
+    first += [(rk, "finding") for f in report.findings if f.kind != "healthy" for rk in f.ranks[:4] if rk in have]
+    return pick_ranks(have, first, MAX_LANES, fill="stride", whole=False)
 
 
 def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, steps: list[dict[str, Any]],
@@ -220,8 +88,8 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
         return None
     ranks = list(shown)
     spans = [(r["start"], r["end"]) for r in steps if r["step"] == step and r["rank"] in shown]
-    spans += [(r["s"], r["e"]) for r in _safe(
-        v, "SELECT s, e FROM step_gpu WHERE step = ? AND list_contains(?, rank) AND s IS NOT NULL", [step, ranks])]
+    spans += [(r["s"], r["e"]) for r in v.query(
+        "SELECT s, e FROM step_gpu WHERE step = ? AND list_contains(?, rank) AND s IS NOT NULL", [step, ranks])]
     if not spans:
         return None
     t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
@@ -233,10 +101,10 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
         return ms(max(s, t0)), ms(min(e, t1))
 
     lanes = {rk: Lane(rank=rk, role=role) for rk, role in shown.items()}
-    waits = _safe(v, "SELECT rank, s, e, waited_for FROM nccl_waits WHERE list_contains(?, rank) AND e > ? AND s < ?",
+    waits = v.query("SELECT rank, s, e, waited_for FROM nccl_waits WHERE list_contains(?, rank) AND e > ? AND s < ?",
                   [ranks, t0, t1])
     wait_at = {(w["rank"], w["s"]): w for w in waits}
-    for o in _safe(v, """SELECT rank, kind, is_comm, name, start, "end" FROM gpu_ops
+    for o in v.query("""SELECT rank, kind, is_comm, name, start, "end" FROM gpu_ops
                         WHERE list_contains(?, rank) AND "end" > ? AND start < ? ORDER BY rank, start""",
                    [ranks, t0, t1]):
         lane, name = lanes[o["rank"]], o["name"] or "?"
@@ -252,18 +120,18 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
         if o["end"] > split:
             s, e = clip(split, o["end"])
             lane.gpu.append(Seg(s=s, e=e, kind="comm transfer", name=name))
-    for h in _safe(v, """SELECT rank, start, "end", name FROM host_syncs
+    for h in v.query("""SELECT rank, start, "end", name FROM host_syncs
                         WHERE list_contains(?, rank) AND "end" > ? AND start < ?""", [ranks, t0, t1]):
         s, e = clip(h["start"], h["end"])
         lanes[h["rank"]].syncs.append(Seg(s=s, e=e, kind="sync", name=h["name"] or "sync"))
-    step_depth = {r["rank"]: r["d"] for r in _safe(
-        v, """SELECT s.rank, min(n.depth) AS d FROM steps s JOIN nvtx n ON n.rank = s.rank AND n.tid = s.tid
+    step_depth = {r["rank"]: r["d"] for r in v.query(
+        """SELECT s.rank, min(n.depth) AS d FROM steps s JOIN nvtx n ON n.rank = s.rank AND n.tid = s.tid
               AND n.start = s.start AND n."end" = s."end" WHERE s.step = ? GROUP BY s.rank""", [step])}
     for rk in ranks:
         tid, d0 = main_tid.get(rk), step_depth.get(rk, 0) or 0
         if tid is None:
             continue
-        for n in _safe(v, """SELECT start, "end", depth, text FROM nvtx WHERE rank = ? AND tid = ? AND domain_id = 0
+        for n in v.query("""SELECT start, "end", depth, text FROM nvtx WHERE rank = ? AND tid = ? AND domain_id = 0
                             AND "end" > ? AND start < ? AND depth BETWEEN ? AND ? ORDER BY start""",
                        [rk, tid, t0, t1, d0, d0 + NVTX_DEPTH]):
             s, e = clip(n["start"], n["end"])
@@ -272,7 +140,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
     # (a DP peer held up off the path), is an arrow from the rank waited for to the waiter.
     edges = [Edge(victim=b["rank"], via=b["waited_for"], root=b["waited_for"], s=ms(max(b["s"], t0)),
                   e=ms(min(b["e"], t1)))
-             for b in _safe(v, """SELECT DISTINCT rank, waited_for, s, e FROM (
+             for b in v.query("""SELECT DISTINCT rank, waited_for, s, e FROM (
                                     SELECT w.* FROM cp_path k JOIN wait_edges w ON w.id = k.id WHERE k.step = ?
                                     UNION ALL
                                     SELECT w.* FROM cp_segments g JOIN wait_edges w ON w.step = g.step
@@ -280,7 +148,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                                 WHERE e > ? AND s < ? ORDER BY e - s DESC LIMIT 200""", [step, step, t0, t1])]
     path = [PathSeg(rank=g["rank"], s=ms(max(g["s"], t0)), e=ms(min(g["e"], t1)),
                     created=round(g["created_ns"] / NS, 3))
-            for g in _safe(v, "SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",
+            for g in v.query("SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",
                            [step])]
     return StepView(label=label, step=step, t1=ms(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
                     path=path, hidden=_hidden(v, report, ranks, t0, t1))
@@ -290,12 +158,12 @@ def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hid
     rest = [r.rank for r in report.ranks if r.rank not in shown]
     if not rest:
         return None
-    busy = {r["rank"]: r["ns"] / NS for r in _safe(
-        v, """SELECT rank, sum(least("end", ?) - greatest(start, ?)) AS ns FROM gpu_ops
+    busy = {r["rank"]: r["ns"] / NS for r in v.query(
+        """SELECT rank, sum(least("end", ?) - greatest(start, ?)) AS ns FROM gpu_ops
               WHERE list_contains(?, rank) AND "end" > ? AND start < ? AND NOT is_comm GROUP BY rank""",
         [t1, t0, rest, t0, t1])}
-    wait = {r["rank"]: r["ns"] / NS for r in _safe(
-        v, """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits
+    wait = {r["rank"]: r["ns"] / NS for r in v.query(
+        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits
               WHERE list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""", [t1, t0, rest, t0, t1])}
     h = Hidden(n=len(rest))
     if busy:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from orchestrator.analyze.engine import check_store_version, open_store
+from orchestrator.analyze.pick import pick_ranks
 from orchestrator.errors import OrchError
-from orchestrator.report import perfetto
+from orchestrator.export import perfetto
 from orchestrator.sqltext import execute
 
 if TYPE_CHECKING:
@@ -151,17 +152,20 @@ def export_trace(store: Path, out: Path, *, ranks: Iterable[int] | None = None, 
 
 
 def _choose(have: list[int], counts: dict[int, int], limit: int, priority: list[int]) -> list[int]:
-    """The priority ranks, then the rest in order, while they fit (the first one always)."""
-    order = list(dict.fromkeys([r for r in priority if r in set(have)] + have))
-    kept: list[int] = []
+    """The priority ranks, then the rest in order, while their events fit (the first one always)."""
     total = 0
-    for r in order:
-        n = counts.get(r, 0)
+
+    def fits(rank: int, kept: dict[int, str]) -> bool:
+        nonlocal total
+        n = counts.get(rank, 0)
         if kept and total + n > limit:
-            continue
-        kept.append(r)
+            return False
         total += n
-    return sorted(kept)
+        return True
+
+    present = set(have)
+    first = [(r, "priority") for r in priority if r in present]
+    return list(pick_ranks(have, first, fill="order", whole=False, fits=fits))
 
 
 def _write_json(con: duckdb.DuckDBPyConnection, fh: BinaryIO, kept: list[int], note: str, chunk: int) -> None:

@@ -1,42 +1,46 @@
-"""The map step as ONE Slurm job array through submitit (`orch collect --on-cluster`).
-
-Each array task maps a chunk of reports with `mapper.map_chunk_strict` on a compute node,
-next to the data, with the run's cluster config (partition, account, qos, time, module
-loads / setup lines, the nsys the profile used). The submitting process only polls: one
+"""ONE Slurm job array through submitit's `map_array` (`orch collect --on-cluster` maps its
+reports with it): a function over chunks of items, each chunk one array task on a compute
+node, with a cluster config (partition, account, qos, time, module loads / setup lines).
+It lives in submit/ beside the job submitter: one place knows Slurm and submitit, collect
+only says what to run on which items. The submitting process only polls: one
 `sacct` (else `squeue`) call per poll for the whole array plus submitit's result files,
 shown as a rich progress bar. Tasks that end FAILED, TIMEOUT, PREEMPTED, NODE_FAIL,
 OUT_OF_MEMORY, CANCELLED, or that vanish without a result, are returned with the tail of
-their submitit log, so the caller can list them and mark their reports.
+their submitit log, so the caller can list them and mark their items.
 """
 
 from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import submitit
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.collect.mapper import MapTask, map_chunk_strict
 from orchestrator.errors import OrchError
 from orchestrator.spec.model import ClusterConfig
 from orchestrator.submit.backend import TERMINAL, tail
-from orchestrator.submit.slurm import _run, slurm_minutes
+from orchestrator.submit.slurm import normalize_state, run_command, slurm_minutes
+
+T = TypeVar("T")
 
 MAX_TASKS = 1000  # Slurm's default MaxArraySize is 1001
 
 
 @dataclass
 class ArrayOptions:
-    """How to shape the array: per-task time, CPUs and reports, and how many run at once."""
+    """How to shape the array: per-task time, CPUs and items, and how many run at once.
+    `cluster` None: the submitted job's own cluster config (the caller fills it in)."""
 
-    cluster: ClusterConfig
+    cluster: ClusterConfig | None = None
     time: str | None = None  # Slurm time per task; default the cluster config's
     cpus: int | None = None  # per task; default the cluster config's cpus_per_task, else 1
-    chunk: int | None = None  # reports per task; default so that the array has <= MAX_TASKS tasks
+    chunk: int | None = None  # items per task; default so that the array has <= MAX_TASKS tasks
     parallelism: int = 256
     poll_s: float = 2.0
     timeout_s: float | None = None
@@ -44,6 +48,8 @@ class ArrayOptions:
 
 @dataclass
 class TaskOutcome:
+    """One array task's end; `reports`: what its items name (the caller's `label` of each)."""
+
     task: int
     job_id: str
     state: str
@@ -54,13 +60,17 @@ class TaskOutcome:
     hosts: list[str] = field(default_factory=list)
 
 
-def chunks(tasks: list[MapTask], size: int | None) -> list[list[MapTask]]:
+def chunks(tasks: list[T], size: int | None) -> list[list[T]]:
+    """`size` items per task; by default as few per task as keep the array within MAX_TASKS."""
     size = size or max(1, -(-len(tasks) // MAX_TASKS))
     return [tasks[i: i + size] for i in range(0, len(tasks), size)]
 
 
 def make_executor(opts: ArrayOptions, folder: Path, ntasks: int) -> submitit.SlurmExecutor:
+    """submitit's Slurm executor shaped by `opts` (one node, one task per array element)."""
     c = opts.cluster
+    if c is None:
+        raise OrchError("--on-cluster needs a cluster config: pass --cluster NAME")
     if c.executor != "slurm":
         raise OrchError(f"--on-cluster needs a Slurm cluster config; {c.name!r} uses executor {c.executor!r} "
                         "(drop --on-cluster to map in a local process pool)")
@@ -85,18 +95,17 @@ def make_executor(opts: ArrayOptions, folder: Path, ntasks: int) -> submitit.Slu
 def _states(array_id: str, ntasks: int) -> dict[int, tuple[str, str | None]]:
     """task -> (state, node) from one sacct call; squeue when accounting is off."""
     out: dict[int, tuple[str, str | None]] = {}
-    p = _run(["sacct", "-j", array_id, "-X", "-n", "-P", "-o", "JobID,State,NodeList"])
+    p = run_command(["sacct", "-j", array_id, "-X", "-n", "-P", "-o", "JobID,State,NodeList"])
     rows = p.stdout.splitlines() if p is not None and p.returncode == 0 else []
     if not rows:
-        q = _run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i|%T|%N"])
+        q = run_command(["squeue", "-h", "-r", "-j", array_id, "-o", "%i|%T|%N"])
         rows = q.stdout.splitlines() if q is not None and q.returncode == 0 else []
     for row in rows:
         jid, _, rest = row.partition("|")
         state, _, node = rest.partition("|")
         _, _, idx = jid.partition("_")
         if idx.isdigit() and int(idx) < ntasks:
-            s = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"
-            out[int(idx)] = ("CANCELLED" if s.startswith("CANCELLED") else s, node or None)
+            out[int(idx)] = (normalize_state(state), node or None)
     return out
 
 
@@ -115,18 +124,20 @@ def _result(job: submitit.Job) -> tuple[str, str] | None:
     return ("error", text[-1][:300] if text else "")
 
 
-def run_array(tasks: list[MapTask], folder: Path, opts: ArrayOptions, console: Console) -> list[TaskOutcome]:
-    """Submit the array, show progress until every task is over, return every task's outcome."""
+def run_array(fn: Callable[[list[T]], Any], tasks: list[T], folder: Path, opts: ArrayOptions, console: Console,
+              label: Callable[[T], Path]) -> list[TaskOutcome]:
+    """Submit `fn` over chunks of `tasks` as one array, show progress until every task is over,
+    return every task's outcome. `fn` raises when its chunk failed: Slurm then records FAILED."""
     groups = chunks(tasks, opts.chunk)
     ex = make_executor(opts, folder, len(groups))
     try:
-        jobs = ex.map_array(map_chunk_strict, groups)
+        jobs = ex.map_array(fn, groups)
     except Exception as e:  # submitit.FailedJobError, CalledProcessError, OSError
         lines = [ln.strip().removeprefix("sbatch: error:").strip() for ln in str(e).splitlines() if ln.strip()]
         raise OrchError(f"sbatch rejected the collect array: {'; '.join(lines[-2:]) or 'no message'}") from None
     array_id = jobs[0].job_id.partition("_")[0]
     console.print(f"map: {len(tasks)} report(s) in {len(groups)} array task(s), job {array_id}", markup=False)
-    outcomes = [TaskOutcome(task=i, job_id=j.job_id, state="PENDING", reports=[t.report.origin for t in g])
+    outcomes = [TaskOutcome(task=i, job_id=j.job_id, state="PENDING", reports=[label(t) for t in g])
                 for i, (j, g) in enumerate(zip(jobs, groups, strict=True))]
     done: set[int] = set()
     over_since: dict[int, float] = {}

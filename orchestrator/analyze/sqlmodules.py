@@ -1,0 +1,145 @@
+"""The analysis SQL modules' headers, read as declarations (after Perfetto's SQL standard
+library: every module says what it reads and what it provides, and a checker holds it to it).
+
+Each `analyze/sql/NN_*.sql` opens with a comment block; three of its lines are machine-read:
+
+    -- Reads: gpu_ops, win (any note in parentheses), params.
+    -- Writes: steps, step_source.        (optional: earlier modules' tables it adds rows to)
+    -- Provides:
+    --   name(col, col, ...)  what it is, continued on lines indented deeper
+    --   _helper(col, ...)    a leading `_`: private to this file
+
+`Reads` lists store tables, `params` and earlier modules' public names; it may wrap onto the
+next comment lines and ends with a period. A `Provides` entry starts at three spaces after
+`--`; its parentheses hold the columns of a table or view, or the parameters of a macro. The
+block ends at the first line indented less. The scheduler builds its DAG from these
+declarations (schedule.py), tests/test_sql_modules.py checks them against what DuckDB runs,
+and scripts/gen_metrics_doc.py turns them into docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_NOTE = re.compile(r"\([^()]*\)")  # `ranks (untraced)`: a note on a read, not part of its name
+_ENTRY = re.compile(r"^--   (\w+)\s*\(")
+_NAME = re.compile(r"^\w+$")
+
+
+class HeaderError(ValueError):
+    """A module header the parser cannot read; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Provided:
+    """One name a module creates: its columns (or macro parameters) and its documentation."""
+
+    name: str
+    columns: tuple[str, ...]
+    doc: str
+
+    @property
+    def private(self) -> bool:
+        return self.name.startswith("_")
+
+
+@dataclass(frozen=True)
+class Module:
+    """One SQL file's declaration: what it reads, which earlier tables it adds rows to, what it
+    provides; `sql` is the whole file (header included) as DuckDB runs it."""
+
+    file: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    provides: tuple[Provided, ...]
+    sql: str
+
+    @property
+    def public(self) -> tuple[Provided, ...]:
+        return tuple(p for p in self.provides if not p.private)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.provides)
+
+
+def header(sql: str) -> list[str]:
+    """The file's leading comment lines (the header ends at the first line of SQL)."""
+    out = []
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        out.append(line.rstrip())
+    return out
+
+
+def _name_list(text: str, file: str, what: str) -> tuple[str, ...]:
+    text = _NOTE.sub("", text).strip()
+    if text in ("", "nothing"):
+        return ()
+    names = tuple(n.strip() for n in text.split(","))
+    bad = [n for n in names if not _NAME.match(n)]
+    if bad:
+        raise HeaderError(f"{file}: {what} {bad} are not names (write `a, b (note), c.`)")
+    return names
+
+
+def _list_line(lines: list[str], key: str, file: str) -> tuple[str, ...]:
+    """The names after `-- key:` up to the period, wrapping onto the next comment lines (what
+    follows the period, e.g. `Provides:` of the short form `-- Reads: a. Provides:`, is not a name)."""
+    for i, line in enumerate(lines):
+        if line.startswith(f"-- {key}:"):
+            text = line[len(f"-- {key}:"):]
+            j = i
+            while "." not in _NOTE.sub("", text):
+                j += 1
+                if j == len(lines):
+                    raise HeaderError(f"{file}: `-- {key}:` list never ends with a period")
+                text += " " + lines[j][2:]
+            names = _NOTE.sub(lambda m: m.group(0).replace(".", ""), text).partition(".")[0]
+            return _name_list(names, file, key)
+    return ()
+
+
+def _provides(lines: list[str], file: str) -> tuple[Provided, ...]:
+    start = next((i for i, s in enumerate(lines) if s.endswith("Provides:")), None)
+    if start is None:
+        raise HeaderError(f"{file}: no `-- Provides:` block")
+    entries: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if _ENTRY.match(line):
+            entries.append([line[5:]])
+        elif line.startswith("--    ") and entries:
+            entries[-1].append(line[2:].strip())
+        elif line.startswith("--   "):
+            raise HeaderError(f"{file}: `{line[5:45]}...`: an entry is `name(col, ...)  doc`")
+        else:
+            break
+    if not entries:
+        raise HeaderError(f"{file}: `-- Provides:` lists nothing (entries: `--   name(col, ...)  doc`)")
+    out = []
+    for entry in entries:
+        text = " ".join(entry)
+        name, _, rest = text.partition("(")
+        cols, close, doc = rest.partition(")")
+        if not close or "(" in cols:
+            raise HeaderError(f"{file}: `{text[:60]}...`: columns are plain names in one pair of parentheses")
+        out.append(Provided(name.strip(), _name_list(cols, file, f"{name.strip()} columns") if cols.strip() else (),
+                            " ".join(doc.split())))
+    return tuple(out)
+
+
+def parse(file: str, sql: str) -> Module:
+    """One module's declaration from its header (HeaderError when it does not follow the form)."""
+    lines = header(sql)
+    if not any(s.startswith("-- Reads:") for s in lines):
+        raise HeaderError(f"{file}: no `-- Reads:` line (write `-- Reads: nothing.` when it reads nothing)")
+    return Module(file, _list_line(lines, "Reads", file), _list_line(lines, "Writes", file),
+                  _provides(lines, file), sql)
+
+
+def parse_all(files: Iterable[tuple[str, str]]) -> list[Module]:
+    """(file name, SQL) in execution order -> their declarations, in that order."""
+    return [parse(name, sql) for name, sql in files]

@@ -1,0 +1,153 @@
+"""What a job that did not end by itself left in its run directory, read once at collect time so
+the store keeps it (a store copied elsewhere still knows how its job ended): the scheduler's
+state (`orch status`'s own code), the stack dumps and PyTorch's Flight Recorder dumps.
+
+The rank hook (templates/sitecustomize.py.j2) writes `dumps/stacks.r<RANK>.txt` and
+`dumps/flight_recorder/rank_<RANK>` when orch stops a job; NCCL's watchdog writes the latter
+itself when a collective times out. A Flight Recorder dump is a pickle of plain dicts, lists and
+strings. A pickle can run code and a run directory is not trusted input, so it is read by an
+unpickler that builds nothing but plain types; a dump that needs anything else is skipped. Only
+the last collective of each rank and process group is kept: that is what tells the ranks apart,
+and it does not grow with the recorder's buffer.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import OrchError
+from orchestrator.rundir import RunPaths
+
+MAX_DUMP_BYTES = 256 << 20  # a recorder of 20,000 entries with stacks is a few MiB
+MAX_STACK_BYTES = 1 << 20  # the last dumps of a stack file; a rank dumped many times appends
+_FR_NAME = re.compile(r"rank_(\d{1,7})")
+_STACK_NAME = re.compile(r"stacks\.r(\d{1,7})\.txt")
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)')
+
+
+def gather(run: Path) -> dict[str, Any]:
+    """The job's evidence: {status, dumps, flight_recorder, stacks}; status is None outside an
+    orch run directory (a store built from reports alone)."""
+    paths = RunPaths(run)
+    return {"status": job_state(run), "dumps": dump_files(run),
+            "flight_recorder": last_collectives(paths.flight_recorder), "stacks": stacks(paths.dumps)}
+
+
+def job_state(run: Path) -> dict[str, Any] | None:
+    """`orch status` of the run `run`, or None when it is not an orch run directory."""
+    if not RunPaths(run).manifest.is_file():
+        return None
+    from orchestrator.submit.core import job_status
+
+    try:
+        return job_status(run)
+    except (OrchError, OSError):
+        return None
+
+
+def dump_files(run: Path) -> list[str]:
+    """The hang evidence files beside the reports, relative to the run directory."""
+    d = RunPaths(run).dumps
+    if not d.is_dir():
+        return []
+    return sorted(str(p.relative_to(run)) for p in d.rglob("*") if p.is_file() and p.stat().st_size)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings, numbers and None: never a class or a callable."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def read_dump(path: Path) -> dict[str, Any] | None:
+    """One rank's Flight Recorder dump, or None when it is not a plain Flight Recorder pickle."""
+    try:
+        if path.stat().st_size > MAX_DUMP_BYTES:
+            return None
+        data = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, RecursionError, MemoryError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+
+
+def _frame(frames: Any) -> str:
+    """Where the program called the collective: the innermost frame outside torch itself."""
+    if not isinstance(frames, list):
+        return ""
+    good = [f for f in frames if isinstance(f, dict) and isinstance(f.get("filename"), str)]
+    user = [f for f in good if "/torch/" not in f["filename"].replace("\\", "/")]
+    f = (user or good or [None])[0]
+    return f"{f['filename']}:{f.get('line')} ({f.get('name')})" if f else ""
+
+
+def last_collectives(folder: Path) -> list[dict[str, Any]]:
+    """Per rank and process group, the last collective the rank entered (`rank_<N>` files)."""
+    out: list[dict[str, Any]] = []
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.iterdir()):
+        m = _FR_NAME.fullmatch(p.name)
+        dump = read_dump(p) if m and p.is_file() else None
+        if dump is None:
+            continue
+        last: dict[str, dict[str, Any]] = {}
+        for e in dump["entries"]:
+            if not isinstance(e, dict) or e.get("is_p2p") or not isinstance(e.get("collective_seq_id"), int):
+                continue
+            pg = e.get("process_group")
+            key = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id"))
+            if key not in last or e["collective_seq_id"] > last[key]["collective_seq_id"]:
+                last[key] = e
+        for key, e in sorted(last.items()):
+            pg = e.get("process_group")
+            desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
+            desc = desc if desc and desc != "undefined" else f"process group {key}"  # DDP's group has no name
+            out.append({"rank": int(m.group(1)), "pg": key, "pg_desc": desc, "seq": e["collective_seq_id"],
+                        "op": str(e.get("profiling_name", "?")), "sizes": str(e.get("input_sizes", "")),
+                        "state": str(e.get("state", "")), "frame": _frame(e.get("frames"))})
+    return out
+
+
+def main_stack(text: str, frames: int = 6) -> list[str]:
+    """The main thread's innermost frames in the last faulthandler dump of a stack file: the
+    block whose outermost frame is `<module>`, as `func (folder/file:line)`."""
+    blocks: list[list[re.Match[str]]] = []
+    cur: list[re.Match[str]] = []
+    for line in text.splitlines():
+        m = _FRAME.fullmatch(line)
+        if m:
+            cur.append(m)
+        elif cur:
+            blocks.append(cur)
+            cur = []
+    if cur:
+        blocks.append(cur)
+    main = [b for b in blocks if b[-1]["func"] == "<module>"]
+    if not main:
+        return []
+    return [f"{m['func']} ({'/'.join(Path(m['file']).parts[-2:])}:{m['line']})" for m in main[-1][:frames]]
+
+
+def stacks(folder: Path) -> dict[str, list[str]]:
+    """Per rank (a string key: the store keeps it as JSON) its main thread's stack."""
+    out = {}
+    if folder.is_dir():
+        for p in sorted(folder.iterdir()):
+            m = _STACK_NAME.fullmatch(p.name)
+            if not m or not p.is_file():
+                continue
+            try:
+                with p.open("rb") as fh:
+                    fh.seek(max(0, p.stat().st_size - MAX_STACK_BYTES))
+                    text = fh.read().decode(errors="replace")
+            except OSError:
+                continue
+            if s := main_stack(text):
+                out[str(int(m.group(1)))] = s
+    return out

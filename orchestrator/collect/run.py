@@ -1,0 +1,57 @@
+"""`collect_run`: collect the reports a submitted job's manifest expects, the one entry that
+`orch collect JOB` and `orch sweep` share. The job's end (scheduler state, stack and Flight
+Recorder dumps; collect/evidence.py) is read now and kept in the store's meta (key `job`),
+so a store copied away from its run directory still knows how its job ended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator import naming
+from orchestrator.collect.evidence import gather
+from orchestrator.collect.gather import early_exports
+from orchestrator.collect.options import CollectOptions
+from orchestrator.collect.pipeline import CollectResult
+from orchestrator.errors import OrchError
+from orchestrator.rundir import read_manifest
+
+
+def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
+    """The job's reports folder and `opts` completed from its manifest: its layout, ranks,
+    report names, nsys, cluster config (for an array without one) and the meta keys."""
+    m = read_manifest(run)
+    if not m.profiled_ranks:
+        raise OrchError(f"job {m.job_id} profiled no ranks (profile.ranks: none): nothing to collect")
+    if not Path(m.report_dir).is_dir():
+        raise OrchError(f"no reports from job {m.job_id} in {m.report_dir} (expected ranks "
+                        f"{m.profiled_ranks}); see `orch status {m.job_id}`")
+    array = opts.array
+    if array is not None and array.cluster is None:
+        from orchestrator.spec.model import ClusterConfig
+
+        if not m.cluster_config:
+            raise OrchError(f"job {m.job_id} has no cluster config to submit the map to: pass --cluster NAME")
+
+        array = replace(array, cluster=ClusterConfig.model_validate(m.cluster_config))
+    meta = {"job_id": m.job_id, "run": str(run), "job": json.dumps(gather(run), default=str),
+            **(opts.extra_meta or {})}
+    return Path(m.report_dir), replace(
+        opts, layout=m.job_layout(), expected=m.profiled_ranks, name_prefix=naming.name_prefix(m.output_name, m.job_id),
+        nsys=opts.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path"), array=array, extra_meta=meta)
+
+
+def collect_run(run: Path, opts: CollectOptions) -> CollectResult:
+    """Collect the run's reports into its store. The in-process route's first exports start
+    before the store's modules (DuckDB, rich) load, so that nsys runs meanwhile."""
+    reports, o = run_options(run, opts)
+    if o.map_reduce:
+        from orchestrator.collect.collect import collect
+
+        return collect([reports], run, o)
+    with early_exports([reports], run, nsys=o.nsys, workers=o.workers, name_prefix=o.name_prefix) as started:
+        from orchestrator.collect.collect import collect
+
+        return collect([reports], run, replace(o, started=started))

@@ -1,0 +1,138 @@
+"""PyTorch's Flight Recorder on a hang: the rendered rank hook dumps every rank's recorder (and
+stacks) on SIGWINCH while the rank is stuck inside a collective, and orch names the rank that
+never entered the collective the others wait in. A real gloo job (torchrun, 2 processes) with
+the hook orch renders; the expected sequence numbers are read back with plain pickle, the way
+PyTorch writes them, not through orch's reader. (PyTorch's own `fr_trace` tool cannot read gloo
+dumps in torch 2.13: it looks process groups up by a name gloo leaves empty.)"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analyze import flight
+from orchestrator.collect import evidence
+from orchestrator.render.render import render
+from orchestrator.spec.load import load_job
+from tests.conftest import EXAMPLES
+
+HANG = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(4, 8)
+for step in range(6):
+    if rank == 1 and step == 4:
+        print("stuck", flush=True)
+        time.sleep(600)
+    dist.all_reduce(t)
+print("finished", rank, flush=True)
+"""
+
+
+def _hook(tmp: Path) -> Path:
+    """The pyhooks folder orch renders for a job."""
+    r = render(load_job(EXAMPLES / "local-cpu.yaml"), tmp / "scripts", report_dir=tmp / "reports")
+    d = tmp / "pyhooks"
+    d.mkdir()
+    for name, text in r.hooks.items():
+        (d / name).write_text(text)
+    return d
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+@pytest.fixture(scope="module")
+def hung_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Dumps of a real 2-rank gloo job in which rank 1 never enters its 5th all-reduce."""
+    tmp = tmp_path_factory.mktemp("fr")
+    (tmp / "hang.py").write_text(HANG)
+    dumps = tmp / "dumps"
+    env = {**os.environ, "PYTHONPATH": str(_hook(tmp)), "ORCH_DUMP_DIR": str(dumps), "TORCH_FR_BUFFER_SIZE": "2000"}
+    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(tmp / "hang.py")],
+                           cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[int] = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(1)
+            ranks = _children(run.pid)
+        time.sleep(5)  # rank 0 waits in its 5th all-reduce, rank 1 sleeps before it
+        for pid in ranks:
+            os.kill(pid, signal.SIGWINCH)
+        deadline = time.monotonic() + 30
+        want = [dumps / "flight_recorder" / f"rank_{r}" for r in (0, 1)] + [dumps / f"stacks.r{r}.txt" for r in (0, 1)]
+        while time.monotonic() < deadline and not all(p.is_file() and p.stat().st_size for p in want):
+            time.sleep(0.5)
+    finally:
+        for pid in [run.pid, *_children(run.pid)]:  # torchrun starts each rank in a session of its own
+            os.kill(pid, signal.SIGKILL)
+        run.wait(timeout=30)
+    return dumps
+
+
+def test_hook_dumps_recorder_and_stacks_of_ranks_stuck_in_a_collective(hung_dumps: Path) -> None:
+    stacks = {r: (hung_dumps / f"stacks.r{r}.txt").read_text() for r in (0, 1)}
+    assert "in all_reduce" in stacks[0] and "hang.py" in stacks[0], stacks[0]
+    assert "hang.py" in stacks[1] and "all_reduce" not in stacks[1], stacks[1]
+    got = evidence.stacks(hung_dumps)
+    assert got["0"][0].startswith("all_reduce (distributed/distributed_c10d.py:") and got["0"][-1].startswith(
+        "<module> (") and got["1"][0].startswith("<module> ("), got
+    seqs = {}
+    for r in (0, 1):
+        with open(hung_dumps / "flight_recorder" / f"rank_{r}", "rb") as fh:
+            seqs[r] = max(e["collective_seq_id"] for e in pickle.load(fh)["entries"])
+    assert seqs == {0: 5, 1: 4}
+
+
+def test_the_rank_that_never_entered_is_named(hung_dumps: Path) -> None:
+    last = evidence.last_collectives(hung_dumps / "flight_recorder")
+    assert [(x["rank"], x["seq"], x["op"]) for x in last] == [(0, 5, "gloo:all_reduce"), (1, 4, "gloo:all_reduce")]
+    behind, where, lines = flight.mismatch(last)
+    assert behind == [1] and where == "collective #5 (gloo:all_reduce) of default_pg"
+    assert len(lines) == 1 and lines[0].startswith(
+        "Flight Recorder, default_pg: rank(s) 1 never entered collective #5 (gloo:all_reduce [[4, 8]]), "
+        "which rank(s) 0 entered at "), lines
+    line = HANG.splitlines().index("    dist.all_reduce(t)") + 1
+    assert lines[0].count(f"hang.py:{line} (<module>)") == 2, lines[0]
+
+
+def test_a_collective_that_differs_across_ranks(tmp_path: Path) -> None:
+    """Same sequence number, different operation or sizes: the mismatch that never completes."""
+    folder = tmp_path / "flight_recorder"
+    folder.mkdir()
+    for rank, sizes in ((0, [[4, 8]]), (1, [[4, 9]])):
+        entry = {"collective_seq_id": 7, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce",
+                 "input_sizes": sizes, "is_p2p": False, "frames": [{"filename": "/w/train.py", "line": 3, "name": "f"}]}
+        (folder / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": [entry]}))
+    behind, _, lines = flight.mismatch(evidence.last_collectives(folder))
+    assert behind == [] and lines == ["Flight Recorder, default_pg: collective #7 differs across ranks (a mismatch "
+                                      "that never completes): rank 0: nccl:all_reduce [[4, 8]]; rank 1: "
+                                      "nccl:all_reduce [[4, 9]]"]
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/orch-fr-pwned",))
+
+
+def test_a_dump_that_would_run_code_is_skipped(tmp_path: Path) -> None:
+    folder = tmp_path / "flight_recorder"
+    folder.mkdir()
+    marker = Path("/tmp/orch-fr-pwned")
+    marker.unlink(missing_ok=True)
+    (folder / "rank_0").write_bytes(pickle.dumps({"entries": [_Boom()]}))
+    (folder / "rank_1").write_bytes(b"\x80\x04not a pickle")
+    assert evidence.last_collectives(folder) == []
+    assert not marker.exists()

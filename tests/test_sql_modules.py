@@ -1,0 +1,173 @@
+"""The SQL modules' headers are declarations, checked against what DuckDB runs on a real store
+(tests/sqlcheck.py says how); the rules' `reads` against their code; docs/metrics.md against
+the headers. Each check also fails on a drift planted here, so a check that passes is one that
+can fail."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import duckdb
+import pytest
+
+from orchestrator.analyze import sqlmodules
+from orchestrator.analyze.engine import SQL_DIR, Options, Views, analysis
+from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules.base import Context, Rule
+from orchestrator.analyze.sqlmodules import HeaderError, Module
+from orchestrator.collect.collect import collect
+from orchestrator.layout import Layout
+from tests import sqlcheck
+
+REPO = Path(__file__).resolve().parent.parent
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+def _modules(edit: dict[str, tuple[str, str]] | None = None) -> list[Module]:
+    """Every module, with `edit` = {file: (old, new)} applied to copies of their text."""
+    files = []
+    for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
+        sql = f.read_text()
+        if edit and f.name in edit:
+            old, new = edit[f.name]
+            assert old in sql, (f.name, old)
+            sql = sql.replace(old, new, 1)
+        files.append((f.name, sql))
+    return sqlmodules.parse_all(files)
+
+
+@dataclass
+class Checked:
+    full: duckdb.DuckDBPyConnection  # a full analysis of a real store
+    store: Path
+    snap: Path  # its tables and views, as a file the per-module runs attach
+    stored: set[str]  # the store's tables
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checked]:
+    d = tmp_path_factory.mktemp("sqlmod")
+    (d / "in").mkdir()
+    for f in sorted(REAL.glob("resnet_nw2_r*_*.sqlite.gz")):
+        shutil.copy(f, d / "in" / f.name)
+    store = collect([d / "in"], d / "run", layout=Layout(), workers=2).store
+    full, _ = analysis(store, Options())
+    sqlcheck.materialize(full, d / "snap.duckdb")
+    stored = {r[0] for r in full.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"
+                                         ).fetchall()}
+    yield Checked(full, store, d / "snap.duckdb", stored)
+    full.close()
+
+
+def _drift(c: Checked, modules: list[Module], only: set[str] | None = None) -> list[str]:
+    """Every drift of the headers; `only`: run those files only (the others are checked above)."""
+    out = sqlcheck.declaration_problems(modules, c.stored)
+    for m in modules:
+        if only is None or m.file in only:
+            out += sqlcheck.run_declared(m, modules, c.full, c.store, c.snap)
+    return out
+
+
+def test_every_module_declares_what_it_reads_and_provides(checked: Checked) -> None:
+    assert _drift(checked, _modules()) == []
+
+
+def test_every_rule_reads_what_it_declares() -> None:
+    modules = _modules()
+    assert sqlcheck.rule_problems({p.name for m in modules for p in m.public}) == []
+
+
+def test_the_report_reads_only_public_views(checked: Checked) -> None:
+    """The Python that shapes the report (analyze/*.py) reads only what a module provides
+    publicly, or the store: a private helper renamed or dropped by its file breaks no reader.
+    Only literal names are followed (tables.py builds some of its queries)."""
+    public = {p.name for m in _modules() for p in m.public}
+    wrong = {}
+    for f in sorted((REPO / "orchestrator" / "analyze").glob("*.py")):
+        found, _ = sqlcheck.reads_in(ast.parse(f.read_text()), {}, f.name)
+        if found - public - checked.stored:
+            wrong[f.name] = sorted(found - public - checked.stored)
+    assert wrong == {}
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ({"55_host_sync.sql": (", gap_attr.", ".")}, "55_host_sync.sql reads gap_attr without declaring it"),
+    ({"40_gaps.sql": ("small_gaps(rank, n, ns)", "small_gaps(rank, n, total_ns)")},
+     "40_gaps.sql: small_gaps(rank, n, total_ns) is really small_gaps(rank, n, ns)"),
+    ({"90_gpu_work.sql": ("\nCREATE", "\nCREATE TABLE undeclared AS SELECT 1 AS x;\nCREATE")},
+     "90_gpu_work.sql creates undeclared, which its header does not provide"),
+    ({"40_gaps.sql": ("-- Reads: islands,", "-- Reads: _clipped, islands,")},
+     "40_gaps.sql reads _clipped: a private name"),
+    ({"90_gpu_work.sql": ("-- Reads: memcpy,", "-- Reads: sync_copies, memcpy,")},
+     "90_gpu_work.sql reads sync_copies: no store table, `params` or earlier module provides it"),
+    ({"90_gpu_work.sql": ("kernel_stats(rank", "win(rank")},
+     "90_gpu_work.sql provides win, which 20_window.sql provides already"),
+])
+def test_checker_fails_on_planted_drift(checked: Checked, edit: dict, expected: str) -> None:
+    got = _drift(checked, _modules(edit), set(edit))
+    assert any(expected in p for p in got), got
+
+
+class _Planted(Rule):
+    kind: ClassVar[str] = "planted"
+    reads: ClassVar[tuple[str, ...]] = ("kernel_stats", "small_gaps")
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        ctx.views.rows("gap_cpu")
+        ctx.views.by_rank("kernel_stats")
+        ctx.views.rows("_clipped")
+        return []
+
+
+def test_rule_checker_fails_on_planted_drift() -> None:
+    modules = _modules()
+    got = sqlcheck.rule_problems({p.name for m in modules for p in m.public}, [_Planted()])
+    name = Path(__file__).name
+    assert sorted(got) == sorted([
+        f"rules/{name} reads _clipped, which no SQL module provides",
+        f"rules/{name} reads _clipped without listing it in `reads`",
+        f"rules/{name} reads gap_cpu without listing it in `reads`",
+        f"rules/{name} lists small_gaps in `reads` but never reads it",
+    ])
+
+
+def test_a_rule_reads_only_its_declared_views() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE kernel_stats AS SELECT 0 AS rank; CREATE TABLE gap_cpu AS SELECT 0 AS rank")
+    ctx = Context(views=Views(con), report=None, opts=Options())  # type: ignore[arg-type]
+    scoped = ctx.for_rule(_Planted())
+    assert scoped.views.by_rank("kernel_stats") == {0: {"rank": 0}}
+    with pytest.raises(LookupError, match="gap_cpu"):
+        _Planted().evaluate(scoped)
+
+
+def test_sql_tables_from_duckdbs_parser() -> None:
+    assert sqlcheck.sql_tables("WITH t AS (SELECT * FROM a) SELECT * FROM t JOIN b USING (x) "
+                               "WHERE x IN (SELECT x FROM c)") == {"a", "b", "c"}
+
+
+def test_header_parse() -> None:
+    m = sqlmodules.parse("x.sql", "-- What it is.\n-- Reads: a, b (a note, with a comma.), c.\n-- Writes: a.\n"
+                         "-- Provides:\n--   t(x, y)  doc\n--       more doc\n--   _h(z)\n-- Notes.\nSELECT 1;")
+    assert (m.reads, m.writes) == (("a", "b", "c"), ("a",))
+    assert [(p.name, p.columns, p.doc, p.private) for p in m.provides] == [
+        ("t", ("x", "y"), "doc more doc", False), ("_h", ("z",), "", True)]
+    for bad in ("-- Provides:\n--   t(x)\n",  # no Reads
+                "-- Reads: a.\n",  # no Provides
+                "-- Reads: a.\n-- Provides:\n--   t  doc\n",  # no columns
+                "-- Reads: a.\n-- Provides:\n--   t(x, y (note))\n"):
+        with pytest.raises(HeaderError):
+            sqlmodules.parse("x.sql", bad + "SELECT 1;")
+
+
+def test_metrics_doc_is_up_to_date() -> None:
+    p = subprocess.run([sys.executable, "scripts/gen_metrics_doc.py", "--check"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

@@ -11,7 +11,7 @@
         parts/             Parquet parts of the map/reduce collect; submitit-collect/ its array
         profile.duckdb     the merged store
 
-`RunPaths` is the one home of these names (after submitit's JobPaths): every stage asks it.
+`RunPaths` (orchestrator/runpaths.py) is the one home of these names (after submitit's JobPaths): every stage asks it.
 `orch status/collect/report <jobid>` find a run by its job id under the run root.
 """
 
@@ -27,28 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer, f
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_json_atomic
 from orchestrator.layout import Layout
-
-MANIFEST = "manifest.json"
-STORE = "profile.duckdb"
-
-
-class RunPaths:
-    """Every path of one run directory (see the module docstring for the layout)."""
-
-    def __init__(self, run: Path) -> None:
-        self.run = Path(run)
-
-    manifest = property(lambda self: self.run / MANIFEST)
-    store = property(lambda self: self.run / STORE)
-    scripts = property(lambda self: self.run / "scripts")
-    logs = property(lambda self: self.run / "logs")
-    submitit = property(lambda self: self.run / "submitit")
-    reports = property(lambda self: self.run / "reports")
-    dumps = property(lambda self: self.run / "dumps")
-    flight_recorder = property(lambda self: self.run / "dumps" / "flight_recorder")
-    exports = property(lambda self: self.run / "exports")
-    parts = property(lambda self: self.run / "parts")
-    submitit_collect = property(lambda self: self.run / "submitit-collect")
+from orchestrator.runpaths import MANIFEST
 
 
 def default_root() -> Path:

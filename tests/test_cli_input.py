@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.rundir import MANIFEST
+from orchestrator.runpaths import MANIFEST
 from tests.conftest import EXAMPLES, run_orch
 
 SPEC = {"name": "t", "cluster": "local", "launch": {"script": str(EXAMPLES / "train.py"), "nproc_per_node": 2}}

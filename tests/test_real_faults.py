@@ -49,7 +49,11 @@ def test_collective_called_on_the_main_process_only(tmp_path: Path, nsys: str, t
         "failed (FAILED): rank 0 failed first (killed by SIGABRT (exit status 134; "), o["line"]
     assert "Is there a distributed collective mismatch in your code?" in o["line"]
     ends = {x["rank"]: x for x in o["ranks"]}
-    assert ends[0]["open_ranges"] == ["step 10", "evaluate"] and ends[0]["last_done_step"] == 9
+    # A process that aborts loses the NVTX events its nsys injection had not flushed yet: the
+    # `evaluate` range, pushed a few ms before the abort, is there on most runs, not on all. The
+    # stack below says where the rank was either way.
+    assert ends[0]["open_ranges"] in (["step 10"], ["step 10", "evaluate"]), ends[0]
+    assert ends[0]["last_done_step"] == 9
     assert ends[1]["open_ranges"] == ["step 11", "backward"] and ends[1]["last_done_step"] == 10
     # Where rank 0 was when it aborted, from the stack the rank hook wrote on SIGABRT.
     stack = ends[0]["stack"]

@@ -46,7 +46,7 @@ def test_bash_n_and_shellcheck(tmp_path: Path) -> None:
         assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0, f
     p = subprocess.run(["shellcheck", "-S", "style", *map(str, files)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
-    assert len(files) == 3 * len(list(EXAMPLES.glob("*.yaml")))
+    assert len(files) == 4 * len(list(EXAMPLES.glob("*.yaml")))
 
 
 PROGRAM = """

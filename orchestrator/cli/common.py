@@ -162,7 +162,8 @@ def run_arg(a: argparse.Namespace) -> Path:
 def store_of(ref: str, runs: str | None) -> Path:
     """A `profile.duckdb` given directly, the one in a directory (a run's, or the `--out` of
     `orch collect --from`/`orch analyze`), or the one of a run found by job id."""
-    from orchestrator.rundir import MANIFEST, STORE, find_run
+    from orchestrator.rundir import find_run
+    from orchestrator.runpaths import MANIFEST, STORE
 
     p = Path(ref)
     if p.is_file() and p.suffix == ".duckdb":

@@ -119,7 +119,7 @@ def cmd_analyze(a: argparse.Namespace) -> int:
     try:
         _collect_and_report(a, dest)
     except Exception as e:
-        from orchestrator.rundir import STORE
+        from orchestrator.runpaths import STORE
 
         store = dest / STORE  # there only once the collect succeeded (written under a temp name)
         if not store.exists():

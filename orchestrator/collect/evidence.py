@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchError
-from orchestrator.rundir import RunPaths
+from orchestrator.runpaths import RunPaths
 
 MAX_DUMP_BYTES = 256 << 20  # a recorder of 20,000 entries with stacks is a few MiB
 MAX_STACK_BYTES = 1 << 20  # the last dumps of a stack file; a rank dumped many times appends

@@ -25,7 +25,7 @@ from orchestrator import naming
 from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.collect.tables import export_tables
 from orchestrator.errors import OrchError
-from orchestrator.rundir import RunPaths
+from orchestrator.runpaths import RunPaths
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
 # Export temps carry the writer's pid, so a later run can remove those of a killed one.

@@ -30,7 +30,7 @@ from orchestrator.collect.pipeline import Written, progress
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
 from orchestrator.layout import Layout
-from orchestrator.rundir import RunPaths
+from orchestrator.runpaths import RunPaths
 from orchestrator.submit.array import TaskOutcome, run_array
 
 _PART_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)\.parquet")

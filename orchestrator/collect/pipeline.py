@@ -27,7 +27,7 @@ from orchestrator.collect.identity import Member, infer_world_size
 from orchestrator.collect.options import CollectOptions
 from orchestrator.errors import OrchError
 from orchestrator.layout import Layout
-from orchestrator.rundir import STORE
+from orchestrator.runpaths import STORE
 
 
 @dataclass

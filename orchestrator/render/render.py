@@ -1,9 +1,11 @@
-"""Render a resolved job into the three scripts that run it.
+"""Render a resolved job into the scripts that run it.
 
 - `rank_wrapper.sh`: per rank; decides whether this rank runs under nsys.
 - `launch.sh`: per node; torchrun over the wrapper. The ONE command line: sbatch.sh runs it
   through srun, `orch submit` runs it through submitit, a user can run it by hand.
 - `sbatch.sh`: a standalone batch script (`#SBATCH` lines, setup, srun launch.sh).
+- `keep_report.sh`: per profiled rank, once its nsys ended: makes the report from nsys' raw
+  stream when a signal stopped nsys before it wrote it.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from orchestrator import __version__, naming
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, profile_args
-from orchestrator.rundir import RunPaths
+from orchestrator.runpaths import RunPaths
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
 from orchestrator.submit.limits import stop_timing
 
-SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh")
+SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh")
 HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)
 # Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")

@@ -11,7 +11,8 @@ from typing import Any
 
 from orchestrator import __version__, naming
 from orchestrator.render import render
-from orchestrator.rundir import ExpectedReport, Manifest, RunPaths, default_root, read_manifest
+from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_manifest
+from orchestrator.runpaths import RunPaths
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, backend_for, tail
 

@@ -89,27 +89,9 @@ while kill -0 "$torchrun_pid" 2>/dev/null; do wait "$torchrun_pid" || true; done
 rc=0
 wait "$torchrun_pid" || rc=$?
 
-# lost_report RANK APP_PID, once this rank's nsys was killed: nsys 2022.4's own agent (a process
-# of its own session, outside the group killed) may still turn the raw stream into the report,
-# so it gets a few seconds; else the report is named as lost, with where its raw stream
-# (.qdstrm, under nsys' TMPDIR) can be turned into a report by hand.
-lost_report() {
-  local r=$1 app=$2 out
-  out=/orch/run/reports/pp-h100_${ORCH_JOB_ID}_r${r}_$(hostname).${app:-0}.nsys-rep
-  for _ in $(seq 1 20); do
-    if [ -s "$out" ]; then
-      echo "orch: rank $r: nsys' agent finished the report after all: $out" >&2
-      return
-    fi
-    sleep 0.5
-  done
-  echo "orch: rank $r: report lost: nsys did not write it in its grace; its raw stream may remain as" \
-       "${TMPDIR:-/tmp}/nsys-report-*.qdstrm on $(hostname): turn it into a report with" \
-       "$(dirname "$(readlink -f "$(command -v /opt/nvidia/nsight-systems/2025.3.1/bin/nsys)")")/../host-linux-x64/QdstrmImporter -i FILE" >&2
-}
-
-# Each profiled rank's wrapper left its nsys' pid (and its program's) in $ORCH_CTL_DIR while
-# nsys ran. A wrapper torchrun killed leaves them behind: wait for that nsys, then kill it.
+# Each profiled rank's wrapper left its nsys' pid (and its program's) in $ORCH_CTL_DIR until
+# its report was made. A wrapper torchrun killed leaves them behind: wait for that nsys, kill it
+# once the grace is over, and make the report from its raw stream (keep_report.sh).
 deadline=$((SECONDS + ORCH_STOP_GRACE_S))
 for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
   [ -e "$f" ] || continue
@@ -122,9 +104,9 @@ for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
     echo "orch: rank $r: nsys was still writing its report ${ORCH_STOP_GRACE_S} s after the stop;" \
          "killed (raise profile.stop_grace_s)" >&2
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    lost_report "$r" "$app"
   fi
   if [ -n "$app" ]; then kill -KILL "$app" 2>/dev/null || true; fi
+  bash "$here/keep_report.sh" "$r" "$app" "${TMPDIR:-/tmp}/orch-kept-$ORCH_JOB_ID-r$r.qdstrm" || true
   rm -f "$f" "$ORCH_CTL_DIR/app.r$r.pid"
 done
 rm -f "$ORCH_CTL_DIR"/app.r*.pid  # the unprofiled ranks' (their programs ended with torchrun)

@@ -4,6 +4,7 @@
 # Profiled ranks run under `nsys profile`; every other rank execs the command directly,
 # so unprofiled ranks pay nothing.
 set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 rank=${RANK:?RANK is not set: run this script under torchrun}
 
@@ -72,8 +73,33 @@ stop_capture() {
   fi
 }
 trap stop_capture TERM INT HUP
+
+# nsys first records into a raw stream (.qdstrm, under TMPDIR), then turns it into the report.
+# A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every
+# process of a step it ends (srun --kill-on-bad-exit after another node's rank failed, scancel,
+# the time limit) and SIGKILL KillWait later. So the stream is hard-linked as soon as nsys' agent
+# (`nsys --start-agent --session-name=profile-<program>-<nsys pid>`) has it open, and
+# keep_report.sh makes the report from the link when nsys did not.
+kept=${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r$rank.qdstrm
+link_stream() {
+  local proc fd q
+  for proc in $(grep -lsz -- "^--session-name=profile-.*-$nsys_pid\$" /proc/[0-9]*/cmdline) /proc/"$nsys_pid"/cmdline; do
+    for fd in "${proc%/cmdline}"/fd/*; do
+      q=$(readlink "$fd" 2>/dev/null) || continue
+      case $q in
+        */nsys-report-*.qdstrm)
+          if ln -f "$q" "$kept" 2>/dev/null; then
+            echo "$q" > "$kept.name"
+            return 0
+          fi ;;
+      esac
+    done
+  done
+  return 1
+}
 for attempt in $(seq 1 "$attempts"); do
   rc=0
+  rm -f "$kept" "$kept.name"
   # shellcheck disable=SC2016 # the inner sh expands them
   ORCH_STARTED=$started setsid /opt/nvidia/nsight-systems/2025.3.1/bin/nsys profile "${nsys_args[@]}" -o '/orch/run/reports/pp-h100_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' \
     /bin/sh -c 'echo $$ > "$ORCH_STARTED" 2>/dev/null; unset ORCH_STARTED; exec "$@"' orch-rank "$@" &
@@ -81,13 +107,23 @@ for attempt in $(seq 1 "$attempts"); do
   asked=0
   if [ -n "$ctl" ]; then echo "$nsys_pid" > "$ctl/nsys.r$rank.pid" 2>/dev/null || true; fi
   if [ "$stop" -eq 1 ]; then stop_capture; fi
+  while kill -0 "$nsys_pid" 2>/dev/null && ! link_stream; do sleep 0.2; done
   while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
   wait "$nsys_pid" || rc=$?
   nsys_pid=""
-  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid"; fi
   ran=0
-  if [ -e "$started" ]; then ran=1; fi
+  app=""
+  if [ -e "$started" ]; then
+    ran=1
+    app=$(cat "$started" 2>/dev/null || true)
+  fi
+  if [ "$ran" -eq 1 ]; then
+    bash "$here/keep_report.sh" "$rank" "$app" "$kept" || true
+  else
+    rm -f "$kept" "$kept.name"
+  fi
   rm -f "$started"
+  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid"; fi
   if [ "$rc" -eq 0 ] || [ "$ran" -eq 1 ] || [ "$stop" -eq 1 ]; then
     exit "$rc"
   fi

@@ -75,7 +75,7 @@ def test_fuzzed_specs_render_or_fail_in_one_line(tmp_path_factory, capsys, mutat
     if code == 0:
         COUNTS["render"] += 1
         assert sorted(p.name for p in (out / "scripts").iterdir()) == [
-            "keep_report.sh", "launch.sh", "pyhooks", "rank_wrapper.sh", "sbatch.sh"]
+            "export_report.sh", "keep_report.sh", "launch.sh", "pyhooks", "rank_wrapper.sh", "sbatch.sh"]
     else:
         COUNTS["error"] += 1
         assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("orch: error: "), err

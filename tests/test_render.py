@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.render import render
+from orchestrator.render.render import SCRIPTS
 from orchestrator.spec import load_job
 from tests.conftest import EXAMPLES, REPO, need
 
@@ -46,7 +47,7 @@ def test_bash_n_and_shellcheck(tmp_path: Path) -> None:
         assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0, f
     p = subprocess.run(["shellcheck", "-S", "style", *map(str, files)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
-    assert len(files) == 4 * len(list(EXAMPLES.glob("*.yaml")))
+    assert len(files) == len(SCRIPTS) * len(list(EXAMPLES.glob("*.yaml")))
 
 
 PROGRAM = """

@@ -110,10 +110,10 @@ class Started:
     tmp: Path  # what nsys writes; renamed to the export when it succeeds
     log: IO[bytes]  # stdout and stderr
     nsys: str
-    options: tuple[str, ...]  # the newer options asked for (_newer_options)
+    options: tuple[str, ...]  # the newer options asked for (newer_export_options)
 
 
-def _newer_options() -> dict[str, list[str]]:
+def newer_export_options() -> dict[str, list[str]]:
     """Options of nsys 2024+, by name. `--include-json`: without it NVTX extended payloads,
     such as NCCL's message sizes (the report's bytes and bandwidth per collective), are left
     out. `--tables`: only the tables orch reads, less to write (docs/benchmarks-code.md)."""
@@ -125,7 +125,7 @@ def _start(nsys: str, origin: Path, tmp: Path) -> Started:
     optimistically (`_nsys_export` asks again without an option nsys rejects): a `nsys export
     --help` probe first would add one more nsys start to every collect (docs/benchmarks-code.md)."""
     rejected = _REJECTED.get(nsys, set())
-    newer = {name: args for name, args in _newer_options().items() if name not in rejected}
+    newer = {name: args for name, args in newer_export_options().items() if name not in rejected}
     log = tempfile.TemporaryFile()  # noqa: SIM115 (outlives this call: _finish or _stop closes it)
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
            *(arg for args in newer.values() for arg in args), "--output", str(tmp), str(origin)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.collect.gather import newer_export_options
 from orchestrator.errors import OrchError
 from orchestrator.spec.load import ResolvedJob
 
@@ -65,3 +66,11 @@ def metrics_args(job: ResolvedJob) -> list[str]:
         f"--gpu-metrics-set={job.gpu_metrics_set}",
         f"--gpu-metrics-frequency={gm.frequency}",
     ]
+
+
+def newer_export_args(job: ResolvedJob) -> list[str]:
+    """The `nsys export` options of nsys 2024+ that `orch collect` asks for, for the in-job
+    export of a cluster whose nsys has them (the export asks again without them if refused)."""
+    if job.cluster.nsys.release < (2024, 0):
+        return []
+    return [a for args in newer_export_options().values() for a in args]

@@ -6,6 +6,8 @@
 - `sbatch.sh`: a standalone batch script (`#SBATCH` lines, setup, srun launch.sh).
 - `keep_report.sh`: per profiled rank, once its nsys ended: makes the report from nsys' raw
   stream when a signal stopped nsys before it wrote it.
+- `export_report.sh`: per profiled rank, once its report is complete: the SQLite export that
+  `orch collect` would make, made in the job (profile.export_in_job).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ import jinja2
 from orchestrator import __version__, naming
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
-from orchestrator.render.nsys_args import metrics_args, profile_args
+from orchestrator.render.nsys_args import metrics_args, newer_export_args, profile_args
 from orchestrator.runpaths import RunPaths
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
 from orchestrator.submit.limits import stop_timing
 
-SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh")
+SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh", "export_report.sh")
 HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)
 # Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
@@ -145,6 +147,10 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "node_command": nc,
         "timing": timing,
         "dump_dir": str(RunPaths(log_dir.parent).dumps),
+        "export_in_job": prof.export_in_job,
+        "export_dir": str(RunPaths(script_dir.parent).exports),
+        "export_timeout_s": prof.export_timeout_s,
+        "newer_export_args": newer_export_args(job),
     }
     env = _env()
     scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}

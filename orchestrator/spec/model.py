@@ -268,6 +268,12 @@ class Profile(Strict):
     # must exceed the grace.
     stop_grace_s: int = Field(default=60, ge=1, le=3600)
     warn_lead_s: int | None = Field(default=None, ge=2, le=86400)
+    # Each profiled rank exports its own report to SQLite once nsys wrote it, on its node and in
+    # parallel with every other rank, into the run's exports/, where `orch collect` takes it as
+    # it is. Bounded by export_timeout_s; skipped while the job is being stopped (collect then
+    # exports what is missing).
+    export_in_job: bool = True
+    export_timeout_s: int = Field(default=900, ge=10, le=86400)
 
     @field_validator("capture_range_nvtx")
     @classmethod

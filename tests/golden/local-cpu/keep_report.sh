@@ -2,6 +2,7 @@
 # orch report keeper for job ddp-cpu (rendered by orch 0.1.0; do not edit).
 # keep_report.sh RANK APP_PID KEPT: run by the rank wrapper once its nsys exited, and by
 # launch.sh for a rank whose wrapper was killed; running it twice for one rank is harmless.
+# Prints the report's path when there is one.
 #
 # nsys records into a raw stream ($TMPDIR/nsys-report-*.qdstrm), then its agent turns it into the
 # report with QdstrmImporter and deletes it. A signal in between (Slurm's SIGTERM to every
@@ -31,6 +32,7 @@ if [ -n "$app" ]; then have=("$reports/$prefix"*".$app.nsys-rep"); else have=("$
 # nsys deleted its stream and a report is there: nsys finished it (or an earlier run of this did).
 if { [ -z "$stream" ] || [ ! -e "$stream" ]; } && [ "${#have[@]}" -gt 0 ] && [ -s "${have[0]}" ]; then
   rm -f "$kept" "$kept.name"
+  echo "${have[0]}"
   exit 0
 fi
 if [ ! -s "$kept" ]; then
@@ -53,6 +55,7 @@ if "$importer" -f -i "$kept" -o "$made" >/dev/null 2>&1 && [ -s "$made" ] \
        "with QdstrmImporter: $out" >&2
   rm -f "$kept" "$kept.name" "$made"
   if [ -n "$stream" ]; then rm -f "$stream"; fi
+  echo "$out"
   exit 0
 fi
 rm -f "$part" "$made"

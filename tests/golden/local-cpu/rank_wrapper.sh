@@ -56,8 +56,10 @@ rm -f "$started"
 stop=0
 asked=0
 nsys_pid=""
+export_pid=""
 stop_capture() {
   stop=1
+  if [ -n "$export_pid" ]; then kill -TERM -- "-$export_pid" 2>/dev/null || true; fi
   if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return; fi
   local app
   app=$(cat "$started" 2>/dev/null || true)
@@ -72,12 +74,14 @@ trap stop_capture TERM INT HUP
 # A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every
 # process of a step it ends (srun --kill-on-bad-exit after another node's rank failed, scancel,
 # the time limit) and SIGKILL KillWait later. So the stream is hard-linked as soon as nsys' agent
-# (`nsys --start-agent --session-name=profile-<program>-<nsys pid>`) has it open, and
-# keep_report.sh makes the report from the link when nsys did not.
+# has it open (`nsys --start-agent --session-name=profile-<program>-<nsys pid>` in nsys 2022.4,
+# `--session-name profile-<nsys pid>` in 2025), and keep_report.sh makes the report from the
+# link when nsys did not.
 kept=${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r$rank.qdstrm
 link_stream() {
   local proc fd q
-  for proc in $(grep -lsz -- "^--session-name=profile-.*-$nsys_pid\$" /proc/[0-9]*/cmdline) /proc/"$nsys_pid"/cmdline; do
+  for proc in $(grep -lszE -- "^(--session-name=)?profile-(.*-)?$nsys_pid\$" /proc/[0-9]*/cmdline) \
+              /proc/"$nsys_pid"/cmdline; do
     for fd in "${proc%/cmdline}"/fd/*; do
       q=$(readlink "$fd" 2>/dev/null) || continue
       case $q in
@@ -111,13 +115,21 @@ for attempt in $(seq 1 "$attempts"); do
     ran=1
     app=$(cat "$started" 2>/dev/null || true)
   fi
+  report=""
   if [ "$ran" -eq 1 ]; then
-    bash "$here/keep_report.sh" "$rank" "$app" "$kept" || true
+    report=$(bash "$here/keep_report.sh" "$rank" "$app" "$kept") || true
   else
     rm -f "$kept" "$kept.name"
   fi
   rm -f "$started"
   if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid"; fi
+  # The export `orch collect` would make, made here, now (profile.export_in_job): a stop kills it.
+  if [ -n "$report" ] && [ "$stop" -eq 0 ]; then
+    setsid bash "$here/export_report.sh" "$report" &
+    export_pid=$!
+    while kill -0 "$export_pid" 2>/dev/null; do wait "$export_pid" || true; done
+    export_pid=""
+  fi
   if [ "$rc" -eq 0 ] || [ "$ran" -eq 1 ] || [ "$stop" -eq 1 ]; then
     exit "$rc"
   fi

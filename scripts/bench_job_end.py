@@ -1,0 +1,78 @@
+"""Job end -> report, with the exports made in the job (profile.export_in_job) against without:
+real jobs through `orch submit --wait` (scripts/examples/train.py, gloo, real nsys), then
+`orch collect` and `orch report --json`, timed as whole commands.
+
+    python scripts/bench_job_end.py [--ranks 2,4,8] [--steps 200] [--cluster local|local-slurm] [--runs N]
+
+Per rank count and mode it prints one JSON line: the job's wall time (submit to COMPLETED, the
+in-job exports included), collect, report, and after_job_s = collect + report: what a user
+waits for once the job ended. Not a test: the numbers depend on the machine; on one machine
+the ranks' exports share its cores, where on a cluster each node exports its own.
+For the local Slurm (`--cluster local-slurm`) SLURM_CONF must name its slurm.conf
+(scripts/local_slurm.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _orch(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                       env=os.environ.copy())
+    return time.monotonic() - t0, p
+
+
+def one(work: Path, ranks: int, steps: int, cluster: str, in_job: bool) -> dict[str, object]:
+    nodes = 2 if cluster == "local-slurm" else 1
+    spec = {"name": "jobend", "cluster": cluster, "run_root": str(work / "runs"),
+            "slurm": {"time": "20:00", **({"nodes": nodes} if nodes > 1 else {})},
+            "launch": {"script": str(REPO / "scripts" / "examples" / "train.py"), "nproc_per_node": ranks // nodes,
+                       "args": ["--steps", str(steps)], "env": {"GLOO_SOCKET_IFNAME": "lo"}},
+            "layout": {"tp": 1, "pp": 1},
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": in_job}}
+    (work / "job.yaml").write_text(yaml.safe_dump(spec))
+    job_s, p = _orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
+    if p.returncode != 0:
+        raise SystemExit(f"job failed: {p.stdout[-800:]}{p.stderr[-800:]}")
+    (run,) = (work / "runs").iterdir()
+    collect_s, c = _orch("collect", str(run))
+    if c.returncode != 0:
+        raise SystemExit(f"collect failed: {c.stderr[-800:]}")
+    report_s, r = _orch("report", str(run), "--json", str(work / "r.json"))
+    if r.returncode != 0:
+        raise SystemExit(f"report failed: {r.stderr[-800:]}")
+    exported = len(list((run / "exports").glob("*.sqlite")))
+    return {"ranks": ranks, "cluster": cluster, "mode": "in_job" if in_job else "collect", "steps": steps,
+            "job_s": round(job_s, 1), "collect_s": round(collect_s, 1), "report_s": round(report_s, 1),
+            "after_job_s": round(collect_s + report_s, 1), "exports": exported}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,4,8")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--cluster", default="local", choices=["local", "local-slurm"])
+    ap.add_argument("--runs", type=int, default=1, help="repeats of each (rank count, mode)")
+    a = ap.parse_args()
+    for n in (int(x) for x in a.ranks.split(",")):
+        for _ in range(a.runs):
+            for in_job in (True, False):
+                with tempfile.TemporaryDirectory(prefix="orch-jobend-") as d:
+                    print(json.dumps(one(Path(d), n, a.steps, a.cluster, in_job)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# orch in-job export for job ddp-gpu (rendered by orch 0.1.0; do not edit).
+# export_report.sh REPORT: the rank wrapper runs it once the rank's report is complete and the job
+# is not being stopped. `nsys export` of this one report to SQLite, on its node and in parallel
+# with every other rank, into the run's exports/ under the name `orch collect` looks for (with the
+# options collect asks for), so collect takes it as it is instead of exporting it again. Bounded
+# by profile.export_timeout_s; a failure or a stop leaves nothing, and the export to collect.
+set -uo pipefail
+report=$1
+dir=/orch/run/exports
+name=$(basename "$report" .nsys-rep)
+mkdir -p "$dir" 2>/dev/null || exit 0
+# The temp name is collect's own (a later collect removes those of a killed writer by their pid).
+tmp=$dir/.$name.tmp-$$-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n').sqlite
+log=$(mktemp "${TMPDIR:-/tmp}/orch-export.XXXXXXXX")
+trap 'rm -f "$tmp" "$log"; exit 143' TERM INT HUP
+trap 'rm -f "$tmp" "$log"' EXIT
+nsys_export() {
+  timeout -k 10 900 nsys export --type sqlite --force-overwrite true "$@" \
+    --output "$tmp" "$report" > "$log" 2>&1
+}
+started=$SECONDS
+newer=( --include-json=true --tables 'CUDA_GPU_MEMORY_USAGE_EVENTS,CUPTI_ACTIVITY_KIND_GRAPH_TRACE,CUPTI_ACTIVITY_KIND_KERNEL,CUPTI_ACTIVITY_KIND_MEMCPY,CUPTI_ACTIVITY_KIND_MEMSET,CUPTI_ACTIVITY_KIND_RUNTIME,CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,EXPORT_META_DATA,GPU_METRICS,META_DATA_CAPTURE,META_DATA_EXPORT,NVTX_EVENTS,OSRT_API,PROCESSES,PROFILER_OVERHEAD,StringIds,TARGET_INFO_GPU,TARGET_INFO_GPU_METRICS,TARGET_INFO_SESSION_START_TIME,TARGET_INFO_SYSTEM_ENV,ThreadNames')
+ok=0
+if [ "${#newer[@]}" -gt 0 ] && nsys_export "${newer[@]}"; then
+  ok=1
+elif { [ "${#newer[@]}" -eq 0 ] || grep -qiE "(unrecogni[sz]ed|unknown|invalid) option" "$log"; } && nsys_export; then
+  ok=1
+fi
+if [ "$ok" -eq 1 ] && [ -s "$tmp" ] && mv -f "$tmp" "$dir/$name.sqlite"; then
+  echo "orch: exported $name in $((SECONDS - started)) s on $(hostname): $dir/$name.sqlite" >&2
+  exit 0
+fi
+echo "orch: in-job export of $name failed or timed out (900 s); orch collect will export it:" \
+     "$(tail -n 1 "$log" 2>/dev/null)" >&2
+exit 1

@@ -4,6 +4,7 @@ real jobs through `orch submit --wait` (scripts/examples/train.py, gloo, real ns
 
     python scripts/bench_job_end.py [--ranks 2,4,8] [--steps 200] [--cluster local|local-slurm] [--runs N]
 
+Modes: in_job, collect, and on the local Slurm also on_cluster (`orch collect --on-cluster`).
 Per rank count and mode it prints one JSON line: the job's wall time (submit to COMPLETED, the
 in-job exports included), collect, report, and after_job_s = collect + report: what a user
 waits for once the job ended. Not a test: the numbers depend on the machine; on one machine
@@ -35,7 +36,10 @@ def _orch(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
     return time.monotonic() - t0, p
 
 
-def one(work: Path, ranks: int, steps: int, cluster: str, in_job: bool) -> dict[str, object]:
+def one(work: Path, ranks: int, steps: int, cluster: str, mode: str) -> dict[str, object]:
+    """mode: in_job (the ranks export), collect (collect exports), on_cluster (`orch collect
+    --on-cluster`: a Slurm job array exports and maps, the reduce runs here)."""
+    in_job = mode == "in_job"
     nodes = 2 if cluster == "local-slurm" else 1
     spec = {"name": "jobend", "cluster": cluster, "run_root": str(work / "runs"),
             "slurm": {"time": "20:00", **({"nodes": nodes} if nodes > 1 else {})},
@@ -48,14 +52,14 @@ def one(work: Path, ranks: int, steps: int, cluster: str, in_job: bool) -> dict[
     if p.returncode != 0:
         raise SystemExit(f"job failed: {p.stdout[-800:]}{p.stderr[-800:]}")
     (run,) = (work / "runs").iterdir()
-    collect_s, c = _orch("collect", str(run))
+    collect_s, c = _orch("collect", str(run), *(["--on-cluster"] if mode == "on_cluster" else []))
     if c.returncode != 0:
         raise SystemExit(f"collect failed: {c.stderr[-800:]}")
     report_s, r = _orch("report", str(run), "--json", str(work / "r.json"))
     if r.returncode != 0:
         raise SystemExit(f"report failed: {r.stderr[-800:]}")
     exported = len(list((run / "exports").glob("*.sqlite")))
-    return {"ranks": ranks, "cluster": cluster, "mode": "in_job" if in_job else "collect", "steps": steps,
+    return {"ranks": ranks, "cluster": cluster, "mode": mode, "steps": steps,
             "job_s": round(job_s, 1), "collect_s": round(collect_s, 1), "report_s": round(report_s, 1),
             "after_job_s": round(collect_s + report_s, 1), "exports": exported}
 
@@ -69,9 +73,9 @@ def main() -> None:
     a = ap.parse_args()
     for n in (int(x) for x in a.ranks.split(",")):
         for _ in range(a.runs):
-            for in_job in (True, False):
+            for mode in ("in_job", "collect", *(["on_cluster"] if a.cluster == "local-slurm" else [])):
                 with tempfile.TemporaryDirectory(prefix="orch-jobend-") as d:
-                    print(json.dumps(one(Path(d), n, a.steps, a.cluster, in_job)), flush=True)
+                    print(json.dumps(one(Path(d), n, a.steps, a.cluster, mode)), flush=True)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ def find_nsys(preferred: str | None = None) -> str | None:
 # Options of newer nsys (2024+) that orch asks for optimistically: an nsys that rejects one is
 # remembered (nsys path -> rejected option names) and asked without it from then on.
 _REJECTED: dict[str, set[str]] = {}
-_UNKNOWN_OPTION = re.compile(r"(?:unrecogni[sz]ed|unknown|invalid) option\W*(--[a-z-]+)", re.IGNORECASE)
+# How nsys says it does not know an option (a POSIX ERE: the in-job export's grep uses it too).
+UNKNOWN_OPTION_ERE = r"(unrecogni[sz]ed|unknown|invalid) option"
+_UNKNOWN_OPTION = re.compile(UNKNOWN_OPTION_ERE + r"\W*(?P<option>--[a-z-]+)", re.IGNORECASE)
 
 
 @dataclass
@@ -165,7 +167,7 @@ def _nsys_export(nsys: str, origin: Path, tmp: Path, timeout_s: float,
     rejects is remembered and the export asked again without it."""
     s = started or _start(nsys, origin, tmp)
     code, said = _finish(s, timeout_s)
-    while code != 0 and (m := _UNKNOWN_OPTION.search(said)) and (name := m[1]) in s.options:
+    while code != 0 and (m := _UNKNOWN_OPTION.search(said)) and (name := m["option"]) in s.options:
         _REJECTED.setdefault(nsys, set()).add(name)
         s = _start(nsys, origin, tmp)
         code, said = _finish(s, timeout_s)

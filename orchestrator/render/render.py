@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 
 from orchestrator import __version__, naming
+from orchestrator.collect.gather import UNKNOWN_OPTION_ERE
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
 from orchestrator.render.nsys_args import metrics_args, newer_export_args, profile_args
@@ -151,6 +152,10 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "export_dir": str(RunPaths(script_dir.parent).exports),
         "export_timeout_s": prof.export_timeout_s,
         "newer_export_args": newer_export_args(job),
+        "unknown_option_ere": UNKNOWN_OPTION_ERE,
+        # Where a rank's raw nsys stream is kept (a hard link beside it, so under nsys' TMPDIR):
+        # the wrapper links it, keep_report.sh reads it; append "$RANK.qdstrm".
+        "kept_stream_prefix": "${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r",
     }
     env = _env()
     scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}

@@ -24,7 +24,7 @@ newer=( --include-json=true --tables 'CUDA_GPU_MEMORY_USAGE_EVENTS,CUPTI_ACTIVIT
 ok=0
 if [ "${#newer[@]}" -gt 0 ] && nsys_export "${newer[@]}"; then
   ok=1
-elif { [ "${#newer[@]}" -eq 0 ] || grep -qiE "(unrecogni[sz]ed|unknown|invalid) option" "$log"; } && nsys_export; then
+elif { [ "${#newer[@]}" -eq 0 ] || grep -qiE '(unrecogni[sz]ed|unknown|invalid) option' "$log"; } && nsys_export; then
   ok=1
 fi
 if [ "$ok" -eq 1 ] && [ -s "$tmp" ] && mv -f "$tmp" "$dir/$name.sqlite"; then

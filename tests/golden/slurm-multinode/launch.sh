@@ -106,7 +106,7 @@ for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
   fi
   if [ -n "$app" ]; then kill -KILL "$app" 2>/dev/null || true; fi
-  bash "$here/keep_report.sh" "$r" "$app" "${TMPDIR:-/tmp}/orch-kept-$ORCH_JOB_ID-r$r.qdstrm" || true
+  bash "$here/keep_report.sh" "$r" "$app" "${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r$r.qdstrm" || true
   rm -f "$f" "$ORCH_CTL_DIR/app.r$r.pid"
 done
 rm -f "$ORCH_CTL_DIR"/app.r*.pid  # the unprofiled ranks' (their programs ended with torchrun)

@@ -168,7 +168,7 @@ class SlurmBackend(SubmititBackend):
         once the job ended or its grace ran out, `scancel`."""
         with contextlib.suppress(OSError):
             _cancel_marker(folder, job_id).touch()
-        if scheduler_state(job_id)["state"] == "RUNNING":
+        if _running(job_id):
             run_command(["scancel", "--signal=USR2", job_id])
             sup = read_json(supervisor_file(folder, job_id, 0))
             deadline = time.monotonic() + sup.get("grace_s", 60) + SETTLE_S + KILL_WAIT_S + 10
@@ -178,6 +178,16 @@ class SlurmBackend(SubmititBackend):
         if p is None or p.returncode != 0:
             raise OrchError(f"scancel {job_id} failed: {(p.stderr.strip() if p else 'scancel not found')}")
         return []
+
+
+def _running(job_id: str) -> bool:
+    """Whether the job runs now. squeue asks slurmctld; sacct (scheduler_state's first source)
+    learns of a job's start through slurmdbd a moment later and can still say PENDING for a job
+    whose ranks already run, and a cancel that skipped the early warning then loses every report."""
+    q = run_command(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if q is not None and q.returncode == 0 and q.stdout.strip():
+        return normalize_state(q.stdout.strip().splitlines()[0]) == "RUNNING"
+    return scheduler_state(job_id)["state"] == "RUNNING"
 
 
 def _cancel_marker(folder: Path, job_id: str) -> Path:

@@ -111,6 +111,16 @@ def _steps(rows: list[tuple[str, int | None]]) -> list[str]:
     return [t for t, _ in rows if t and t.startswith("step ")]
 
 
+def _last_step(rows: list[tuple[str, int | None]]) -> str | None:
+    """The last step range a capture holds; None when it holds none."""
+    steps = _steps(rows)
+    return steps[-1] if steps else None
+
+
+# Where a capture of a rank SIGKILLed in step 3 may end (None: not even step 0 was handed over).
+_UP_TO_STEP_3 = {None, "step 0", "step 1", "step 2", "step 3"}
+
+
 def test_hang_until_the_time_limit(tmp_path: Path, nsys: str, tree: JobTree) -> None:
     """Rank 1 hangs in step 3 before its backward; rank 0 waits in the all-reduce. The 60 s
     limit's warning (33 s ahead) stops both captures: both reports, with the unfinished step."""
@@ -180,9 +190,9 @@ def test_cancel_mid_run(tmp_path: Path, nsys: str, tree: JobTree) -> None:
 @pytest.mark.parametrize(("fault", "words", "last", "exit_"), [
     ("raise", "rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3", {"step 3"},
      "exit status 1"),
-    # A SIGKILLed program cannot close the range it was in: whether nsys got `step 3` at all
-    # depends on whether the NVTX buffer was handed over before the kill.
-    ("sigkill", "rank 1 failed first (killed by SIGKILL (exit status 137; out of memory?", {"step 2", "step 3"},
+    # A SIGKILLed program loses the NVTX events nsys' injection had not yet handed over: its
+    # capture ends in step 3 or earlier (CI has seen step 1), whatever the flush timing was.
+    ("sigkill", "rank 1 failed first (killed by SIGKILL (exit status 137; out of memory?", _UP_TO_STEP_3,
      "killed by SIGKILL"),
 ])
 def test_one_rank_fails(tmp_path: Path, nsys: str, tree: JobTree, fault: str, words: str, last: set[str],
@@ -197,13 +207,14 @@ def test_one_rank_fails(tmp_path: Path, nsys: str, tree: JobTree, fault: str, wo
     reports = _reports(_run_dir(tmp_path))
     r0 = _nvtx(reports[0])
     assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
-    got = _steps(_nvtx(reports[1]))[-1]
+    got = _last_step(_nvtx(reports[1]))
     assert got in last
     rep = _report(tree, tmp_path)
     o = rep["outcome"]
     assert o["state"] == "failed", o
     assert o["line"].startswith(f"failed (FAILED): rank 1 failed first ({exit_}"), o["line"]
-    assert o["line"].endswith(f"; its capture ends in {got}"), o["line"]
+    line = o["line"]
+    assert line.endswith(f"; its capture ends in {got}") if got else "its capture ends" not in line, line
     assert rep["findings"][0]["kind"] == "job_outcome" and all(f["kind"] != "healthy" for f in rep["findings"])
 
 
@@ -294,9 +305,9 @@ def test_slurm_fault(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster, fa
         assert [ends[r]["last_done_step"] for r in (0, 1)] == [1, 1], ends
         return
     assert _steps(r0)[-1] == "step 3" and r0[-1][0] == "backward"
-    got = _steps(r1)[-1]
-    assert got in ({"step 3"} if fault == "raise" else {"step 2", "step 3"})
+    got = _last_step(r1)
+    assert got in ({"step 3"} if fault == "raise" else _UP_TO_STEP_3)
     exit_ = "exit status 1" if fault == "raise" else "killed by SIGKILL"
     assert o["state"] == "failed" and o["scheduler_state"] == "FAILED", o
     assert o["line"].startswith(f"failed (FAILED): rank 1 failed first ({exit_}"), o["line"]
-    assert f"; its capture ends in {got}" in o["line"], o["line"]
+    assert (f"; its capture ends in {got}" in o["line"] if got else "its capture ends" not in o["line"]), o["line"]

@@ -1,0 +1,67 @@
+"""View capture_overhead (analyze/sql/67_capture_overhead.sql) on small hand-made tables: the
+estimate's formula and the two ways a rank is flagged distorted (over 5 % of its window, or
+far above the other ranks), with the expected values computed here from the documented
+formula, not by orch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+SQL = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql" / "67_capture_overhead.sql"
+CALL_NS = 7600
+WINDOW_NS = 1_000_000_000
+
+
+def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[int, int]) -> dict[int, dict]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE win(rank INT, w0 BIGINT, w1 BIGINT)")
+    con.execute("CREATE TABLE cuda_api(rank INT, start BIGINT, name VARCHAR)")
+    con.execute('CREATE TABLE profiler_overhead(rank INT, start BIGINT, "end" BIGINT)')
+    con.execute("CREATE TABLE small_gaps(rank INT, n BIGINT, ns BIGINT)")
+    for rk in calls:
+        con.execute("INSERT INTO win VALUES (?, ?, ?)", [rk, 0, WINDOW_NS])
+        # half launches, half other calls, all inside the window; one call outside it
+        con.execute("INSERT INTO cuda_api SELECT ?, i * 1000, CASE WHEN i % 2 = 0 THEN 'cudaLaunchKernel_v7000' "
+                    "ELSE 'cudaMemcpyAsync_v3020' END FROM range(?) t(i)", [rk, calls[rk]])
+        con.execute("INSERT INTO cuda_api VALUES (?, ?, 'cudaLaunchKernel_v7000')", [rk, WINDOW_NS + 5])
+        if profiler_ns.get(rk):  # one flush straddling the window's end: only the inside counts
+            con.execute("INSERT INTO profiler_overhead VALUES (?, ?, ?)",
+                        [rk, WINDOW_NS - profiler_ns[rk], WINDOW_NS + 7_000_000])
+        con.execute("INSERT INTO small_gaps VALUES (?, 10, ?)", [rk, gaps_ns[rk]])
+    con.execute(SQL.read_text())
+    return {r[0]: dict(zip([d[0] for d in con.description], r, strict=True))
+            for r in con.execute("SELECT * FROM capture_overhead ORDER BY rank").fetchall()}
+
+
+def test_estimate_is_profiler_time_plus_capped_call_cost() -> None:
+    got = _overhead({0: 1000, 1: 1000}, {0: 2_000_000}, {0: 100_000_000, 1: 3_000_000})
+    assert got[0]["api_calls"] == 1000 and got[0]["launches"] == 500
+    assert got[0]["est_ns"] == 2_000_000 + 1000 * CALL_NS  # call cost under the launch gaps
+    assert got[1]["est_ns"] == 3_000_000  # capped by the 3 ms of launch gaps
+    assert got[0]["share"] == (2_000_000 + 1000 * CALL_NS) / WINDOW_NS
+
+
+def test_one_rank_far_above_the_others_is_distorted() -> None:
+    """Three ranks at 1 % and one at 3.5 %: under 5 %, but over 3x the others' median, so
+    flagged; the same 3.5 % among ranks at 2 % is not; 6 % is flagged whatever the others do."""
+    def calls(share: dict[int, float]) -> dict[int, int]:
+        return {r: round(s * WINDOW_NS / CALL_NS) for r, s in share.items()}
+
+    def want(got: dict[int, dict]) -> list[bool]:
+        out = []
+        for r, row in sorted(got.items()):
+            others = sorted(o["share"] for k, o in got.items() if k != r)
+            mid = len(others) // 2
+            med = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+            out.append(row["share"] > 0.05 or (row["share"] > 0.02 and row["share"] > 3 * med))
+        return out
+
+    gaps = {r: WINDOW_NS for r in range(4)}
+    got = _overhead(calls({0: 0.01, 1: 0.01, 2: 0.01, 3: 0.035}), {}, gaps)
+    assert [got[r]["distorted"] for r in range(4)] == want(got) == [False, False, False, True]
+    even = _overhead(calls({0: 0.02, 1: 0.02, 2: 0.02, 3: 0.035}), {}, gaps)
+    assert [even[r]["distorted"] for r in range(4)] == want(even) == [False] * 4
+    high = _overhead(calls({0: 0.06, 1: 0.06}), {}, {0: WINDOW_NS, 1: WINDOW_NS})
+    assert [high[r]["distorted"] for r in range(2)] == want(high) == [True, True]

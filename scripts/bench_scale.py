@@ -124,7 +124,10 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
     export = bench_export()
     base = results[0]
-    doc = {"source": str(a.source.name), "workers": a.workers, "cores": os.cpu_count(), "results": results,
+    from orchestrator.memory import memory_limit
+
+    doc = {"source": str(a.source.name), "workers": a.workers, "cores": os.cpu_count(),
+           "duckdb_memory": memory_limit(), "results": results,
            "export": export,
            "scaling": {f"{r['ranks']}/{base['ranks']}": {"ranks_x": r["ranks"] / base["ranks"],
                                                         "time_x": r["map_reduce_s"] / base["map_reduce_s"]}

@@ -8,7 +8,10 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from orchestrator.collect.extract import missing_columns
+from orchestrator.collect.parts import probe_from_json, probe_to_json
 from orchestrator.collect.probe import probe
+from orchestrator.collect.tables import TABLES
 
 
 def _by_pragma(path: Path) -> dict[str, set[str]]:
@@ -45,3 +48,22 @@ def test_odd_table_names_and_views(gpu_fixtures: Path, tmp_path: Path) -> None:
     assert p.tables['we"ird name'] == {"a b", "c"}
     assert "v" not in p.tables
     assert p.tables == _by_pragma(f)
+
+
+def test_a_maps_meta_keeps_what_the_reduce_asks(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """The probe a map writes to its meta keeps only the event tables' expected columns, and
+    answers missing_columns as the full probe does: on every real export, and on one whose
+    kernel table lost `shortName` and whose NVTX table lost `eventType` (older nsys)."""
+    f = tmp_path / "old.sqlite"
+    shutil.copy(sorted(gpu_fixtures.rglob("*.sqlite"))[0], f)
+    con = sqlite3.connect(f)
+    con.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN shortName")
+    con.execute("ALTER TABLE NVTX_EVENTS DROP COLUMN eventType")
+    con.commit()
+    con.close()
+    for path in [*sorted(gpu_fixtures.rglob("*.sqlite")), f]:
+        full = probe(path)
+        slim = probe_from_json(probe_to_json(full, keep_env=False))
+        assert missing_columns(slim) == missing_columns(full), path
+        assert len(slim.tables) <= len(TABLES) < len(full.tables)
+    assert missing_columns(probe(f)) == ["CUPTI_ACTIVITY_KIND_KERNEL.shortName", "NVTX_EVENTS.eventType"]

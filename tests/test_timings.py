@@ -18,7 +18,7 @@ def test_analyze_timings_cover_collect_sql_and_report(tmp_path: Path) -> None:
     rows = {m[1].strip(): float(m[2]) for m in re.finditer(r"^(\S.*?)\s+([0-9.]+) s(?:  x\d+)?$", p.stderr, re.M)}
     sql_files = sorted(f.name for f in SQL_DIR.iterdir() if f.name.endswith(".sql"))
     assert {f"analyze: {f}" for f in sql_files} <= rows.keys()  # every file, run concurrently
-    for name in ("collect: build store (total)", "analyze: SQL (wall)", "report: metrics and tables",
+    for name in ("collect: build store (total)", "analyze: SQL (wall)", "report: metrics", "report: tables",
                  "report: rules", "report: timeline extras", "report: terminal", "report: write html"):
         assert name in rows, name
     wall = rows["wall (since start)"]

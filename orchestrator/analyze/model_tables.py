@@ -135,6 +135,10 @@ class StatsTables(Strict):
         "window", description="window: the selected steps (CPU tables: span of the steps; GPU tables: the "
                               "window); capture: everything, as `nsys stats`")
     shown: Literal["phases", "all"] = Field("phases", description="what the terminal printed (--tables)")
+    kept_ranks: list[int] | None = Field(None, description="None: every rank's rows; past 64 ranks, the ranks "
+                                         "whose rows are kept (those the findings name and a few victims each, "
+                                         "the median-step rank, ranks with outlier rows, an even sample); the "
+                                         "store's views hold every rank")
     phases: list[PhaseRow] = Field([])
     kernels: list[KernelRow] = Field([])
     memory: list[MemOpRow] = Field([])
@@ -144,3 +148,11 @@ class StatsTables(Strict):
     sync_apis: list[SyncApi] = Field([])
     low_util_slices: list[GpuSlice] = Field([],
                                             description="GPU slices under 50 % busy (nsys gpu-low-util)")
+
+    def kept_line(self, ranks: int) -> str:
+        """One sentence saying whose rows the tables hold, when not every rank's (`ranks`: how many)."""
+        if self.kept_ranks is None:
+            return ""
+        return (f"tables: the rows of {len(self.kept_ranks)} of {ranks:,} ranks (those the findings name, the "
+                "median-step rank, ranks with outlier rows, an even sample); medians and extremes here are over "
+                "these ranks, the store's views (phase_table, kernel_table, api_table, ...) hold every rank")

@@ -155,10 +155,12 @@ def build_analysis(store: Path, opts: Options,
 def report_from_views(v: Views, store: Path, opts: Options) -> Report:
     """The report from views that `analysis` has built (a caller that also reads other views,
     such as the HTML's timeline, runs the analysis once for both)."""
-    with phase("report: metrics and tables"):
+    with phase("report: metrics"):
         report = _report(v, store, opts)
     with phase("report: rules"):
         report.findings = find_all(Context(views=v, report=report, opts=opts))
+    with phase("report: tables"):
+        report.tables = build_tables(v, opts, report)
     return report
 
 
@@ -187,7 +189,6 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         cpu_phases=[CpuPhase(rank=c["rank"], range=c["grp"], ms_per_step=ms(c["ns_per_step"]),
                              steps=c["n_steps"]) for c in v.query("SELECT * FROM cpu_phases ORDER BY grp, rank")],
         gpu_activity=any(r.gpu_busy_ms > 0 for r in ranks),
-        tables=build_tables(v, opts),
         comm=build_comm(v),
         memory=build_memory(v),
         critical_path=build_critical_path(v),

@@ -29,6 +29,17 @@ NVTX_RANGE_TYPES = (59, 60)
 MAX_TEXT = 16384
 
 
+def tables_for_missing_columns(p: Probe) -> dict[str, list[str]]:
+    """The part of `p.tables` that missing_columns looks at: the event tables' sources, only
+    their expected columns. A map's meta keeps just this, so that the reduce holds a few
+    names per rank instead of every table and column of the export (~80 tables)."""
+    out: dict[str, set[str]] = {}
+    for t in TABLES.values():
+        if p.has(t.source):
+            out.setdefault(t.source, set()).update(c for g in t.expected for c in g if p.has(t.source, c))
+    return {t: sorted(cols) for t, cols in out.items()}
+
+
 def missing_columns(p: Probe) -> list[str]:
     """'TABLE.column' for every expected column group a present source table lacks."""
     out = []

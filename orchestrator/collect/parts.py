@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from orchestrator.collect.extract import tables_for_missing_columns
 from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import ENV_ALLOW, Probe
 
@@ -60,11 +61,12 @@ def meta_path(parts: Path, rid: str) -> Path:
 
 
 def probe_to_json(p: Probe, keep_env: bool) -> dict[str, Any]:
-    """The probe as JSON; the captured environment is cut to the allow-list unless
+    """The probe as JSON, as much as the reduce reads of it: of its tables only what
+    missing_columns asks, and the captured environment cut to the allow-list unless
     --keep-env (parts live on a shared filesystem: no tokens copied there)."""
     d = asdict(p)
     d["path"] = str(p.path)
-    d["tables"] = {t: sorted(cols) for t, cols in p.tables.items()}
+    d["tables"] = tables_for_missing_columns(p)
     d["env"] = {k: v for k, v in p.env.items() if keep_env or ENV_ALLOW.match(k)}
     d["command"] = list(p.command)
     return d

@@ -100,8 +100,9 @@ def stats_html(report: Report) -> str:
     folded = "".join(f'<details id="sec-{k}"><summary><b>{_e(title)}</b></summary>{body}</details>'
                      for k, title, body in parts)
     what = "nvtx_sum + GPU projection" if gpu else "nvtx_sum"
+    kept = t.kept_line(len(report.ranks))
     return (f"<style>{CSS}</style><h2>Phases across ranks ({what}; scope: {_e(t.scope)})</h2>"
             f"<p>Outliers (red): above the other ranks' median by more than 3 MAD, 10 % and 1 ms."
             + (" Orange: the same on a rank that waits for a late one (the findings name it): its extra time"
                " there is likely waiting; look at the late rank first." if waits else "") + "</p>"
-            f"{phases}{folded}{SORT_JS}")
+            + (f'<p id="tables-ranks">{_e(kept)}.</p>' if kept else "") + f"{phases}{folded}{SORT_JS}")

@@ -126,6 +126,9 @@ def _all_tables(report: Report) -> list[Table]:
 
 def print_tables(report: Report, console: Console) -> None:
     """The phase table (always, when there are ranges), the rest with `--tables all`."""
+    kept = report.tables.kept_line(len(report.ranks))
+    if kept and (report.tables.phases or report.tables.shown == "all"):
+        console.print(cell(kept), style="dim")
     if report.tables.phases:
         for t in _phase_tables(report):
             if t.row_count:

@@ -1,0 +1,112 @@
+"""Job end -> report at 64-1,024 ranks, from one real job's reports multiplied: what a user waits
+for after the job when the ranks exported their own reports in the job (`orch collect` only
+reduces the exports) against `orch collect` exporting every report itself.
+
+    python scripts/bench_job_end_scale.py [--ranks 64,256,1024] [--job-ranks 8] [--steps 300]
+
+One real job (scripts/examples/train.py, gloo, real nsys, `profile.export_in_job: true`) through
+`orch submit --wait` on the local executor gives `--job-ranks` reports and their exports. For
+each N, rank k of N is rank k % job-ranks of that job under rank k's own file name (host
+`h<k // 8>`, as 8 ranks a node): the reports are hard links, the exports copies (nsys 2022.4's
+CPU exports carry no rank of their own: orch takes it from the name). Then, each timed as a whole
+command: `orch collect --from <exports>` + `orch report` (in_job), and `orch collect --from
+<reports>` + `orch report` (collect: nsys export of every report, `--workers` at a time, here on
+this machine's cores; on a cluster the in-job exports run on every node at once, during the job).
+Not a test: the numbers depend on the machine. Prints one JSON line per (N, mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"^(?P<prefix>.+_r)(?P<rank>\d+)_(?P<host>[^.]+)\.(?P<pid>\d+)$")
+
+
+def _orch(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                       env=os.environ.copy())
+    if p.returncode != 0:
+        raise SystemExit(f"orch {args[0]} failed: {p.stdout[-600:]}{p.stderr[-600:]}")
+    return time.monotonic() - t0, p
+
+
+def real_job(work: Path, ranks: int, steps: int) -> Path:
+    """One real job with in-job exports; its run directory."""
+    spec = {"name": "jobend", "cluster": "local", "run_root": str(work / "runs"), "slurm": {"time": "20:00"},
+            "launch": {"script": str(REPO / "scripts" / "examples" / "train.py"), "nproc_per_node": ranks,
+                       "args": ["--steps", str(steps)], "env": {"GLOO_SOCKET_IFNAME": "lo"}},
+            "layout": {"tp": 1, "pp": 1},
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": True}}
+    (work / "job.yaml").write_text(yaml.safe_dump(spec))
+    _orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
+    (run,) = (work / "runs").iterdir()
+    return run
+
+
+def multiply(run: Path, n: int, dest: Path) -> tuple[Path, Path]:
+    """`dest/reports` (hard links) and `dest/exports` (copies) for n ranks from the run's own."""
+    src = {}
+    for rep in sorted(run.rglob("*.nsys-rep")):
+        m = NAME.match(rep.name[: -len(".nsys-rep")])
+        exp = next(run.rglob(f"exports/{rep.name[: -len('.nsys-rep')]}.sqlite"), None)
+        if m and exp:
+            src[int(m["rank"])] = (m, rep, exp)
+    if not src:
+        raise SystemExit(f"no report with an in-job export under {run}")
+    reps, exps = dest / "reports", dest / "exports"
+    reps.mkdir(parents=True)
+    exps.mkdir()
+    world = sorted(src)
+    for k in range(n):
+        m, rep, exp = src[world[k % len(world)]]
+        stem = f"{m['prefix']}{k}_h{k // 8}.{100_000 + k}"
+        os.link(rep, reps / f"{stem}.nsys-rep")
+        shutil.copyfile(exp, exps / f"{stem}.sqlite")
+    return reps, exps
+
+
+def after_job(inputs: Path, work: Path, workers: int) -> dict[str, float]:
+    store = work / "store"
+    collect_s, _ = _orch("collect", "--from", str(inputs), "--out", str(store), "--workers", str(workers))
+    report_s, _ = _orch("report", str(store), "--json", str(work / "r.json"))
+    ranks = len(json.loads((work / "r.json").read_text())["ranks"])
+    shutil.rmtree(store)
+    return {"collect_s": round(collect_s, 1), "report_s": round(report_s, 1),
+            "after_job_s": round(collect_s + report_s, 1), "ranks_in_report": ranks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="64,256,1024")
+    ap.add_argument("--job-ranks", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--modes", default="in_job,collect")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="orch-jobend-scale-") as d:
+        work = Path(d)
+        run = real_job(work, a.job_ranks, a.steps)
+        for n in (int(x) for x in a.ranks.split(",")):
+            reps, exps = multiply(run, n, work / f"n{n}")
+            for mode in a.modes.split(","):
+                out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers)
+                print(json.dumps({"ranks": n, "mode": mode, "job_ranks": a.job_ranks, "steps": a.steps,
+                                  "workers": a.workers, **out}), flush=True)
+            shutil.rmtree(work / f"n{n}")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@ for after the job when the ranks exported their own reports in the job (`orch co
 reduces the exports) against `orch collect` exporting every report itself.
 
     python scripts/bench_job_end_scale.py [--ranks 64,256,1024] [--job-ranks 8] [--steps 300]
+        [--modes in_job,collect,on_cluster] [--chunk 16]
 
 One real job (scripts/examples/train.py, gloo, real nsys, `profile.export_in_job: true`) through
 `orch submit --wait` on the local executor gives `--job-ranks` reports and their exports. For
@@ -12,6 +13,9 @@ CPU exports carry no rank of their own: orch takes it from the name). Then, each
 command: `orch collect --from <exports>` + `orch report` (in_job), and `orch collect --from
 <reports>` + `orch report` (collect: nsys export of every report, `--workers` at a time, here on
 this machine's cores; on a cluster the in-job exports run on every node at once, during the job).
+With `--modes on_cluster`: `orch collect --from <reports> --on-cluster --cluster local-slurm
+--chunk C` (a Slurm job array of map tasks, C reports each, then the reduce here); it needs the
+local two-node Slurm (scripts/local_slurm.sh start, SLURM_CONF set).
 Not a test: the numbers depend on the machine. Prints one JSON line per (N, mode).
 """
 
@@ -78,9 +82,10 @@ def multiply(run: Path, n: int, dest: Path) -> tuple[Path, Path]:
     return reps, exps
 
 
-def after_job(inputs: Path, work: Path, workers: int) -> dict[str, float]:
+def after_job(inputs: Path, work: Path, workers: int, cluster: list[str]) -> dict[str, float]:
+    """`cluster`: empty, or `orch collect` options that map as a Slurm job array."""
     store = work / "store"
-    collect_s, _ = _orch("collect", "--from", str(inputs), "--out", str(store), "--workers", str(workers))
+    collect_s, _ = _orch("collect", "--from", str(inputs), "--out", str(store), "--workers", str(workers), *cluster)
     report_s, _ = _orch("report", str(store), "--json", str(work / "r.json"))
     ranks = len(json.loads((work / "r.json").read_text())["ranks"])
     shutil.rmtree(store)
@@ -94,15 +99,18 @@ def main() -> None:
     ap.add_argument("--job-ranks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--modes", default="in_job,collect")
+    ap.add_argument("--modes", default="in_job,collect", help="of in_job, collect, on_cluster")
+    ap.add_argument("--chunk", type=int, default=16, help="on_cluster: reports per array task")
     a = ap.parse_args()
+    on_cluster = ["--on-cluster", "--cluster", "local-slurm", "--chunk", str(a.chunk)]
     with tempfile.TemporaryDirectory(prefix="orch-jobend-scale-") as d:
         work = Path(d)
         run = real_job(work, a.job_ranks, a.steps)
         for n in (int(x) for x in a.ranks.split(",")):
             reps, exps = multiply(run, n, work / f"n{n}")
             for mode in a.modes.split(","):
-                out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers)
+                out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers,
+                                on_cluster if mode == "on_cluster" else [])
                 print(json.dumps({"ranks": n, "mode": mode, "job_ranks": a.job_ranks, "steps": a.steps,
                                   "workers": a.workers, **out}), flush=True)
             shutil.rmtree(work / f"n{n}")

@@ -33,6 +33,10 @@ class LaunchBound(Rule):
     # launch gaps, the finding says so and counts only the rest as the loop's own cost.
     temper_share: float = 0.25
 
+    def _many_gaps(self, ns: float, window_ms: float) -> bool:
+        """Sub-threshold gaps worth a finding: at least min_share of the window."""
+        return ns_to_ms(ns) >= self.min_share * window_ms
+
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
         small = ctx.views.by_rank("small_gaps")
@@ -41,35 +45,34 @@ class LaunchBound(Rule):
             rk, sg = k["rank"], small.get(k["rank"])
             per_step = k["n"] / max(1, k["n_steps"])
             if (sg and win.get(rk) and k["median_ns"] < self.max_median_ns and per_step >= self.min_per_step
-                    and ns_to_ms(sg["ns"]) >= self.min_share * win[rk]):
+                    and self._many_gaps(sg["ns"], win[rk])):
                 hit.append((rk, k, sg))
         if not hit:
             return []
-        graphs = {r["rank"] for r in ctx.views.rows("graph_usage")} & {x[0] for x in hit}
         over = ctx.views.by_rank("capture_overhead")
         nsys = {rk: min(over[rk]["est_ns"], sg["ns"]) for rk, _, sg in hit
                 if rk in over and over[rk]["est_ns"] >= self.temper_share * sg["ns"]}
         own = {rk: sg["ns"] - nsys.get(rk, 0) for rk, _, sg in hit}
         # A rank whose gaps left after nsys' share would not have passed min_share is not
         # launch-bound by the loop's own doing: advising CUDA graphs there would chase the profiler.
-        real = [x for x in hit if ns_to_ms(own[x[0]]) >= self.min_share * win[x[0]]]
+        real = [rk for rk in own if self._many_gaps(own[rk], win[rk])]
         evidence = [f"rank {rk}: {k['n']} kernels (median {k['median_ns'] / 1e3:.1f} us), "
                     f"{sg['n']} sub-threshold gaps totalling {ns_to_ms(sg['ns'])} ms" for rk, k, sg in hit]
         evidence += [f"rank {rk}: ≈ {ns_to_ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
                      f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the loop is less "
                      f"launch-bound than it looks here" for rk, ns in sorted(nsys.items())]
         if not real:
-            return [finding(
-                self.kind, [x[0] for x in hit], "launch gaps within what the profiler itself added",
-                evidence, FIX_PROFILER, 0.0, severity="info")]
-        left = sorted({x[0] for x in hit} - {x[0] for x in real})
+            return [finding(self.kind, own, "launch gaps within what the profiler itself added", evidence,
+                            FIX_PROFILER, 0.0, severity="info")]
+        left = sorted(own.keys() - set(real))
         if left:
             evidence.append(f"rank(s) {', '.join(map(str, left))}: the gaps left after nsys' share are under "
                             f"{round(100 * self.min_share)} % of the window: not launch-bound without the profiler")
+        graphs = {r["rank"] for r in ctx.views.rows("graph_usage")} & set(real)
         return [finding(
-            self.kind, [x[0] for x in real], "many tiny kernels with launch gaps between them",
-            evidence, FIX_GRAPHS if graphs & {x[0] for x in real} else FIX,
-            max(ns_to_ms(own[x[0]]) for x in real), pct=max(100 * ns_to_ms(own[rk]) / win[rk] for rk, _, _ in real))]
+            self.kind, real, "many tiny kernels with launch gaps between them", evidence,
+            FIX_GRAPHS if graphs else FIX, max(ns_to_ms(own[rk]) for rk in real),
+            pct=max(100 * ns_to_ms(own[rk]) / win[rk] for rk in real))]
 
 
 RULE = LaunchBound()

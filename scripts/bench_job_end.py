@@ -29,17 +29,19 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _orch(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+def orch(*args: str) -> float:
+    """Run one orch command to its end; its wall time in s. A failed command ends the benchmark."""
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                        env=os.environ.copy())
-    return time.monotonic() - t0, p
+    if p.returncode != 0:
+        raise SystemExit(f"orch {args[0]} failed: {p.stdout[-800:]}{p.stderr[-800:]}")
+    return time.monotonic() - t0
 
 
-def one(work: Path, ranks: int, steps: int, cluster: str, mode: str) -> dict[str, object]:
-    """mode: in_job (the ranks export), collect (collect exports), on_cluster (`orch collect
-    --on-cluster`: a Slurm job array exports and maps, the reduce runs here)."""
-    in_job = mode == "in_job"
+def submit_job(work: Path, ranks: int, steps: int, cluster: str, in_job: bool) -> tuple[float, Path]:
+    """One real job of scripts/examples/train.py through `orch submit --wait` (2 nodes on the local
+    Slurm); its wall time and run directory."""
     nodes = 2 if cluster == "local-slurm" else 1
     spec = {"name": "jobend", "cluster": cluster, "run_root": str(work / "runs"),
             "slurm": {"time": "20:00", **({"nodes": nodes} if nodes > 1 else {})},
@@ -48,16 +50,17 @@ def one(work: Path, ranks: int, steps: int, cluster: str, mode: str) -> dict[str
             "layout": {"tp": 1, "pp": 1},
             "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": in_job}}
     (work / "job.yaml").write_text(yaml.safe_dump(spec))
-    job_s, p = _orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
-    if p.returncode != 0:
-        raise SystemExit(f"job failed: {p.stdout[-800:]}{p.stderr[-800:]}")
+    job_s = orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
     (run,) = (work / "runs").iterdir()
-    collect_s, c = _orch("collect", str(run), *(["--on-cluster"] if mode == "on_cluster" else []))
-    if c.returncode != 0:
-        raise SystemExit(f"collect failed: {c.stderr[-800:]}")
-    report_s, r = _orch("report", str(run), "--json", str(work / "r.json"))
-    if r.returncode != 0:
-        raise SystemExit(f"report failed: {r.stderr[-800:]}")
+    return job_s, run
+
+
+def one(work: Path, ranks: int, steps: int, cluster: str, mode: str) -> dict[str, object]:
+    """mode: in_job (the ranks export), collect (collect exports), on_cluster (`orch collect
+    --on-cluster`: a Slurm job array exports and maps, the reduce runs here)."""
+    job_s, run = submit_job(work, ranks, steps, cluster, mode == "in_job")
+    collect_s = orch("collect", str(run), *(["--on-cluster"] if mode == "on_cluster" else []))
+    report_s = orch("report", str(run), "--json", str(work / "r.json"))
     exported = len(list((run / "exports").glob("*.sqlite")))
     return {"ranks": ranks, "cluster": cluster, "mode": mode, "steps": steps,
             "job_s": round(job_s, 1), "collect_s": round(collect_s, 1), "report_s": round(report_s, 1),

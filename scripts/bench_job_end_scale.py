@@ -26,38 +26,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import yaml
+from bench_job_end import orch, submit_job
 
-REPO = Path(__file__).resolve().parent.parent
 NAME = re.compile(r"^(?P<prefix>.+_r)(?P<rank>\d+)_(?P<host>[^.]+)\.(?P<pid>\d+)$")
-
-
-def _orch(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                       env=os.environ.copy())
-    if p.returncode != 0:
-        raise SystemExit(f"orch {args[0]} failed: {p.stdout[-600:]}{p.stderr[-600:]}")
-    return time.monotonic() - t0, p
-
-
-def real_job(work: Path, ranks: int, steps: int) -> Path:
-    """One real job with in-job exports; its run directory."""
-    spec = {"name": "jobend", "cluster": "local", "run_root": str(work / "runs"), "slurm": {"time": "20:00"},
-            "launch": {"script": str(REPO / "scripts" / "examples" / "train.py"), "nproc_per_node": ranks,
-                       "args": ["--steps", str(steps)], "env": {"GLOO_SOCKET_IFNAME": "lo"}},
-            "layout": {"tp": 1, "pp": 1},
-            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": True}}
-    (work / "job.yaml").write_text(yaml.safe_dump(spec))
-    _orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
-    (run,) = (work / "runs").iterdir()
-    return run
 
 
 def multiply(run: Path, n: int, dest: Path) -> tuple[Path, Path]:
@@ -85,8 +59,8 @@ def multiply(run: Path, n: int, dest: Path) -> tuple[Path, Path]:
 def after_job(inputs: Path, work: Path, workers: int, cluster: list[str]) -> dict[str, float]:
     """`cluster`: empty, or `orch collect` options that map as a Slurm job array."""
     store = work / "store"
-    collect_s, _ = _orch("collect", "--from", str(inputs), "--out", str(store), "--workers", str(workers), *cluster)
-    report_s, _ = _orch("report", str(store), "--json", str(work / "r.json"))
+    collect_s = orch("collect", "--from", str(inputs), "--out", str(store), "--workers", str(workers), *cluster)
+    report_s = orch("report", str(store), "--json", str(work / "r.json"))
     ranks = len(json.loads((work / "r.json").read_text())["ranks"])
     shutil.rmtree(store)
     return {"collect_s": round(collect_s, 1), "report_s": round(report_s, 1),
@@ -105,7 +79,7 @@ def main() -> None:
     on_cluster = ["--on-cluster", "--cluster", "local-slurm", "--chunk", str(a.chunk)]
     with tempfile.TemporaryDirectory(prefix="orch-jobend-scale-") as d:
         work = Path(d)
-        run = real_job(work, a.job_ranks, a.steps)
+        _, run = submit_job(work, a.job_ranks, a.steps, "local", in_job=True)
         for n in (int(x) for x in a.ranks.split(",")):
             reps, exps = multiply(run, n, work / f"n{n}")
             for mode in a.modes.split(","):

@@ -31,6 +31,8 @@ from bench import run_phase
 from bench_data import CACHE, REPO
 from bench_data import synthetic_dataset as dataset
 
+from orchestrator.memory import memory_limit
+
 
 def default_source() -> Path:
     """A small real GPU export (H200, nsys 2025.3): ~0.5 MB, ~3,700 events per rank."""
@@ -124,8 +126,6 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
     export = bench_export()
     base = results[0]
-    from orchestrator.memory import memory_limit
-
     doc = {"source": str(a.source.name), "workers": a.workers, "cores": os.cpu_count(),
            "duckdb_memory": memory_limit(), "results": results,
            "export": export,

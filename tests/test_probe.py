@@ -35,14 +35,20 @@ def test_columns_of_every_table_on_real_exports(gpu_fixtures: Path) -> None:
         assert p.tables == want, f
 
 
-def test_odd_table_names_and_views(gpu_fixtures: Path, tmp_path: Path) -> None:
-    f = tmp_path / "odd.sqlite"
-    shutil.copy(sorted(gpu_fixtures.rglob("*.sqlite"))[0], f)
-    con = sqlite3.connect(f)
-    con.execute('CREATE TABLE "we""ird name" ("a b" INTEGER, c TEXT)')
-    con.execute('CREATE VIEW v AS SELECT c FROM "we""ird name"')
+def _altered(gpu_fixtures: Path, dest: Path, *statements: str) -> Path:
+    """A copy of the first real export with `statements` run on it."""
+    shutil.copy(sorted(gpu_fixtures.rglob("*.sqlite"))[0], dest)
+    con = sqlite3.connect(dest)
+    for sql in statements:
+        con.execute(sql)
     con.commit()
     con.close()
+    return dest
+
+
+def test_odd_table_names_and_views(gpu_fixtures: Path, tmp_path: Path) -> None:
+    f = _altered(gpu_fixtures, tmp_path / "odd.sqlite", 'CREATE TABLE "we""ird name" ("a b" INTEGER, c TEXT)',
+                 'CREATE VIEW v AS SELECT c FROM "we""ird name"')
     p = probe(f)
     assert p.error is None
     assert p.tables['we"ird name'] == {"a b", "c"}
@@ -54,13 +60,8 @@ def test_a_maps_meta_keeps_what_the_reduce_asks(gpu_fixtures: Path, tmp_path: Pa
     """The probe a map writes to its meta keeps only the event tables' expected columns, and
     answers missing_columns as the full probe does: on every real export, and on one whose
     kernel table lost `shortName` and whose NVTX table lost `eventType` (older nsys)."""
-    f = tmp_path / "old.sqlite"
-    shutil.copy(sorted(gpu_fixtures.rglob("*.sqlite"))[0], f)
-    con = sqlite3.connect(f)
-    con.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN shortName")
-    con.execute("ALTER TABLE NVTX_EVENTS DROP COLUMN eventType")
-    con.commit()
-    con.close()
+    f = _altered(gpu_fixtures, tmp_path / "old.sqlite", "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN shortName",
+                 "ALTER TABLE NVTX_EVENTS DROP COLUMN eventType")
     for path in [*sorted(gpu_fixtures.rglob("*.sqlite")), f]:
         full = probe(path)
         slim = probe_from_json(probe_to_json(full, keep_env=False))

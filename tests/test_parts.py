@@ -11,35 +11,50 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from orchestrator.analyze.engine import Options
+from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.report import build_report
+from orchestrator.analyze.summaries import BY_TABLE
 from orchestrator.collect.collect import collect, collect_parts
+from orchestrator.collect.schema import EVENT_SCHEMA
 from orchestrator.layout import Layout
-from tests.conftest import REPO, run_orch
+from tests.conftest import REPO, run_orch, shared_fixtures
 
 QUIET = Console(stderr=True, quiet=True)
 FIXTURES = REPO / "tests" / "fixtures"
 
 
 def _groups() -> list[tuple[str, list[Path]]]:
-    """One case per captured job: tests/fixtures/{real,gpu_e2e}/<case>_r<N>_*.sqlite.gz."""
+    """One case per captured job: <set>/<case>_r<N>_*.sqlite.gz of every real fixture set
+    (tests/fixtures/{real,gpu_e2e,comm,stats,modern} and the shared H200 captures)."""
     out: dict[str, list[Path]] = {}
-    for f in sorted([*(FIXTURES / "real").glob("*.sqlite.gz"), *(FIXTURES / "gpu_e2e").glob("*.sqlite.gz")]):
+    sets = [FIXTURES / d for d in ("real", "gpu_e2e", "comm", "stats", "modern")]
+    files = [f for d in sets for f in d.glob("*.sqlite.gz")] + list(shared_fixtures().glob("*/*.sqlite.gz"))
+    for f in sorted(files):
         out.setdefault(f"{f.parent.name}/{f.name.rsplit('_r', 1)[0]}", []).append(f)
     return sorted(out.items())
 
 
+def mapped_ranks(store: Path, opts: Options) -> list[int]:
+    """The ranks whose API and thread tables the analysis took from the map (summaries.py)."""
+    con, _ = analysis(store, opts)
+    try:
+        return [r for (r,) in con.execute("SELECT rank FROM _api_mapped ORDER BY rank").fetchall()]
+    finally:
+        con.close()
+
+
 def assert_same_store(a: Path, b: Path) -> None:
     """Every table row for row (as multisets: both paths keep each rank's rows together but
-    may order ranks differently), and meta except its time and engine."""
+    may order ranks differently), and meta except its time and engine; the per-rank tables
+    the map computes (summaries.py, the parts path only) are left to assert_same_report."""
     con = duckdb.connect(str(a), read_only=True)
     con.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
     tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
                                         "WHERE table_catalog = current_database() ORDER BY 1").fetchall()]
     other = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
                                        "WHERE table_catalog = 'other' ORDER BY 1").fetchall()]
-    assert tables == other
-    for t in tables:
+    assert [t for t in tables if t not in BY_TABLE] == [t for t in other if t not in BY_TABLE]
+    for t in (t for t in tables if t not in BY_TABLE and t in other):
         if t == "meta":
             continue
         assert con.execute(f"DESCRIBE {t}").fetchall() == con.execute(f"DESCRIBE other.{t}").fetchall(), t
@@ -53,11 +68,11 @@ def assert_same_store(a: Path, b: Path) -> None:
     con.close()
 
 
-def assert_same_report(a: Path, b: Path) -> None:
+def assert_same_report(a: Path, b: Path, opts: Options | None = None) -> None:
     """The same analysis of two stores; the job's outcome is left out: it is read from the run
     directory beside a store (its manifest and the scheduler), not from the store."""
-    ra = build_report(a, Options()).model_dump(mode="json")
-    rb = build_report(b, Options()).model_dump(mode="json")
+    ra = build_report(a, opts or Options()).model_dump(mode="json")
+    rb = build_report(b, opts or Options()).model_dump(mode="json")
     assert ra.pop("store") != rb.pop("store")
     ra.pop("outcome")
     rb.pop("outcome")
@@ -71,14 +86,17 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     for f in dict(_groups())[case]:
         shutil.copy(f, src / f.name)
     a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
-    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2)
+    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2, summaries=True)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
     assert_same_store(a.store, b.store)
+    # Every rank's API and thread tables come from its map, and the report is the same.
+    assert mapped_ranks(b.store, Options()) == a.ok_ranks
     assert_same_report(a.store, b.store)
     parts = tmp_path / "b" / "parts"
     for rank in a.ok_ranks:  # the documented layout
-        assert (parts / "table=nvtx" / f"rank={rank}").is_dir()
+        assert any((parts / f"table={t}" / f"rank={rank}").is_dir() for t in EVENT_SCHEMA)
+        assert len(list(parts.glob(f"table=map_*/rank={rank}/*.parquet"))) == 3
     assert len(list((parts / "reports").glob("*.json"))) == len(a.members)
 
 
@@ -124,3 +142,51 @@ def test_corrupt_report_marked_then_fixed_incrementally(gpu_fixtures: Path, tmp_
     assert len(changed) == 1 and changed[0].startswith("job_1_r2_")
     ref = collect([src], tmp_path / "ref", layout=Layout(), console=QUIET)
     assert_same_store(ref.store, run / "profile.duckdb")
+
+
+def _two_paths(case: str, tmp_path: Path, **kw: object) -> tuple[Path, Path]:
+    """`case` collected in process and over parts with the map's summaries: the two stores."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in dict(_groups())[case]:
+        shutil.copy(f, src / f.name)
+    a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, **kw)
+    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True, **kw)
+    return a.store, b.store
+
+
+@pytest.mark.parametrize("opts", [Options(steps=(3, 5)), Options(stats_scope="capture")],
+                         ids=["steps 3:5", "whole capture"])
+def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: Path) -> None:
+    """The map measured in the default scope; a report in another one computes every rank
+    itself, and says the same as the in-process store's."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    assert mapped_ranks(b, Options()) == [0, 1]
+    assert mapped_ranks(b, opts) == []
+    assert_same_report(a, b, opts)
+
+
+def test_map_summary_whose_scope_differs_is_recomputed(tmp_path: Path) -> None:
+    """A rank whose map counted another number of steps (as when the job-wide step detection
+    differs from the rank's own) is computed centrally, the other rank's rows are taken."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    scope = next((tmp_path / "b" / "parts" / "table=map_scope" / "rank=1").glob("*.parquet"))
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT * REPLACE (n_steps + 1 AS n_steps) FROM '{scope}') TO '{scope}.new' (FORMAT parquet)")
+    con.close()
+    Path(f"{scope}.new").replace(scope)
+    b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert b2.reused == 2 and b2.store == b
+    assert mapped_ranks(b, Options()) == [0]
+    assert_same_report(a, b)
+
+
+def test_map_summaries_with_aligned_clocks(tmp_path: Path) -> None:
+    """--align-clocks moves each rank by its own correction after the offsets: the map's scope
+    (on the rank's clock) still matches, and the report is the in-process one."""
+    a, b = _two_paths("comm/nvlink", tmp_path, align=True)
+    con = duckdb.connect(str(b), read_only=True)
+    assert con.execute("SELECT count(*) FROM ranks WHERE clock_correction_ns <> 0").fetchone()[0] > 0
+    con.close()
+    assert mapped_ranks(b, Options()) == [0, 1]
+    assert_same_report(a, b)

@@ -14,9 +14,9 @@ from orchestrator.analyze.engine import (
     Options,
     analysis,
     analysis_threads,
-    create_params,
     on_writer,
     open_store,
+    prepare,
     store_rows,
 )
 from orchestrator.collect.collect import collect, collecting
@@ -67,7 +67,7 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
     con, _ = analysis(store, Options())
     ref = open_store(store)
     try:
-        create_params(ref, Options())
+        prepare(ref, Options())
         for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
             ref.execute(f.read_text())
         names = [r[0] for r in ref.execute(

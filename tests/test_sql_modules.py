@@ -22,7 +22,7 @@ from orchestrator.analyze.engine import SQL_DIR, Options, Views, analysis
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.analyze.sqlmodules import HeaderError, Module
-from orchestrator.collect.collect import collect
+from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
 from tests import sqlcheck
 
@@ -57,7 +57,8 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checked]:
     (d / "in").mkdir()
     for f in sorted(REAL.glob("resnet_nw2_r*_*.sqlite.gz")):
         shutil.copy(f, d / "in" / f.name)
-    store = collect([d / "in"], d / "run", layout=Layout(), workers=2).store
+    # Over parts with the map's summaries: the store then has every table the SQL may read.
+    store = collect_parts([d / "in"], d / "run", layout=Layout(), workers=2, summaries=True).store
     full, _ = analysis(store, Options())
     sqlcheck.materialize(full, d / "snap.duckdb")
     stored = {r[0] for r in full.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import schedule
+from orchestrator.analyze import schedule, summaries
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
@@ -126,12 +127,21 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET asof_loop_join_threshold = 0")
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
+def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
-    files at the same time (schedule.py)."""
-    create_params(con, opts)
+    files at the same time (schedule.py). `only`: these files and what they depend on (the
+    map's per-rank tables, summaries.py)."""
+    prepare(con, opts)
+    units = _plan() if only is None else schedule.needed(_plan(), only)
     with phase("analyze: SQL (wall)"):
-        schedule.run(con, _plan(), session)
+        schedule.run(con, units, session)
+
+
+def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
+    """What the SQL files read besides the store: the options, and the map's per-rank tables
+    (empty where the store has none)."""
+    summaries.create_missing(con)
+    create_params(con, opts)
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
@@ -195,15 +205,15 @@ def check_store_version(con: duckdb.DuckDBPyConnection, store: Path) -> None:
                         "re-run `orch collect` with this orch")
 
 
-def analysis(store: Path, opts: Options,
-             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[duckdb.DuckDBPyConnection, Views]:
+def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None = None,
+             only: Sequence[str] | None = None) -> tuple[duckdb.DuckDBPyConnection, Views]:
     """Open `store`, run the SQL, and return the connection (caller closes) and its views.
     `writer`: the collect's own connection, still finishing the store (collect.collecting):
-    the analysis runs on a cursor of it instead of opening the file."""
+    the analysis runs on a cursor of it instead of opening the file. `only`: see run_sql."""
     con = open_store(store) if writer is None else on_writer(writer)
     try:
         check_store_version(con, store)
-        run_sql(con, opts)
+        run_sql(con, opts, only)
     except duckdb.Error as e:
         con.close()
         raise OrchError(f"analysis failed on {store}: {str(e).splitlines()[0]}; "

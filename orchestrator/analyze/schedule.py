@@ -57,6 +57,18 @@ def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
     return units
 
 
+def needed(units: Sequence[Unit], files: Sequence[str]) -> list[Unit]:
+    """The units of `files` and every unit they wait for, directly or not, in plan order."""
+    need = set(files)
+    unknown = need - {u.name for u in units}
+    if unknown:
+        raise ValueError(f"no such SQL file: {sorted(unknown)}")
+    for u in reversed(units):
+        if u.name in need:
+            need.update(u.after)
+    return [u for u in units if u.name in need]
+
+
 def seen_by(m: sqlmodules.Module, seen: dict[str, set[str]]) -> set[str]:
     """Everything module `m` reads, directly or through the views it reads."""
     return set(m.reads).union(*(seen.get(r, set()) for r in m.reads))

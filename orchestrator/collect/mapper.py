@@ -33,6 +33,7 @@ from orchestrator.collect.parts import (
     MAP_VERSION,
     is_fresh,
     meta_path,
+    part_files,
     part_path,
     probe_to_json,
     read_meta,
@@ -42,6 +43,7 @@ from orchestrator.collect.parts import (
 )
 from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
+from orchestrator.collect.summarize import try_summarize
 from orchestrator.fsutil import write_json_atomic
 from orchestrator.sqltext import quote
 
@@ -61,6 +63,7 @@ class MapTask:
     keep_env: bool = False
     threads: int = 1
     export_timeout_s: float = 3600
+    summaries: bool = False  # the rank's per-rank statistics too (summarize.py)
 
     @property
     def rid(self) -> str:
@@ -70,8 +73,12 @@ class MapTask:
     def meta(self) -> Path:
         return meta_path(self.parts, self.rid)
 
-    def fresh(self) -> bool:
-        return is_fresh(read_meta(self.meta), self.report.origin, self.parts, self.keep_env, self.engine)
+    def fresh(self, meta: dict[str, Any] | None = None) -> bool:
+        """`meta` (default: the one on disk) can be reused for this task: parts.is_fresh, and
+        summaries made when they are asked for."""
+        meta = read_meta(self.meta) if meta is None else meta
+        return (meta is not None and is_fresh(meta, self.report.origin, self.parts, self.keep_env, self.engine)
+                and not (self.summaries and meta.get("summaries") is None))
 
 
 def _map_rank(r: ReportFile, p: Probe) -> int | None:
@@ -188,8 +195,8 @@ def _extract(task: MapTask, p: Probe, rank: int | None,
 def map_report(task: MapTask) -> dict[str, Any]:
     """Map one report; returns (and writes last) its meta. Fresh parts are reused as is."""
     old = read_meta(task.meta)
-    if is_fresh(old, task.report.origin, task.parts, task.keep_env, task.engine):
-        return {**old, "reused": True}  # type: ignore[dict-item]
+    if old is not None and task.fresh(old):
+        return {**old, "reused": True}
     r = copy.copy(task.report)
     rid = task.rid
     t0 = time.perf_counter()
@@ -212,19 +219,28 @@ def map_report(task: MapTask) -> dict[str, Any]:
         except (duckdb.Error, sqlite3.Error, ValueError, OSError, RuntimeError) as e:
             error = f"ingest failed: {first_line(e)}"
     t3 = time.perf_counter()
-    for f in (old or {}).get("files", {}).values():  # parts of an earlier map at another rank
-        if f not in files.values():
-            (task.parts / f).unlink(missing_ok=True)
     meta = {
         "map_version": MAP_VERSION, "id": rid, "report": report_to_json(r),
         "probe": probe_to_json(p, task.keep_env), "map_rank": rank, "files": files, "rows": rows,
         "notes": notes, "error": error, "engine": used, "keep_env": task.keep_env, "source": stamp,
+    }
+    summaries: dict[str, str] | None = None
+    meta["summary_error"] = None
+    if task.summaries and files:
+        summaries, meta["summary_error"] = try_summarize(meta, task.parts, rank, rid)
+    t4 = time.perf_counter()
+    for f in part_files(old or {}):  # parts of an earlier map at another rank
+        if f not in files.values() and f not in (summaries or {}).values():
+            (task.parts / f).unlink(missing_ok=True)
+    meta.update({
+        "summaries": summaries,
         "export_bytes": r.sqlite.stat().st_size if r.sqlite and r.sqlite.exists() else None,
         "part_bytes": sum((task.parts / f).stat().st_size for f in files.values()),
-        "seconds": {"export": round(t1 - t0, 4), "probe": round(t2 - t1, 4), "extract": round(t3 - t2, 4)},
+        "seconds": {"export": round(t1 - t0, 4), "probe": round(t2 - t1, 4), "extract": round(t3 - t2, 4),
+                    "summarize": round(t4 - t3, 4)},
         "host": socket.gethostname(), "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
         "written_ns": time.time_ns(),
-    }
+    })
     task.meta.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(task.meta, meta)
     return {**meta, "reused": False}

@@ -84,7 +84,8 @@ class PartsRows:
         o, array = self.opts, self.opts.array
         threads = (array.cpus or (array.cluster.slurm.cpus_per_task if array.cluster else None) or 1) if array else 1
         tasks = [MapTask(report=r, parts=self.parts.resolve(), exports=exports_dir(self.run).resolve(), nsys=o.nsys,
-                         engine=o.engine, keep_env=o.keep_env, threads=threads) for r in reports]
+                         engine=o.engine, keep_env=o.keep_env, threads=threads,
+                         summaries=array is not None if o.summaries is None else o.summaries) for r in reports]
         self.parts.mkdir(parents=True, exist_ok=True)
         for d in self.parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)
             clean_stale(d, _PART_TMP)

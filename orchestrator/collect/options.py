@@ -25,7 +25,10 @@ class CollectOptions:
     parallel exports/ingests; `keep_env`: the whole captured environment (secrets);
     `engine`: auto | scanner | sqlite3; `align`: align clocks on matched NCCL kernels;
     `extra_meta`: more keys for the store's meta table. Route: `parts` maps every report to
-    Parquet parts in a local pool, `array` in a Slurm job array (implies parts); otherwise
+    Parquet parts in a local pool, `array` in a Slurm job array (implies parts); `summaries`:
+    the map also computes each rank's per-rank statistics (analyze/summaries.py); None: in a
+    Slurm array only, where the maps run on the cluster's nodes (in a local pool a small rank's
+    statistics cost the map more than they save the analysis: docs/scale.md); otherwise
     in process, where `started` are exports already running (gather.early_exports) and
     `background` checkpoints while the caller analyses the open store."""
 
@@ -43,6 +46,7 @@ class CollectOptions:
     array: ArrayOptions | None = None
     started: dict[Path, Started] | None = None
     background: bool = False
+    summaries: bool | None = None
 
     @property
     def map_reduce(self) -> bool:

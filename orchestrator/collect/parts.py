@@ -2,6 +2,8 @@
 
     <run>/parts/
         table=<table>/rank=<N>/<id>.parquet       one file per report and event table
+        table=map_<name>/rank=<N>/<id>.parquet    the rank's statistics computed in the map
+                                                   (analyze/summaries.py; on the rank's clock)
         reports/<id>.json                          one per report: probe, identity, files, costs
 
 Hive-partitioned (`table=`, `rank=`) so DuckDB, Spark, Dask, Arrow and pandas can read it
@@ -36,7 +38,7 @@ from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import ENV_ALLOW, Probe
 
 # Bumped when the map's output changes meaning: older metas are redone, never misread.
-MAP_VERSION = 1
+MAP_VERSION = 2
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -117,4 +119,10 @@ def is_fresh(meta: dict[str, Any] | None, origin: Path, parts: Path, keep_env: b
         return False
     if meta["keep_env"] != keep_env or (engine != "auto" and meta["engine"] != engine):
         return False
-    return all((parts / f).is_file() for f in meta["files"].values())
+    return all((parts / f).is_file() for f in part_files(meta))
+
+
+def part_files(meta: dict[str, Any]) -> list[str]:
+    """Every Parquet file a meta lists, relative to the parts folder: event tables, then the
+    per-rank summaries (analyze/summaries.py)."""
+    return [*meta.get("files", {}).values(), *(meta.get("summaries") or {}).values()]

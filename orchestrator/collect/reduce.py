@@ -17,6 +17,7 @@ from typing import Any
 
 import duckdb
 
+from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
@@ -62,6 +63,26 @@ def build_store_from_parts(
     """Write `store` atomically from the parts that `metas` list; returns the engine label.
     `members` (from members_from_metas, in metas' order) may be passed when the caller
     already identified them (and completed the layout)."""
+    with new_store(store) as tmp:
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute(f"SET threads = {max(1, threads)}")
+            limit(con, str(store.parent / ".duckdb-spill"))
+            reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align, expected=expected,
+                        extra_meta=extra_meta, members=members)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+    return "parts"
+
+
+def reduce_into(
+    con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]], parts: Path, *, layout: Layout,
+    keep_env: bool = False, align: bool = False, expected: list[int] | None = None,
+    extra_meta: dict[str, object] | None = None, members: list[Member] | None = None,
+) -> None:
+    """The store's tables from the parts, in `con`'s current database (a file, or the map's
+    one-rank store in memory: collect/summarize.py)."""
     if members is None:
         members, _ = members_from_metas(metas)
     ok = [(m, meta) for m, meta in zip(members, metas, strict=True)
@@ -82,32 +103,29 @@ def build_store_from_parts(
             m.notes.append(meta["error"])
             continue
         off = m.probe.session_start_ns - base  # type: ignore[operator]
-        for table, rel in meta["files"].items():
+        for table, rel in [*meta["files"].items(), *(meta.get("summaries") or {}).items()]:
             path = str((parts / rel).resolve())
-            files[table].append(path)
+            files.setdefault(table, []).append(path)
             part_map.append((path, m.rank, off))  # type: ignore[arg-type]
-    spill = store.parent / ".duckdb-spill"
-    with new_store(store) as tmp:
-        con = duckdb.connect(str(tmp))
-        try:
-            con.execute(f"SET threads = {max(1, threads)}")
-            limit(con, str(spill))
-            con.execute(RANKS_DDL)
-            con.execute(create_event_tables_sql())
-            con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
-            append_rows(con, "part_map", ("file", "rank", "off"), part_map)
-            for table, cols in EVENT_SCHEMA.items():
-                con.execute(_stage_view(table, files[table]))
-                names = ", ".join(f'"{c}"' for c, _ in cols)
-                con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
-                con.execute(f"DROP VIEW {table}_stage")
-            con.execute("DROP TABLE part_map")
-            finalize_store(con, members, base, layout, keep_env, expected)
-            if align:
-                con.execute(align_clocks_sql())
-            write_meta(con, engine="parts", base=base, layout=layout, align=align,
-                       extra={"parts": str(parts.resolve()), **(extra_meta or {})})
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-    return "parts"
+    con.execute(RANKS_DDL)
+    con.execute(create_event_tables_sql())
+    con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
+    append_rows(con, "part_map", ("file", "rank", "off"), part_map)
+    for table, cols in EVENT_SCHEMA.items():
+        con.execute(_stage_view(table, files[table]))
+        names = ", ".join(f'"{c}"' for c, _ in cols)
+        con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
+        con.execute(f"DROP VIEW {table}_stage")
+    for summary in SUMMARIES:  # on the rank's own clock: no shift (summaries.py)
+        con.execute(summary.ddl())
+        if files.get(summary.table):
+            listing = ", ".join(f"'{quote(f)}'" for f in files[summary.table])
+            cols = ", ".join("m.rank" if c == "rank" else f'p."{c}"' for c, _ in summary.columns)
+            con.execute(f"INSERT INTO {summary.table} SELECT {cols} FROM read_parquet([{listing}], "
+                        "filename = true, hive_partitioning = false) p JOIN part_map m ON m.file = p.filename")
+    con.execute("DROP TABLE part_map")
+    finalize_store(con, members, base, layout, keep_env, expected)
+    if align:
+        con.execute(align_clocks_sql())
+    write_meta(con, engine="parts", base=base, layout=layout, align=align,
+               extra={"parts": str(parts.resolve()), **(extra_meta or {})})

@@ -1,14 +1,15 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step.
--- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length, steps. Provides:
+-- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length, steps, map_scope,
+-- map_api_table, map_thread_table. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
 --   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
---   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu;
---       api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix; blocking = is_sync_api
---       (CUDA) or is_wait_call (OS)
+--   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu, of
+--       the ranks the map did not summarize (_api_mapped); api = cuda|osrt; CUDA names without
+--       nsys's `_vNNNN` suffix; blocking = is_sync_api (CUDA) or is_wait_call (OS)
 --   api_table(rank, api, name, tid, thread, role, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
 --       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
 --       else per thread; pct = share of the rank's time in that api
@@ -19,6 +20,10 @@
 --       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
 --       the scope (or the thread's own first..last call for the whole capture)
 --   _rank_pid(rank, pid)  the rank's process
+--   _api_mapped(rank)  ranks whose api_table and thread_table rows the map computed in this very
+--       scope (analyze/summaries.py): map_scope on the rank's clock + the store's offset = stats_cpu,
+--       same step count and process; their rows are taken as they are
+--   _api_scope(rank, s, e, n_steps)  stats_cpu of the other ranks: what is computed here
 --   _thread_names(rank, tid, thread, role)  thread names of the rank's process
 --   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
 --   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones
@@ -35,27 +40,37 @@ CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
--- Names are cleaned and classified once per distinct name (a few dozen), not per call.
-CREATE OR REPLACE TABLE api_names AS
-SELECT 'cuda' AS api, name AS raw, regexp_replace(name, '_v\d{4}$', '') AS name, is_sync_api(name) AS blocking
-FROM (SELECT DISTINCT name FROM cuda_api)
-UNION ALL
-SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt);
-
-CREATE OR REPLACE TABLE api_calls AS
-SELECT a.rank, 'cuda' AS api, n.name, a.tid, a.start, a."end", coalesce(n.blocking, false) AS blocking
-FROM cuda_api a JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
-WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
-UNION ALL
-SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end", coalesce(n.blocking, false)
-FROM osrt o JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
-WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
-
 -- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
 -- file name), else ranks.pid.
 CREATE OR REPLACE TABLE _rank_pid AS
 SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
 FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
+
+CREATE OR REPLACE TABLE _api_mapped AS
+SELECT c.rank
+FROM stats_cpu c JOIN ranks r USING (rank) JOIN _rank_pid p USING (rank) JOIN map_scope m USING (rank)
+WHERE m.s + r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) = c.s
+  AND m.e + r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) = c.e
+  AND m.n_steps IS NOT DISTINCT FROM c.n_steps AND m.pid = p.pid;
+
+CREATE OR REPLACE TABLE _api_scope AS
+SELECT * FROM stats_cpu ANTI JOIN _api_mapped USING (rank);
+
+-- Names are cleaned and classified once per distinct name (a few dozen), not per call.
+CREATE OR REPLACE TABLE api_names AS
+SELECT 'cuda' AS api, name AS raw, regexp_replace(name, '_v\d{4}$', '') AS name, is_sync_api(name) AS blocking
+FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN _api_scope USING (rank))
+UNION ALL
+SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt SEMI JOIN _api_scope USING (rank));
+
+CREATE OR REPLACE TABLE api_calls AS
+SELECT a.rank, 'cuda' AS api, n.name, a.tid, a.start, a."end", coalesce(n.blocking, false) AS blocking
+FROM cuda_api a JOIN _api_scope c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
+WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
+UNION ALL
+SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end", coalesce(n.blocking, false)
+FROM osrt o JOIN _api_scope c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
+WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
 CREATE OR REPLACE TABLE _thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
@@ -74,7 +89,9 @@ WITH t AS (
 SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_ns, t.med_ns, t.min_ns, t.max_ns,
        t.std_ns, c.n_steps, t.total_ns / c.n_steps AS per_step_ns,
        100.0 * t.total_ns / sum(CASE WHEN t.tid IS NULL THEN t.total_ns END) OVER (PARTITION BY t.rank, t.api) AS pct
-FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid;
+FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid
+UNION ALL BY NAME
+SELECT * FROM map_api_table SEMI JOIN _api_mapped USING (rank);
 
 CREATE OR REPLACE TABLE _thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking
@@ -105,4 +122,6 @@ WITH per AS (
 )
 SELECT *, blocked_ns / n_steps AS blocked_per_step_ns,
        100.0 * blocked_ns / nullif(span_ns, 0) AS blocked_pct, 100.0 * launch_ns / nullif(span_ns, 0) AS launch_pct
-FROM t;
+FROM t
+UNION ALL BY NAME
+SELECT * FROM map_thread_table SEMI JOIN _api_mapped USING (rank);

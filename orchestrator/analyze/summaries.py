@@ -1,0 +1,72 @@
+"""Per-rank tables computed in the map, next to each rank's data, and read by the analysis.
+
+A statistic that needs one rank's events only (here: the CUDA API / OS runtime table and the
+thread table of 98_api_osrt.sql) costs the analysis a pass over every call of every rank: at
+1,024 CPU ranks most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs
+the same SQL on its one rank with the default options and writes the small results as parts;
+the reduce stores them in the `map_*` tables below. The analysis takes a rank's mapped rows
+only where the map's scope is the one it would use itself (same selected-steps window, same
+step count, same process), and computes the other ranks as before: a report with other
+options (`--steps`, `--steps-from`, the whole capture), a job stopped early, a rank whose
+steps the job-wide detection chose differently, all fall back to the central SQL, so the
+report is the same either way (tests/test_parts.py on every real fixture).
+
+The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
+store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One mapped table: its store name, the analysis query that fills it, its columns."""
+
+    table: str
+    source: str
+    columns: tuple[tuple[str, str], ...]
+
+    def ddl(self, schema: str = "") -> str:
+        cols = ", ".join(f'"{c}" {t}' for c, t in self.columns)
+        return f"CREATE TABLE IF NOT EXISTS {schema}{self.table} ({cols})"
+
+    def select(self) -> str:
+        """The analysis rows cast to the declared types (what the map writes)."""
+        cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in self.columns)
+        return f"SELECT {cols} FROM {self.source}"
+
+
+_I, _B, _D, _V = "INTEGER", "BIGINT", "DOUBLE", "VARCHAR"
+
+SUMMARIES = (
+    # The key: the scope the map measured in, on the rank's own clock (the analysis adds the
+    # store's offset), and the rank's process, which names its main thread.
+    Summary("map_scope", "(SELECT c.rank, c.s, c.e, c.n_steps, p.pid FROM stats_cpu c JOIN _rank_pid p USING (rank))",
+            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("pid", _B))),
+    Summary("map_api_table", "api_table",
+            (("rank", _I), ("api", _V), ("name", _V), ("tid", _B), ("thread", _V), ("role", _V), ("n", _B),
+             ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D), ("min_ns", _B), ("max_ns", _B), ("std_ns", _D),
+             ("n_steps", _B), ("per_step_ns", _D), ("pct", _D))),
+    Summary("map_thread_table", "thread_table",
+            (("rank", _I), ("tid", _B), ("thread", _V), ("role", _V), ("span_ns", _B), ("launch_ns", _B),
+             ("sync_ns", _B), ("wait_ns", _B), ("blocked_ns", _B), ("n_steps", _B), ("top_wait", _V),
+             ("blocked_per_step_ns", _D), ("blocked_pct", _D), ("launch_pct", _D))),
+)
+BY_TABLE = {s.table: s for s in SUMMARIES}
+# The analysis files whose tables the map computes (and, through their dependencies, the
+# steps, window and scope they are measured in).
+SQL_FILES = ("98_api_osrt.sql",)
+
+
+def create_missing(con: duckdb.DuckDBPyConnection) -> None:
+    """Empty in-memory `map_*` tables where the attached store has none, so that the SQL
+    binds on every store and finds no mapped rank there."""
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"
+                                      ).fetchall()}
+    for s in SUMMARIES:
+        if s.table not in have:
+            con.execute(s.ddl("memory.main."))

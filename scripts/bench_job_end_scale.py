@@ -15,7 +15,8 @@ command: `orch collect --from <exports>` + `orch report` (in_job), and `orch col
 this machine's cores; on a cluster the in-job exports run on every node at once, during the job).
 With `--modes on_cluster`: `orch collect --from <reports> --on-cluster --cluster local-slurm
 --chunk C` (a Slurm job array of map tasks, C reports each, then the reduce here); it needs the
-local two-node Slurm (scripts/local_slurm.sh start, SLURM_CONF set).
+local two-node Slurm (scripts/local_slurm.sh start, SLURM_CONF set); `on_cluster_central` is the same
+with `--no-map-stats` (the report computes every rank's API and thread tables itself).
 Not a test: the numbers depend on the machine. Prints one JSON line per (N, mode).
 """
 
@@ -73,7 +74,8 @@ def main() -> None:
     ap.add_argument("--job-ranks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--modes", default="in_job,collect", help="of in_job, collect, on_cluster")
+    ap.add_argument("--modes", default="in_job,collect",
+                    help="of in_job, collect, on_cluster, on_cluster_central (--no-map-stats)")
     ap.add_argument("--chunk", type=int, default=16, help="on_cluster: reports per array task")
     a = ap.parse_args()
     on_cluster = ["--on-cluster", "--cluster", "local-slurm", "--chunk", str(a.chunk)]
@@ -83,8 +85,8 @@ def main() -> None:
         for n in (int(x) for x in a.ranks.split(",")):
             reps, exps = multiply(run, n, work / f"n{n}")
             for mode in a.modes.split(","):
-                out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers,
-                                on_cluster if mode == "on_cluster" else [])
+                cluster = {"on_cluster": on_cluster, "on_cluster_central": [*on_cluster, "--no-map-stats"]}
+                out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers, cluster.get(mode, []))
                 print(json.dumps({"ranks": n, "mode": mode, "job_ranks": a.job_ranks, "steps": a.steps,
                                   "workers": a.workers, **out}), flush=True)
             shutil.rmtree(work / f"n{n}")

@@ -1,15 +1,17 @@
 """Per-rank tables computed in the map, next to each rank's data, and read by the analysis.
 
-A statistic that needs one rank's events only (here: the CUDA API / OS runtime table and the
-thread table of 98_api_osrt.sql) costs the analysis a pass over every call of every rank: at
-1,024 CPU ranks most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs
-the same SQL on its one rank with the default options and writes the small results as parts;
-the reduce stores them in the `map_*` tables below. The analysis takes a rank's mapped rows
-only where the map's scope is the one it would use itself (same selected-steps window, same
-step count, same process), and computes the other ranks as before: a report with other
-options (`--steps`, `--steps-from`, the whole capture), a job stopped early, a rank whose
-steps the job-wide detection chose differently, all fall back to the central SQL, so the
-report is the same either way (tests/test_parts.py on every real fixture).
+A statistic that needs one rank's events only (the phase table's per-rank rows of 92_phases.sql,
+the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze tables of
+99_nsys_rules.sql) costs the analysis a pass over every event of every rank: at 1,024 CPU ranks
+most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs the same SQL on
+its one rank with the default options and writes the small results as parts; the reduce stores
+them in the `map_*` tables below. The analysis takes a rank's mapped rows only where the map's
+scopes are the ones it would use itself (the same selected-steps window on the CPU and the GPU
+side, step count and process: map_ranks in 21_stats_scope.sql) and computes the other ranks as
+before: a report with other options (`--steps`, `--steps-from`, the whole capture), a job
+stopped early, a rank whose steps the job-wide detection chose differently, all fall back to
+the central SQL, so the report is the same either way (tests/test_parts.py on every real
+fixture).
 
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
@@ -43,10 +45,16 @@ class Summary:
 _I, _B, _D, _V = "INTEGER", "BIGINT", "DOUBLE", "VARCHAR"
 
 SUMMARIES = (
-    # The key: the scope the map measured in, on the rank's own clock (the analysis adds the
-    # store's offset), and the rank's process, which names its main thread.
-    Summary("map_scope", "(SELECT c.rank, c.s, c.e, c.n_steps, p.pid FROM stats_cpu c JOIN _rank_pid p USING (rank))",
-            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("pid", _B))),
+    # The key: the scopes the map measured in, on the rank's own clock (the analysis adds the
+    # store's offset: 21_stats_scope.sql, map_ranks), and the rank's process, which names its
+    # main thread.
+    Summary("map_scope", "(SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid FROM stats_cpu c "
+                         "JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank))",
+            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("gs", _B), ("ge", _B), ("pid", _B))),
+    Summary("map_phase_rows", "phase_rows",
+            (("rank", _I), ("grp", _V), ("n", _B), ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D),
+             ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("n_steps", _B), ("per_step_ns", _D), ("gpu_ns", _B),
+             ("gpu_per_step_ns", _D), ("gpu_ops", _B), ("gpu_span_ns", _B))),
     Summary("map_api_table", "api_table",
             (("rank", _I), ("api", _V), ("name", _V), ("tid", _B), ("thread", _V), ("role", _V), ("n", _B),
              ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D), ("min_ns", _B), ("max_ns", _B), ("std_ns", _D),
@@ -55,11 +63,19 @@ SUMMARIES = (
             (("rank", _I), ("tid", _B), ("thread", _V), ("role", _V), ("span_ns", _B), ("launch_ns", _B),
              ("sync_ns", _B), ("wait_ns", _B), ("blocked_ns", _B), ("n_steps", _B), ("top_wait", _V),
              ("blocked_per_step_ns", _D), ("blocked_pct", _D), ("launch_pct", _D))),
+    Summary("map_sync_copies", "sync_copies",
+            (("rank", _I), ("what", _V), ("n", _B), ("api_ns", _B), ("gpu_ns", _B), ("bytes", _B), ("n_steps", _B),
+             ("top_api", _V))),
+    Summary("map_sync_api_calls", "sync_api_calls",
+            (("rank", _I), ("name", _V), ("n", _B), ("ns", _B), ("max_ns", _B), ("n_steps", _B))),
+    # Slice bounds on the rank's own clock, shifted by the analysis.
+    Summary("map_gpu_slices", "gpu_slices",
+            (("rank", _I), ("slice", _B), ("s", _B), ("e", _B), ("busy_ns", _B), ("util_pct", _D))),
 )
 BY_TABLE = {s.table: s for s in SUMMARIES}
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("98_api_osrt.sql",)
+SQL_FILES = ("92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

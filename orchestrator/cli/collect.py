@@ -54,7 +54,8 @@ def options(a: argparse.Namespace, **more: Any) -> CollectOptions:
         array = ArrayOptions(cluster=config, time=a.time, cpus=a.task_cpus, chunk=a.chunk, timeout_s=a.timeout)
     return CollectOptions(layout=Layout.parse(getattr(a, "layout", None)), nsys=a.nsys, workers=a.workers,
                           keep_env=a.keep_env, engine=a.engine, align=a.align_clocks, console=err,
-                          parts=bool(getattr(a, "parts", False)), array=array, **more)
+                          parts=bool(getattr(a, "parts", False)), array=array,
+                          summaries=getattr(a, "map_stats", None), **more)
 
 
 @contextmanager
@@ -159,6 +160,9 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunk", type=_count, help="with --on-cluster: reports per array task "
                    "(default: enough for at most 1000 tasks)")
     g.add_argument("--timeout", type=float, help="with --on-cluster: stop waiting for the array after this many s")
+    g.add_argument("--map-stats", action=argparse.BooleanOptionalAction, default=None,
+                   help="each map also computes its rank's API/OS-runtime and thread tables, so that the report "
+                        "need not read every call (default: with --on-cluster only)")
     timings_opt(p)
 
 

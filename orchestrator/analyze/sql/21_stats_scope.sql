@@ -1,12 +1,18 @@
 -- The nsys-stats tables across ranks, part 0: their scope and the cross-rank comparison,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
 -- Its own file so that those tables need not wait for the phase table (schedule.py).
--- Reads: ranks (all but missing), steps, first_step, win, params, in_selected.
+-- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
 --       and the window `win` without steps); params.stats_scope = 'capture': everything (what
 --       `nsys stats` sums, used to check orch against it)
 --   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
+--   rank_pid(rank, pid)  the rank's process: the one whose thread drives the steps (the pid in
+--       ranks can come from a file name), else ranks.pid
+--   map_ranks(rank, off)  ranks whose per-rank tables the map computed in this very scope
+--       (analyze/summaries.py): map_scope on the rank's own clock + off (the store's clock offset
+--       and correction of the rank) equals stats_cpu and stats_gpu, with the same step count and
+--       process; the stats files take those ranks' rows from the map and compute the others
 --   loo_ref(tbl)   table macro over (rank, key, x): per rank and key, the median and MAD of the
 --       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other;
 --       past 16 ranks the median and MAD of all ranks, which one rank barely moves)
@@ -30,6 +36,20 @@ SELECT c.rank,
        CASE WHEN p.stats_scope = 'capture' THEN c.s ELSE coalesce(w.w0, c.s) END AS s,
        CASE WHEN p.stats_scope = 'capture' THEN c.e ELSE coalesce(w.w1, c.e) END AS e, c.n_steps
 FROM stats_cpu c CROSS JOIN params p LEFT JOIN win w USING (rank);
+
+CREATE OR REPLACE TABLE rank_pid AS
+SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
+FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
+
+CREATE OR REPLACE TABLE map_ranks AS
+WITH k AS (
+    SELECT m.*, r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) AS off
+    FROM map_scope m JOIN ranks r USING (rank)
+)
+SELECT k.rank, k.off
+FROM k JOIN stats_cpu c USING (rank) JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank)
+WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = g.s AND k.ge + k.off = g.e
+  AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = p.pid;
 
 CREATE OR REPLACE MACRO loo_ref(tbl) AS TABLE
 WITH t AS (SELECT rank, key, x FROM query_table(tbl)),

@@ -1,12 +1,17 @@
 -- The nsys-stats tables across ranks, part 1: the phase table (`nsys stats -r nvtx_sum` +
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
--- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length.
+-- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length, map_ranks,
+-- map_phase_rows.
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
---       stats_cpu; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);
+--       stats_cpu, of the ranks not in map_ranks; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);
 --       gid numbers the groups (integers sort and hash faster than names, for the joins below)
 --   phase_ops(rank, gid, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
+--   phase_rows(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
+--       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns)  the per-rank part of
+--       phase_table: computed from phase_inst and phase_ops, and for map_ranks the map's
+--       (map_phase_rows)
 --   phase_table(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
 --       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns, cpu_median_ns, gpu_median_ns,
 --       cpu_outlier, gpu_outlier)
@@ -19,7 +24,7 @@ CREATE OR REPLACE TABLE phase_inst AS
 WITH n AS MATERIALIZED (
     SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth, n.text,
            CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END AS pre
-    FROM nvtx n JOIN stats_cpu c USING (rank)
+    FROM nvtx n JOIN stats_cpu c USING (rank) ANTI JOIN map_ranks k ON k.rank = n.rank
     WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e
 ), names AS (  -- grouped once per distinct name (thousands, for a million ranges)
     SELECT pre, text, grp, CAST(dense_rank() OVER (ORDER BY grp) AS INTEGER) AS gid
@@ -53,7 +58,7 @@ WITH c AS MATERIALIZED (  -- gpu_ops carries its launch (14_gpu_ops.sql)
 SELECT ks.rank, ks.gid, c.s, c.e, ks.tid, ks.start AS inst
 FROM ks JOIN c ON c.rank = ks.rank AND c.tid = ks.tid AND c.k = ks.k;
 
-CREATE OR REPLACE TABLE phase_table AS
+CREATE OR REPLACE TABLE phase_rows AS
 WITH cpu AS (
     SELECT p.rank, p.gid, any_value(p.grp) AS grp, count(*) AS n, sum(p."end" - p.start) AS total_ns,
            avg(p."end" - p.start) AS mean_ns, median(p."end" - p.start) AS med_ns, min(p."end" - p.start) AS min_ns,
@@ -66,12 +71,17 @@ WITH cpu AS (
     SELECT rank, gid, sum(n) AS gpu_ops, sum(span) AS gpu_span_ns FROM (
         SELECT rank, gid, count(*) AS n, max(e) - min(s) AS span FROM phase_ops GROUP BY rank, gid, tid, inst)
     GROUP BY ALL
-), t AS (
-    SELECT cpu.*, cpu.total_ns / cpu.n_steps AS per_step_ns, coalesce(gpu.gpu_ns, 0) AS gpu_ns,
-           coalesce(gpu.gpu_ns, 0) / cpu.n_steps AS gpu_per_step_ns, coalesce(inst.gpu_ops, 0) AS gpu_ops,
-           coalesce(inst.gpu_span_ns, 0) AS gpu_span_ns
-    FROM cpu LEFT JOIN gpu USING (rank, gid) LEFT JOIN inst USING (rank, gid)
-), absent AS (  -- a range a rank never opens costs it nothing: zero is its reference there, so a
+)
+SELECT cpu.* EXCLUDE (gid), cpu.total_ns / cpu.n_steps AS per_step_ns, coalesce(gpu.gpu_ns, 0) AS gpu_ns,
+       coalesce(gpu.gpu_ns, 0) / cpu.n_steps AS gpu_per_step_ns, coalesce(inst.gpu_ops, 0) AS gpu_ops,
+       coalesce(inst.gpu_span_ns, 0) AS gpu_span_ns
+FROM cpu LEFT JOIN gpu USING (rank, gid) LEFT JOIN inst USING (rank, gid)
+UNION ALL BY NAME
+SELECT * FROM map_phase_rows SEMI JOIN map_ranks USING (rank);
+
+CREATE OR REPLACE TABLE phase_table AS
+WITH t AS (SELECT * FROM phase_rows),
+absent AS (  -- a range a rank never opens costs it nothing: zero is its reference there, so a
     -- range only the slow rank has (an extra evaluation, a hang) is an outlier on that rank
     SELECT c.rank, g.grp FROM stats_cpu c CROSS JOIN (SELECT DISTINCT grp FROM t) g
     ANTI JOIN t ON t.rank = c.rank AND t.grp = g.grp
@@ -82,7 +92,7 @@ WITH cpu AS (
    rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg')),
    med AS (SELECT grp, median(coalesce(per_step_ns, total_ns)) AS cpu_median_ns,
                   median(coalesce(gpu_per_step_ns, gpu_ns)) AS gpu_median_ns FROM t GROUP BY grp)
-SELECT t.* EXCLUDE (gid), med.cpu_median_ns, med.gpu_median_ns,
+SELECT t.*, med.cpu_median_ns, med.gpu_median_ns,
        is_outlier(coalesce(t.per_step_ns, t.total_ns), rc.ref_med, rc.ref_mad) AS cpu_outlier,
        is_outlier(coalesce(t.gpu_per_step_ns, t.gpu_ns), rg.ref_med, rg.ref_mad) AS gpu_outlier
 FROM t JOIN med USING (grp)

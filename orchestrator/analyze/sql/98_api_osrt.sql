@@ -1,6 +1,7 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
--- thread view of seed 000: which thread launched, which was blocked, per step.
--- Reads: cuda_api, osrt, threads, ranks, stats_cpu, is_sync_api, union_length, steps, map_scope,
+-- thread view of seed 000: which thread launched, which was blocked, per step. The rows of the
+-- ranks in map_ranks are the map's (map_api_table, map_thread_table: analyze/summaries.py).
+-- Reads: cuda_api, osrt, threads, stats_cpu, is_sync_api, union_length, rank_pid, map_ranks,
 -- map_api_table, map_thread_table. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
@@ -8,8 +9,8 @@
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
 --   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
 --   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu, of
---       the ranks the map did not summarize (_api_mapped); api = cuda|osrt; CUDA names without
---       nsys's `_vNNNN` suffix; blocking = is_sync_api (CUDA) or is_wait_call (OS)
+--       the ranks not in map_ranks; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
+--       blocking = is_sync_api (CUDA) or is_wait_call (OS)
 --   api_table(rank, api, name, tid, thread, role, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
 --       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
 --       else per thread; pct = share of the rank's time in that api
@@ -19,11 +20,7 @@
 --       CUDA calls (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union
 --       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
 --       the scope (or the thread's own first..last call for the whole capture)
---   _rank_pid(rank, pid)  the rank's process
---   _api_mapped(rank)  ranks whose api_table and thread_table rows the map computed in this very
---       scope (analyze/summaries.py): map_scope on the rank's clock + the store's offset = stats_cpu,
---       same step count and process; their rows are taken as they are
---   _api_scope(rank, s, e, n_steps)  stats_cpu of the other ranks: what is computed here
+--   _api_scope(rank, s, e, n_steps)  stats_cpu of the ranks not in map_ranks: computed here
 --   _thread_names(rank, tid, thread, role)  thread names of the rank's process
 --   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
 --   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones
@@ -40,21 +37,8 @@ CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
--- The rank's process: the one whose thread drives the steps (the pid in ranks can come from a
--- file name), else ranks.pid.
-CREATE OR REPLACE TABLE _rank_pid AS
-SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
-FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
-
-CREATE OR REPLACE TABLE _api_mapped AS
-SELECT c.rank
-FROM stats_cpu c JOIN ranks r USING (rank) JOIN _rank_pid p USING (rank) JOIN map_scope m USING (rank)
-WHERE m.s + r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) = c.s
-  AND m.e + r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) = c.e
-  AND m.n_steps IS NOT DISTINCT FROM c.n_steps AND m.pid = p.pid;
-
 CREATE OR REPLACE TABLE _api_scope AS
-SELECT * FROM stats_cpu ANTI JOIN _api_mapped USING (rank);
+SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);
 
 -- Names are cleaned and classified once per distinct name (a few dozen), not per call.
 CREATE OR REPLACE TABLE api_names AS
@@ -75,7 +59,7 @@ WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 CREATE OR REPLACE TABLE _thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
-FROM threads t JOIN _rank_pid r USING (rank)
+FROM threads t JOIN rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
 CREATE OR REPLACE TABLE api_table AS
@@ -91,7 +75,7 @@ SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_n
        100.0 * t.total_ns / sum(CASE WHEN t.tid IS NULL THEN t.total_ns END) OVER (PARTITION BY t.rank, t.api) AS pct
 FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid
 UNION ALL BY NAME
-SELECT * FROM map_api_table SEMI JOIN _api_mapped USING (rank);
+SELECT * FROM map_api_table SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE _thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking
@@ -124,4 +108,4 @@ SELECT *, blocked_ns / n_steps AS blocked_per_step_ns,
        100.0 * blocked_ns / nullif(span_ns, 0) AS blocked_pct, 100.0 * launch_ns / nullif(span_ns, 0) AS launch_pct
 FROM t
 UNION ALL BY NAME
-SELECT * FROM map_thread_table SEMI JOIN _api_mapped USING (rank);
+SELECT * FROM map_thread_table SEMI JOIN map_ranks USING (rank);

@@ -2,14 +2,16 @@
 from ONE real export (scripts/bench.py's generator: per-rank clock skew, shift, jitter).
 
     python scripts/bench_scale.py [--ranks 128 512 2048] [--source PATH.sqlite[.gz]] [--workers 2]
+        [--map-stats --json docs/scale_map_stats.json]
 
 Per N, each phase in a fresh child process (peak RSS is that process's; the map's pool
 workers are reported separately): (1) map: every rank -> Parquet parts in a local pool of
 `--workers` processes (the same function a Slurm array task runs); (2) reduce: the parts ->
 the DuckDB store (a re-run with every part fresh: discover + freshness checks + reduce);
 (3) analysis of the store (every metric of the report). Plus `nsys export` cost of a real
-.nsys-rep made here with nsys, when nsys exists. Writes docs/scale.json and prints a
-Markdown table for docs/scale.md.
+.nsys-rep made here with nsys, when nsys exists. `--map-stats`: every map also computes its
+rank's per-rank statistics (analyze/summaries.py), which the analysis then takes instead of
+computing them. Writes docs/scale.json and prints a Markdown table for docs/scale.md.
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ def default_source() -> Path:
     return REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
 
 
-def phase_collect(d: Path, out: Path, workers: int) -> dict:
+def phase_collect(d: Path, out: Path, workers: int, map_stats: bool = False) -> dict:
     from rich.console import Console
 
     from orchestrator.collect.collect import collect_parts
     from orchestrator.layout import Layout
 
-    res = collect_parts([d], out, layout=Layout(), workers=workers, console=Console(stderr=True, quiet=True))
+    res = collect_parts([d], out, layout=Layout(), workers=workers, console=Console(stderr=True, quiet=True),
+                        summaries=map_stats)
     n = len(list(d.glob("*.sqlite")))
     assert len(res.ok_ranks) == n, [m.probe.error or m.notes for m in res.bad[:3]]
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -70,7 +73,8 @@ def parts_stats(out: Path) -> dict:
     parquet = sum(m["part_bytes"] for m in metas)
     return {"events": rows, "parquet_bytes": parquet, "meta_bytes": du(out / "parts" / "reports"),
             "files": sum(len(m["files"]) for m in metas), "store_bytes": (out / "profile.duckdb").stat().st_size,
-            "extract_s_mean": sum(m["seconds"]["extract"] + m["seconds"]["probe"] for m in metas) / len(metas)}
+            "extract_s_mean": sum(m["seconds"]["extract"] + m["seconds"]["probe"] for m in metas) / len(metas),
+            "summarize_s_mean": sum(m["seconds"]["summarize"] for m in metas) / len(metas)}
 
 
 def bench_export() -> dict | None:
@@ -104,13 +108,14 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=default_source())
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "scale.json")
+    ap.add_argument("--map-stats", action="store_true", help="the maps compute the per-rank statistics too")
     a = ap.parse_args()
     results = []
     for n in a.ranks:
         d = dataset(n, 1, a.source)
         out = Path(tempfile.mkdtemp(prefix=f"orch-scale-{n}-", dir=CACHE))
-        m = run_phase(phase_collect, d, out, a.workers)  # map (all) + reduce
-        r = run_phase(phase_collect, d, out, a.workers)  # reduce (every part fresh)
+        m = run_phase(phase_collect, d, out, a.workers, a.map_stats)  # map (all) + reduce
+        r = run_phase(phase_collect, d, out, a.workers, a.map_stats)  # reduce (every part fresh)
         z = run_phase(phase_analyze, out)
         st = parts_stats(out)
         src = sum(f.stat().st_size for f in d.glob("*.sqlite"))
@@ -120,13 +125,14 @@ def main() -> None:
                "parquet_bytes_per_rank": st["parquet_bytes"] / n, "meta_bytes_per_rank": st["meta_bytes"] / n,
                "parquet_bytes_per_event": st["parquet_bytes"] / st["events"], "events": st["events"],
                "files": st["files"], "store_bytes_per_rank": st["store_bytes"] / n,
-               "extract_s_per_rank": st["extract_s_mean"], "reused_on_rerun": r["reused"]}
+               "extract_s_per_rank": st["extract_s_mean"], "summarize_s_per_rank": st["summarize_s_mean"],
+               "reused_on_rerun": r["reused"]}
         results.append(row)
         print(json.dumps(row), flush=True)
         shutil.rmtree(out, ignore_errors=True)
     export = bench_export()
     base = results[0]
-    doc = {"source": str(a.source.name), "workers": a.workers, "cores": os.cpu_count(),
+    doc = {"source": str(a.source.name), "workers": a.workers, "cores": os.cpu_count(), "map_stats": a.map_stats,
            "duckdb_memory": memory_limit(), "results": results,
            "export": export,
            "scaling": {f"{r['ranks']}/{base['ranks']}": {"ranks_x": r["ranks"] / base["ranks"],

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import duckdb
 
-SQL = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql" / "67_capture_overhead.sql"
+from orchestrator.analyze.model_overhead import RankOverhead, overhead_line
+
+SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql"
+SQL = SQL_DIR / "67_capture_overhead.sql"
 CALL_NS = 7600
 WINDOW_NS = 1_000_000_000
 
@@ -30,6 +33,7 @@ def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[
             con.execute("INSERT INTO profiler_overhead VALUES (?, ?, ?)",
                         [rk, WINDOW_NS - profiler_ns[rk], WINDOW_NS + 7_000_000])
         con.execute("INSERT INTO small_gaps VALUES (?, 10, ?)", [rk, gaps_ns[rk]])
+    con.execute((SQL_DIR / "00_macros.sql").read_text())  # loo_ref
     con.execute(SQL.read_text())
     return {r[0]: dict(zip([d[0] for d in con.description], r, strict=True))
             for r in con.execute("SELECT * FROM capture_overhead ORDER BY rank").fetchall()}
@@ -65,3 +69,28 @@ def test_one_rank_far_above_the_others_is_distorted() -> None:
     assert [even[r]["distorted"] for r in range(4)] == want(even) == [False] * 4
     high = _overhead(calls({0: 0.06, 1: 0.06}), {}, {0: WINDOW_NS, 1: WINDOW_NS})
     assert [high[r]["distorted"] for r in range(2)] == want(high) == [True, True]
+
+
+def test_past_16_ranks_the_reference_is_every_rank() -> None:
+    """19 ranks at 1 % and one at 3.5 %: the reference is the median of all 20 ranks (1 %), not
+    a pair per two ranks (which would grow with ranks squared); the one rank is flagged."""
+    share = {r: 0.01 for r in range(20)} | {7: 0.035}
+    got = _overhead({r: round(s * WINDOW_NS / CALL_NS) for r, s in share.items()}, {},
+                    {r: WINDOW_NS for r in share})
+    assert [r for r, row in got.items() if row["distorted"]] == [7]
+
+
+def test_header_line_names_what_the_estimate_is_made_of() -> None:
+    """The header says where a distorted rank's estimate comes from: nsys' own recorded time,
+    the per-call cost, or both; no line when no rank is distorted."""
+    def rank(rk: int, profiler_ms: float, est_ms: float, calls: int, distorted: bool = True) -> RankOverhead:
+        return RankOverhead(rank=rk, window_ms=1000.0, profiler_ms=profiler_ms, api_calls=calls, launches=0,
+                            est_ms=est_ms, share_pct=est_ms / 10, distorted=distorted)
+    flush = overhead_line([rank(3, 80.0, 80.0, 0), rank(4, 0.0, 1.0, 10, False)], CALL_NS)
+    assert flush == ("capture overhead ≈ 8 % of the window on rank 3 (estimated: 80 ms of nsys' own "
+                     "PROFILER_OVERHEAD): step times are inflated")
+    both = overhead_line([rank(0, 2.0, 78.0, 10_000), rank(1, 0.0, 60.0, 8_000)], CALL_NS)
+    assert both == ("capture overhead ≈ 8 % of the window on rank 0 (1 other rank(s) too) (estimated: 2 ms of "
+                    "nsys' own PROFILER_OVERHEAD + 10,000 traced CUDA calls at ~7.6 µs, 76 ms): step times are "
+                    "inflated, launch gaps partly nsys' own")
+    assert overhead_line([rank(0, 0.0, 1.0, 10, False)], CALL_NS) == ""

@@ -9,6 +9,7 @@ import pkgutil
 import orchestrator.analyze.rules as rules_pkg
 from orchestrator.analyze.model import Finding, Imbalance, StageMetrics
 from orchestrator.analyze.rules import registry
+from orchestrator.ranklist import ranges
 from tests.rulekit import context, rank
 
 
@@ -303,3 +304,20 @@ def test_how_the_job_ended_leads_every_finding() -> None:
     assert [f.kind for f in rank_findings([low, costly, outcome])] == ["job_outcome", "cpu_phase_outlier",
                                                                        "gpu_low_util"]
     assert {r.kind for r in registry() if r.leads} == {"job_outcome"}
+
+
+def test_straggler_many_victims_are_ranges() -> None:
+    """39 victims of one root: the title and the evidence give them as rank ranges, one line."""
+    victims = [v for v in range(40) if v != 17]
+    ctx = context([rank(i) for i in range(40)], _cp([(s, 17, 60.0, "data_load", victims) for s in (2, 3)]))
+    (f,) = _run("straggler", ctx)
+    assert f.title == "rank 17 holds up rank(s) 0-16, 18-39 (in `data_load`)" and f.victims == victims
+    assert [e for e in f.evidence if "waited for rank 17" in e] == [
+        "ranks 0-16, 18-39 (39 ranks) waited for rank 17's lateness (directly, or after waiting for a rank that "
+        "waited for it): victims, not the cause"]
+
+
+def test_rank_ranges() -> None:
+    assert [ranges([]), ranges([5]), ranges([4, 0, 2, 1, 2])] == ["", "5", "0-2, 4"]
+    assert ranges(range(0, 40, 2), most=3) == "0, 2, 4, … (20 ranks)"
+    assert ranges(range(0, 40, 2), most=None).count(",") == 19

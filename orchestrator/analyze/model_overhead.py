@@ -35,15 +35,20 @@ class CaptureOverhead(Strict):
         return max(self.ranks, key=lambda r: r.share_pct, default=None)
 
 
-def overhead_line(ranks: list[RankOverhead]) -> str:
-    """One sentence for the report's header, naming the worst distorted rank."""
+def overhead_line(ranks: list[RankOverhead], call_ns: int) -> str:
+    """One sentence for the report's header, naming the worst distorted rank and what its
+    estimate is made of (nsys' own recorded time, the per-call cost, or both)."""
     bad = [r for r in ranks if r.distorted]
     if not bad:
         return ""
     w = max(bad, key=lambda r: r.share_pct)
     others = f" ({len(bad) - 1} other rank(s) too)" if len(bad) > 1 else ""
-    return (f"capture overhead ≈ {w.share_pct:.0f} % of the window on rank {w.rank}{others} (nsys per-call cost, "
-            f"estimated: {w.api_calls} traced CUDA calls): step times are inflated, launch gaps partly nsys' own")
+    calls_ms = round(w.est_ms - w.profiler_ms, 3)
+    parts = ([f"{w.profiler_ms:g} ms of nsys' own PROFILER_OVERHEAD"] if w.profiler_ms else []) + (
+        [f"{w.api_calls:,} traced CUDA calls at ~{call_ns / 1000:g} µs, {calls_ms:g} ms"] if calls_ms > 0 else [])
+    effect = "step times are inflated, launch gaps partly nsys' own" if calls_ms > 0 else "step times are inflated"
+    return (f"capture overhead ≈ {w.share_pct:.0f} % of the window on rank {w.rank}{others} (estimated: "
+            f"{' + '.join(parts)}): {effect}")
 
 
 def build_overhead(v: Any) -> CaptureOverhead | None:
@@ -56,5 +61,5 @@ def build_overhead(v: Any) -> CaptureOverhead | None:
                           launches=r["launches"], est_ms=round(r["est_ns"] / 1e6, 3),
                           share_pct=round(100 * r["share"], 2), distorted=bool(r["distorted"]))
              for r in sorted(rows, key=lambda r: r["rank"])]
-    return CaptureOverhead(call_ns=int(v.scalar("SELECT overhead_call_ns()")), ranks=ranks,
-                           line=overhead_line(ranks))
+    call_ns = int(v.scalar("SELECT overhead_call_ns()"))
+    return CaptureOverhead(call_ns=call_ns, ranks=ranks, line=overhead_line(ranks, call_ns))

@@ -15,6 +15,8 @@ fixture).
 
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
+A change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that
+parts of the old shape are mapped again instead of misread.
 """
 
 from __future__ import annotations

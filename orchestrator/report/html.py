@@ -16,6 +16,7 @@ from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.analyze.model_columns import html_columns
 from orchestrator.analyze.model_timeline import Extras, step_times
 from orchestrator.analyze.pick import by_findings, pick_ranks
+from orchestrator.ranklist import ranges
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
@@ -138,8 +139,8 @@ def timeline(report: Report, extras: Extras | None) -> str:
 def _findings(report: Report) -> str:
     rows = "".join(
         f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
-        f'<td>{_e(", ".join(map(str, f.ranks)))}'
-        + (f"<br>victims: {_e(', '.join(map(str, f.victims[:20])))}" if f.victims else "") + "</td><td><ul>"
+        f'<td>{_e(ranges(f.ranks, None))}'
+        + (f"<br>victims: {_e(ranges(f.victims))}" if f.victims else "") + "</td><td><ul>"
         + "".join(f"<li>{_e(e)}</li>" for e in f.evidence)
         + f"</ul></td><td>{_e(f.fix)}</td></tr>"
         for f in report.findings)

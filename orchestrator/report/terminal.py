@@ -21,6 +21,7 @@ from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.analyze.model_columns import Terminal, terminal_columns
 from orchestrator.analyze.pick import by_findings
 from orchestrator.analyze.pick import pick_ranks as pick
+from orchestrator.ranklist import ranges
 from orchestrator.report.comm_terminal import print_comm
 from orchestrator.report.critical_terminal import critical_lines
 from orchestrator.report.memory_terminal import print_memory
@@ -89,12 +90,9 @@ def _findings(report: Report, console: Console, wide: bool) -> None:
         return
     console.print("[bold]findings[/bold] (most costly first)")
     for i, f in enumerate(report.findings, 1):
-        victims = f.victims if wide or len(f.victims) <= 8 else [*f.victims[:8]]
-        more_v = f" +{len(f.victims) - len(victims)}" if len(victims) < len(f.victims) else ""
-        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks "
-                      f"{', '.join(map(str, f.ranks[:8 if not wide else None]))}"
-                      + (f"; victims {', '.join(map(str, victims))}{more_v}" if f.victims else "") + ")",
-                      highlight=False)
+        most = None if wide else 8
+        console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks {ranges(f.ranks, most)}"
+                      + (f"; victims {ranges(f.victims, most)}" if f.victims else "") + ")", highlight=False)
         shown = f.evidence if wide else f.evidence[:EVIDENCE]
         for e in shown:
             _line(console, f"   - {plain(e)}", wide)

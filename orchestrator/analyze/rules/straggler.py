@@ -21,6 +21,7 @@ from orchestrator.analyze.rules.base import (
     ns_to_ms,
     severity_for,
 )
+from orchestrator.ranklist import ranges
 
 NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare rank {rk}'s kernel times and GPU "
                 "clocks with the others (nvidia-smi -q -d CLOCK,PERFORMANCE: throttling, ECC, PCIe/NVLink), its "
@@ -48,6 +49,8 @@ class Straggler(Rule):
     # A CPU range (or work between steps) is named as the cause when the steps it explains hold at
     # least this share of the excess; otherwise the root's GPU was computing.
     cause_share: float = 0.3
+    # Victims that the collectives' statistics call late get a line each, up to this many.
+    shown_late_victims: int = 8
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         roots = ctx.views.rows("cp_roots")
@@ -90,11 +93,7 @@ class Straggler(Rule):
             if s:
                 evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
                                 f"1 in {s.group_size}; p={s.p_value:.2g}), median {s.median_lateness_ms} ms late")
-            for v in victims:
-                vs = stats.get(v)
-                late = f"started last in {vs.late_count} of {vs.collectives} collectives, but " if vs else ""
-                evidence.append(f"rank {v} {late}waited for rank {rk}'s lateness (directly, or after waiting "
-                                "for a rank that waited for it): a victim, not the cause")
+            evidence += self._victims(rk, victims, stats)
             severity: Severity = severity_for(pct)
             shared = self._shared(ctx, phase)
             if shared:
@@ -104,7 +103,7 @@ class Straggler(Rule):
                 severity = "medium" if severity == "high" else severity
             where = f" (in `{phase}`)" if phase != COMPUTE else " (GPU computing)"
             title = (f"rank {rk} is a straggler{where}" if s else
-                     f"rank {rk} holds up rank(s) {', '.join(map(str, victims))}{where}")
+                     f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
             out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase), ns_to_ms(created),
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
@@ -112,6 +111,22 @@ class Straggler(Rule):
         for phase, fs in by_shared.items():  # ranks that take turns in a shared cause: one finding
             if len(fs) > 1:
                 out = [f for f in out if f not in fs] + [self._turns(ctx, phase, fs)]
+        return out
+
+    def _victims(self, rk: int, victims: list[int], stats: dict) -> list[str]:
+        """A line for each victim that looks late by the collectives' statistics (up to
+        `shown_late_victims`), one line for all the others, as rank ranges."""
+        late = [v for v in victims if v in stats][: self.shown_late_victims]
+        out = [f"rank {v} started last in {stats[v].late_count} of {stats[v].collectives} collectives, but waited "
+               f"for rank {rk}'s lateness (directly, or after waiting for a rank that waited for it): a victim, "
+               "not the cause" for v in late]
+        rest = [v for v in victims if v not in late]
+        if len(rest) == 1:
+            out.append(f"rank {rest[0]} waited for rank {rk}'s lateness (directly, or after waiting for a rank that "
+                       "waited for it): a victim, not the cause")
+        elif rest:
+            out.append(f"ranks {ranges(rest)} ({len(rest):,} ranks) waited for rank {rk}'s lateness (directly, or "
+                       "after waiting for a rank that waited for it): victims, not the cause")
         return out
 
     def _turns(self, ctx: Context, phase: str, fs: list[Finding]) -> Finding:

@@ -12,6 +12,9 @@
 --   union_length(tbl)          table macro: the length of that union per (rank, cls)
 --   overlapping(dis, ivs)      table macro: each interval of ivs with each of dis it overlaps
 --   binom_tail(k, n, p)        P(X >= k) for X ~ Binomial(n, p)
+--   loo_ref(tbl)               table macro over (rank, key, x): per rank and key, the median and MAD
+--       of the OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the
+--       other; past 16 ranks the median and MAD of all ranks, which one rank barely moves)
 
 -- An NCCL kernel (collective or point-to-point), from the kernel's short name. Classified
 -- here, at analysis time, so a new rule never needs a new collect.
@@ -108,3 +111,25 @@ SELECT i.* EXCLUDE (i_id), p.d_s, p.d_e FROM p JOIN i USING (i_id);
 CREATE OR REPLACE MACRO binom_tail(k, n, p) AS CASE WHEN k <= 0 THEN 1.0 ELSE least(1.0, (
     SELECT sum(exp(lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) + i * ln(p) + (n - i) * ln(1 - p)))
     FROM range(CAST(k AS BIGINT), CAST(n AS BIGINT) + 1) r(i))) END;
+
+-- What a rank's value is compared with: the other ranks' median and MAD of the same key (the
+-- stats tables' outliers, a rank's capture overhead against the others').
+CREATE OR REPLACE MACRO loo_ref(tbl) AS TABLE
+WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
+n AS (SELECT key, count(*) AS n FROM t GROUP BY key),
+-- Up to 16 ranks per key: leave-one-out (ranks x ranks pairs, cheap at that size).
+small AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n <= 16),
+pairs AS (SELECT a.rank, a.key, b.x FROM small a JOIN small b ON a.key = b.key AND a.rank <> b.rank),
+med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key),
+loo AS (
+    SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
+    FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key
+),
+-- More ranks: one rank barely moves the median, and pairs would grow with ranks squared
+-- (2,048 ranks x 50 kernels = 200 M rows): the median and MAD of all ranks instead.
+big AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n > 16),
+gmed AS (SELECT key, median(x) AS ref_med FROM big GROUP BY key),
+gmad AS (SELECT b.key, median(abs(b.x - g.ref_med)) AS ref_mad FROM big b JOIN gmed g USING (key) GROUP BY b.key)
+SELECT * FROM loo
+UNION ALL
+SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);

@@ -1,4 +1,4 @@
--- The nsys-stats tables across ranks, part 0: their scope and the cross-rank comparison,
+-- The nsys-stats tables across ranks, part 0: their scope and the cross-rank outlier test,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
 -- Its own file so that those tables need not wait for the phase table (schedule.py).
 -- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope.
@@ -13,9 +13,6 @@
 --       (analyze/summaries.py): map_scope on the rank's own clock + off (the store's clock offset
 --       and correction of the rank) equals stats_cpu and stats_gpu, with the same step count and
 --       process; the stats files take those ranks' rows from the map and compute the others
---   loo_ref(tbl)   table macro over (rank, key, x): per rank and key, the median and MAD of the
---       OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the other;
---       past 16 ranks the median and MAD of all ranks, which one rank barely moves)
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
 
 CREATE OR REPLACE TABLE stats_cpu AS
@@ -50,26 +47,6 @@ SELECT k.rank, k.off
 FROM k JOIN stats_cpu c USING (rank) JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank)
 WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = g.s AND k.ge + k.off = g.e
   AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = p.pid;
-
-CREATE OR REPLACE MACRO loo_ref(tbl) AS TABLE
-WITH t AS (SELECT rank, key, x FROM query_table(tbl)),
-n AS (SELECT key, count(*) AS n FROM t GROUP BY key),
--- Up to 16 ranks per key: leave-one-out (ranks x ranks pairs, cheap at that size).
-small AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n <= 16),
-pairs AS (SELECT a.rank, a.key, b.x FROM small a JOIN small b ON a.key = b.key AND a.rank <> b.rank),
-med AS (SELECT rank, key, median(x) AS ref_med FROM pairs GROUP BY rank, key),
-loo AS (
-    SELECT p.rank, p.key, any_value(m.ref_med) AS ref_med, median(abs(p.x - m.ref_med)) AS ref_mad
-    FROM pairs p JOIN med m USING (rank, key) GROUP BY p.rank, p.key
-),
--- More ranks: one rank barely moves the median, and pairs would grow with ranks squared
--- (2,048 ranks x 50 kernels = 200 M rows): the median and MAD of all ranks instead.
-big AS (SELECT t.* FROM t JOIN n USING (key) WHERE n.n > 16),
-gmed AS (SELECT key, median(x) AS ref_med FROM big GROUP BY key),
-gmad AS (SELECT b.key, median(abs(b.x - g.ref_med)) AS ref_mad FROM big b JOIN gmed g USING (key) GROUP BY b.key)
-SELECT * FROM loo
-UNION ALL
-SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);
 
 CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

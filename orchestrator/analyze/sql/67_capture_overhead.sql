@@ -9,14 +9,14 @@
 -- are about half the calls, so the fit cannot tell them apart. The added CPU time only
 -- lengthens the window where the GPU waited on the CPU, so the call term is capped by the
 -- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it.
--- Reads: win, cuda_api, profiler_overhead, small_gaps. Provides:
+-- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref. Provides:
 --   overhead_call_ns()  nsys's cost per traced CUDA call, ns (the calibrated constant)
 --   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, share,
 --       distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
 --       api_calls = CUDA calls starting in it (any thread), launches = the kernel and graph
 --       launches among them; est_ns = profiler_ns + least(api_calls * overhead_call_ns(),
 --       launch_gap_ns); share = est_ns / window_ns; distorted: share > 5 %, or above 3x the
---       other ranks' median share (and above 2 %)
+--       other ranks' median share (and above 2 %; past 16 ranks the median of all: loo_ref)
 CREATE OR REPLACE MACRO overhead_call_ns() AS 7600;
 
 CREATE OR REPLACE TABLE capture_overhead AS
@@ -40,10 +40,8 @@ WITH api AS (
     WHERE w.w1 > w.w0
 ), shared AS (
     SELECT *, est_ns / window_ns AS share FROM est
-), others AS (  -- each rank against the median of the other ranks
-    SELECT a.rank, median(b.share) AS others_share
-    FROM shared a JOIN shared b ON b.rank <> a.rank GROUP BY a.rank
-)
+), x AS (SELECT rank, 'share' AS key, share AS x FROM shared),
+others AS (SELECT rank, ref_med AS others_share FROM loo_ref('x'))
 SELECT s.rank, s.window_ns, s.profiler_ns, s.api_calls, s.launches, s.launch_gap_ns, s.est_ns, s.share,
        (s.share > 0.05 OR (s.share > 0.02 AND s.share > 3 * coalesce(o.others_share, 1))) AS distorted
 FROM shared s LEFT JOIN others o USING (rank);

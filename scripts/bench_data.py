@@ -88,6 +88,21 @@ def make_template(source: Path, repeat: int, dest: Path) -> None:
     con.close()
 
 
+def timed_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
+    """Every source table orch reads times from (the registry's tables with shifted columns,
+    PROFILER_OVERHEAD and GPU memory included), with the time columns this export has: a
+    synthetic rank moves all of them, or its profiler flushes land elsewhere than its events."""
+    from orchestrator.collect.tables import TABLES
+
+    have = _tables(con)
+    out = {}
+    for t in TABLES.values():
+        if t.shifted and t.source in have:
+            cols = {r[1] for r in con.execute(f"PRAGMA table_info({t.source})")}
+            out[t.source] = [c for c in ("start", "end", "timestamp") if c in cols]
+    return {t: cols for t, cols in out.items() if cols}
+
+
 def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Random) -> None:
     """A copy with its own rank, session start (clock skew) and a few ms of jitter."""
     shutil.copy(template, dest)
@@ -95,9 +110,8 @@ def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Ran
     skew = rng.randint(-2_000_000_000, 2_000_000_000)
     con.execute("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = utcEpochNs + ?", [skew])
     shift = -skew + rng.randint(0, 3_000_000)
-    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    for t in TIMED & tables:
-        con.execute(f"UPDATE {t} SET start = start + ?, end = end + ?", [shift, shift])
+    for t, cols in timed_columns(con).items():
+        con.execute(f"UPDATE {t} SET " + ", ".join(f"{c} = {c} + ?" for c in cols), [shift] * len(cols))
     con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE value LIKE 'RANK=%'", [f'RANK="{rank}"'])
     con.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE value LIKE 'WORLD_SIZE=%'", [f'WORLD_SIZE="{world}"'])
     con.commit()
@@ -105,7 +119,8 @@ def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Ran
 
 
 def synthetic_dataset(n: int, repeat: int, source: Path) -> Path:
-    d = CACHE / f"{source.name.split('.')[0]}-x{repeat}{'-v2' if repeat > 1 else ''}" / f"n{n}"
+    # -s2: every timed table shifted (timed_columns); older caches moved only the event tables.
+    d = CACHE / f"{source.name.split('.')[0]}-x{repeat}{'-v2' if repeat > 1 else ''}-s2" / f"n{n}"
     if (d / ".complete").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,9 @@ def test_header_line_names_what_the_estimate_is_made_of() -> None:
                      "PROFILER_OVERHEAD): step times are inflated")
     both = overhead_line([rank(0, 2.0, 78.0, 10_000), rank(1, 0.0, 60.0, 8_000)], CALL_NS)
     assert both == ("capture overhead ≈ 8 % of the window on rank 0 (1 other rank(s) too) (estimated: 2 ms of "
-                    "nsys' own PROFILER_OVERHEAD + 10,000 traced CUDA calls at ~7.6 µs, 76 ms): step times are "
-                    "inflated, launch gaps partly nsys' own")
+                    "nsys' own PROFILER_OVERHEAD + 10,000 traced CUDA calls at ~7.6 µs each, 76 ms): step times "
+                    "are inflated, launch gaps partly nsys' own")
+    # 20,000 calls would be 152 ms; the GPU waited only 60 ms between launches
+    capped = overhead_line([rank(2, 0.0, 60.0, 20_000)], CALL_NS)
+    assert "20,000 traced CUDA calls at ~7.6 µs each, capped at the 60 ms of launch gaps)" in capped
     assert overhead_line([rank(0, 0.0, 1.0, 10, False)], CALL_NS) == ""

@@ -44,8 +44,11 @@ def overhead_line(ranks: list[RankOverhead], call_ns: int) -> str:
     w = max(bad, key=lambda r: r.share_pct)
     others = f" ({len(bad) - 1} other rank(s) too)" if len(bad) > 1 else ""
     calls_ms = round(w.est_ms - w.profiler_ms, 3)
+    capped = calls_ms < round(w.api_calls * call_ns / 1e6, 3)  # no more than the GPU waited between launches
+    calls = (f"{w.api_calls:,} traced CUDA calls at ~{call_ns / 1000:g} µs each, "
+             + (f"capped at the {calls_ms:g} ms of launch gaps" if capped else f"{calls_ms:g} ms"))
     parts = ([f"{w.profiler_ms:g} ms of nsys' own PROFILER_OVERHEAD"] if w.profiler_ms else []) + (
-        [f"{w.api_calls:,} traced CUDA calls at ~{call_ns / 1000:g} µs, {calls_ms:g} ms"] if calls_ms > 0 else [])
+        [calls] if calls_ms > 0 else [])
     effect = "step times are inflated, launch gaps partly nsys' own" if calls_ms > 0 else "step times are inflated"
     return (f"capture overhead ≈ {w.share_pct:.0f} % of the window on rank {w.rank}{others} (estimated: "
             f"{' + '.join(parts)}): {effect}")

@@ -16,9 +16,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from orchestrator.analyze.engine import Options
 from tests.conftest import run_orch
 from tests.test_e2e import _job_id, _manifest, _spec
-from tests.test_parts import assert_same_report, assert_same_store
+from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
 
 ARRAY = ["--on-cluster", "--task-cpus", "4", "--chunk", "1", "--timeout", "400"]  # 4 CPUs: one task per node
 
@@ -58,6 +59,10 @@ def test_collect_on_cluster_matches_local(tmp_path: Path, nsys: str, slurm_clust
     metas = [json.loads(f.read_text()) for f in (run / "parts" / "reports").glob("*.json")]
     assert {m["host"] for m in metas} == {"node1", "node2"}
     assert all(m["seconds"]["export"] > 0 and m["export_bytes"] for m in metas)  # nsys export ran on the node
+    # Each task computed its ranks' per-rank statistics (--map-stats, on by default here) and
+    # the report takes every rank's from them.
+    assert all(m["summaries"] and m["summary_error"] is None for m in metas)
+    assert mapped_ranks(run / "profile.duckdb", Options()) == [0, 1, 2, 3]
     shutil.copy(run / "profile.duckdb", tmp_path / "cluster.duckdb")
 
     # The in-process collect of the same run (it reuses the exports the array made).

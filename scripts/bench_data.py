@@ -24,8 +24,6 @@ FLOOR5 = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACT
           "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"]
 # Every source table orch reads today (store v2).
 SOURCES = [*FLOOR5, "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "GPU_METRICS", "ThreadNames", "StringIds"]
-TIMED = {"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-         "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS", "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"}
 REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e",
              REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures
 
@@ -65,7 +63,6 @@ def make_template(source: Path, repeat: int, dest: Path) -> None:
     """One rank's export, optionally with its steps repeated `repeat` times (shifted copies)."""
     _unpack(source, dest)
     con = sqlite3.connect(dest)
-    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     con.execute("DROP TABLE IF EXISTS GPU_METRICS")  # rank 1 of the source has none either
     if repeat > 1:
         # The copied window: the GPU's span, from a little before its first kernel (the launches
@@ -75,14 +72,15 @@ def make_template(source: Path, repeat: int, dest: Path) -> None:
         lo, hi = con.execute("SELECT min(start), max(end) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
         w0 = lo - 50_000_000
         span = hi - w0 + 1_000_000
-        for t in TIMED & tables:
+        for t, timed in timed_columns(con).items():
             cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
             sel = ", ".join(
-                f"{c} + {{k}} * {span}" if c in ("start", "end") else
+                f"{c} + {{k}} * {span}" if c in timed else
                 (f"{c} + {{k}} * 100000000" if c == "correlationId" else c) for c in cols)
+            first, last = timed[0], timed[-1]
             for k in range(1, repeat):
                 con.execute(f"INSERT INTO {t} SELECT {sel.format(k=k)} FROM {t} "
-                            f"WHERE start >= {w0} AND end <= {hi} AND start <= {hi}")
+                            f"WHERE {first} >= {w0} AND {last} <= {hi} AND {first} <= {hi}")
     con.commit()
     con.execute("VACUUM")
     con.close()
@@ -119,7 +117,8 @@ def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Ran
 
 
 def synthetic_dataset(n: int, repeat: int, source: Path) -> Path:
-    # -s2: every timed table shifted (timed_columns); older caches moved only the event tables.
+    # The suffix names what the generator makes (bumped when that changes: a cache is never reused
+    # across generators).
     d = CACHE / f"{source.name.split('.')[0]}-x{repeat}{'-v2' if repeat > 1 else ''}-s2" / f"n{n}"
     if (d / ".complete").exists():
         return d

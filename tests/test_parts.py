@@ -13,7 +13,7 @@ from rich.console import Console
 
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.report import build_report
-from orchestrator.analyze.summaries import BY_TABLE
+from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
 from orchestrator.layout import Layout
@@ -35,7 +35,7 @@ def _groups() -> list[tuple[str, list[Path]]]:
 
 
 def mapped_ranks(store: Path, opts: Options) -> list[int]:
-    """The ranks whose API and thread tables the analysis took from the map (summaries.py)."""
+    """The ranks whose per-rank stats tables the analysis took from the map (summaries.py)."""
     con, _ = analysis(store, opts)
     try:
         return [r for (r,) in con.execute("SELECT rank FROM map_ranks ORDER BY rank").fetchall()]
@@ -53,8 +53,9 @@ def assert_same_store(a: Path, b: Path) -> None:
                                         "WHERE table_catalog = current_database() ORDER BY 1").fetchall()]
     other = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
                                        "WHERE table_catalog = 'other' ORDER BY 1").fetchall()]
-    assert [t for t in tables if t not in BY_TABLE] == [t for t in other if t not in BY_TABLE]
-    for t in (t for t in tables if t not in BY_TABLE and t in other):
+    mapped = {s.table for s in SUMMARIES}
+    assert [t for t in tables if t not in mapped] == [t for t in other if t not in mapped]
+    for t in (t for t in tables if t not in mapped and t in other):
         if t == "meta":
             continue
         assert con.execute(f"DESCRIBE {t}").fetchall() == con.execute(f"DESCRIBE other.{t}").fetchall(), t
@@ -166,13 +167,16 @@ def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: 
     assert_same_report(a, b, opts)
 
 
-def test_map_summary_whose_scope_differs_is_recomputed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", ["n_steps + 1 AS n_steps", "'0123456789abcdef' AS sql"],
+                         ids=["other steps", "other SQL"])
+def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Path) -> None:
     """A rank whose map counted another number of steps (as when the job-wide step detection
-    differs from the rank's own) is computed centrally, the other rank's rows are taken."""
+    differs from the rank's own), or ran another version of the SQL, is computed centrally;
+    the other rank's rows are taken."""
     a, b = _two_paths("real/ddp_slowrank", tmp_path)
     scope = next((tmp_path / "b" / "parts" / "table=map_scope" / "rank=1").glob("*.parquet"))
     con = duckdb.connect()
-    con.execute(f"COPY (SELECT * REPLACE (n_steps + 1 AS n_steps) FROM '{scope}') TO '{scope}.new' (FORMAT parquet)")
+    con.execute(f"COPY (SELECT * REPLACE ({change}) FROM '{scope}') TO '{scope}.new' (FORMAT parquet)")
     con.close()
     Path(f"{scope}.new").replace(scope)
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
@@ -190,3 +194,17 @@ def test_map_summaries_with_aligned_clocks(tmp_path: Path) -> None:
     con.close()
     assert mapped_ranks(b, Options()) == [0, 1]
     assert_same_report(a, b)
+
+
+def test_map_summaries_made_when_asked_and_then_reused(tmp_path: Path) -> None:
+    """Parts mapped without statistics are mapped again when they are asked for, then reused."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in dict(_groups())["real/healthy"]:
+        shutil.copy(f, src / f.name)
+    first = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET)
+    assert first.mapped == 2 and mapped_ranks(first.store, Options()) == []
+    again = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert again.mapped == 2 and mapped_ranks(again.store, Options()) == [0, 1]
+    third = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert third.mapped == 0 and third.reused == 2 and mapped_ranks(third.store, Options()) == [0, 1]

@@ -22,6 +22,7 @@ from orchestrator.analyze.engine import SQL_DIR, Options, Views, analysis
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.analyze.sqlmodules import HeaderError, Module
+from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
 from tests import sqlcheck
@@ -172,3 +173,13 @@ def test_metrics_doc_is_up_to_date() -> None:
     p = subprocess.run([sys.executable, "scripts/gen_metrics_doc.py", "--check"], cwd=REPO,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_map_tables_declare_what_the_analysis_makes(checked: Checked) -> None:
+    """Each map_* table (analyze/summaries.py) has the columns of the analysis table it holds,
+    in order: a column added there and not here would be NULL for every mapped rank."""
+    for s in SUMMARIES:
+        got = [r[0] for r in checked.full.execute(f"DESCRIBE SELECT * FROM {s.source}").fetchall()]
+        assert got == [c for c, _ in s.columns], s.table
+        assert checked.full.execute(f"SELECT count(*) FROM store.{s.table}").fetchone()[0] > 0 or s.table in (
+            "map_sync_copies",), s.table  # this capture has no synchronous copies

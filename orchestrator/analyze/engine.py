@@ -10,6 +10,7 @@ Python only reads the small result views.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -127,14 +128,15 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET asof_loop_join_threshold = 0")
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None) -> None:
+def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None,
+            workers: int | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
     files at the same time (schedule.py). `only`: these files and what they depend on (the
-    map's per-rank tables, summaries.py)."""
+    map's per-rank tables, summaries.py); `workers`: files at once (default schedule.workers)."""
     prepare(con, opts)
     units = _plan() if only is None else schedule.needed(_plan(), only)
     with phase("analyze: SQL (wall)"):
-        schedule.run(con, units, session)
+        schedule.run(con, units, session, workers)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
@@ -149,7 +151,8 @@ def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     lo, hi = opts.steps if opts.steps else (None, None)
     params = (("gap_ns", "BIGINT", int(opts.gap_ms * 1e6)), ("step_lo", "INTEGER", lo), ("step_hi", "INTEGER", hi),
               ("steps_from", "VARCHAR", opts.steps_from), ("microbatches", "INTEGER", opts.microbatches),
-              ("stats_scope", "VARCHAR", opts.stats_scope), ("ended_early", "BOOLEAN", ended_early(con)))
+              ("stats_scope", "VARCHAR", opts.stats_scope), ("ended_early", "BOOLEAN", ended_early(con)),
+              ("map_sql", "VARCHAR", map_sql()))
     # CREATE cannot be PREPAREd: typed literals (sqltext says why values are not bound here).
     con.execute("CREATE OR REPLACE TABLE params AS SELECT "
                 + ", ".join(f"CAST({literal(v)} AS {t}) AS {n}" for n, t, v in params))
@@ -164,6 +167,17 @@ def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
     except duckdb.Error:
         return False
     return bool(row and row[0] and row[0] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN"))
+
+
+@functools.cache
+def map_sql() -> str:
+    """A digest of the SQL that computes the map's per-rank tables (the files they need, in plan
+    order) and of their declared columns: rows a map made with other SQL are never taken."""
+    h = hashlib.sha256()
+    for u in schedule.needed(_plan(), summaries.SQL_FILES):
+        h.update(u.sql.encode())
+    h.update(repr(summaries.SUMMARIES).encode())
+    return h.hexdigest()[:16]
 
 
 @functools.cache
@@ -206,14 +220,19 @@ def check_store_version(con: duckdb.DuckDBPyConnection, store: Path) -> None:
 
 
 def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None = None,
-             only: Sequence[str] | None = None) -> tuple[duckdb.DuckDBPyConnection, Views]:
+             only: Sequence[str] | None = None, threads: int | None = None
+             ) -> tuple[duckdb.DuckDBPyConnection, Views]:
     """Open `store`, run the SQL, and return the connection (caller closes) and its views.
     `writer`: the collect's own connection, still finishing the store (collect.collecting):
-    the analysis runs on a cursor of it instead of opening the file. `only`: see run_sql."""
+    the analysis runs on a cursor of it instead of opening the file. `only`: see run_sql.
+    `threads`: DuckDB's threads and the files run at once (a map task's cores), instead of
+    what the store's size asks for."""
     con = open_store(store) if writer is None else on_writer(writer)
+    if threads is not None:
+        con.execute(f"SET threads = {max(1, threads)}")
     try:
         check_store_version(con, store)
-        run_sql(con, opts, only)
+        run_sql(con, opts, only, workers=threads)
     except duckdb.Error as e:
         con.close()
         raise OrchError(f"analysis failed on {store}: {str(e).splitlines()[0]}; "

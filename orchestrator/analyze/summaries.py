@@ -7,11 +7,11 @@ most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs th
 its one rank with the default options and writes the small results as parts; the reduce stores
 them in the `map_*` tables below. The analysis takes a rank's mapped rows only where the map's
 scopes are the ones it would use itself (the same selected-steps window on the CPU and the GPU
-side, step count and process: map_ranks in 21_stats_scope.sql) and computes the other ranks as
-before: a report with other options (`--steps`, `--steps-from`, the whole capture), a job
-stopped early, a rank whose steps the job-wide detection chose differently, all fall back to
-the central SQL, so the report is the same either way (tests/test_parts.py on every real
-fixture).
+side, step count, process and SQL: map_ranks in 21_stats_scope.sql) and computes the other ranks
+itself: a report with other options (`--steps`, `--steps-from`, the whole capture), a job stopped
+early, a rank whose steps the job-wide detection chose differently, a store mapped by another
+version of these files, all fall back to the central SQL, so the report is the same either way
+(tests/test_parts.py on every real fixture).
 
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
@@ -47,12 +47,11 @@ class Summary:
 _I, _B, _D, _V = "INTEGER", "BIGINT", "DOUBLE", "VARCHAR"
 
 SUMMARIES = (
-    # The key: the scopes the map measured in, on the rank's own clock (the analysis adds the
-    # store's offset: 21_stats_scope.sql, map_ranks), and the rank's process, which names its
-    # main thread.
-    Summary("map_scope", "(SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid FROM stats_cpu c "
-                         "JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank))",
-            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("gs", _B), ("ge", _B), ("pid", _B))),
+    # The key (21_stats_scope.sql, rank_scope): in the map's one-rank store the rank's clock
+    # offset is 0, so its times are on the rank's own clock; the analysis adds the store's.
+    Summary("map_scope", "rank_scope",
+            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("gs", _B), ("ge", _B), ("pid", _B),
+             ("sql", _V))),
     Summary("map_phase_rows", "phase_rows",
             (("rank", _I), ("grp", _V), ("n", _B), ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D),
              ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("n_steps", _B), ("per_step_ns", _D), ("gpu_ns", _B),
@@ -74,7 +73,6 @@ SUMMARIES = (
     Summary("map_gpu_slices", "gpu_slices",
             (("rank", _I), ("slice", _B), ("s", _B), ("e", _B), ("busy_ns", _B), ("util_pct", _D))),
 )
-BY_TABLE = {s.table: s for s in SUMMARIES}
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
 SQL_FILES = ("92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")

@@ -44,6 +44,9 @@ def options(a: argparse.Namespace, **more: Any) -> CollectOptions:
     from orchestrator.layout import Layout
 
     array = None
+    if getattr(a, "map_stats", None) is not None and not _map_reduce(a):
+        flag = "--map-stats" if a.map_stats else "--no-map-stats"
+        raise OrchError(f"{flag} is for the map/reduce collect: add --parts (a local pool) or --on-cluster")
     if getattr(a, "on_cluster", False):
         from orchestrator.spec.load import find_cluster, load_cluster
         from orchestrator.submit.array import ArrayOptions
@@ -161,8 +164,9 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
                    "(default: enough for at most 1000 tasks)")
     g.add_argument("--timeout", type=float, help="with --on-cluster: stop waiting for the array after this many s")
     g.add_argument("--map-stats", action=argparse.BooleanOptionalAction, default=None,
-                   help="each map also computes its rank's API/OS-runtime and thread tables, so that the report "
-                        "need not read every call (default: with --on-cluster only)")
+                   help="with --parts or --on-cluster: each map also computes its rank's phase, API/OS-runtime, "
+                        "thread and nsys-rule tables, so that the report need not read every event (default: "
+                        "with --on-cluster only; statistics already in reused parts are kept either way)")
     timings_opt(p)
 
 

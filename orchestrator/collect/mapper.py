@@ -43,7 +43,6 @@ from orchestrator.collect.parts import (
 )
 from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
-from orchestrator.collect.summarize import try_summarize
 from orchestrator.fsutil import write_json_atomic
 from orchestrator.sqltext import quote
 
@@ -74,11 +73,17 @@ class MapTask:
         return meta_path(self.parts, self.rid)
 
     def fresh(self, meta: dict[str, Any] | None = None) -> bool:
-        """`meta` (default: the one on disk) can be reused for this task: parts.is_fresh, and
-        summaries made when they are asked for."""
+        """`meta` (default: the one on disk) can be reused for this task: parts.is_fresh, and,
+        when summaries are asked for, summaries made without error by today's SQL."""
         meta = read_meta(self.meta) if meta is None else meta
-        return (meta is not None and is_fresh(meta, self.report.origin, self.parts, self.keep_env, self.engine)
-                and not (self.summaries and meta.get("summaries") is None))
+        if meta is None or not is_fresh(meta, self.report.origin, self.parts, self.keep_env, self.engine):
+            return False
+        if not self.summaries:
+            return True
+        from orchestrator.analyze.engine import map_sql  # the analysis engine only when asked for
+
+        return (meta.get("summaries") is not None and not meta.get("summary_error")
+                and meta.get("summary_sql") == map_sql())
 
 
 def _map_rank(r: ReportFile, p: Probe) -> int | None:
@@ -225,9 +230,14 @@ def map_report(task: MapTask) -> dict[str, Any]:
         "notes": notes, "error": error, "engine": used, "keep_env": task.keep_env, "source": stamp,
     }
     summaries: dict[str, str] | None = None
-    meta["summary_error"] = None
-    if task.summaries and files:
-        summaries, meta["summary_error"] = try_summarize(meta, task.parts, rank, rid)
+    meta["summary_error"] = meta["summary_sql"] = None
+    if task.summaries and not error:
+        from orchestrator.analyze.engine import map_sql
+        from orchestrator.collect.summarize import try_summarize  # loads the analysis: only when asked
+
+        summaries, meta["summary_error"] = (try_summarize(meta, task.parts, rank, rid, task.threads)
+                                            if files else ({}, None))
+        meta["summary_sql"] = map_sql()
     t4 = time.perf_counter()
     for f in part_files(old or {}):  # parts of an earlier map at another rank
         if f not in files.values() and f not in (summaries or {}).values():

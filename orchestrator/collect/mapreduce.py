@@ -116,7 +116,13 @@ class PartsRows:
                 meta = _lost_meta(t, lost.get(t.rid, "map produced no result for this report"))
             self.metas.append(meta)
         self.counts = {"mapped": len(todo), "reused": len(tasks) - len(todo), "failed_tasks": failed}
-        return members_from_metas(self.metas)
+        members, warnings = members_from_metas(self.metas)
+        without = [m for m in self.metas if m.get("summary_error")]
+        if without:
+            warnings.append(f"map statistics: not computed for {len(without)} report(s) (first, "
+                            f"{Path(without[0]['report']['origin']).name}: {without[0]['summary_error']}); "
+                            "the report computes those ranks itself")
+        return members, warnings
 
     @contextmanager
     def write(self, members: list[Member], store: Path, layout: Layout) -> Iterator[Written]:

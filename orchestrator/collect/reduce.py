@@ -12,6 +12,7 @@ way (tests/test_parts.py compares them table by table).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +37,36 @@ def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[
     return identify(reports, probes)
 
 
+def _parts_select(columns: Sequence[tuple[str, str]], shifted: set[str], files: list[str]) -> str:
+    """The rows of `files` (parts of one table) with the final rank from `part_map`, the
+    `shifted` columns moved onto the shared clock."""
+    if not files:
+        return "SELECT " + ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in columns) + " WHERE false"
+    cols = ["m.rank AS rank" if c == "rank" else f'p."{c}" + m.off AS "{c}"' if c in shifted else f'p."{c}"'
+            for c, _ in columns]
+    listing = ", ".join(f"'{quote(f)}'" for f in files)
+    return (f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], filename = true, hive_partitioning = false) p "
+            "JOIN part_map m ON m.file = p.filename")
+
+
 def _stage_view(table: str, files: list[str]) -> str:
     """`{table}_stage`: the parts of one table on the shared clock, with the final rank."""
-    cols = []
-    shifted = set(TABLES[table].shifted)
-    for c, _ in EVENT_SCHEMA[table]:
-        if c == "rank":
-            cols.append("m.rank AS rank")
-        elif c in shifted:
-            cols.append(f'p."{c}" + m.off AS "{c}"')
-        else:
-            cols.append(f'p."{c}"')
-    if not files:
-        empty = ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in EVENT_SCHEMA[table])
-        return f"CREATE TEMP VIEW {table}_stage AS SELECT {empty} WHERE false"
-    listing = ", ".join(f"'{quote(f)}'" for f in files)
-    return (f"CREATE TEMP VIEW {table}_stage AS SELECT {', '.join(cols)} "
-            f"FROM read_parquet([{listing}], filename = true) p JOIN part_map m ON m.file = p.filename")
+    return f"CREATE TEMP VIEW {table}_stage AS " + _parts_select(EVENT_SCHEMA[table], set(TABLES[table].shifted), files)
+
+
+def _insert_summaries(con: duckdb.DuckDBPyConnection, files: dict[str, list[str]]) -> str | None:
+    """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py). They only
+    spare the analysis work: a part that cannot be read leaves them all out (and says why)."""
+    for s in SUMMARIES:
+        con.execute(s.ddl())
+    try:
+        for s in SUMMARIES:
+            con.execute(f"INSERT INTO {s.table} " + _parts_select(s.columns, set(), files.get(s.table, [])))
+    except duckdb.Error as e:
+        for s in SUMMARIES:
+            con.execute(f"DELETE FROM {s.table}")
+        return f"not used ({str(e).splitlines()[0]})"
+    return None
 
 
 def build_store_from_parts(
@@ -116,16 +130,10 @@ def reduce_into(
         names = ", ".join(f'"{c}"' for c, _ in cols)
         con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
         con.execute(f"DROP VIEW {table}_stage")
-    for summary in SUMMARIES:  # on the rank's own clock: no shift (summaries.py)
-        con.execute(summary.ddl())
-        if files.get(summary.table):
-            listing = ", ".join(f"'{quote(f)}'" for f in files[summary.table])
-            cols = ", ".join("m.rank" if c == "rank" else f'p."{c}"' for c, _ in summary.columns)
-            con.execute(f"INSERT INTO {summary.table} SELECT {cols} FROM read_parquet([{listing}], "
-                        "filename = true, hive_partitioning = false) p JOIN part_map m ON m.file = p.filename")
+    stats = _insert_summaries(con, files)
     con.execute("DROP TABLE part_map")
     finalize_store(con, members, base, layout, keep_env, expected)
     if align:
         con.execute(align_clocks_sql())
     write_meta(con, engine="parts", base=base, layout=layout, align=align,
-               extra={"parts": str(parts.resolve()), **(extra_meta or {})})
+               extra={"parts": str(parts.resolve()), **({"map_stats": stats} if stats else {}), **(extra_meta or {})})

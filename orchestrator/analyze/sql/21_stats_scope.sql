@@ -9,10 +9,14 @@
 --   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
 --   rank_pid(rank, pid)  the rank's process: the one whose thread drives the steps (the pid in
 --       ranks can come from a file name), else ranks.pid
---   map_ranks(rank, off)  ranks whose per-rank tables the map computed in this very scope
---       (analyze/summaries.py): map_scope on the rank's own clock + off (the store's clock offset
---       and correction of the rank) equals stats_cpu and stats_gpu, with the same step count and
---       process; the stats files take those ranks' rows from the map and compute the others
+--   rank_scope(rank, s, e, n_steps, gs, ge, pid, sql)  what a rank's per-rank stats tables
+--       depend on besides its events: the CPU scope (s, e, n_steps), the GPU scope (gs, ge), the
+--       process (names its main thread) and the SQL that computes them (params.map_sql); a map
+--       writes its own as map_scope, on the rank's own clock (analyze/summaries.py)
+--   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
+--       correction of the rank) is their rank_scope: the stats files take their rows from the map
+--   stats_cpu_todo(rank, s, e, n_steps)  stats_cpu of the other ranks: what the stats files compute
+--   stats_gpu_todo(rank, s, e, n_steps)  stats_gpu of the same ranks
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
 
 CREATE OR REPLACE TABLE stats_cpu AS
@@ -38,15 +42,25 @@ CREATE OR REPLACE TABLE rank_pid AS
 SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) AS pid
 FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
 
+CREATE OR REPLACE TABLE rank_scope AS
+SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid, q.map_sql AS sql
+FROM stats_cpu c JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank) CROSS JOIN params q;
+
 CREATE OR REPLACE TABLE map_ranks AS
 WITH k AS (
     SELECT m.*, r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) AS off
     FROM map_scope m JOIN ranks r USING (rank)
 )
 SELECT k.rank, k.off
-FROM k JOIN stats_cpu c USING (rank) JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank)
-WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = g.s AND k.ge + k.off = g.e
-  AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = p.pid;
+FROM k JOIN rank_scope c USING (rank)
+WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = c.gs AND k.ge + k.off = c.ge
+  AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = c.pid AND k.sql = c.sql;
+
+CREATE OR REPLACE TABLE stats_cpu_todo AS
+SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);
+
+CREATE OR REPLACE TABLE stats_gpu_todo AS
+SELECT * FROM stats_gpu ANTI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

@@ -1,10 +1,11 @@
 -- The nsys-stats tables across ranks, part 1: the phase table (`nsys stats -r nvtx_sum` +
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
--- Reads: stats_cpu, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length, map_ranks,
--- map_phase_rows.
+-- Reads: stats_cpu, stats_cpu_todo, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length,
+-- map_ranks, map_phase_rows.
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
---       stats_cpu, of the ranks not in map_ranks; grp = `DOMAIN:` (non-default domains, as nsys names them) || range_group(text);
+--       stats_cpu_todo (the ranks not in map_ranks); grp = `DOMAIN:` (non-default domains, as
+--       nsys names them) || range_group(text);
 --       gid numbers the groups (integers sort and hash faster than names, for the joins below)
 --   phase_ops(rank, gid, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
@@ -24,7 +25,7 @@ CREATE OR REPLACE TABLE phase_inst AS
 WITH n AS MATERIALIZED (
     SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth, n.text,
            CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END AS pre
-    FROM nvtx n JOIN stats_cpu c USING (rank) ANTI JOIN map_ranks k ON k.rank = n.rank
+    FROM nvtx n JOIN stats_cpu_todo c USING (rank)
     WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e
 ), names AS (  -- grouped once per distinct name (thousands, for a million ranges)
     SELECT pre, text, grp, CAST(dense_rank() OVER (ORDER BY grp) AS INTEGER) AS gid

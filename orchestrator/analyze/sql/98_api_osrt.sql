@@ -1,8 +1,8 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step. The rows of the
 -- ranks in map_ranks are the map's (map_api_table, map_thread_table: analyze/summaries.py).
--- Reads: cuda_api, osrt, threads, stats_cpu, is_sync_api, union_length, rank_pid, map_ranks,
--- map_api_table, map_thread_table. Provides:
+-- Reads: cuda_api, osrt, threads, stats_cpu, stats_cpu_todo, is_sync_api, union_length, rank_pid,
+-- map_ranks, map_api_table, map_thread_table. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
@@ -20,7 +20,6 @@
 --       CUDA calls (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union
 --       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
 --       the scope (or the thread's own first..last call for the whole capture)
---   _api_scope(rank, s, e, n_steps)  stats_cpu of the ranks not in map_ranks: computed here
 --   _thread_names(rank, tid, thread, role)  thread names of the rank's process
 --   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
 --   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones
@@ -37,23 +36,20 @@ CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
-CREATE OR REPLACE TABLE _api_scope AS
-SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);
-
 -- Names are cleaned and classified once per distinct name (a few dozen), not per call.
 CREATE OR REPLACE TABLE api_names AS
 SELECT 'cuda' AS api, name AS raw, regexp_replace(name, '_v\d{4}$', '') AS name, is_sync_api(name) AS blocking
-FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN _api_scope USING (rank))
+FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN stats_cpu_todo USING (rank))
 UNION ALL
-SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt SEMI JOIN _api_scope USING (rank));
+SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt SEMI JOIN stats_cpu_todo USING (rank));
 
 CREATE OR REPLACE TABLE api_calls AS
 SELECT a.rank, 'cuda' AS api, n.name, a.tid, a.start, a."end", coalesce(n.blocking, false) AS blocking
-FROM cuda_api a JOIN _api_scope c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
+FROM cuda_api a JOIN stats_cpu_todo c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
 WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
 UNION ALL
 SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end", coalesce(n.blocking, false)
-FROM osrt o JOIN _api_scope c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
+FROM osrt o JOIN stats_cpu_todo c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
 WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
 CREATE OR REPLACE TABLE _thread_names AS

@@ -2,8 +2,9 @@
 -- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql). The rows of
 -- the ranks in map_ranks are the map's (map_sync_copies, map_sync_api_calls, map_gpu_slices:
 -- analyze/summaries.py; slice bounds there are on the rank's own clock, shifted by map_ranks.off).
--- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, is_sync_api,
--- union_intervals, map_ranks, map_sync_copies, map_sync_api_calls, map_gpu_slices. Provides:
+-- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, stats_cpu_todo, stats_gpu_todo,
+-- is_sync_api, union_intervals, map_ranks, map_sync_copies, map_sync_api_calls, map_gpu_slices.
+-- Provides:
 --   sync_copies(rank, what, n, api_ns, gpu_ns, bytes, n_steps, top_api)  per rank, what =
 --       `memcpy`: cudaMemcpy* calls without Async whose copy is not a small (<= 64000 B) HtoD and
 --       not device-to-device (nsys cuda-sync-memcpy); `memset`: cudaMemset* calls without Async
@@ -15,25 +16,18 @@
 --       GPU span inside stats_gpu ([first op start, last op end]) cut in 30 equal slices; busy =
 --       union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops up,
 --       so its in-use can pass 100 % and hide idle time)
---   _cpu_todo(rank, s, e, n_steps)  stats_cpu of the ranks not in map_ranks: computed here
---   _gpu_todo(rank, s, e, n_steps)  stats_gpu of the same ranks
 --   _slice_ops(rank, cls, s, e, start, end)  GPU ops clipped to each slice
-CREATE OR REPLACE TABLE _cpu_todo AS
-SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);
-CREATE OR REPLACE TABLE _gpu_todo AS
-SELECT * FROM stats_gpu ANTI JOIN map_ranks USING (rank);
-
 CREATE OR REPLACE TABLE sync_copies AS
 WITH c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
            m."end" - m.start AS gpu_ns, m.bytes
-    FROM cuda_api a JOIN _cpu_todo s USING (rank)
+    FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
     JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemcpy%' AND a.name NOT LIKE '%Async%'
       AND NOT (m.bytes <= 64000 AND m.kind = 'HtoD') AND m.kind <> 'DtoD'
     UNION ALL
     SELECT a.rank, 'memset', a.correlation_id, a.name, a."end" - a.start, m."end" - m.start, m.bytes
-    FROM cuda_api a JOIN _cpu_todo s USING (rank)
+    FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
     JOIN memset m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemset%' AND lower(a.name) NOT LIKE '%async%'
 )
@@ -46,7 +40,7 @@ SELECT * FROM map_sync_copies SEMI JOIN map_ranks USING (rank);
 CREATE OR REPLACE TABLE sync_api_calls AS
 SELECT a.rank, regexp_replace(a.name, '_v\d+$', '') AS name, count(*) AS n, sum(a."end" - a.start) AS ns,
        max(a."end" - a.start) AS max_ns, any_value(s.n_steps) AS n_steps
-FROM cuda_api a JOIN _cpu_todo s USING (rank)
+FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
 WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_with(a.name, 'cudaMemcpy')
   AND NOT starts_with(a.name, 'cuMemcpy')
 GROUP BY ALL
@@ -54,7 +48,7 @@ UNION ALL BY NAME
 SELECT * FROM map_sync_api_calls SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE _slice_ops AS
-SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN _gpu_todo g USING (rank)
+SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu_todo g USING (rank)
 WHERE o."end" > g.s AND o.start < g.e;
 
 CREATE OR REPLACE TABLE gpu_slices AS

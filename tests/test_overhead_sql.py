@@ -85,7 +85,8 @@ def test_header_line_names_what_the_estimate_is_made_of() -> None:
     the per-call cost, or both; no line when no rank is distorted."""
     def rank(rk: int, profiler_ms: float, est_ms: float, calls: int, distorted: bool = True) -> RankOverhead:
         return RankOverhead(rank=rk, window_ms=1000.0, profiler_ms=profiler_ms, api_calls=calls, launches=0,
-                            est_ms=est_ms, share_pct=est_ms / 10, distorted=distorted)
+                            est_ms=est_ms, share_pct=est_ms / 10, distorted=distorted,
+                            calls_capped=calls * CALL_NS / 1e6 > est_ms - profiler_ms)
     flush = overhead_line([rank(3, 80.0, 80.0, 0), rank(4, 0.0, 1.0, 10, False)], CALL_NS)
     assert flush == ("capture overhead ≈ 8 % of the window on rank 3 (estimated: 80 ms of nsys' own "
                      "PROFILER_OVERHEAD): step times are inflated")

@@ -208,3 +208,14 @@ def test_map_summaries_made_when_asked_and_then_reused(tmp_path: Path) -> None:
     assert again.mapped == 2 and mapped_ranks(again.store, Options()) == [0, 1]
     third = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert third.mapped == 0 and third.reused == 2 and mapped_ranks(third.store, Options()) == [0, 1]
+
+
+def test_store_with_map_tables_of_another_shape(tmp_path: Path) -> None:
+    """A store whose map tables another orch wrote (here: map_scope without its SQL digest)
+    is analysed as if it had none: every rank computed, the same report."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    con = duckdb.connect(str(b))
+    con.execute("ALTER TABLE map_scope DROP COLUMN sql")
+    con.close()
+    assert mapped_ranks(b, Options()) == []
+    assert_same_report(a, b)

@@ -23,6 +23,8 @@ class RankOverhead(Strict):
     est_ms: float = Field(description="estimated time the capture added: profiler time + per-call cost, "
                                       "capped by the time the GPU waited between launches")
     share_pct: float = Field(description="est_ms over the window")
+    calls_capped: bool = Field(False, description="the per-call cost passed the launch gaps and counts "
+                                                  "only up to them")
     distorted: bool = Field(description="share above 5 %, or far above the other ranks'")
 
 
@@ -44,9 +46,8 @@ def overhead_line(ranks: list[RankOverhead], call_ns: int) -> str:
     w = max(bad, key=lambda r: r.share_pct)
     others = f" ({len(bad) - 1} other rank(s) too)" if len(bad) > 1 else ""
     calls_ms = round(w.est_ms - w.profiler_ms, 3)
-    capped = calls_ms < round(w.api_calls * call_ns / 1e6, 3)  # no more than the GPU waited between launches
     calls = (f"{w.api_calls:,} traced CUDA calls at ~{call_ns / 1000:g} µs each, "
-             + (f"capped at the {calls_ms:g} ms of launch gaps" if capped else f"{calls_ms:g} ms"))
+             + (f"capped at the {calls_ms:g} ms of launch gaps" if w.calls_capped else f"{calls_ms:g} ms"))
     parts = ([f"{w.profiler_ms:g} ms of nsys' own PROFILER_OVERHEAD"] if w.profiler_ms else []) + (
         [calls] if calls_ms > 0 else [])
     effect = "step times are inflated, launch gaps partly nsys' own" if calls_ms > 0 else "step times are inflated"
@@ -59,10 +60,11 @@ def build_overhead(v: Any) -> CaptureOverhead | None:
     rows = v.rows("capture_overhead")
     if not rows:
         return None
+    call_ns = int(v.scalar("SELECT overhead_call_ns()"))
     ranks = [RankOverhead(rank=r["rank"], window_ms=round(r["window_ns"] / 1e6, 3),
                           profiler_ms=round(r["profiler_ns"] / 1e6, 3), api_calls=r["api_calls"],
                           launches=r["launches"], est_ms=round(r["est_ns"] / 1e6, 3),
-                          share_pct=round(100 * r["share"], 2), distorted=bool(r["distorted"]))
+                          share_pct=round(100 * r["share"], 2), distorted=bool(r["distorted"]),
+                          calls_capped=r["api_calls"] * call_ns > r["launch_gap_ns"])
              for r in sorted(rows, key=lambda r: r["rank"])]
-    call_ns = int(v.scalar("SELECT overhead_call_ns()"))
     return CaptureOverhead(call_ns=call_ns, ranks=ranks, line=overhead_line(ranks, call_ns))

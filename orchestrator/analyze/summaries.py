@@ -79,10 +79,13 @@ SQL_FILES = ("92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:
-    """Empty in-memory `map_*` tables where the attached store has none, so that the SQL
-    binds on every store and finds no mapped rank there."""
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"
-                                      ).fetchall()}
+    """Empty in-memory `map_*` tables where the attached store has none, or one of another
+    shape (another orch's), so that the SQL binds on every store and takes no mapped rank
+    there: the in-memory table comes first on the search path (engine.session)."""
+    have: dict[str, list[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                                     "WHERE database_name = 'store' ORDER BY table_name, column_index").fetchall():
+        have.setdefault(table, []).append(column)
     for s in SUMMARIES:
-        if s.table not in have:
+        if have.get(s.table) != [c for c, _ in s.columns]:
             con.execute(s.ddl("memory.main."))

@@ -25,8 +25,19 @@ stream=$(cat "$kept.name" 2>/dev/null || true)
 nsys_importing() {
   [ -n "$stream" ] && grep -qsF -f - /proc/[0-9]*/cmdline <<< "$stream"
 }
+# nsys (or its injection in the application) may still be writing the stream when the rank's
+# wrapper was stopped: wait until no process holds it open either.
+stream_open() {
+  local fd
+  for fd in /proc/[0-9]*/fd/*; do
+    case $(readlink "$fd" 2>/dev/null) in "$stream" | "$stream (deleted)" | "$kept") return 0 ;; esac
+  done
+  return 1
+}
 until_s=$((SECONDS + ${ORCH_STOP_GRACE_S:-60}))
-while nsys_importing && [ "$SECONDS" -lt "$until_s" ]; do sleep 0.5; done
+while { nsys_importing || { [ -n "$stream" ] && stream_open; }; } && [ "$SECONDS" -lt "$until_s" ]; do
+  sleep 0.5
+done
 
 if [ -n "$app" ]; then have=("$reports/$prefix"*".$app.nsys-rep"); else have=("$reports/$prefix"*.nsys-rep); fi
 # nsys deleted its stream and a report is there: nsys finished it (or an earlier run of this did).
@@ -49,8 +60,22 @@ out=${have[0]:-$reports/$prefix$(hostname).${app:-0}.nsys-rep}
 # name and renamed onto it: collect never sees a part of a report.
 made=${kept%.qdstrm}.$$.nsys-rep
 part=$out.$$.part
-if "$importer" -f -i "$kept" -o "$made" >/dev/null 2>&1 && [ -s "$made" ] \
-   && cp "$made" "$part" && mv -f "$part" "$out"; then
+# An import that fails is tried again (up to 3 times, within the stop grace) once the stream has
+# not grown for 2 s: a writer this script cannot see may still have been flushing it.
+imported() {
+  local n size
+  for n in 1 2 3; do
+    if "$importer" -f -i "$kept" -o "$made" >/dev/null 2>&1 && [ -s "$made" ]; then return 0; fi
+    if [ "$n" -eq 3 ] || [ "$SECONDS" -ge "$until_s" ]; then return 1; fi
+    size=-1
+    while [ "$(stat -c %s "$kept" 2>/dev/null)" != "$size" ] && [ "$SECONDS" -lt "$until_s" ]; do
+      size=$(stat -c %s "$kept" 2>/dev/null)
+      sleep 2
+    done
+  done
+  return 1
+}
+if imported && cp "$made" "$part" && mv -f "$part" "$out"; then
   echo "orch: rank $r: nsys was stopped before it finished the report; made it from the raw stream" \
        "with QdstrmImporter: $out" >&2
   rm -f "$kept" "$kept.name" "$made"

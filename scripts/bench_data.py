@@ -97,8 +97,9 @@ def timed_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
     for t in TABLES.values():
         if t.shifted and t.source in have:
             cols = {r[1] for r in con.execute(f"PRAGMA table_info({t.source})")}
-            out[t.source] = [c for c in ("start", "end", "timestamp") if c in cols]
-    return {t: cols for t, cols in out.items() if cols}
+            if timed := [c for c in ("start", "end", "timestamp") if c in cols]:
+                out[t.source] = timed
+    return out
 
 
 def make_rank(template: Path, rank: int, world: int, dest: Path, rng: random.Random) -> None:

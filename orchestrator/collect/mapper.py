@@ -40,6 +40,7 @@ from orchestrator.collect.parts import (
     report_id,
     report_to_json,
     source_stamp,
+    tmp_part,
 )
 from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
@@ -170,7 +171,7 @@ def _extract(task: MapTask, p: Probe, rank: int | None,
     """Parts of one report: (files by table, rows by table, notes, engine used)."""
     r = -1 if rank is None else rank
     final = {t: part_path(task.parts, t, rank, rid) for t in EVENT_SCHEMA}
-    tmp_of = {t: f.with_name(f".{f.stem}.tmp-{os.getpid()}.parquet") for t, f in final.items()}
+    tmp_of = {t: tmp_part(f) for t, f in final.items()}
     notes: list[str] = []
     try:
         used = "sqlite3"

@@ -11,7 +11,6 @@ and its log's last line; every other rank is still collected.
 from __future__ import annotations
 
 import multiprocessing as mp
-import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -25,15 +24,13 @@ from orchestrator.collect.gather import ReportFile, export_workers, exports_dir
 from orchestrator.collect.identity import Member
 from orchestrator.collect.mapper import MapTask, map_chunk, map_chunk_strict
 from orchestrator.collect.options import CollectOptions
-from orchestrator.collect.parts import probe_to_json, read_meta, report_to_json, source_stamp
+from orchestrator.collect.parts import PART_TMP, probe_to_json, read_meta, report_to_json, source_stamp
 from orchestrator.collect.pipeline import Written, progress
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
 from orchestrator.submit.array import TaskOutcome, run_array
-
-_PART_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)\.parquet")
 
 
 def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str, str]:
@@ -88,7 +85,7 @@ class PartsRows:
                          summaries=array is not None if o.summaries is None else o.summaries) for r in reports]
         self.parts.mkdir(parents=True, exist_ok=True)
         for d in self.parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)
-            clean_stale(d, _PART_TMP)
+            clean_stale(d, PART_TMP)
         todo = [t for t in tasks if not t.fresh()]
         lost: dict[str, str] = {}
         failed: list[TaskOutcome] = []

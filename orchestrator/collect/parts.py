@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -56,6 +57,16 @@ def rank_dir(rank: int | None) -> str:
 
 def part_path(parts: Path, table: str, rank: int | None, rid: str) -> Path:
     return parts / f"table={table}" / rank_dir(rank) / f"{rid}.parquet"
+
+
+# A part being written, named by tmp_part; temps of killed maps match it (mapreduce cleans them).
+PART_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)\.parquet")
+
+
+def tmp_part(final: Path) -> Path:
+    """Where the part `final` is written before it is renamed onto it: readers never see half a
+    file, and two processes never write the same temp."""
+    return final.with_name(f".{final.stem}.tmp-{os.getpid()}.parquet")
 
 
 def meta_path(parts: Path, rid: str) -> Path:

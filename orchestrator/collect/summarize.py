@@ -11,8 +11,6 @@ Parquet. Nothing here fails the map: a rank without summaries is computed by the
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import duckdb
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.summaries import SQL_FILES, SUMMARIES
 from orchestrator.collect.identity import Layout
-from orchestrator.collect.parts import part_path
+from orchestrator.collect.parts import part_path, tmp_part
 from orchestrator.collect.reduce import reduce_into
 from orchestrator.memory import limit
 from orchestrator.sqltext import quote
@@ -34,7 +32,7 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
     written: list[Path] = []
     try:
         con.execute(f"SET threads = {max(1, threads)}")
-        limit(con, os.path.join(tempfile.gettempdir(), f"orch-map-spill-{os.getpid()}"))
+        limit(con)  # spills under the system temp directory (the task's node)
         con.execute("ATTACH ':memory:' AS store")
         con.execute("USE store")
         reduce_into(con, [meta], parts, layout=Layout())
@@ -44,7 +42,7 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
         for s in SUMMARIES:
             final = part_path(parts, s.table, rank, rid)
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}.parquet")
+            tmp = tmp_part(final)
             written.append(tmp)
             n = cur.execute(f"COPY ({s.select()}) TO '{quote(str(tmp))}' (FORMAT parquet)").fetchone()[0]
             if n:

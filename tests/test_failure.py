@@ -9,27 +9,33 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.submit.failure import exit_words, failure_line, rank_traceback
+from orchestrator.analyze.outcome import first_failure
+from orchestrator.submit.failure import exit_words, failed_at, failure_line, rank_traceback, root_cause
 from tests.conftest import run_orch
 from tests.test_e2e import _spec
 
 RANKS = """
 import os, signal, time
-import torch.distributed as dist
+import torch, torch.distributed as dist
 dist.init_process_group("gloo")
+how = os.environ.get("HOW", "raise")
 if dist.get_rank() == 1:
-    if os.environ.get("HOW", "raise") == "raise":
-        raise ValueError("batch 7 has no labels")
-    os.kill(os.getpid(), signal.SIGKILL)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5 if how == "victim" else 0)
+    raise ValueError("batch 7 has no labels")
+if how == "victim":
+    dist.all_reduce(torch.ones(4))  # waits for rank 1, which raises instead of coming
 time.sleep(60)
 """
 
 
-def _torchrun(tmp_path: Path, how: str) -> str:
+def _torchrun(tmp_path: Path, how: str, *launch: str) -> str:
     prog = tmp_path / "ranks.py"
     prog.write_text(RANKS)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        str(prog)], capture_output=True, text=True, timeout=120,
+                        *launch, str(prog)],
+                       capture_output=True, text=True, timeout=120,
                        env={"HOW": how, "GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"})
     assert p.returncode != 0
     return p.stderr
@@ -51,6 +57,54 @@ def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:
     assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: batch 7 has no labels", tb
     assert any("raise ValueError" in ln for ln in tb) and not any("torch/distributed/run.py" in ln for ln in tb)
     assert rank_traceback(_torchrun(tmp_path, "kill")) is None  # a killed rank printed nothing
+
+
+def test_a_rank_that_lost_its_peer_is_not_the_first_failure(tmp_path: Path) -> None:
+    """Rank 0 waits in an all-reduce for rank 1, which raises; rank 0 then fails with gloo's
+    "Connection closed by peer". With torchrun polling every 2 s both are stamped the same
+    second, and torchrun names rank 0, the lower rank, as its root cause."""
+    text = _torchrun(tmp_path, "victim", "--monitor-interval=2")
+    root = text[text.index("Root Cause (first observed failure)"):]
+    assert "rank      : 0 (local_rank: 0)" in root and "Connection closed by peer" in text, text[-3000:]
+    assert failure_line(text) == ("rank 1 failed first (exit status 1): ValueError: batch 7 has no labels "
+                                  "(torchrun names rank 0, which lost its peer)")
+    assert root_cause(text) == (1, "exit status 1", False)
+    assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
+
+
+def _node(tmp_path: Path, node: int, port: int) -> subprocess.Popen[str]:
+    d = tmp_path / f"node{node}"
+    d.mkdir()
+    (d / "ranks.py").write_text(RANKS)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                             "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+                             f"--master-port={port}", str(d / "ranks.py")], stderr=subprocess.PIPE, text=True,
+                            env={"HOW": "victim", "GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"})
+
+
+def test_across_nodes_the_node_whose_rank_lost_its_peer_comes_second(tmp_path: Path) -> None:
+    """Two torchruns ("nodes") of one rank each: rank 1's node raises, rank 0's node fails with
+    the closed connection. Each names its own rank as root cause; with rank 0's node's clock
+    ahead, its failure would sort first by time alone."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [_node(tmp_path, n, port) for n in (0, 1)]
+    texts = [p.communicate(timeout=120)[1] for p in nodes]
+    assert all(p.returncode != 0 for p in nodes)
+    tasks = []
+    for t, text in enumerate(texts):
+        rank, how, lost = root_cause(text)
+        tasks.append({"task": t, "failed_rank": rank, "failed_exit": how, "failed_by_peer": lost,
+                      "failed_at": failed_at(text), "error": failure_line(text)})
+    assert [(t["failed_rank"], t["failed_by_peer"]) for t in tasks] == [(0, True), (1, False)], texts
+    tasks[0]["failed_at"], tasks[1]["failed_at"] = "0101 00:00:00.000000", "1231 23:59:59.999999"
+    first = first_failure(tasks)
+    assert first["rank"] == 1
+    assert first["said"] == "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels"
+    assert first_failure([tasks[0]])["rank"] == 0  # alone, the victim is all there is to name
 
 
 def test_status_of_a_local_job_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:

@@ -54,6 +54,15 @@ def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
     return late, f"{far['furthest']} of step {top}"
 
 
+def first_failure(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The job's first failure among its nodes' (tasks'): a node whose first failure only lost
+    its peer comes after one whose did not, whatever the nodes' clocks say; then the earliest."""
+    failed = sorted((t for t in tasks if "failed_rank" in t),
+                    key=lambda t: (bool(t.get("failed_by_peer")), t.get("failed_at") or "~"))
+    return next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or ""}
+                 for t in failed), None)
+
+
 def build_outcome(v: Views, store: Path | str) -> Outcome | None:
     """The outcome of the run whose store is `store` (None for a store outside a run directory)."""
     ev = evidence(v, store)
@@ -81,8 +90,7 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         parts.append(f"rank(s) {_list(late)} never reached {where}, where rank(s) {_list(waiting)} waited")
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
-    first = next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or ""}
-                  for t in sorted(st["tasks"], key=lambda t: t.get("failed_at") or "~") if "failed_rank" in t), None)
+    first = first_failure(st["tasks"])
     if first and sched != "COMPLETED":
         # Where its capture ends, not which step it finished: a SIGKILLed program loses the
         # ranges it was in, so its report ends with the step before the one it died in.

@@ -102,7 +102,7 @@ class SubmititBackend:
                         info["traceback"] = rank_traceback(text)
                         cause = root_cause(text)
                         if cause:
-                            info["failed_rank"], info["failed_exit"] = cause
+                            info["failed_rank"], info["failed_exit"], info["failed_by_peer"] = cause
                             info["failed_at"] = failed_at(text)
                 except Exception as e:  # a half-written or foreign pickle: say so, keep going
                     info["result"] = f"unreadable ({e.__class__.__name__})"

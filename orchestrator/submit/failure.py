@@ -8,6 +8,13 @@ others: neither names the rank nor says what went wrong. Read here, the row says
 failed first, with what status, and the rank's own last words: orch's rank wrapper's message
 (nsys could not start) or the exception line of the rank's Python traceback; `rank_traceback`
 gives that traceback itself, which `orch status` prints instead of the launcher's log tail.
+
+torchrun's root cause is the failure with the smallest timestamp, in whole seconds, ties going
+to the lowest local rank: when rank 1 raises and rank 0, waiting for it in a collective, fails a
+moment later with "Connection closed by peer", both are stamped the same second and torchrun
+names rank 0. A rank whose own error says it lost a peer (a closed or reset connection, NCCL's
+remote error or abort, a collective's timeout, torchrun's SIGTERM) is a victim; the first failure
+is the first in torchrun's order whose error does not say so, and torchrun's root when all do.
 """
 
 from __future__ import annotations
@@ -16,6 +23,16 @@ import re
 import signal
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\):[ \t]*\n\[\d+\]:[ \t]*\n((?:[ \t]+[^\n]*\n?)+)")
+_OTHERS = re.compile(r"^Failures:[ \t]*$", re.M)
+_BLOCK = re.compile(r"^\[\d+\]:[ \t]*\n((?:[ \t]+[^\n]*\n?)+)", re.M)
+# What a rank says when it failed because another rank went away or never came: gloo's and the
+# TCP store's socket errors, NCCL's remote error, abort and watchdog timeout, a collective's
+# timeout, and torchrun stopping the rank.
+_PEER_LOST = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|remote process exited|ncclRemoteError"
+    r"|NCCL communicator was aborted|Watchdog caught collective operation timeout"
+    r"|Some NCCL operations have failed or timed out|DistNetworkError|failed to recv"
+    r"|Timed out waiting|SignalException", re.I)
 _FIELD = re.compile(r"^\s+(\w[\w ]*?)\s*:\s?(.*?)\s*$")
 _STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _TAG = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
@@ -53,11 +70,52 @@ def _tracebacks(text: str) -> list[tuple[str | None, list[str]]]:
     return out
 
 
-def _root(text: str) -> dict[str, str] | None:
+def _fields(block: str) -> dict[str, str]:
+    return {f.group(1).strip(): f.group(2) for f in map(_FIELD.match, block.splitlines()) if f}
+
+
+def _failures(text: str) -> list[dict[str, str]]:
+    """torchrun's failure records: its root cause first, then the other failures it listed."""
     m = _ROOT.search(text)
     if not m:
+        return []
+    heads = list(_OTHERS.finditer(text, 0, m.start()))
+    others = [_fields(b.group(1)) for b in _BLOCK.finditer(text, heads[-1].end(), m.start())] if heads else []
+    return [_fields(m.group(1)), *others]
+
+
+def _rank(fields: dict[str, str]) -> str:
+    return (fields.get("rank", "?").split() or ["?"])[0]
+
+
+def _words(text: str, fields: dict[str, str]) -> str | None:
+    """A failed rank's own last words: orch's wrapper's message, else its exception line, else
+    the output's C++ abort message (untagged: it may be another local rank's)."""
+    rank = _rank(fields)
+    said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
+    block = _own(text, rank)
+    own = said[-1:] or ([block[-1].strip()] if block else []) or _native(text)
+    return own[0] if own else None
+
+
+def _code(fields: dict[str, str]) -> int | None:
+    try:
+        return int(fields.get("exitcode", "?").split()[0])
+    except (ValueError, IndexError):
         return None
-    return {f.group(1).strip(): f.group(2) for f in map(_FIELD.match, m.group(1).splitlines()) if f}
+
+
+def _lost_peer(fields: dict[str, str], words: str | None) -> bool:
+    """The rank failed because another went away: its error says so, or torchrun stopped it."""
+    return _code(fields) in (-15, 143) or bool(words and _PEER_LOST.search(words))
+
+
+def _first(text: str) -> tuple[dict[str, str], str | None, bool] | None:
+    """(fields, own words, lost its peer) of the rank that failed first, None when `text` is not
+    a failed torchrun's output."""
+    seen = [(f, _words(text, f)) for f in _failures(text)]
+    seen = [(f, w, _lost_peer(f, w)) for f, w in seen]
+    return next((s for s in seen if not s[2]), seen[0]) if seen else None
 
 
 def _own(text: str, rank: str) -> list[str] | None:
@@ -102,14 +160,13 @@ def _status(code: str) -> str:
 
 def failure_line(text: str) -> str | None:
     """One line saying why this task failed, or None when its output is not a torchrun's."""
-    fields = _root(text)
-    if fields is not None:
-        rank = fields.get("rank", "?").split()[0]
-        said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
-        block = _own(text, rank)
-        own = said[-1:] or ([block[-1].strip()] if block else []) or _native(text)
-        head = f"rank {rank} failed first ({_status(fields.get('exitcode', '?'))})"
-        return f"{head}: {own[0]}"[:300] if own else head
+    first = _first(text)
+    if first is not None:
+        fields, own, _ = first
+        head = f"rank {_rank(fields)} failed first ({_status(fields.get('exitcode', '?'))})"
+        named = _rank(_failures(text)[0])
+        note = f" (torchrun names rank {named}, which lost its peer)" if named != _rank(fields) else ""
+        return f"{head}: {own}"[:300 - len(note)] + note if own else head + note
     stopped = _STOPPED.search(text)
     if stopped:
         return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "
@@ -123,13 +180,15 @@ def _native(text: str) -> list[str]:
     return [f"{m.group(1)}: {_LOCATION.sub('', m.group(2).strip())}"] if m else []
 
 
-def root_cause(text: str) -> tuple[int, str] | None:
-    """(rank, how it ended in words) of the rank torchrun names as the first to fail."""
-    fields = _root(text)
-    if fields is None:
+def root_cause(text: str) -> tuple[int, str, bool] | None:
+    """(rank, how it ended in words, whether it only lost its peer) of the rank that failed
+    first; the third says another node's failure is the likelier root."""
+    first = _first(text)
+    if first is None:
         return None
+    fields, _, lost = first
     try:
-        return int(fields.get("rank", "?").split()[0]), _status(fields.get("exitcode", "?"))
+        return int(_rank(fields)), _status(fields.get("exitcode", "?")), lost
     except ValueError:
         return None
 
@@ -145,8 +204,8 @@ def failed_at(text: str) -> str | None:
 def rank_traceback(text: str, lines: int = 12) -> str | None:
     """The last `lines` lines of the first failing rank's own Python traceback (what the user's
     code raised), or None: shown instead of the launcher's output, which ends every failed task."""
-    fields = _root(text)
-    if fields is None:
+    first = _first(text)
+    if first is None:
         return None
-    block = _own(text, fields.get("rank", "?").split()[0])
+    block = _own(text, _rank(first[0]))
     return "\n".join(block[-lines:]) if block else None

@@ -72,6 +72,23 @@ def test_a_rank_that_lost_its_peer_is_not_the_first_failure(tmp_path: Path) -> N
     assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
 
 
+def test_a_rank_torchrun_stopped_can_be_the_first_failure(tmp_path: Path) -> None:
+    """Under nsys a rank's process ends only once its report is written. Here a wrapper keeps
+    rank 1's process 5 s after its program raised: torchrun sees rank 0 (which lost its peer)
+    fail first and stops rank 1 with SIGTERM. Rank 1's own traceback says it failed first."""
+    wrap = tmp_path / "slow_exit.sh"
+    wrap.write_text('#!/bin/bash\n"$@"; rc=$?\nif [ "$RANK" = 1 ]; then sleep 5; fi\nexit $rc\n')
+    wrap.chmod(0o755)
+    text = _torchrun(tmp_path, "victim", "--no-python", str(wrap), sys.executable)
+    failures = text[text.index("Failures:"):]
+    assert "rank      : 1 (local_rank: 1)\n  exitcode  : -15" in failures, text[-3000:]
+    assert "rank      : 0 (local_rank: 0)" in failures[failures.index("Root Cause"):], text[-3000:]
+    assert failure_line(text) == ("rank 1 failed first: ValueError: batch 7 has no labels "
+                                  "(torchrun names rank 0, which lost its peer)")
+    assert root_cause(text) == (1, "", False)
+    assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
+
+
 def _node(tmp_path: Path, node: int, port: int) -> subprocess.Popen[str]:
     d = tmp_path / f"node{node}"
     d.mkdir()

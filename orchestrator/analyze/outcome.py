@@ -20,6 +20,7 @@ from orchestrator.analyze import flight
 from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model import Outcome, RankOutcome
 from orchestrator.collect.evidence import gather
+from orchestrator.submit.failure import first_words
 
 _WORDS = {"COMPLETED": "completed", "FAILED": "failed", "TIMEOUT": "timed out", "CANCELLED": "cancelled",
           "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "PREEMPTED": "cancelled", "DEADLINE": "timed out",
@@ -71,7 +72,7 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         return None
     sched = st["state"]
     ends = v.rows("rank_end")
-    exits = {t["failed_rank"]: t["failed_exit"] for t in st["tasks"] if "failed_rank" in t}
+    exits = {t["failed_rank"]: t["failed_exit"] or None for t in st["tasks"] if "failed_rank" in t}
     ranks = [RankOutcome(rank=e["rank"], last_step=e["last_step"], last_done_step=e["last_done_step"],
                          open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
                          stack=ev.get("stacks", {}).get(str(e["rank"]), []))
@@ -96,7 +97,7 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         # ranges it was in, so its report ends with the step before the one it died in.
         ro = next((r for r in ranks if r.rank == first["rank"]), None)
         step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
-        head = f"rank {first['rank']} failed first ({first['how']})"
+        head = first_words(first["rank"], first["how"])
         # The launcher's line adds the rank's own last words (its exception, a native abort's message).
         said = first["said"] if first["said"].startswith(head) else head
         parts.append(f"{said}{step}")

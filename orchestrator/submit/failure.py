@@ -88,13 +88,14 @@ def _rank(fields: dict[str, str]) -> str:
     return (fields.get("rank", "?").split() or ["?"])[0]
 
 
-def _words(text: str, fields: dict[str, str]) -> str | None:
-    """A failed rank's own last words: orch's wrapper's message, else its exception line, else
-    the output's C++ abort message (untagged: it may be another local rank's)."""
+def _words(text: str, fields: dict[str, str], root: bool) -> str | None:
+    """A failed rank's own last words: orch's wrapper's message, else its exception line; for
+    torchrun's root also an untagged traceback or a C++ abort's message (neither names a rank)."""
     rank = _rank(fields)
     said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
-    block = _own(text, rank)
-    own = said[-1:] or ([block[-1].strip()] if block else []) or _native(text)
+    blocks = _tracebacks(text)
+    block = next((b for r, b in blocks if r == rank), None) or (_own(text, rank) if root else None)
+    own = said[-1:] or ([block[-1].strip()] if block else []) or (_native(text) if root else [])
     return own[0] if own else None
 
 
@@ -105,17 +106,35 @@ def _code(fields: dict[str, str]) -> int | None:
         return None
 
 
+def _stopped(fields: dict[str, str]) -> bool:
+    """torchrun (or Slurm) stopped the rank: it ended by SIGTERM."""
+    return _code(fields) in (-15, 143)
+
+
 def _lost_peer(fields: dict[str, str], words: str | None) -> bool:
-    """The rank failed because another went away: its error says so, or torchrun stopped it."""
-    return _code(fields) in (-15, 143) or bool(words and _PEER_LOST.search(words))
+    """The rank failed because another went away: its error says so, or, silent, it was stopped."""
+    return bool(_PEER_LOST.search(words)) if words else _stopped(fields)
 
 
 def _first(text: str) -> tuple[dict[str, str], str | None, bool] | None:
     """(fields, own words, lost its peer) of the rank that failed first, None when `text` is not
-    a failed torchrun's output."""
-    seen = [(f, _words(text, f)) for f in _failures(text)]
+    a failed torchrun's output. A rank torchrun stopped may have raised first: under nsys, a
+    rank's process ends only once nsys wrote its report, so the rank that lost its peer can end
+    first; its own traceback tells."""
+    seen = [(f, _words(text, f, i == 0)) for i, f in enumerate(_failures(text))]
     seen = [(f, w, _lost_peer(f, w)) for f, w in seen]
     return next((s for s in seen if not s[2]), seen[0]) if seen else None
+
+
+def _how(fields: dict[str, str], lost: bool) -> str:
+    """torchrun's exit code in words; '' for a rank it stopped after the rank had failed on its
+    own (the stop is not how it failed)."""
+    return "" if _stopped(fields) and not lost else _status(fields.get("exitcode", "?"))
+
+
+def first_words(rank: int | str, how: str) -> str:
+    """'rank R failed first (how)', without the parentheses when how it ended is not known."""
+    return f"rank {rank} failed first" + (f" ({how})" if how else "")
 
 
 def _own(text: str, rank: str) -> list[str] | None:
@@ -162,8 +181,8 @@ def failure_line(text: str) -> str | None:
     """One line saying why this task failed, or None when its output is not a torchrun's."""
     first = _first(text)
     if first is not None:
-        fields, own, _ = first
-        head = f"rank {_rank(fields)} failed first ({_status(fields.get('exitcode', '?'))})"
+        fields, own, lost = first
+        head = first_words(_rank(fields), _how(fields, lost))
         named = _rank(_failures(text)[0])
         note = f" (torchrun names rank {named}, which lost its peer)" if named != _rank(fields) else ""
         return f"{head}: {own}"[:300 - len(note)] + note if own else head + note
@@ -181,14 +200,14 @@ def _native(text: str) -> list[str]:
 
 
 def root_cause(text: str) -> tuple[int, str, bool] | None:
-    """(rank, how it ended in words, whether it only lost its peer) of the rank that failed
-    first; the third says another node's failure is the likelier root."""
+    """(rank, how it ended in words or '', whether it only lost its peer) of the rank that
+    failed first; the third says another node's failure is the likelier root."""
     first = _first(text)
     if first is None:
         return None
     fields, _, lost = first
     try:
-        return int(_rank(fields)), _status(fields.get("exitcode", "?")), lost
+        return int(_rank(fields)), _how(fields, lost), lost
     except ValueError:
         return None
 

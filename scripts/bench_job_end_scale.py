@@ -17,6 +17,11 @@ With `--modes on_cluster`: `orch collect --from <reports> --on-cluster --cluster
 --chunk C` (a Slurm job array of map tasks, C reports each, then the reduce here); it needs the
 local two-node Slurm (scripts/local_slurm.sh start, SLURM_CONF set); `on_cluster_central` is the same
 with `--no-map-stats` (the report computes every rank's API and thread tables itself).
+`map_in_job` (profile.map_in_job): every rank's export is first mapped as the job's ranks map it
+(jobmap.map_in_job, one after the other in this process: on a cluster each rank maps its own on
+its node during the job, so this is not after-job time; its mean per rank is printed, and one
+`python -m orchestrator.collect.jobmap` as the job starts it), then `orch collect --parts`, which
+finds every part fresh and only reduces, + `orch report`.
 Not a test: the numbers depend on the machine. Prints one JSON line per (N, mode).
 """
 
@@ -27,7 +32,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_job_end import orch, submit_job
@@ -68,6 +76,28 @@ def after_job(inputs: Path, work: Path, workers: int, cluster: list[str]) -> dic
             "after_job_s": round(collect_s + report_s, 1), "ranks_in_report": ranks}
 
 
+def map_like_the_job(reps: Path, exps: Path, store: Path) -> dict[str, float]:
+    """What profile.map_in_job leaves when the job ends: every rank's parts and statistics under
+    store/parts, from its export in store/exports."""
+    from orchestrator.collect.jobmap import map_in_job
+
+    shutil.copytree(exps, store / "exports", copy_function=os.link)
+    reports = sorted(reps.glob("*.nsys-rep"))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-s", "-m", "orchestrator.collect.jobmap", str(store), str(reports[0])],
+                          capture_output=True, text=True)
+    one_s = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    t0 = time.perf_counter()
+    for rep in reports[1:]:
+        ok, said = map_in_job(store, rep)
+        if not ok:
+            raise SystemExit(said)
+    return {"job_map_process_s": round(one_s, 2),
+            "job_map_s_per_rank": round((time.perf_counter() - t0) / max(1, len(reports) - 1), 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="64,256,1024")
@@ -75,7 +105,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--modes", default="in_job,collect",
-                    help="of in_job, collect, on_cluster, on_cluster_central (--no-map-stats)")
+                    help="of in_job, map_in_job, collect, on_cluster, on_cluster_central (--no-map-stats)")
     ap.add_argument("--chunk", type=int, default=16, help="on_cluster: reports per array task")
     a = ap.parse_args()
     on_cluster = ["--on-cluster", "--cluster", "local-slurm", "--chunk", str(a.chunk)]
@@ -85,10 +115,12 @@ def main() -> None:
         for n in (int(x) for x in a.ranks.split(",")):
             reps, exps = multiply(run, n, work / f"n{n}")
             for mode in a.modes.split(","):
-                cluster = {"on_cluster": on_cluster, "on_cluster_central": [*on_cluster, "--no-map-stats"]}
+                cluster = {"on_cluster": on_cluster, "on_cluster_central": [*on_cluster, "--no-map-stats"],
+                           "map_in_job": ["--parts"]}
+                job = map_like_the_job(reps, exps, work / f"n{n}" / "store") if mode == "map_in_job" else {}
                 out = after_job(exps if mode == "in_job" else reps, work / f"n{n}", a.workers, cluster.get(mode, []))
                 print(json.dumps({"ranks": n, "mode": mode, "job_ranks": a.job_ranks, "steps": a.steps,
-                                  "workers": a.workers, **out}), flush=True)
+                                  "workers": a.workers, **job, **out}), flush=True)
             shutil.rmtree(work / f"n{n}")
 
 

@@ -1,10 +1,11 @@
 """The map step, one report at a time: export (if needed), probe, identify as far as one
 report can tell, and write the store's columns as Parquet parts (layout in parts.py).
 
-The same function runs in a local process pool (`orch collect --parts`) and in every task of
-a Slurm job array (`--on-cluster`): one code path. It reuses the collect modules as they
-are (gather's export, probe, identity, extract.select_sql over the registry), so a part holds
-exactly the rows the in-process ingest would insert for that rank, before the shared clock.
+The same function runs in a local process pool (`orch collect --parts`), in every task of
+a Slurm job array (`--on-cluster`) and in the job itself (jobmap.py): one code path. It reuses
+the collect modules as they are (gather's export, probe, identity, extract.select_sql over the
+registry), so a part holds exactly the rows the in-process ingest would insert for that rank,
+before the shared clock.
 Every failure is recorded in the report's meta, never raised past the report: one bad file
 cannot stop a chunk (`map_chunk_strict` raises afterwards, so Slurm marks the task FAILED).
 """
@@ -64,6 +65,7 @@ class MapTask:
     threads: int = 1
     export_timeout_s: float = 3600
     summaries: bool = False  # the rank's per-rank statistics too (summarize.py)
+    in_job: bool = False  # mapped by the job itself, on the rank's node (jobmap.py)
 
     @property
     def rid(self) -> str:
@@ -249,7 +251,7 @@ def map_report(task: MapTask) -> dict[str, Any]:
         "part_bytes": sum((task.parts / f).stat().st_size for f in files.values()),
         "seconds": {"export": round(t1 - t0, 4), "probe": round(t2 - t1, 4), "extract": round(t3 - t2, 4),
                     "summarize": round(t4 - t3, 4)},
-        "host": socket.gethostname(), "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "host": socket.gethostname(), "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "in_job": task.in_job,
         "written_ns": time.time_ns(),
     })
     task.meta.parent.mkdir(parents=True, exist_ok=True)

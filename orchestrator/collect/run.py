@@ -17,6 +17,7 @@ from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.pipeline import CollectResult
 from orchestrator.errors import OrchError
 from orchestrator.rundir import read_manifest
+from orchestrator.runpaths import RunPaths
 
 
 def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
@@ -43,10 +44,25 @@ def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
         nsys=opts.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path"), array=array, extra_meta=meta)
 
 
+def mapped_in_job(run: Path) -> bool:
+    """Whether the job mapped any of its reports itself (profile.map_in_job)."""
+    for meta in sorted(RunPaths(run).parts.glob("reports/*.json")):
+        try:
+            if json.loads(meta.read_text()).get("in_job"):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def collect_run(run: Path, opts: CollectOptions) -> CollectResult:
-    """Collect the run's reports into its store. The in-process route's first exports start
-    before the store's modules (DuckDB, rich) load, so that nsys runs meanwhile."""
+    """Collect the run's reports into its store. A run whose job mapped its reports takes the
+    parts route: the reduce of what the job mapped, a local map of the rest (without statistics,
+    which the analysis computes). The in-process route's first exports start before the store's
+    modules (DuckDB, rich) load, so that nsys runs meanwhile."""
     reports, o = run_options(run, opts)
+    if not o.map_reduce and mapped_in_job(run):
+        o = replace(o, parts=True)
     if o.map_reduce:
         from orchestrator.collect.collect import collect
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 
+import orchestrator
 from orchestrator import __version__, naming
 from orchestrator.collect.gather import UNKNOWN_OPTION_ERE
 from orchestrator.errors import OrchError
@@ -152,6 +154,10 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "export_dir": str(RunPaths(script_dir.parent).exports),
         "export_timeout_s": prof.export_timeout_s,
         "newer_export_args": newer_export_args(job),
+        "map_in_job": prof.map_in_job,
+        "run_dir": str(script_dir.parent),
+        "orch_python": sys.executable,
+        "orch_root": str(Path(orchestrator.__file__).resolve().parent.parent),
         "unknown_option_ere": UNKNOWN_OPTION_ERE,
         # Where a rank's raw nsys stream is kept (a hard link beside it, so under nsys' TMPDIR):
         # the wrapper links it, keep_report.sh reads it; append "$RANK.qdstrm".

@@ -274,6 +274,12 @@ class Profile(Strict):
     # exports what is missing).
     export_in_job: bool = True
     export_timeout_s: int = Field(default=900, ge=10, le=86400)
+    # Each rank's export is also mapped in the job, next to it: its Parquet parts and per-rank
+    # statistics (what `orch collect --parts --map-stats` makes), with orch's own Python (the
+    # interpreter `orch submit` runs on, which the nodes must see, as on a shared filesystem).
+    # `orch collect` then only reduces. Bounded by export_timeout_s; a rank the job could not
+    # map is mapped by collect.
+    map_in_job: bool = False
 
     @field_validator("capture_range_nvtx")
     @classmethod
@@ -314,6 +320,9 @@ class Profile(Strict):
             raise ValueError("capture_range_nvtx is only used with capture_range: nvtx")
         if self.capture_range == "none" and self.capture_range_end:
             raise ValueError("capture_range_end needs capture_range cudaProfilerApi or nvtx")
+        if self.map_in_job and not self.export_in_job:
+            raise ValueError("map_in_job maps the export the job makes: set export_in_job: true, "
+                             "or map_in_job: false")
         if self.warn_lead_s is not None and self.warn_lead_s <= self.stop_grace_s:
             raise ValueError(f"warn_lead_s ({self.warn_lead_s}) must exceed stop_grace_s ({self.stop_grace_s}): "
                              "the reports are written between the warning and the time limit")

@@ -5,6 +5,7 @@
 # with every other rank, into the run's exports/ under the name `orch collect` looks for (with the
 # options collect asks for), so collect takes it as it is instead of exporting it again. Bounded
 # by profile.export_timeout_s; a failure or a stop leaves nothing, and the export to collect.
+# With profile.map_in_job, the export is then mapped to the run's Parquet parts too.
 set -uo pipefail
 report=$1
 dir=/orch/run/exports

@@ -1,0 +1,56 @@
+"""The map of one rank's report inside the job (profile.map_in_job): export_report.sh runs
+`python -m orchestrator.collect.jobmap RUN REPORT` on the rank's node once it exported the
+report, with orch's own interpreter, so the rank's Parquet parts and per-rank statistics exist
+when the job ends and `orch collect` only reduces (run.py takes the parts route when it finds
+them). It is `orch collect --parts --map-stats`'s map (mapper.map_report) on the report as
+collect will find it (gather.discover: the same origin path, so the same report id), reading
+the export the job just made; only the meta says where it ran (`in_job`).
+
+Prints one line (what was mapped, or why not) and exits 0 when the rank is mapped, 1 when not:
+the job never fails for it; collect maps what the job did not.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.collect.gather import discover, exports_dir
+from orchestrator.collect.mapper import MapTask, map_report
+from orchestrator.runpaths import RunPaths
+
+
+def map_in_job(run: Path, report: Path) -> tuple[bool, str]:
+    """(mapped, what to say) for `report` of the run directory `run`."""
+    found = discover([report])
+    if len(found) != 1:
+        return False, f"{report.name}: not a report orch reads"
+    task = MapTask(report=found[0], parts=RunPaths(run).parts.resolve(), exports=exports_dir(run).resolve(),
+                   summaries=True, in_job=True)
+    meta = map_report(task)
+    error = meta["error"] or meta["probe"]["error"]
+    if error:
+        return False, f"{report.name}: {error}"
+    stats = f", statistics not computed ({meta['summary_error']})" if meta.get("summary_error") else ""
+    return True, f"{report.name}: {sum(meta['rows'].values())} rows as Parquet parts{stats}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m orchestrator.collect.jobmap RUN_DIR REPORT", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        ok, said = map_in_job(Path(args[0]), Path(args[1]))
+    except Exception as e:  # the job must not fail for it: collect maps the report instead
+        ok, said = False, f"{Path(args[1]).name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    verb = "mapped" if ok else "could not map"
+    tail = "" if ok else "; orch collect will map it"
+    print(f"orch: {verb} {said} in {time.perf_counter() - t0:.1f} s{tail}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

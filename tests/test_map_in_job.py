@@ -1,0 +1,84 @@
+"""Each profiled rank maps its own export inside the job (profile.map_in_job): a real job through
+`orch submit` on the local executor with real nsys. The job leaves every rank's Parquet parts
+and per-rank statistics; `orch collect` then only reduces them, and its store and report are
+the ones the in-process collect makes of the same exports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analyze.engine import Options
+from orchestrator.render import render
+from orchestrator.spec import load_job
+from orchestrator.spec.model import JobSpec
+from tests.conftest import run_orch
+from tests.test_export_in_job import _spec
+from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
+
+
+def _metas(run: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((run / "parts" / "reports").glob("*.json"))]
+
+
+@pytest.mark.nsys
+def test_the_job_maps_its_ranks_and_collect_only_reduces(tmp_path: Path, nsys: str) -> None:
+    p = run_orch("submit", str(_spec(tmp_path, map_in_job=True)), "--wait", "--timeout", "240")
+    assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    logs = "".join(f.read_text() for f in (run / "submitit").glob("*_log.err"))
+    assert logs.count("orch: mapped injob_") == 2 and "could not map" not in logs, logs
+    metas = _metas(run)
+    assert len(metas) == 2 and all(m["in_job"] and m["summaries"] and not m["summary_error"] for m in metas), metas
+    assert sorted(m["map_rank"] for m in metas) == [0, 1]
+    written = {m["id"]: m["written_ns"] for m in metas}
+
+    c = run_orch("collect", str(run))
+    assert c.returncode == 0, c.stderr
+    assert "(0 report(s) mapped, 2 reused)" in " ".join(c.stdout.split()), c.stdout
+    assert {m["id"]: m["written_ns"] for m in _metas(run)} == written  # the job's parts, as they are
+    assert mapped_ranks(run / "profile.duckdb", Options()) == [0, 1]  # statistics from the job's maps
+
+    # The in-process collect of the same exports: with the parts set aside, collect reads the
+    # job's exports itself; the two stores (but the map's tables) and reports must be the same.
+    in_job = tmp_path / "in_job.duckdb"
+    shutil.copy(run / "profile.duckdb", in_job)
+    (run / "parts").rename(tmp_path / "job-parts")
+    (run / "profile.duckdb").unlink()
+    c2 = run_orch("collect", str(run))
+    assert c2.returncode == 0 and "engine parts" not in c2.stdout, c2.stdout + c2.stderr
+    assert_same_store(in_job, run / "profile.duckdb")
+    assert_same_report(in_job, run / "profile.duckdb")
+
+
+@pytest.mark.nsys
+def test_a_rank_the_job_did_not_map_is_mapped_by_collect(tmp_path: Path, nsys: str) -> None:
+    """One rank's in-job map is lost (its parts removed, as if its node's map was killed):
+    collect maps that rank itself and reduces both."""
+    p = run_orch("submit", str(_spec(tmp_path, map_in_job=True)), "--wait", "--timeout", "240")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    lost = sorted((run / "parts" / "reports").glob("*.json"))[0]
+    lost.unlink()
+    c = run_orch("collect", str(run))
+    assert c.returncode == 0, c.stderr
+    assert "(1 report(s) mapped, 1 reused)" in " ".join(c.stdout.split()), c.stdout
+    metas = _metas(run)
+    assert sorted(m["in_job"] for m in metas) == [False, True] and all(not m["error"] for m in metas)
+    # The rank collect mapped has no statistics (the local pool computes none): the analysis
+    # computes it; the job's rank is taken from its map.
+    assert mapped_ranks(run / "profile.duckdb", Options()) == [m["map_rank"] for m in metas if m["in_job"]]
+
+
+def test_map_in_job_renders_orchs_python_and_needs_the_export(tmp_path: Path) -> None:
+    on = render(load_job(_spec(tmp_path, map_in_job=True)), tmp_path / "on" / "scripts")
+    off = render(load_job(_spec(tmp_path)), tmp_path / "off" / "scripts")
+    assert "orchestrator.collect.jobmap" in on.scripts["export_report.sh"]
+    assert str(tmp_path / "on") in on.scripts["export_report.sh"]  # the run directory it maps into
+    assert "jobmap" not in off.scripts["export_report.sh"]
+    with pytest.raises(ValueError, match="map_in_job maps the export the job makes: set export_in_job: true"):
+        JobSpec.model_validate({"name": "x", "launch": {"script": "t.py"},
+                                "profile": {"map_in_job": True, "export_in_job": False}})

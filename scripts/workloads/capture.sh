@@ -17,6 +17,11 @@
 #                                  then for each capture `orch submit --wait`, `orch collect`,
 #                                  `orch report --json --html`, `orch redact`; pack into OUT
 #                                  (at most 8 files of <= 15.5 MiB: fx*.tar, reports.tar.gz, ...)
+#                                  With CAPTURE_MAP_IN_JOB=1 the jobs also map their ranks
+#                                  (profile.map_in_job); after the report, collect runs again
+#                                  in-process on the same exports (the job's parts set aside) and
+#                                  writes reports/NAME.inproc.json beside NAME.json, and the job's
+#                                  map metas go to reports/NAME.maps/
 #
 # On 4 GPUs, 2-GPU captures run two at a time, one on GPUs 0-1 and one on GPUs 2-3 (the second
 # cluster config exports CUDA_VISIBLE_DEVICES=2,3 over what submitit's LocalExecutor set); the
@@ -112,6 +117,7 @@ profile:
   cpuctxsw: none
 $metrics
 EOF
+  if [ "${CAPTURE_MAP_IN_JOB:-0}" = 1 ]; then echo "  map_in_job: true" >>"$dir/$name.yaml"; fi
 }
 
 cpu_shim() {  # CPU runs only: torch.cuda.nvtx needs a CUDA build of torch; make it a no-op
@@ -199,6 +205,7 @@ capture_one() {  # capture_one WORK NAME  (runs in the background; writes WORK/s
       >"$work/reports/$name.txt" 2>&1 || echo "$name: report exit $?"
     cat "$work/reports/$name.txt"
     local t3=$SECONDS
+    [ "${CAPTURE_MAP_IN_JOB:-0}" = 1 ] && inproc_again "$work" "$name" "$job" "$run"
     mkdir -p "$work/redacted/$name" "$work/fx/$name"
     orch redact "$run"/exports/*.sqlite -o "$work/redacted/$name"
     local f
@@ -209,6 +216,18 @@ capture_one() {  # capture_one WORK NAME  (runs in the background; writes WORK/s
     ls -la "$work/fx/$name"
     echo "$name: OK job $job submit+run $((t1 - t0))s collect $((t2 - t1))s report $((t3 - t2))s" | tee "$work/status/$name"
   } >"$log" 2>&1
+}
+
+inproc_again() {  # inproc_again WORK NAME JOB RUN: the same exports collected in-process
+  local work=$1 name=$2 job=$3 run=$4 t0=$SECONDS t1
+  grep -h "orch: mapped\|could not map\|is not on" "$run"/submitit/*_log.err || true
+  mkdir -p "$work/reports/$name.maps"
+  cp "$run"/parts/reports/*.json "$work/reports/$name.maps/" 2>/dev/null || true
+  mv "$run/parts" "$run/parts.job" && mv "$run/profile.duckdb" "$run/profile.job.duckdb"
+  orch collect "$job" || { echo "$name: FAILED in-process collect"; return 0; }
+  t1=$SECONDS
+  orch report "$job" --json "$work/reports/$name.inproc.json" >/dev/null 2>&1 || echo "$name: in-process report exit $?"
+  echo "$name: in-process again: collect $((t1 - t0))s report $((SECONDS - t1))s"
 }
 
 pack() {  # pack WORK OUT: all finished fixtures into <= 6 tars of <= 15.5 MiB, reports into one tgz

@@ -1,4 +1,5 @@
-"""Each profiled rank maps its own export inside the job (profile.map_in_job): a real job through
+"""Each profiled rank maps its own export inside the job (profile.map_in_job, on with the
+export unless the spec turns it off): a real job through
 `orch submit` on the local executor with real nsys. The job leaves every rank's Parquet parts
 and per-rank statistics; `orch collect` then only reduces them, and its store and report are
 the ones the in-process collect makes of the same exports."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ def _metas(run: Path) -> list[dict]:
 
 @pytest.mark.nsys
 def test_the_job_maps_its_ranks_and_collect_only_reduces(tmp_path: Path, nsys: str) -> None:
-    p = run_orch("submit", str(_spec(tmp_path, map_in_job=True)), "--wait", "--timeout", "240")
+    p = run_orch("submit", str(_spec(tmp_path)), "--wait", "--timeout", "240")
     assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr
     (run,) = (tmp_path / "runs").iterdir()
     logs = "".join(f.read_text() for f in (run / "submitit").glob("*_log.err"))
@@ -58,7 +60,7 @@ def test_the_job_maps_its_ranks_and_collect_only_reduces(tmp_path: Path, nsys: s
 def test_a_rank_the_job_did_not_map_is_mapped_by_collect(tmp_path: Path, nsys: str) -> None:
     """One rank's in-job map is lost (its parts removed, as if its node's map was killed):
     collect maps that rank itself and reduces both."""
-    p = run_orch("submit", str(_spec(tmp_path, map_in_job=True)), "--wait", "--timeout", "240")
+    p = run_orch("submit", str(_spec(tmp_path)), "--wait", "--timeout", "240")
     assert p.returncode == 0, p.stdout + p.stderr
     (run,) = (tmp_path / "runs").iterdir()
     lost = sorted((run / "parts" / "reports").glob("*.json"))[0]
@@ -74,11 +76,14 @@ def test_a_rank_the_job_did_not_map_is_mapped_by_collect(tmp_path: Path, nsys: s
 
 
 def test_map_in_job_renders_orchs_python_and_needs_the_export(tmp_path: Path) -> None:
-    on = render(load_job(_spec(tmp_path, map_in_job=True)), tmp_path / "on" / "scripts")
-    off = render(load_job(_spec(tmp_path)), tmp_path / "off" / "scripts")
+    on = render(load_job(_spec(tmp_path)), tmp_path / "on" / "scripts")  # on by default
+    off = render(load_job(_spec(tmp_path, map_in_job=False)), tmp_path / "off" / "scripts")
     assert "orchestrator.collect.jobmap" in on.scripts["export_report.sh"]
     assert str(tmp_path / "on") in on.scripts["export_report.sh"]  # the run directory it maps into
+    assert sys.executable in on.scripts["export_report.sh"]  # the interpreter orch runs on
     assert "jobmap" not in off.scripts["export_report.sh"]
+    # Without the export there is nothing to map: unset, the map is off with it; asked for, an error.
+    assert not load_job(_spec(tmp_path, export_in_job=False)).spec.profile.maps_in_job
     with pytest.raises(ValueError, match="map_in_job maps the export the job makes: set export_in_job: true"):
         JobSpec.model_validate({"name": "x", "launch": {"script": "t.py"},
                                 "profile": {"map_in_job": True, "export_in_job": False}})

@@ -22,7 +22,8 @@ RUN = Path("/orch/run")  # a fixed, fake run directory so goldens are stable
 
 
 def _normalize(text: str) -> str:
-    return text.replace(str(REPO), "<REPO>")
+    """The checkout and the interpreter orch runs on (the in-job map's) differ per machine."""
+    return text.replace(sys.executable, "<PYTHON>").replace(str(REPO), "<REPO>")
 
 
 @pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.yaml")))

@@ -278,8 +278,13 @@ class Profile(Strict):
     # statistics (what `orch collect --parts --map-stats` makes), with orch's own Python (the
     # interpreter `orch submit` runs on, which the nodes must see, as on a shared filesystem).
     # `orch collect` then only reduces. Bounded by export_timeout_s; a rank the job could not
-    # map is mapped by collect.
-    map_in_job: bool = False
+    # map is mapped by collect. Unset: on wherever export_in_job is.
+    map_in_job: bool | None = None
+
+    @property
+    def maps_in_job(self) -> bool:
+        """Whether the job maps its ranks' exports (map_in_job, unset: with export_in_job)."""
+        return self.export_in_job if self.map_in_job is None else self.map_in_job
 
     @field_validator("capture_range_nvtx")
     @classmethod

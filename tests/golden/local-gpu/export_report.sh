@@ -30,6 +30,16 @@ elif { [ "${#newer[@]}" -eq 0 ] || grep -qiE '(unrecogni[sz]ed|unknown|invalid) 
 fi
 if [ "$ok" -eq 1 ] && [ -s "$tmp" ] && mv -f "$tmp" "$dir/$name.sqlite"; then
   echo "orch: exported $name in $((SECONDS - started)) s on $(hostname): $dir/$name.sqlite" >&2
+  # The rank's Parquet parts and statistics (profile.map_in_job), with orch's own Python and
+  # only orch on its path (not the job's PYTHONPATH, which loads orch's rank hook); it says what
+  # it did in one line. Not there (a container, no shared filesystem): collect maps the rank.
+  py=<PYTHON>
+  if [ -x "$py" ]; then
+    env -u PYTHONHOME PYTHONPATH=<REPO> timeout -k 10 900 \
+      "$py" -s -m orchestrator.collect.jobmap /orch/run "$report" || true
+  else
+    echo "orch: $py is not on $(hostname): orch collect will map $name" >&2
+  fi
   exit 0
 fi
 echo "orch: in-job export of $name failed or timed out (900 s); orch collect will export it:" \

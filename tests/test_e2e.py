@@ -19,13 +19,13 @@ SLEEPER = "import time\ntime.sleep(600)\n"
 
 
 def _spec(tmp: Path, *, cluster: str, nproc: int, ranks: str, args: list[str] | None = None,
-          script: str | None = None, slurm: dict | None = None) -> Path:
+          script: str | None = None, slurm: dict | None = None, profile: dict | None = None) -> Path:
     spec = {
         "name": "e2e", "cluster": cluster, "run_root": str(tmp / "runs"),
         "launch": {"script": script or str(EXAMPLES / "train.py"), "nproc_per_node": nproc,
                    "args": args if args is not None else ["--steps", "4"], "env": {"GLOO_SOCKET_IFNAME": "lo"}},
         "layout": {"tp": 1, "pp": 1},
-        "profile": {"ranks": ranks, "trace": ["nvtx", "osrt"]},
+        "profile": {"ranks": ranks, "trace": ["nvtx", "osrt"], **(profile or {})},
     }
     if slurm:
         spec["slurm"] = slurm
@@ -92,8 +92,14 @@ def test_slurm_two_nodes_end_to_end(tmp_path: Path, nsys: str, slurm_cluster) ->
     assert "COMPLETED (from sacct)" in p.stdout
     job = _job_id(p.stdout)
     _check_reports(tmp_path, job, {0: "node1", 3: "node2"})
+    # Each rank exported and mapped its report in its Slurm step (profile.map_in_job, on by
+    # default): collect maps nothing and reduces the job's parts.
+    (run,) = (tmp_path / "runs").iterdir()
+    metas = [json.loads(f.read_text()) for f in sorted((run / "parts" / "reports").glob("*.json"))]
+    assert sorted(m["map_rank"] for m in metas if m["in_job"] and not m["error"]) == [0, 3], metas
     c = run_orch("collect", job, "--runs", str(tmp_path / "runs"))
     assert c.returncode == 0, c.stderr
+    assert "(0 report(s) mapped, 2 reused)" in " ".join(c.stdout.split()), c.stdout
     con = duckdb.connect(str(next((tmp_path / "runs").glob("*/profile.duckdb"))), read_only=True)
     assert con.execute("SELECT list(host ORDER BY rank), list(node ORDER BY rank) FROM ranks").fetchone() == \
         (["node1", "node2"], [0, 1])

@@ -43,7 +43,9 @@ def _array_nodes(stdout: str, env: dict[str, str], tasks: int = 4) -> tuple[str,
 @pytest.mark.slurm
 def test_collect_on_cluster_matches_local(tmp_path: Path, nsys: str, slurm_cluster) -> None:
     env = slurm_cluster.client_env
-    spec = _spec(tmp_path, cluster="local-slurm", nproc=2, ranks="all")
+    # The array maps what the job did not: here, every rank (the job's own maps are tested in
+    # tests/test_e2e.py and tests/test_map_in_job.py).
+    spec = _spec(tmp_path, cluster="local-slurm", nproc=2, ranks="all", profile={"map_in_job": False})
     p = run_orch("submit", str(spec), "--wait", "--timeout", "300", cwd=tmp_path, env=env)
     assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr
     job = _job_id(p.stdout)

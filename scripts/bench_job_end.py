@@ -48,7 +48,8 @@ def submit_job(work: Path, ranks: int, steps: int, cluster: str, in_job: bool) -
             "launch": {"script": str(REPO / "scripts" / "examples" / "train.py"), "nproc_per_node": ranks // nodes,
                        "args": ["--steps", str(steps)], "env": {"GLOO_SOCKET_IFNAME": "lo"}},
             "layout": {"tp": 1, "pp": 1},
-            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": in_job}}
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "export_in_job": in_job,
+                        "map_in_job": False}}  # the exports alone (bench_job_end_scale.py: with the maps)
     (work / "job.yaml").write_text(yaml.safe_dump(spec))
     job_s = orch("submit", str(work / "job.yaml"), "--wait", "--timeout", "1200")
     (run,) = (work / "runs").iterdir()

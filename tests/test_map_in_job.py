@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from orchestrator.analyze.engine import Options
 from orchestrator.render import render
 from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
-from tests.conftest import run_orch
+from tests.conftest import capture_cpu, run_orch
 from tests.test_export_in_job import _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
 
@@ -87,3 +88,26 @@ def test_map_in_job_renders_orchs_python_and_needs_the_export(tmp_path: Path) ->
     with pytest.raises(ValueError, match="map_in_job maps the export the job makes: set export_in_job: true"):
         JobSpec.model_validate({"name": "x", "launch": {"script": "t.py"},
                                 "profile": {"map_in_job": True, "export_in_job": False}})
+
+
+@pytest.mark.nsys
+def test_a_node_without_orchs_python_exports_and_leaves_the_map_to_collect(
+        tmp_path: Path, nsys: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter rendered into the job is not on the node (a container, a disk only the
+    login node has): the rank's export is made, the map is skipped with one line, the script
+    succeeds and leaves no parts."""
+    run = tmp_path / "run"
+    report = run / "reports" / "injob_1_r0_vm.7.nsys-rep"
+    report.parent.mkdir(parents=True)
+    capture_cpu(nsys, "import nvtx\nwith nvtx.annotate('step 0'):\n    pass\n", report.with_suffix(""),
+                trace="nvtx")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "login-node-only" / "python"))
+    script = run / "scripts" / "export_report.sh"
+    script.parent.mkdir()
+    script.write_text(render(load_job(_spec(tmp_path)), run / "scripts").scripts["export_report.sh"])
+    p = subprocess.run(["bash", str(script), str(report)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "orch: exported injob_1_r0_vm.7" in p.stderr
+    assert f"orch: {tmp_path}/login-node-only/python is not on " in p.stderr
+    assert "orch collect will map injob_1_r0_vm.7" in p.stderr
+    assert (run / "exports" / "injob_1_r0_vm.7.sqlite").is_file() and not (run / "parts").exists()

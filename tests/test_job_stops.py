@@ -7,7 +7,9 @@ every process the job started stays a descendant of the test's subreaper, checke
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -246,9 +248,11 @@ def _slurm_job_processes(job: str) -> list[int]:
 @pytest.mark.slurm
 def test_slurm_time_limit_keeps_every_report(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster) -> None:
     """2 nodes x 1 rank on the local Slurm, rank 1 hangs: Slurm's early warning (--signal,
-    40 s before the 1-minute limit) stops both captures, on both nodes, before the limit."""
+    40 s before the 2-minute limit) stops both captures, on both nodes, before the limit. Slurm
+    may send it up to a minute early (sbatch(1)), so the limit leaves the ranks 20 s or more to
+    start; with a 1-minute limit CI once got it 0.2 s after the start, before any rank ran."""
     env = slurm_cluster.client_env
-    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "1",
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "2",
                  grace=25, lead=40, cluster="local-slurm", nproc=1)
     p = tree.orch("submit", str(spec), "--wait", "--timeout", "240", env=env)
     assert p.returncode == 1 and "TIMEOUT" in p.stdout, p.stdout + p.stderr
@@ -321,3 +325,30 @@ def test_slurm_fault(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster, fa
     assert _first_failure(o["line"], _RAISED if fault == "raise" else ("killed by SIGKILL",)), o["line"]
     assert fault != "raise" or "RuntimeError: planted failure at step 3" in o["line"], o["line"]
     assert (f"; its capture ends in {got}" in o["line"] if got else "its capture ends" not in o["line"]), o["line"]
+
+
+def test_a_warning_before_the_handlers_stops_the_node_cleanly(tmp_path: Path, nsys: str) -> None:
+    """Slurm may send the early warning up to a minute before it is due, so a short job can get
+    it while launch.sh is still starting. Held there (a slow `scontrol`, as on a loaded
+    controller), launch.sh gets SIGUSR2 before its stop handlers are set: it must not die of it,
+    and must stop the node once they are, starting no rank."""
+    spec = _spec(tmp_path, ["--steps", "50"], "05:00")
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "render", str(spec), "-o", str(tmp_path / "r")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\nsleep 3\necho 127.0.0.1\n")
+    (fake / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1",
+           "SLURM_NODEID": "0", "ORCH_JOB_ID": "77"}
+    launch = subprocess.Popen(["bash", str(tmp_path / "r" / "scripts" / "launch.sh")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(1)  # in the fake scontrol
+    launch.send_signal(signal.SIGUSR2)
+    out, err = launch.communicate(timeout=120)
+    assert launch.returncode >= 0, f"launch.sh died of signal {-launch.returncode}: {err}"
+    assert "orch: node 0: time-limit warning (SIGUSR2): stack dumps, then stopping the captures" in err, err
+    assert "step 0" not in out + err  # no rank trained
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "r" / "scripts")], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout  # nothing of the node outlives it

@@ -3,6 +3,16 @@
 # Runs once per node: by sbatch.sh (srun, one task per node), by `orch submit` through
 # submitit, or by hand on one machine. It starts torchrun over the rank wrapper.
 set -euo pipefail
+# A warning or a cancel that comes before the handlers below are set is noted, not fatal (bash's
+# default for SIGUSR2 is to end): Slurm may send --signal up to a minute early, so a short job can
+# be warned as it starts. The handlers then act on it.
+early=""
+# shellcheck disable=SC2317 # called by the traps below
+note_early() { early=${early:-$1}; }
+trap 'note_early "time-limit warning (SIGUSR2)"' USR2
+trap 'note_early "SIGTERM"' TERM
+trap 'note_early "SIGINT"' INT
+trap 'note_early "SIGHUP"' HUP
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # The id that names the reports: Slurm's job id, submitit's local job id, or "local".
@@ -78,6 +88,7 @@ trap 'stop_node "time-limit warning (SIGUSR2)"' USR2
 trap 'stop_node "SIGTERM"' TERM
 trap 'stop_node "SIGINT"' INT
 trap 'stop_node "SIGHUP"' HUP
+if [ -n "$early" ]; then stop_node "$early"; fi
 (
   trap '' USR2
   exec python3 -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node=2 \

@@ -30,13 +30,13 @@ time.sleep(60)
 """
 
 
-def _torchrun(tmp_path: Path, how: str, *launch: str) -> str:
+def _torchrun(tmp_path: Path, how: str, *launch: str, env: dict[str, str] | None = None) -> str:
     prog = tmp_path / "ranks.py"
     prog.write_text(RANKS)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                         *launch, str(prog)],
                        capture_output=True, text=True, timeout=120,
-                       env={"HOW": how, "GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin"})
+                       env={"HOW": how, "GLOO_SOCKET_IFNAME": "lo", "PATH": "/usr/bin:/bin", **(env or {})})
     assert p.returncode != 0
     return p.stderr
 
@@ -61,9 +61,19 @@ def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:
 
 def test_a_rank_that_lost_its_peer_is_not_the_first_failure(tmp_path: Path) -> None:
     """Rank 0 waits in an all-reduce for rank 1, which raises; rank 0 then fails with gloo's
-    "Connection closed by peer". With torchrun polling every 2 s both are stamped the same
-    second, and torchrun names rank 0, the lower rank, as its root cause."""
-    text = _torchrun(tmp_path, "victim", "--monitor-interval=2")
+    "Connection closed by peer". When torchrun sees both failed at one poll it stamps them the
+    same second and names rank 0, the lower rank, as its root cause. A wrapper holds each rank's
+    process until both programs ended (as nsys holds it until its report is written), so that
+    torchrun's poll (every 2 s) finds both failed: left to chance, rank 0's exit came after a
+    poll on a loaded CI machine, and torchrun named rank 1 itself."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    wrap = tmp_path / "exit_together.sh"
+    wrap.write_text('#!/bin/bash\n"$@"; rc=$?\ntouch "$SYNC/done.$RANK"\n'
+                    'while [ ! -e "$SYNC/done.0" ] || [ ! -e "$SYNC/done.1" ]; do sleep 0.01; done\nexit $rc\n')
+    wrap.chmod(0o755)
+    text = _torchrun(tmp_path, "victim", "--monitor-interval=2", "--no-python", str(wrap), sys.executable,
+                     env={"SYNC": str(sync)})
     root = text[text.index("Root Cause (first observed failure)"):]
     assert "rank      : 0 (local_rank: 0)" in root and "Connection closed by peer" in text, text[-3000:]
     assert failure_line(text) == ("rank 1 failed first (exit status 1): ValueError: batch 7 has no labels "

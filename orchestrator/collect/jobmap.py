@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from orchestrator.collect.gather import discover, exports_dir
-from orchestrator.collect.mapper import MapTask, map_report
+from orchestrator.collect.mapper import MapTask, map_report, summary
 from orchestrator.runpaths import RunPaths
 
 
@@ -29,7 +29,7 @@ def map_in_job(run: Path, report: Path) -> tuple[bool, str]:
     task = MapTask(report=found[0], parts=RunPaths(run).parts.resolve(), exports=exports_dir(run).resolve(),
                    summaries=True, in_job=True)
     meta = map_report(task)
-    error = meta["error"] or meta["probe"]["error"]
+    error = summary(meta)["error"]
     if error:
         return False, f"{report.name}: {error}"
     stats = f", statistics not computed ({meta['summary_error']})" if meta.get("summary_error") else ""

@@ -3,16 +3,17 @@
 # Runs once per node: by sbatch.sh (srun, one task per node), by `orch submit` through
 # submitit, or by hand on one machine. It starts torchrun over the rank wrapper.
 set -euo pipefail
-# A warning or a cancel that comes before the handlers below are set is noted, not fatal (bash's
-# default for SIGUSR2 is to end): Slurm may send --signal up to a minute early, so a short job can
-# be warned as it starts. The handlers then act on it.
+# The stop signals are trapped first thing: one that comes before stop_node below is ready is
+# noted, not fatal (bash's default for SIGUSR2 is to end), and acted on once it is. Slurm may
+# send --signal up to a minute early, so a short job can be warned as it starts.
 early=""
-# shellcheck disable=SC2317 # called by the traps below
-note_early() { early=${early:-$1}; }
-trap 'note_early "time-limit warning (SIGUSR2)"' USR2
-trap 'note_early "SIGTERM"' TERM
-trap 'note_early "SIGINT"' INT
-trap 'note_early "SIGHUP"' HUP
+ready=0
+# shellcheck disable=SC2317 # called by the traps
+on_stop() { if [ "$ready" -eq 1 ]; then stop_node "$1"; else early=${early:-$1}; fi; }
+trap 'on_stop "time-limit warning (SIGUSR2)"' USR2
+trap 'on_stop "SIGTERM"' TERM
+trap 'on_stop "SIGINT"' INT
+trap 'on_stop "SIGHUP"' HUP
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # The id that names the reports: Slurm's job id, submitit's local job id, or "local".
@@ -72,7 +73,7 @@ export PYTHONPATH="$here/pyhooks${PYTHONPATH:+:$PYTHONPATH}"
 
 stopping=""
 torchrun_pid=""
-# shellcheck disable=SC2317 # called by the traps below
+# shellcheck disable=SC2317 # called by the traps (on_stop)
 stop_node() {
   if [ -n "$stopping" ]; then return; fi
   stopping=$1
@@ -84,10 +85,7 @@ stop_node() {
   sleep 1
   if [ -n "$torchrun_pid" ]; then kill -TERM "$torchrun_pid" 2>/dev/null || true; fi
 }
-trap 'stop_node "time-limit warning (SIGUSR2)"' USR2
-trap 'stop_node "SIGTERM"' TERM
-trap 'stop_node "SIGINT"' INT
-trap 'stop_node "SIGHUP"' HUP
+ready=1
 if [ -n "$early" ]; then stop_node "$early"; fi
 (
   trap '' USR2

@@ -45,6 +45,8 @@ def print_status(st: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from orchestrator.submit.backend import TERMINAL
+
     out.print(f"job {escape(st['job_id'])} ({escape(st['name'])}, {st['executor']}): [bold]{st['state']}[/bold] "
               f"(from {escape(st['source'])})")
     stop = st.get("stop")
@@ -64,10 +66,10 @@ def print_status(st: dict[str, Any]) -> None:
                 task.get("log_kind", ""), "log tail")
             out.print(f"--- task {task['task']} {what} ({task['stderr']}):", markup=False)
             out.print(task["log_tail"], markup=False)
+    none = "no report (its task's log says why)" if st["state"] in TERMINAL else "no report yet"
     for rank in st["profiled_ranks"]:
         files = st["reports"].get(rank) or st["reports"].get(str(rank)) or []
-        out.print(f"rank {rank}: " + (", ".join(Path(f).name for f in files) if files else "no report yet"),
-                  markup=False)
+        out.print(f"rank {rank}: " + (", ".join(Path(f).name for f in files) if files else none), markup=False)
 
 
 def cmd_status(a: argparse.Namespace) -> int:

@@ -53,13 +53,16 @@ rm -f "$started"
 # files in $ORCH_CTL_DIR when torchrun killed this wrapper before nsys was done.
 # nsys is asked once, and not after the program ended: nsys is then writing its report, and a
 # SIGTERM would abort it instead.
+# A program nsys left behind (below) is stopped by the wrapper itself, as nsys would have.
 stop=0
 asked=0
 nsys_pid=""
 export_pid=""
+orphan=""
 stop_capture() {
   stop=1
   if [ -n "$export_pid" ]; then kill -TERM -- "-$export_pid" 2>/dev/null || true; fi
+  if [ -n "$orphan" ]; then kill -TERM -- "-$orphan" 2>/dev/null || kill -TERM "$orphan" 2>/dev/null || true; fi
   if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return; fi
   local app
   app=$(cat "$started" 2>/dev/null || true)
@@ -69,6 +72,14 @@ stop_capture() {
   fi
 }
 trap stop_capture TERM INT HUP
+
+# running PID: is PID a live process (a zombie is not: its program has ended)?
+running() {
+  local st
+  [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st:0:1}" != Z ]
+}
 
 # nsys first records into a raw stream (.qdstrm, under TMPDIR), then turns it into the report.
 # A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every
@@ -114,6 +125,18 @@ for attempt in $(seq 1 "$attempts"); do
   if [ -e "$started" ]; then
     ran=1
     app=$(cat "$started" 2>/dev/null || true)
+  fi
+  # nsys can exit while its program runs on: when its agent dies ("Connection to the Agent
+  # lost." from nsys 2022.4, status 0), the program keeps running outside nsys, in a session of
+  # its own. It is still this rank: the wrapper waits for it (torchrun would otherwise count the
+  # rank as ended while its program trains on, unseen), and passes a stop to it.
+  if [ "$ran" -eq 1 ] && running "$app" && sleep 1 && running "$app"; then
+    echo "orch: rank $rank: nsys exited (status $rc) while its program (pid $app) ran on: this rank's" \
+         "capture is lost (nsys' own message is above); waiting for the program, unprofiled" >&2
+    orphan=$app
+    if [ "$stop" -eq 1 ]; then stop_capture; fi
+    while running "$app"; do sleep 0.5; done
+    orphan=""
   fi
   report=""
   if [ "$ran" -eq 1 ]; then

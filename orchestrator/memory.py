@@ -1,9 +1,11 @@
 """How much memory DuckDB may take in one orch process, and where it spills past that.
 
-One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 1GB). Without a
-limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory; with
-1GB and a spill directory a large report takes far less memory, in the same time, with an
-identical report (docs/benchmarks-code.md).
+One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 512MB). Without a
+limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory; with a
+cap and a spill directory a large report takes far less memory, in the same time, with an
+identical report. 512MB, not more: DuckDB fills the cap it is given, so a process peaks at the
+cap plus its own few hundred MB, and on the largest stores measured a higher cap bought no time
+(docs/benchmarks-code.md, docs/scale.md).
 The collect spills next to the store it writes (`.duckdb-spill`, as large as the store can
 be); the analysis, which only reads a store, to a fresh path under the system temp directory
 (never the user's working directory, DuckDB's default for an in-memory database). DuckDB
@@ -29,7 +31,7 @@ _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$", re.
 
 def memory_limit() -> str:
     """ORCH_DUCKDB_MEMORY, checked: a bad value fails in one line before any work."""
-    value = os.environ.get("ORCH_DUCKDB_MEMORY", "1GB")
+    value = os.environ.get("ORCH_DUCKDB_MEMORY", "512MB")
     if not _SIZE.match(value):
         raise OrchError(f"ORCH_DUCKDB_MEMORY={value!r} is not a size; use e.g. ORCH_DUCKDB_MEMORY=4GB")
     return value.strip()

@@ -9,15 +9,15 @@ and the report and its steps and kernels (sqlite3 over nsys' own export) when th
     job named `lost`, export_in_job off; its reports go to DIR/reports)
 """
 import contextlib
-import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from keep_report_gpu import counts, run_cases  # beside this script
 
 PROGRAM = """
 import sys, time, torch
@@ -95,15 +95,7 @@ def case(scripts: Path, nsys: str, work: Path, name: str) -> dict:
     reports = sorted((scripts.parent / "reports").glob(f"lost_{name}_r0_*.nsys-rep"))
     res["reports"] = [(r.name, r.stat().st_size) for r in reports]
     if len(reports) == 1:
-        db = d / "r.sqlite"
-        e = subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(db), str(reports[0])],
-                           capture_output=True, text=True)
-        res["export_rc"] = e.returncode
-        with sqlite3.connect(db) as c:
-            res["steps"] = c.execute("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-                                     "WHERE coalesce(e.text, s.value) LIKE 'step %' AND e.\"end\" IS NOT NULL"
-                                     ).fetchone()[0]
-            res["kernels"] = c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+        res.update(counts(nsys, reports[0], d / "r.sqlite"))
     time.sleep(1)
     res["left_running"] = [c for c in _cmdlines() if str(prog) in c]
     return res
@@ -119,12 +111,7 @@ def _cmdlines() -> list[str]:
 
 
 def main() -> None:
-    scripts, nsys, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    work = Path("/tmp/al/work")
-    work.mkdir(parents=True, exist_ok=True)
-    results = [case(scripts, nsys, work, n) for n in ("none", "agent_term", "agent_kill")]
-    out.write_text(json.dumps(results, indent=1))
-    print(json.dumps(results, indent=1))
+    run_cases(case, ("none", "agent_term", "agent_kill"), Path("/tmp/al/work"))
 
 
 if __name__ == "__main__":

@@ -75,25 +75,34 @@ def case(scripts: Path, nsys: str, work: Path, name: str) -> dict:
     res["reports"] = [(r.name, r.stat().st_size) for r in reports]
     res["left_in_tmp"] = sorted(x.name for x in tmp.iterdir())
     if len(reports) == 1:
-        db = d / "r.sqlite"
-        e = subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(db), str(reports[0])],
-                           capture_output=True, text=True)
-        res["export_rc"] = e.returncode
-        with sqlite3.connect(db) as c:
-            res["steps"] = c.execute("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-                                     "WHERE coalesce(e.text, s.value) LIKE 'step %' AND e.\"end\" IS NOT NULL"
-                                     ).fetchone()[0]
-            res["kernels"] = c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+        res.update(counts(nsys, reports[0], d / "r.sqlite"))
     return res
 
 
-def main() -> None:
+def counts(nsys: str, report: Path, db: Path) -> dict:
+    """The closed `step N` ranges and the kernels of a report, by sqlite3 over nsys' own export."""
+    e = subprocess.run([nsys, "export", "--type", "sqlite", "-o", str(db), str(report)], capture_output=True, text=True)
+    res = {"export_rc": e.returncode}
+    with sqlite3.connect(db) as c:
+        res["steps"] = c.execute("SELECT count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                                 "WHERE coalesce(e.text, s.value) LIKE 'step %' AND e.\"end\" IS NOT NULL"
+                                 ).fetchone()[0]
+        res["kernels"] = c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    return res
+
+
+def run_cases(case, names: tuple[str, ...], work: Path) -> None:
+    """`case(SCRIPTS_DIR, NSYS, work, name)` for each name, from this script's arguments; the results
+    go to OUT_JSON and standard output."""
     scripts, nsys, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    work = Path("/tmp/kr/work")
     work.mkdir(parents=True, exist_ok=True)
-    results = [case(scripts, nsys, work, n) for n in ("none", "term", "kill")]
+    results = [case(scripts, nsys, work, n) for n in names]
     out.write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
+
+
+def main() -> None:
+    run_cases(case, ("none", "term", "kill"), Path("/tmp/kr/work"))
 
 
 if __name__ == "__main__":

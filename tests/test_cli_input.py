@@ -249,7 +249,7 @@ def test_old_manifest_with_unknown_keys_reads(tmp_path: Path) -> None:
     _manifest(run)
     p = run_orch("status", str(run))
     assert p.returncode == 0, p.stderr
-    assert "job 4000000000 (old, local)" in p.stdout and "rank 0: no report yet" in p.stdout
+    assert "job 4000000000 (old, local)" in p.stdout and "rank 0: no report (its task's log says why)" in p.stdout
 
 
 @pytest.mark.parametrize("text, needle", [("{not json", "corrupt (not JSON)"),

@@ -137,8 +137,8 @@ for attempt in $(seq 1 "$attempts"); do
   # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun would otherwise count the
   # rank as ended while its program trains on, unseen), and passes a stop to it.
   if [ "$ran" -eq 1 ] && running "$app" && sleep 1 && running "$app"; then
-    echo "orch: rank $rank: nsys exited (status $rc) while its program (pid $app) ran on: this rank's" \
-         "capture is lost (nsys' own message is above); waiting for the program, unprofiled" >&2
+    echo "orch: rank $rank: nsys exited (status $rc) while its program (pid $app) ran on (nsys' own" \
+         "message, if any, is above): waiting for the program, unprofiled from here" >&2
     orphan=$app
     if [ "$stop" -eq 1 ]; then stop_capture; fi
     while running "$app"; do sleep 0.5; done

@@ -122,6 +122,14 @@ def run_orch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
                           check=False)
 
 
+def processes() -> str:
+    """The job-related processes now (pid, parent, state, elapsed, kernel wait channel, command): the
+    evidence a test whose job did not end shows, to tell a hung program from a hung nsys."""
+    p = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,wchan:24,args"], capture_output=True, text=True, check=False)
+    keep = ("nsys", "python", "torchrun", "QdstrmImporter", "bash", "sh -c")
+    return "\nprocesses:\n" + "\n".join(ln[:240] for ln in p.stdout.splitlines() if any(k in ln for k in keep))
+
+
 class Cluster:
     def __init__(self, root: Path, port_base: int, accounting: bool) -> None:
         self.dir = root

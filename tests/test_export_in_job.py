@@ -13,7 +13,7 @@ import yaml
 
 from orchestrator.render import render
 from orchestrator.spec import load_job
-from tests.conftest import EXAMPLES, run_orch
+from tests.conftest import EXAMPLES, processes, run_orch
 from tests.test_parts import assert_same_report, assert_same_store
 
 
@@ -31,7 +31,7 @@ def _spec(tmp: Path, **profile: object) -> Path:
 def test_exports_made_in_the_job_are_what_collect_would_make(tmp_path: Path, nsys: str) -> None:
     # The exports alone: the job's maps (tests/test_map_in_job.py) would let collect skip them.
     p = run_orch("submit", str(_spec(tmp_path, map_in_job=False)), "--wait", "--timeout", "240")
-    assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr + processes()
     (run,) = (tmp_path / "runs").iterdir()
     reports = sorted((run / "reports").glob("*.nsys-rep"))
     exports = {r: run / "exports" / (r.name.removesuffix(".nsys-rep") + ".sqlite") for r in reports}

@@ -18,7 +18,7 @@ from orchestrator.analyze.engine import Options
 from orchestrator.render import render
 from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
-from tests.conftest import capture_cpu, run_orch
+from tests.conftest import capture_cpu, processes, run_orch
 from tests.test_export_in_job import _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
 
@@ -30,7 +30,7 @@ def _metas(run: Path) -> list[dict]:
 @pytest.mark.nsys
 def test_the_job_maps_its_ranks_and_collect_only_reduces(tmp_path: Path, nsys: str) -> None:
     p = run_orch("submit", str(_spec(tmp_path)), "--wait", "--timeout", "240")
-    assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "COMPLETED" in p.stdout, p.stdout + p.stderr + processes()
     (run,) = (tmp_path / "runs").iterdir()
     logs = "".join(f.read_text() for f in (run / "submitit").glob("*_log.err"))
     assert logs.count("orch: mapped injob_") == 2 and "could not map" not in logs, logs
@@ -62,7 +62,7 @@ def test_a_rank_the_job_did_not_map_is_mapped_by_collect(tmp_path: Path, nsys: s
     """One rank's in-job map is lost (its parts removed, as if its node's map was killed):
     collect maps that rank itself and reduces both."""
     p = run_orch("submit", str(_spec(tmp_path)), "--wait", "--timeout", "240")
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 0, p.stdout + p.stderr + processes()
     (run,) = (tmp_path / "runs").iterdir()
     lost = sorted((run / "parts" / "reports").glob("*.json"))[0]
     lost.unlink()

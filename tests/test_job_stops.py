@@ -200,6 +200,35 @@ def test_cancel_mid_run(tmp_path: Path, nsys: str, tree: JobTree) -> None:
     assert o["state"] == "hung" and o["scheduler_state"] == "CANCELLED" and o["behind"] == [0], o
 
 
+def test_a_cancel_of_a_running_job_with_a_straggler_is_no_hang(tmp_path: Path, nsys: str, tree: JobTree) -> None:
+    """Nothing hangs: rank 1 sleeps 100 ms in every data_load, so the cancel finds the ranks at
+    different points (the Flight Recorder or the trace shows rank 1 behind). The report must say
+    cancelled, name no rank as hung, and say that the rank behind was still running."""
+    spec = _spec(tmp_path, ["--steps", "300", "--slow-rank", "1", "--slow-ms", "100"], "05:00")
+    p = tree.orch("submit", str(spec))
+    assert p.returncode == 0, p.stderr
+    job = re.search(r"as job (\S+)", p.stdout).group(1)
+    run = _run_dir(tmp_path)
+    deadline = time.monotonic() + 120
+    while len(list(run.glob("logs/.orch-*/app.r*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(8)  # about 40 steps of 0.2 s
+    assert tree.survivors(settle_s=0)  # the job runs
+    c = tree.orch("cancel", job, "--runs", str(tmp_path / "runs"))
+    assert c.returncode == 0 and f"job {job} cancelled" in c.stdout, c.stdout + c.stderr
+    assert tree.survivors() == []
+    assert sorted(_reports(run)) == [0, 1]
+    rep = _report(tree, tmp_path)
+    o = rep["outcome"]
+    assert o["state"] == "cancelled" and o["scheduler_state"] == "CANCELLED" and o["behind"] == [], o
+    assert "no rank hung: the stop found the ranks at different points of a running loop" in o["line"], o["line"]
+    assert "never reached" not in o["line"], o["line"]
+    ends = {r["rank"]: r for r in o["ranks"]}
+    assert min(ends[r]["last_done_step"] for r in (0, 1)) >= 10, ends
+    f = next(f for f in rep["findings"] if f["kind"] == "job_outcome")
+    assert f["title"].startswith("the job was cancelled (CANCELLED)") and "never got as far" not in f["title"], f
+
+
 @pytest.mark.parametrize(("fault", "words", "last", "exit_"), [
     ("raise", "RuntimeError: planted failure at step 3", {"step 3"}, _RAISED),
     # A SIGKILLed program loses the NVTX events nsys' injection had not yet handed over: its

@@ -55,6 +55,20 @@ def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
     return late, f"{far['furthest']} of step {top}"
 
 
+def running(ends: list[dict[str, Any]], late: list[int]) -> str:
+    """Why the ranks behind were still running when their captures ended, or "" (a hang, or no
+    trace to tell): each began a range less than 3 of its steps (or 0.5 s) before its end."""
+    by = {e["rank"]: e for e in ends}
+    said = []
+    for r in late:
+        e = by.get(r)
+        if not e or e["still_ns"] is None or not e["step_ns"] or e["still_ns"] >= max(3 * e["step_ns"], 5 * 10**8):
+            return ""
+        said.append(f"rank {r} began its last range {e['still_ns'] / 1e9:.2f} s before its capture ended, "
+                    f"its steps take {e['step_ns'] / 1e9:.2f} s")
+    return "; ".join(said[:4])
+
+
 def first_failure(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The job's first failure among its nodes' (tasks'): a node whose first failure only lost
     its peer comes after one whose did not, whatever the nodes' clocks say; then the earliest."""
@@ -85,10 +99,17 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
     if stopped and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
         late, where = fr_late, fr_where
+    moving = running(ends, late) if late else ""
+    if moving:
+        # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
+        parts.append(f"no rank hung: the stop found the ranks at different points of a running loop ({moving})")
+        late = []
     if late:
         state = "hung"
-        waiting = [e["rank"] for e in ends if e["rank"] not in late]
-        parts.append(f"rank(s) {_list(late)} never reached {where}, where rank(s) {_list(waiting)} waited")
+        known = {e["rank"] for e in ends} | {r["rank"] for r in ev.get("flight_recorder", [])}
+        waiting = sorted(known - set(late))
+        parts.append(f"rank(s) {_list(late)} never reached {where}"
+                     + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
     first = first_failure(st["tasks"])

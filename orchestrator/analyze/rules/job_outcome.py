@@ -50,7 +50,7 @@ class JobOutcome(Rule):
                      if r.stack and r.rank in ranks][:4]
         evidence += [f"hang evidence: {d}" for d in o.dumps][:8]
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
-        title = f"the job {o.state} ({o.scheduler_state})" + (
+        title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
             f": rank(s) {', '.join(map(str, o.behind))} never got as far as the others" if o.behind else "")
         fix = _FIX["mismatch"] if mismatch else _FIX.get(o.state, _FIX["failed"])
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high")]

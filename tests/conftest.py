@@ -7,10 +7,12 @@ Where a real component is missing, tests skip on a developer machine but FAIL un
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,46 @@ def processes() -> str:
     p = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,wchan:24,args"], capture_output=True, text=True, check=False)
     keep = ("nsys", "python", "torchrun", "QdstrmImporter", "bash", "sh -c")
     return "\nprocesses:\n" + "\n".join(ln[:240] for ln in p.stdout.splitlines() if any(k in ln for k in keep))
+
+
+class JobTree:
+    """Runs orch commands under the test's subreaper (tests/subreaper.py)."""
+
+    def __init__(self) -> None:
+        self.p = subprocess.Popen([sys.executable, str(REPO / "tests" / "subreaper.py")], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+    def _ask(self, req: dict) -> dict:
+        self.p.stdin.write(json.dumps(req) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def orch(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+        r = self._ask({"run": [sys.executable, "-m", "orchestrator.cli", *args], "timeout": timeout,
+                       "env": env or {}})
+        return subprocess.CompletedProcess(args, r["rc"], r["stdout"], r["stderr"])
+
+    def survivors(self, settle_s: float = 10) -> list[list]:
+        """What is still running after up to `settle_s` (the controller exits just after its task)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            left = self._ask({"survivors": True})["pids"]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        self._ask({"kill": True})
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def tree():
+    t = JobTree()
+    yield t
+    t.close()
 
 
 class Cluster:

@@ -19,49 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, JobTree
 
 pytestmark = pytest.mark.nsys
-
-
-class JobTree:
-    """Runs orch commands under the test's subreaper (tests/subreaper.py)."""
-
-    def __init__(self) -> None:
-        self.p = subprocess.Popen([sys.executable, str(REPO / "tests" / "subreaper.py")], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, cwd=REPO)
-
-    def _ask(self, req: dict) -> dict:
-        self.p.stdin.write(json.dumps(req) + "\n")
-        self.p.stdin.flush()
-        return json.loads(self.p.stdout.readline())
-
-    def orch(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
-             ) -> subprocess.CompletedProcess[str]:
-        r = self._ask({"run": [sys.executable, "-m", "orchestrator.cli", *args], "timeout": timeout,
-                       "env": env or {}})
-        return subprocess.CompletedProcess(args, r["rc"], r["stdout"], r["stderr"])
-
-    def survivors(self, settle_s: float = 10) -> list[list]:
-        """What is still running after up to `settle_s` (the controller exits just after its task)."""
-        deadline = time.monotonic() + settle_s
-        while True:
-            left = self._ask({"survivors": True})["pids"]
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.5)
-
-    def close(self) -> None:
-        self._ask({"kill": True})
-        self.p.stdin.close()
-        self.p.wait(timeout=30)
-
-
-@pytest.fixture
-def tree():
-    t = JobTree()
-    yield t
-    t.close()
 
 
 def _spec(tmp: Path, args: list[str], time_limit: str, grace: int = 25, lead: int = 33, cluster: str = "local",

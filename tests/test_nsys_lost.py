@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_job_stops import JobTree, _reports, _run_dir, _spec, tree  # noqa: F401 (fixture)
+from tests.conftest import JobTree
+from tests.test_job_stops import _reports, _run_dir, _spec
 
 pytestmark = pytest.mark.nsys
 
@@ -76,7 +77,7 @@ def _left(rank: int, app: int) -> str:
 
 
 def test_a_rank_whose_nsys_lost_its_agent_lasts_as_long_as_its_program(tmp_path: Path, nsys: str,
-                                                                      tree: JobTree) -> None:  # noqa: F811
+                                                                      tree: JobTree) -> None:
     """One rank: had its wrapper ended with its nsys, torchrun would end the launch and the node
     supervisor would stop the training it no longer saw."""
     found, killer, spec = _start(tmp_path, nproc=1)
@@ -96,7 +97,7 @@ def test_a_rank_whose_nsys_lost_its_agent_lasts_as_long_as_its_program(tmp_path:
     assert tree.survivors() == []
 
 
-def test_a_cancel_reaches_a_program_its_nsys_left(tmp_path: Path, nsys: str, tree: JobTree) -> None:  # noqa: F811
+def test_a_cancel_reaches_a_program_its_nsys_left(tmp_path: Path, nsys: str, tree: JobTree) -> None:
     """Without nsys, torchrun's stop does not reach the program (nsys started it in a session of its
     own): the wrapper passes it on, and the job stops at once, every process with it."""
     found, killer, spec = _start(tmp_path, nproc=2)

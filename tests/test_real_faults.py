@@ -14,19 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.test_job_stops import JobTree
+from tests.conftest import REPO, JobTree
 
 pytestmark = pytest.mark.nsys
 
 SCRIPT = REPO / "scripts" / "workloads" / "ddp_tutorial_eval.py"
-
-
-@pytest.fixture
-def tree():
-    t = JobTree()
-    yield t
-    t.close()
 
 
 def test_collective_called_on_the_main_process_only(tmp_path: Path, nsys: str, tree: JobTree) -> None:

@@ -99,7 +99,7 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
     if stopped and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
         late, where = fr_late, fr_where
-    moving = running(ends, late) if late else ""
+    moving = running(ends, late)
     if moving:
         # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
         parts.append(f"no rank hung: the stop found the ranks at different points of a running loop ({moving})")

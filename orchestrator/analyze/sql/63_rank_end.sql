@@ -6,9 +6,9 @@
 -- (job-wide median offset from the step's start, over each rank's 3 steps before it): where
 -- the ranks' furthest phases differ, the ranks behind never reached what the others waited in.
 -- still_ns is how long before its end the loop thread last began a range (how long the rank
--- showed no progress) and step_ns its median finished step: a rank behind that began a range
--- a moment before a stop was still running, not hung.
--- Reads: nvtx, steps, open_steps. Provides:
+-- showed no progress) and step_ns its median step time (step_stats): a rank behind that began a
+-- range a moment before a stop was still running, not hung.
+-- Reads: nvtx, steps, open_steps, step_stats. Provides:
 --   rank_end(rank, end_ns, last_step, last_done_step, open_ranges, furthest, furthest_offset_ns,
 --            still_ns, step_ns)
 --       per rank, where it stood when the capture ended
@@ -21,8 +21,6 @@ WITH every_step AS (  -- the step a stopped job ended in is kept out of `steps`
     SELECT n.rank, l.tid, l.last_step, max(n."end") AS end_ns, max(n.start) AS last_start_ns
     FROM nvtx n JOIN loop l ON n.rank = l.rank AND n.tid = l.tid
     WHERE n.domain_id = 0 GROUP BY n.rank, l.tid, l.last_step
-), pace AS (
-    SELECT rank, CAST(median("end" - start) AS BIGINT) AS step_ns FROM steps GROUP BY rank
 ), opened AS (
     SELECT n.rank, list(n.text ORDER BY n.depth, n.start) AS open_ranges
     FROM nvtx n JOIN fin f ON n.rank = f.rank AND n.tid = f.tid
@@ -51,6 +49,6 @@ WITH every_step AS (  -- the step a stopped job ended in is kept out of `steps`
 )
 SELECT f.rank, f.end_ns, f.last_step, d.last_done_step, o.open_ranges, u.furthest,
        CAST(u.furthest_offset_ns AS BIGINT) AS furthest_offset_ns, f.end_ns - f.last_start_ns AS still_ns,
-       p.step_ns
+       CAST(p.median_ns AS BIGINT) AS step_ns
 FROM fin f LEFT JOIN done d USING (rank) LEFT JOIN opened o USING (rank) LEFT JOIN furthest u USING (rank)
-LEFT JOIN pace p USING (rank);
+LEFT JOIN step_stats p USING (rank);

@@ -128,8 +128,9 @@ for attempt in $(seq 1 "$attempts"); do
   fi
   # nsys can exit while its program runs on: when its agent dies (nsys 2022.4 and 2025 print
   # "Connection to [the] Agent lost." and exit with status 0), the program keeps running outside
-  # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun would otherwise count the
-  # rank as ended while its program trains on, unseen), and passes a stop to it.
+  # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun
+  # would otherwise count the rank as ended while its program trains on, unseen), and passes a
+  # stop to it.
   if [ "$ran" -eq 1 ] && running "$app" && sleep 1 && running "$app"; then
     echo "orch: rank $rank: nsys exited (status $rc) while its program (pid $app) ran on (nsys' own" \
          "message, if any, is above): waiting for the program, unprofiled from here" >&2

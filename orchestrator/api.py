@@ -55,8 +55,8 @@ class Store:
 
     def table(self, name: str):  # -> pyarrow.Table
         """One store table (kernels, memcpy, memset, cuda_api, nvtx, gpu_metrics, ranks, env, meta...)."""
-        names = {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'")
-                 .fetchall()}
+        names = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables "
+                                                "WHERE table_catalog = 'store'").fetchall()}
         if name not in names:
             raise KeyError(f"no table {name!r} in {self.path}; tables: {', '.join(sorted(names))}")
         return self.con.execute(f'SELECT * FROM "{name}"').fetch_arrow_table()

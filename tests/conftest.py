@@ -227,8 +227,8 @@ def slurm_cluster_noacct():
 # tables, one real export or the spec alone. Every other module runs real jobs, nsys, the CLI over
 # every fixture set or a browser and is marked `e2e`; a new module is e2e until it is listed here.
 FAST_MODULES = frozenset({
-    "test_analyze", "test_collect_paths", "test_comm", "test_export_tables", "test_gpu_e2e", "test_host_sync",
-    "test_memory_rules", "test_nvtx_depth", "test_overhead_sql", "test_phase_ops", "test_probe",
+    "test_analyze", "test_collect_paths", "test_comm", "test_event_views", "test_export_tables", "test_gpu_e2e",
+    "test_host_sync", "test_memory_rules", "test_nvtx_depth", "test_overhead_sql", "test_phase_ops", "test_probe",
     "test_root_cause", "test_rules", "test_schedule", "test_spec", "test_sql_macros", "test_sql_modules",
     "test_sqltext", "test_stats_tables", "test_timings", "test_wheel",
 })

@@ -108,7 +108,8 @@ def _run_once(m: Module, modules: Sequence[Module], full: duckdb.DuckDBPyConnect
     try:
         con.execute(f"ATTACH '{store}' AS store (READ_ONLY)")
         con.execute(f"ATTACH '{snap}' AS snap (READ_ONLY)")
-        stored = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"
+        stored = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                            "WHERE table_catalog = 'store'"
                                             ).fetchall()}
         macros: list[str] = []  # a macro's body is bound where it is called: bring what it calls
 

@@ -16,6 +16,7 @@ from orchestrator.analyze.report import build_report
 from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
+from orchestrator.collect.views import VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import REPO, run_orch, shared_fixtures
 
@@ -43,6 +44,13 @@ def mapped_ranks(store: Path, opts: Options) -> list[int]:
         con.close()
 
 
+def table_types(store: Path) -> dict[str, str]:
+    """The store's event tables that are not plain tables: {name: VIEW}."""
+    with duckdb.connect(str(store), read_only=True) as con:
+        return dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                                "WHERE table_type <> 'BASE TABLE'").fetchall())
+
+
 def assert_same_store(a: Path, b: Path) -> None:
     """Every table row for row (as multisets: both paths keep each rank's rows together but
     may order ranks differently), and meta except its time and engine; the per-rank tables
@@ -53,7 +61,7 @@ def assert_same_store(a: Path, b: Path) -> None:
                                         "WHERE table_catalog = current_database() ORDER BY 1").fetchall()]
     other = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
                                        "WHERE table_catalog = 'other' ORDER BY 1").fetchall()]
-    mapped = {s.table for s in SUMMARIES}
+    mapped = {s.table for s in SUMMARIES} | {"event_parts"}  # the parts' index: the parts route's own
     assert [t for t in tables if t not in mapped] == [t for t in other if t not in mapped]
     for t in (t for t in tables if t not in mapped and t in other):
         if t == "meta":
@@ -65,7 +73,9 @@ def assert_same_store(a: Path, b: Path) -> None:
             assert con.execute(f"SELECT count(*) FROM (FROM {x} EXCEPT ALL FROM {y})").fetchone()[0] == 0, t
     differ = con.execute("SELECT coalesce(a.key, b.key) FROM meta a FULL JOIN other.meta b ON a.key = b.key "
                          "WHERE a.value IS DISTINCT FROM b.value ORDER BY 1").fetchall()
-    assert {k for (k,) in differ} <= {"created_at", "engine", "parts"}, differ
+    assert {k for (k,) in differ} <= {"created_at", "engine", "parts", "event_views", "event_view_rows",
+                                      "event_views_filtered",
+                                      "parts_from_store"}, differ
     con.close()
 
 
@@ -90,6 +100,7 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2, summaries=True)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
+    assert b.views == list(VIEWABLE) and table_types(b.store) == {t: "VIEW" for t in VIEWABLE}
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
     assert mapped_ranks(b.store, Options()) == a.ok_ranks

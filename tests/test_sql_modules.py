@@ -62,7 +62,8 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Checked]:
     store = collect_parts([d / "in"], d / "run", layout=Layout(), workers=2, summaries=True).store
     full, _ = analysis(store, Options())
     sqlcheck.materialize(full, d / "snap.duckdb")
-    stored = {r[0] for r in full.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'"
+    stored = {r[0] for r in full.execute("SELECT table_name FROM information_schema.tables "
+                                            "WHERE table_catalog = 'store'"
                                          ).fetchall()}
     yield Checked(full, store, d / "snap.duckdb", stored)
     full.close()

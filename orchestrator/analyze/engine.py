@@ -24,6 +24,7 @@ import duckdb
 from orchestrator.analyze import schedule, summaries
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
+from orchestrator.collect.views import relocate
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
 from orchestrator.sqltext import execute, literal
@@ -93,18 +94,28 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         con.close()
         reason = str(e).splitlines()[0]
         raise OrchError(f"{store} is not a readable orch store ({reason}); re-run `orch collect`") from None
+    try:
+        meta = dict(con.execute("SELECT key, value FROM store.meta").fetchall())
+    except duckdb.Error:
+        meta = {}  # not an orch store: check_store_version or the first query says so
+    try:
+        relocate(con, Path(store), meta)
+    except BaseException:
+        con.close()
+        raise
     session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
-    con.execute(f"SET threads = {analysis_threads(store_rows(con))}")
+    con.execute(f"SET threads = {analysis_threads(store_rows(con, meta))}")
     return con
 
 
-def store_rows(con: duckdb.DuckDBPyConnection) -> int:
-    """Rows in the attached store's tables, from DuckDB's catalog (no scan): the analysis's
-    work, whatever the compression made of the file's size."""
+def store_rows(con: duckdb.DuckDBPyConnection, meta: dict[str, str] | None = None) -> int:
+    """Rows in the attached store's tables, from DuckDB's catalog (no scan), and in its event
+    tables that are views over the parts (the reduce counted them): the analysis's work,
+    whatever the compression made of the file's size."""
     n, = con.execute("SELECT coalesce(sum(estimated_size), 0) FROM duckdb_tables() "
                      "WHERE database_name = 'store'").fetchone()
-    return int(n)
+    return int(n) + int((meta or {}).get("event_view_rows") or 0)
 
 
 def analysis_threads(store_rows: int, cores: int | None = None) -> int:

@@ -58,7 +58,8 @@ def options(a: argparse.Namespace, **more: Any) -> CollectOptions:
     return CollectOptions(layout=Layout.parse(getattr(a, "layout", None)), nsys=a.nsys, workers=a.workers,
                           keep_env=a.keep_env, engine=a.engine, align=a.align_clocks, console=err,
                           parts=bool(getattr(a, "parts", False)), array=array,
-                          summaries=getattr(a, "map_stats", None), **more)
+                          summaries=getattr(a, "map_stats", None),
+                          copy_events=bool(getattr(a, "copy_events", False)), **more)
 
 
 @contextmanager
@@ -77,8 +78,8 @@ def collected_open(paths: list[str], dest: Path, a: argparse.Namespace,
 def print_collect(res: Any) -> None:
     out.print(f"store: {plain(res.store)} ({len(res.ok_ranks)} rank(s) ok, engine {res.engine})", markup=False)
     if res.engine == "parts":
-        out.print(f"parts: {plain(res.store.parent / 'parts')} ({res.mapped} report(s) mapped, {res.reused} reused)",
-                  markup=False)
+        out.print(f"parts: {plain(res.store.parent / 'parts')} ({res.mapped} report(s) mapped, {res.reused} reused)"
+                  + ("; the store reads its events from them" if res.views else ""), markup=False)
     for t in res.failed_tasks:
         names = plain(", ".join(p.name for p in t.reports))
         out.print(f"map task {t.job_id} {t.state}{f' on {t.node}' if t.node else ''}: {names}", markup=False)
@@ -155,6 +156,10 @@ def collect_opts(p: argparse.ArgumentParser) -> None:
     g.add_argument("--parts", action="store_true",
                    help="map every report to Parquet parts in a local process pool, then reduce them into "
                         "the store (incremental: fresh parts are reused)")
+    g.add_argument("--copy-events", action="store_true",
+                   help="copy the event tables into the store, which can then be moved or shared without its "
+                        "run's parts/ (default: it reads the large ones from parts/, so the collect after a job "
+                        "costs ranks, not events)")
     g.add_argument("--on-cluster", action="store_true",
                    help="map as one Slurm job array (submitit) with the job's cluster config (implies --parts)")
     g.add_argument("--cluster", help="with --on-cluster: the cluster config (name or path); default the job's")

@@ -20,13 +20,13 @@ _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", 
               "source_file", "identity_source", "status", "error", "untraced")
 
 
-def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member]) -> set[str]:
+def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member], unfiltered: dict[str, str]) -> set[str]:
     """Rows that end before they start are deleted at finalize; count them on their rank
     first. Returns the tables that hold any (the only ones the delete has to scan)."""
     by_rank = {m.rank: m for m in members if m.rank is not None and m.status == "ok" and not m.probe.error}
     per: dict[int, list[str]] = {}
     tables: set[str] = set()
-    for rank, table, n in con.execute(negative_durations_sql()).fetchall():
+    for rank, table, n in con.execute(negative_durations_sql(unfiltered)).fetchall():
         per.setdefault(rank, []).append(f"{n} {table}")
         tables.add(table)
     for rank, what in per.items():
@@ -45,12 +45,15 @@ def _local_rank(m: Member, layout: Layout) -> int | None:
 
 
 def finalize_store(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
-              keep_env: bool, expected: list[int] | None) -> None:
+                   keep_env: bool, expected: list[int] | None, unfiltered: dict[str, str] | None = None) -> set[str]:
     """The small tables (ranks, env, sources) from the members, and the event tables, which
     hold every ingested row, finished in place: impossible rows counted on their rank, then
-    deleted; then finalize.sql."""
+    deleted; then finalize.sql. `unfiltered`: for an event table that is a view over the parts
+    (it leaves those rows out itself), the relation with all its rows, where they are counted.
+    Returns the tables that held such rows."""
+    unfiltered = unfiltered or {}
     with phase("finalize: count impossible rows"):
-        impossible = _count_impossible(con, members)
+        impossible = _count_impossible(con, members, unfiltered)
     rows, env_rows, src_rows = [], [], []
     seen: set[int] = set()
     for m in members:
@@ -88,4 +91,5 @@ def finalize_store(con: duckdb.DuckDBPyConnection, members: list[Member], base: 
                    FROM (SELECT DISTINCT host FROM ranks WHERE host IS NOT NULL)) h
                    WHERE ranks.node IS NULL AND ranks.host = h.host""")
     with phase("finalize: delete impossible rows, finalize.sql"):
-        con.execute(finalize_sql(impossible))
+        con.execute(finalize_sql(impossible - set(unfiltered)))
+    return impossible

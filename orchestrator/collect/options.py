@@ -30,7 +30,9 @@ class CollectOptions:
     Slurm array only, where the maps run on the cluster's nodes (in a local pool a small rank's
     statistics cost the map more than they save the analysis: docs/scale.md); otherwise
     in process, where `started` are exports already running (gather.early_exports) and
-    `background` checkpoints while the caller analyses the open store."""
+    `background` checkpoints while the caller analyses the open store. `copy_events`: the
+    parts route copies every event table into the store instead of leaving the large ones in
+    the parts, read through views (collect/views.py)."""
 
     layout: Layout = field(default_factory=Layout)
     expected: list[int] | None = None
@@ -47,6 +49,7 @@ class CollectOptions:
     started: dict[Path, Started] | None = None
     background: bool = False
     summaries: bool | None = None
+    copy_events: bool = False
 
     @property
     def map_reduce(self) -> bool:

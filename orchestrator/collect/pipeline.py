@@ -41,6 +41,7 @@ class CollectResult:
     mapped: int = 0  # --parts/--on-cluster: reports mapped by this run
     reused: int = 0  # --parts/--on-cluster: reports whose parts were fresh
     failed_tasks: list[Any] = field(default_factory=list)  # --on-cluster: array tasks not COMPLETED
+    views: list[str] = field(default_factory=list)  # parts route: event tables the store reads from the parts
 
     @property
     def ok_ranks(self) -> list[int]:
@@ -57,7 +58,7 @@ class CollectResult:
 class Written:
     """What a writer leaves open for the pipeline's block: the writer's connection (the store
     attached as `store`; None when the route closes its store first), the engine label, and
-    the route's counts for the result (mapped, reused, failed_tasks)."""
+    the route's counts for the result (mapped, reused, failed_tasks, views)."""
 
     con: duckdb.DuckDBPyConnection | None
     engine: str

@@ -12,7 +12,8 @@ way (tests/test_parts.py compares them table by table).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.store import append_rows, new_store, write_meta
 from orchestrator.collect.tables import TABLES
+from orchestrator.collect.views import EVENT_PARTS_DDL, VIEWABLE, create_views, parts_select, unfiltered
 from orchestrator.memory import limit
-from orchestrator.sqltext import quote
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -37,31 +38,14 @@ def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[
     return identify(reports, probes)
 
 
-def _parts_select(columns: Sequence[tuple[str, str]], shifted: set[str], files: list[str]) -> str:
-    """The rows of `files` (parts of one table) with the final rank from `part_map`, the
-    `shifted` columns moved onto the shared clock."""
-    if not files:
-        return "SELECT " + ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in columns) + " WHERE false"
-    cols = ["m.rank AS rank" if c == "rank" else f'p."{c}" + m.off AS "{c}"' if c in shifted else f'p."{c}"'
-            for c, _ in columns]
-    listing = ", ".join(f"'{quote(f)}'" for f in files)
-    return (f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], filename = true, hive_partitioning = false) p "
-            "JOIN part_map m ON m.file = p.filename")
-
-
-def _stage_view(table: str, files: list[str]) -> str:
-    """`{table}_stage`: the parts of one table on the shared clock, with the final rank."""
-    return f"CREATE TEMP VIEW {table}_stage AS " + _parts_select(EVENT_SCHEMA[table], set(TABLES[table].shifted), files)
-
-
-def _insert_summaries(con: duckdb.DuckDBPyConnection, files: dict[str, list[str]]) -> str | None:
+def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]]) -> str | None:
     """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py). They only
     spare the analysis work: a part that cannot be read leaves them all out (and says why)."""
     for s in SUMMARIES:
         con.execute(s.ddl())
     try:
         for s in SUMMARIES:
-            con.execute(f"INSERT INTO {s.table} " + _parts_select(s.columns, set(), files.get(s.table, [])))
+            con.execute(f"INSERT INTO {s.table} " + parts_select(s.table, s.columns, (), root, files.get(s.table, [])))
     except duckdb.Error as e:
         for s in SUMMARIES:
             con.execute(f"DELETE FROM {s.table}")
@@ -72,18 +56,19 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, files: dict[str, list[str]
 def build_store_from_parts(
     metas: list[dict[str, Any]], parts: Path, store: Path, *, layout: Layout, keep_env: bool = False,
     align: bool = False, expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
-    threads: int = 2, members: list[Member] | None = None,
+    threads: int = 2, members: list[Member] | None = None, views: Iterable[str] = (),
 ) -> str:
     """Write `store` atomically from the parts that `metas` list; returns the engine label.
     `members` (from members_from_metas, in metas' order) may be passed when the caller
-    already identified them (and completed the layout)."""
+    already identified them (and completed the layout); `views`: event tables the store reads
+    from the parts instead of holding a copy (views.py)."""
     with new_store(store) as tmp:
         con = duckdb.connect(str(tmp))
         try:
             con.execute(f"SET threads = {max(1, threads)}")
             limit(con, str(store.parent / ".duckdb-spill"))
             reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align, expected=expected,
-                        extra_meta=extra_meta, members=members)
+                        extra_meta=extra_meta, members=members, views=views, store=store)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -94,17 +79,22 @@ def reduce_into(
     con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]], parts: Path, *, layout: Layout,
     keep_env: bool = False, align: bool = False, expected: list[int] | None = None,
     extra_meta: dict[str, object] | None = None, members: list[Member] | None = None,
+    views: Iterable[str] = (), store: Path | None = None,
 ) -> None:
     """The store's tables from the parts, in `con`'s current database (a file, or the map's
-    one-rank store in memory: collect/summarize.py)."""
+    one-rank store in memory: collect/summarize.py); the `views` tables stay in the parts,
+    read through views that `store`'s meta locates."""
     if members is None:
         members, _ = members_from_metas(metas)
     ok = [(m, meta) for m, meta in zip(members, metas, strict=True)
           if m.status == "ok" and not m.probe.error and m.report.sqlite]
     starts = [m.probe.session_start_ns for m, _ in ok if m.probe.session_start_ns is not None]
     base = min(starts) if starts else 0
-    part_map: list[tuple[str, int, int]] = []
+    root = parts.resolve()
     files: dict[str, list[str]] = {t: [] for t in EVENT_SCHEMA}
+    index: list[tuple[str, int, str, int, int]] = []
+    rows = 0
+    viewed = [t for t in VIEWABLE if t in set(views)]
     for m, meta in ok:
         # The order of notes is the in-process ingest's: missing columns, then what the
         # extraction found (invalid UTF-8), then its failure.
@@ -117,23 +107,27 @@ def reduce_into(
             m.notes.append(meta["error"])
             continue
         off = m.probe.session_start_ns - base  # type: ignore[operator]
+        rows += sum(n for t, n in (meta.get("rows") or {}).items() if t in viewed)
         for table, rel in [*meta["files"].items(), *(meta.get("summaries") or {}).items()]:
-            path = str((parts / rel).resolve())
-            files.setdefault(table, []).append(path)
-            part_map.append((path, m.rank, off))  # type: ignore[arg-type]
+            listed = files.setdefault(table, [])
+            index.append((table, len(listed), rel, m.rank, off))  # type: ignore[arg-type]
+            listed.append(rel)
     con.execute(RANKS_DDL)
-    con.execute(create_event_tables_sql())
-    con.execute("CREATE TEMP TABLE part_map (file VARCHAR, rank INTEGER, off BIGINT)")
-    append_rows(con, "part_map", ("file", "rank", "off"), part_map)
+    con.execute(EVENT_PARTS_DDL)
+    append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off"), index)
+    con.execute(create_event_tables_sql(skip=viewed))
+    create_views(con, root, viewed, temp=True)
     for table, cols in EVENT_SCHEMA.items():
-        con.execute(_stage_view(table, files[table]))
-        names = ", ".join(f'"{c}"' for c, _ in cols)
-        con.execute(insert_sql(table, table, f"SELECT {names} FROM {table}_stage"))
-        con.execute(f"DROP VIEW {table}_stage")
-    stats = _insert_summaries(con, files)
-    con.execute("DROP TABLE part_map")
-    finalize_store(con, members, base, layout, keep_env, expected)
+        if table not in viewed:
+            con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root, files[table])))
+    stats = _insert_summaries(con, root, files)
+    impossible = finalize_store(con, members, base, layout, keep_env, expected,
+                                unfiltered={t: unfiltered(t) for t in viewed})
+    filtered = [t for t in viewed if t in impossible]
+    create_views(con, root, viewed, filtered)
     if align:
-        con.execute(align_clocks_sql())
+        con.execute(align_clocks_sql(viewed))
+    where = {"event_views": ",".join(viewed), "event_views_filtered": ",".join(filtered), "event_view_rows": rows,
+             "parts_from_store": os.path.relpath(root, store.resolve().parent)} if viewed and store else {}
     write_meta(con, engine="parts", base=base, layout=layout, align=align,
-               extra={"parts": str(parts.resolve()), **({"map_stats": stats} if stats else {}), **(extra_meta or {})})
+               extra={"parts": str(root), **where, **({"map_stats": stats} if stats else {}), **(extra_meta or {})})

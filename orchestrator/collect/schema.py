@@ -10,7 +10,7 @@ DuckDB's zone maps on `rank` prune per-rank queries.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import resources
 
 from orchestrator.collect.tables import STORE_VERSION, TABLES
@@ -45,12 +45,14 @@ CREATE TABLE meta (key VARCHAR, value VARCHAR);
 """
 
 
-def create_event_tables_sql() -> str:
+def create_event_tables_sql(skip: Iterable[str] = ()) -> str:
     """The empty event tables, created before the ingest so that its workers insert straight
     into the store (no staging copy): the columns and types are the registry's, whatever
-    the inserted SELECTs produce."""
+    the inserted SELECTs produce. `skip`: tables that will be views (collect/views.py)."""
     stmts = []
     for table, cols in EVENT_SCHEMA.items():
+        if table in set(skip):
+            continue
         body = ", ".join(f'"{c}" {t}' for c, t in cols)
         stmts.append(f"CREATE TABLE {table} ({body});")
     return "\n".join(stmts)
@@ -63,10 +65,13 @@ def arrow_schema(table: str):  # -> pyarrow.Schema
     return pa.schema([(c, types[t]) for c, t in EVENT_SCHEMA[table]])
 
 
-def negative_durations_sql() -> str:
+def negative_durations_sql(source: Mapping[str, str] | None = None) -> str:
     """(rank, table, n) for rows that end before they start, in the store's event tables as
-    the ingest left them (counted on their rank before `finalize_sql` deletes them)."""
-    parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {name} WHERE \"end\" < start GROUP BY rank"
+    the ingest left them (counted on their rank before `finalize_sql` deletes them); `source`
+    names the relation that holds every row of a table where that is not the table itself."""
+    source = source or {}
+    parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {source.get(name, name)} "
+             "WHERE \"end\" < start GROUP BY rank"
              for name, t in TABLES.items() if t.has_duration]
     return " UNION ALL ".join(parts) + " ORDER BY rank, tbl"
 
@@ -80,11 +85,13 @@ def finalize_sql(impossible: Iterable[str] = ()) -> str:
     return "\n".join(stmts) + "\n" + (_SQL_DIR / "finalize.sql").read_text()
 
 
-def align_clocks_sql() -> str:
-    """The per-rank correction (align_clocks.sql), applied to every shifted column."""
-    updates = []
+def align_clocks_sql(views: Iterable[str] = ()) -> str:
+    """The per-rank correction (align_clocks.sql), applied to every shifted column; a table
+    that is a view over the parts (`views`) takes it through its parts' offsets."""
+    updates = ["UPDATE event_parts SET off = off + corr.ns FROM corr WHERE event_parts.rank = corr.rank;"
+               ] if views else []
     for name, t in TABLES.items():
-        if not t.shifted:
+        if not t.shifted or name in set(views):
             continue
         sets = ", ".join(f'"{c}" = "{c}" + corr.ns' for c in t.shifted)
         updates.append(f"UPDATE {name} SET {sets} FROM corr WHERE {name}.rank = corr.rank;")

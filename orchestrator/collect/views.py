@@ -1,0 +1,117 @@
+"""Event tables that stay in the Parquet parts: a store of the parts route can hold its large
+event tables as views over the parts instead of copies, so that after a job the reduce costs
+files and ranks, not events (docs/scale.md, "Event tables as views over the parts").
+
+One table says which file holds which report's rows of which table, on which rank and at which
+clock offset: `event_parts (tbl, i, path, rank, off)`, `path` relative to the parts folder, `i`
+the file's place in its table's list. Every read of the parts joins it on the reader's
+`file_index` (an integer join: cheaper than one on the file name, and the same wherever the
+parts folder is now): the views stored in the store name the folder the reduce read, and
+`relocate` makes them again in the reader's memory when the run directory moved with its
+parts. Alignment moves `event_parts.off`; a view leaves out the rows that end before they start
+(finalize counted them from `unfiltered`), and the meta lists the views that held such rows
+(`event_views_filtered`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import duckdb
+
+from orchestrator.collect.tables import TABLES
+from orchestrator.errors import OrchError
+from orchestrator.sqltext import quote
+
+# The tables that may stay in the parts: those with rows per event (a time column). The
+# per-thread and per-GPU tables are small and read often: a copy of them costs less than
+# opening their files at every read. NVTX ranges are copied too: the analysis reads a range's
+# name back by its rowid (40_gaps.sql), which a view has not.
+VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name != "nvtx")
+
+EVENT_PARTS_DDL = "CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHAR, rank INTEGER, off BIGINT)"
+
+
+def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterable[str], root: Path,
+                 paths: Sequence[str], *, possible_only: bool = False, index: str = "event_parts") -> str:
+    """The rows of `table`'s part files `paths` (relative to `root`, in `index`'s order `i`)
+    with the rank identity gave each report and the `shifted` columns moved onto the shared
+    clock by its offset, both from `index` joined on the reader's `file_index`.
+    `possible_only`: without the rows that end before they start (a NULL end or start is kept)."""
+    if not paths:
+        return "SELECT " + ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in columns) + " WHERE false"
+    moved = set(shifted)
+    cols = ["m.rank AS rank" if c == "rank" else f'p."{c}" + m.off AS "{c}"' if c in moved else f'p."{c}"'
+            for c, _ in columns]
+    listing = ", ".join(f"'{quote(str(root / p))}'" for p in paths)
+    where = ' WHERE NOT coalesce(p."end" < p.start, false)' if possible_only else ""
+    return (f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], hive_partitioning = false) p "
+            f"JOIN (SELECT i, rank, off FROM {index} WHERE tbl = '{quote(table)}') m ON m.i = p.file_index{where}")
+
+
+def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None = None, temp: bool = False,
+             possible_only: bool = False, index: str = "event_parts") -> str:
+    """CREATE VIEW `name` (default: the table) over `table`'s parts under `root`."""
+    t = TABLES[table]
+    body = parts_select(table, t.store_columns, t.shifted, root, paths,
+                        possible_only=possible_only and t.has_duration, index=index)
+    return f"CREATE OR REPLACE {'TEMP ' if temp else ''}VIEW {name or table} AS {body}"
+
+
+def unfiltered(table: str) -> str:
+    """The temporary view of every row of a viewed table, impossible ones included (finalize
+    counts those on their rank)."""
+    return f"{table}_unfiltered"
+
+
+def table_parts(con: duckdb.DuckDBPyConnection, table: str, index: str = "event_parts") -> list[str]:
+    """`table`'s part files (relative to the parts folder), in their order `i`."""
+    return [p for (p,) in con.execute(f"SELECT path FROM {index} WHERE tbl = ? ORDER BY i", [table]).fetchall()]
+
+
+def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[str], filtered: Iterable[str] = (),
+                 *, temp: bool = False) -> None:
+    """The viewed `tables` from `event_parts`; those in `filtered` leave out their rows that
+    end before they start (a filter reads two more columns at every query, so only where
+    finalize found such rows). `temp`: the unfiltered temporary twins instead, where finalize
+    counts those rows."""
+    for table in tables:
+        parts = table_parts(con, table)
+        if temp:
+            con.execute(view_sql(table, root, parts, name=unfiltered(table), temp=True, possible_only=False))
+        else:
+            con.execute(view_sql(table, root, parts, possible_only=table in set(filtered)))
+
+
+def viewed(meta: dict[str, str], key: str = "event_views") -> list[str]:
+    """The store's tables that are views over the parts (its meta says; `key`
+    event_views_filtered: those that leave impossible rows out), in registry order."""
+    names = set(filter(None, meta.get(key, "").split(",")))
+    return [t for t in TABLES if t in names]
+
+
+def relocate(con: duckdb.DuckDBPyConnection, store: Path, meta: dict[str, str]) -> None:
+    """Make the attached `store`'s viewed tables readable by `con`, whose search path puts its
+    own memory first: nothing to do where the parts are where the reduce read them; views in
+    memory over the parts beside the store where the run directory moved with them; otherwise
+    one line that names the missing part and the fix."""
+    tables = viewed(meta)
+    if not tables:
+        return
+    parts = {t: table_parts(con, t, "store.event_parts") for t in tables}
+    was = Path(meta["parts"])
+    here = (Path(store).resolve().parent / meta["parts_from_store"]) if meta.get("parts_from_store") else None
+    for root in (was, here):
+        if root is not None and all((root / p).is_file() for ps in parts.values() for p in ps):
+            break
+    else:
+        gone = next(p for ps in parts.values() for p in ps if not (was / p).is_file())
+        raise OrchError(f"{store}: its event tables ({', '.join(tables)}) are read from the Parquet parts in "
+                        f"{was}, and {gone} is not there; put the run's parts/ back beside the store, or re-run "
+                        "`orch collect` (add --copy-events for a store that holds its events and can be moved alone)")
+    if root == was:
+        return
+    filtered = viewed(meta, "event_views_filtered")
+    for t in tables:
+        con.execute(view_sql(t, root, parts[t], possible_only=t in filtered, index="store.event_parts"))

@@ -1,0 +1,71 @@
+"""A store of the parts route reads its large event tables from the parts (collect/views.py):
+the rows are the in-process store's (test_parts.py, every fixture); here, what the views add:
+a run directory moved with its parts still reports the same, a store whose parts are gone
+says so in one line with the fix, `--copy-events` gives a store that stands alone, and
+aligned clocks move the viewed rows as they move the copied ones."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+from rich.console import Console
+
+from orchestrator.collect.collect import collect, collect_parts
+from orchestrator.collect.views import VIEWABLE
+from orchestrator.layout import Layout
+from tests.conftest import run_orch
+from tests.test_parts import assert_same_report, assert_same_store, table_types
+
+QUIET = Console(stderr=True, quiet=True)
+
+
+def _sums(store: Path) -> dict[str, tuple]:
+    """Rows and time sums of every viewed table, read by plain DuckDB over the store file."""
+    with duckdb.connect(str(store), read_only=True) as con:
+        return {t: con.execute(f"SELECT count(*), sum(start) FROM {t}").fetchone() for t in VIEWABLE}
+
+
+def test_a_run_moved_with_its_parts_reads_them_where_they_are(gpu_fixtures: Path, tmp_path: Path) -> None:
+    ref = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "ref", layout=Layout(), console=QUIET)
+    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
+    assert table_types(res.store) == {t: "VIEW" for t in VIEWABLE}
+    shutil.move(tmp_path / "a", tmp_path / "moved")
+    moved = tmp_path / "moved" / "profile.duckdb"
+    assert_same_report(ref.store, moved)
+    assert run_orch("report", str(moved)).returncode == 0
+
+
+def test_a_store_whose_parts_are_gone_says_so_and_how_to_fix_it(gpu_fixtures: Path, tmp_path: Path) -> None:
+    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
+    victim = sorted((tmp_path / "a" / "parts" / "table=kernels").glob("rank=1/*.parquet"))[0]
+    victim.unlink()
+    p = run_orch("report", str(res.store))
+    assert p.returncode != 0 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert f"{victim.relative_to(tmp_path / 'a' / 'parts')} is not there" in lines[0]
+    assert "--copy-events" in lines[0] and "orch collect" in lines[0] and "Traceback" not in p.stderr
+
+
+def test_copy_events_gives_a_store_that_stands_alone(gpu_fixtures: Path, tmp_path: Path) -> None:
+    views = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "v", layout=Layout(), console=QUIET, workers=2)
+    copied = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "c", layout=Layout(), console=QUIET,
+                           workers=2, copy_events=True)
+    assert copied.views == [] and table_types(copied.store) == {}
+    assert _sums(copied.store) == _sums(views.store)
+    alone = tmp_path / "alone.duckdb"
+    shutil.copy(copied.store, alone)
+    shutil.rmtree(tmp_path / "c")
+    assert_same_report(views.store, alone)
+
+
+def test_aligned_clocks_move_the_viewed_rows(gpu_fixtures: Path, tmp_path: Path) -> None:
+    ref = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "ref", layout=Layout(), console=QUIET, align=True)
+    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET,
+                        workers=2, align=True)
+    with duckdb.connect(str(res.store), read_only=True) as con:
+        corr = dict(con.execute("SELECT rank, clock_correction_ns FROM ranks").fetchall())
+    assert any(corr.values()), corr  # the fixture's clocks are corrected, so the check below can fail
+    assert_same_store(ref.store, res.store)

@@ -9,6 +9,7 @@ rows (a delete of the wrong rows changes it). Run for both engines and the Parqu
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -58,7 +59,7 @@ def _expected(f: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.parametrize("how", ["scanner", "sqlite3", "parts"])
+@pytest.mark.parametrize("how", ["scanner", "sqlite3", "parts", "parts-mapped-without-counts"])
 def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path, tmp_path: Path, how: str) -> None:
     src = tmp_path / "in"
     src.mkdir()
@@ -73,9 +74,18 @@ def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path,
     assert all(want[1][t][1] > 0 for t in ("kernels", "memcpy", "nvtx", "osrt", "sync"))
 
     quiet = Console(stderr=True, quiet=True)
-    if how == "parts":
+    if how.startswith("parts"):
         res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2)
-    else:
+    if how == "parts":  # each map counted its report's impossible rows, as sqlite3 counts them
+        metas = [json.loads(m.read_text()) for m in (tmp_path / "run" / "parts" / "reports").glob("*.json")]
+        counts = {m["map_rank"]: m["impossible"] for m in metas}
+        assert counts[1] == {t: want[1][t][1] for t in SOURCES if want[1][t][1]}, counts[1]
+    if how == "parts-mapped-without-counts":  # parts of an orch whose maps did not count them
+        for meta in (tmp_path / "run" / "parts" / "reports").glob("*.json"):
+            meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "impossible"}))
+        res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2)
+        assert res.reused == 3  # all but the failing report (a failed map is always redone)
+    if not how.startswith("parts"):
         res = collect([src], tmp_path / "run", layout=Layout(), engine=how, console=quiet, workers=2)
     con = duckdb.connect(str(res.store), read_only=True)
     status = {r: (s, e or "") for r, s, e in con.execute("SELECT rank, status, error FROM ranks").fetchall()}

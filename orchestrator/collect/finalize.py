@@ -20,13 +20,16 @@ _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", 
               "source_file", "identity_source", "status", "error", "untraced")
 
 
-def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member], unfiltered: dict[str, str]) -> set[str]:
+def _count_impossible(con: duckdb.DuckDBPyConnection, members: list[Member], unfiltered: dict[str, str | None],
+                      known: list[tuple[int, str, int]]) -> set[str]:
     """Rows that end before they start are deleted at finalize; count them on their rank
-    first. Returns the tables that hold any (the only ones the delete has to scan)."""
+    first (`known`: counts made by the maps, for the tables `unfiltered` maps to None).
+    Returns the tables that hold any (the only ones the delete has to scan)."""
     by_rank = {m.rank: m for m in members if m.rank is not None and m.status == "ok" and not m.probe.error}
     per: dict[int, list[str]] = {}
     tables: set[str] = set()
-    for rank, table, n in con.execute(negative_durations_sql(unfiltered)).fetchall():
+    counted = con.execute(negative_durations_sql(unfiltered)).fetchall()
+    for rank, table, n in sorted([*counted, *known]):
         per.setdefault(rank, []).append(f"{n} {table}")
         tables.add(table)
     for rank, what in per.items():
@@ -45,15 +48,17 @@ def _local_rank(m: Member, layout: Layout) -> int | None:
 
 
 def finalize_store(con: duckdb.DuckDBPyConnection, members: list[Member], base: int, layout: Layout,
-                   keep_env: bool, expected: list[int] | None, unfiltered: dict[str, str] | None = None) -> set[str]:
+                   keep_env: bool, expected: list[int] | None, unfiltered: dict[str, str | None] | None = None,
+                   known: list[tuple[int, str, int]] | None = None) -> set[str]:
     """The small tables (ranks, env, sources) from the members, and the event tables, which
     hold every ingested row, finished in place: impossible rows counted on their rank, then
     deleted; then finalize.sql. `unfiltered`: for an event table that is a view over the parts
-    (it leaves those rows out itself), the relation with all its rows, where they are counted.
-    Returns the tables that held such rows."""
+    (it leaves those rows out itself), the relation with all its rows, where they are counted,
+    or None where the maps counted them (`known`: (rank, table, n)). Returns the tables that
+    held such rows."""
     unfiltered = unfiltered or {}
     with phase("finalize: count impossible rows"):
-        impossible = _count_impossible(con, members, unfiltered)
+        impossible = _count_impossible(con, members, unfiltered, known or [])
     rows, env_rows, src_rows = [], [], []
     seen: set[int] = set()
     for m in members:

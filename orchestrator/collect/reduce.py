@@ -121,8 +121,14 @@ def reduce_into(
         if table not in viewed:
             con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root, files[table])))
     stats = _insert_summaries(con, root, files)
+    # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
+    # an orch that did not are read again.
+    known = [(m.rank, t, n) for m, meta in ok if not meta["error"] for t, n in meta.get("impossible", {}).items()
+             if t in viewed]
+    counted = all("impossible" in meta for _, meta in ok)
     impossible = finalize_store(con, members, base, layout, keep_env, expected,
-                                unfiltered={t: unfiltered(t) for t in viewed})
+                                unfiltered={t: None if counted else unfiltered(t) for t in viewed},
+                                known=known if counted else [])
     filtered = [t for t in viewed if t in impossible]
     create_views(con, root, viewed, filtered)
     if align:

@@ -65,14 +65,17 @@ def arrow_schema(table: str):  # -> pyarrow.Schema
     return pa.schema([(c, types[t]) for c, t in EVENT_SCHEMA[table]])
 
 
-def negative_durations_sql(source: Mapping[str, str] | None = None) -> str:
+def negative_durations_sql(source: Mapping[str, str | None] | None = None) -> str:
     """(rank, table, n) for rows that end before they start, in the store's event tables as
     the ingest left them (counted on their rank before `finalize_sql` deletes them); `source`
-    names the relation that holds every row of a table where that is not the table itself."""
+    names the relation that holds every row of a table where that is not the table itself,
+    None for a table counted elsewhere (the maps counted it)."""
     source = source or {}
     parts = [f"SELECT rank, '{name}' AS tbl, count(*) AS n FROM {source.get(name, name)} "
              "WHERE \"end\" < start GROUP BY rank"
-             for name, t in TABLES.items() if t.has_duration]
+             for name, t in TABLES.items() if t.has_duration and source.get(name, name) is not None]
+    if not parts:
+        return "SELECT NULL::INTEGER AS rank, NULL::VARCHAR AS tbl, NULL::BIGINT AS n WHERE false"
     return " UNION ALL ".join(parts) + " ORDER BY rank, tbl"
 
 

@@ -75,7 +75,8 @@ def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path,
 
     quiet = Console(stderr=True, quiet=True)
     if how.startswith("parts"):
-        res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2)
+        res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2,
+                            view_min_rows=0)
     if how == "parts":  # each map counted its report's impossible rows, as sqlite3 counts them
         metas = [json.loads(m.read_text()) for m in (tmp_path / "run" / "parts" / "reports").glob("*.json")]
         counts = {m["map_rank"]: m["impossible"] for m in metas}
@@ -83,7 +84,8 @@ def test_impossible_rows_counted_and_failed_rank_rolled_back(gpu_fixtures: Path,
     if how == "parts-mapped-without-counts":  # parts of an orch whose maps did not count them
         for meta in (tmp_path / "run" / "parts" / "reports").glob("*.json"):
             meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "impossible"}))
-        res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2)
+        res = collect_parts([src], tmp_path / "run", layout=Layout(), console=quiet, workers=2,
+                            view_min_rows=0)
         assert res.reused == 3  # all but the failing report (a failed map is always redone)
     if not how.startswith("parts"):
         res = collect([src], tmp_path / "run", layout=Layout(), engine=how, console=quiet, workers=2)

@@ -13,24 +13,32 @@ import duckdb
 from rich.console import Console
 
 from orchestrator.collect.collect import collect, collect_parts
-from orchestrator.collect.views import VIEWABLE
+from orchestrator.collect.pipeline import CollectResult
+from orchestrator.collect.views import VIEW_MIN_ROWS, VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import run_orch
 from tests.test_parts import assert_same_report, assert_same_store, table_types
 
 QUIET = Console(stderr=True, quiet=True)
+CASE = "ddp_straggler"
+
+
+def _parts(src: Path, run: Path, **kw: object) -> CollectResult:
+    """The parts route with every viewable table that has rows as a view, whatever its size."""
+    return collect_parts([src], run, layout=Layout(), console=QUIET, workers=2, **{"view_min_rows": 0, **kw})
 
 
 def _sums(store: Path) -> dict[str, tuple]:
-    """Rows and time sums of every viewed table, read by plain DuckDB over the store file."""
+    """Rows and time sums of every viewable table, read by plain DuckDB over the store file."""
     with duckdb.connect(str(store), read_only=True) as con:
         return {t: con.execute(f"SELECT count(*), sum(start) FROM {t}").fetchone() for t in VIEWABLE}
 
 
 def test_a_run_moved_with_its_parts_reads_them_where_they_are(gpu_fixtures: Path, tmp_path: Path) -> None:
-    ref = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "ref", layout=Layout(), console=QUIET)
-    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
-    assert table_types(res.store) == {t: "VIEW" for t in VIEWABLE}
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a")
+    assert {"kernels", "cuda_api", "osrt"} <= set(res.views)
+    assert table_types(res.store) == dict.fromkeys(res.views, "VIEW")
     shutil.move(tmp_path / "a", tmp_path / "moved")
     moved = tmp_path / "moved" / "profile.duckdb"
     assert_same_report(ref.store, moved)
@@ -38,7 +46,7 @@ def test_a_run_moved_with_its_parts_reads_them_where_they_are(gpu_fixtures: Path
 
 
 def test_a_store_whose_parts_are_gone_says_so_and_how_to_fix_it(gpu_fixtures: Path, tmp_path: Path) -> None:
-    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a")
     victim = sorted((tmp_path / "a" / "parts" / "table=kernels").glob("rank=1/*.parquet"))[0]
     victim.unlink()
     p = run_orch("report", str(res.store))
@@ -50,10 +58,9 @@ def test_a_store_whose_parts_are_gone_says_so_and_how_to_fix_it(gpu_fixtures: Pa
 
 
 def test_copy_events_gives_a_store_that_stands_alone(gpu_fixtures: Path, tmp_path: Path) -> None:
-    views = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "v", layout=Layout(), console=QUIET, workers=2)
-    copied = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "c", layout=Layout(), console=QUIET,
-                           workers=2, copy_events=True)
-    assert copied.views == [] and table_types(copied.store) == {}
+    views = _parts(gpu_fixtures / CASE, tmp_path / "v")
+    copied = _parts(gpu_fixtures / CASE, tmp_path / "c", copy_events=True)
+    assert views.views and copied.views == [] and table_types(copied.store) == {}
     assert _sums(copied.store) == _sums(views.store)
     alone = tmp_path / "alone.duckdb"
     shutil.copy(copied.store, alone)
@@ -62,10 +69,23 @@ def test_copy_events_gives_a_store_that_stands_alone(gpu_fixtures: Path, tmp_pat
 
 
 def test_aligned_clocks_move_the_viewed_rows(gpu_fixtures: Path, tmp_path: Path) -> None:
-    ref = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "ref", layout=Layout(), console=QUIET, align=True)
-    res = collect_parts([gpu_fixtures / "ddp_straggler"], tmp_path / "a", layout=Layout(), console=QUIET,
-                        workers=2, align=True)
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET, align=True)
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a", align=True)
     with duckdb.connect(str(res.store), read_only=True) as con:
         corr = dict(con.execute("SELECT rank, clock_correction_ns FROM ranks").fetchall())
-    assert any(corr.values()), corr  # the fixture's clocks are corrected, so the check below can fail
+    assert "kernels" in res.views and any(corr.values()), corr  # corrected clocks: the check below can fail
     assert_same_store(ref.store, res.store)
+
+
+def test_only_tables_with_large_files_become_views(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """By default a table is a view where its part files hold VIEW_MIN_ROWS rows a rank on
+    average, counted here from the in-process store (one file per rank and table)."""
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    with duckdb.connect(str(ref.store), read_only=True) as con:
+        per_rank = {t: con.execute(f"SELECT count(*) / count(DISTINCT rank) FROM {t}").fetchone()[0] for t in VIEWABLE}
+    want = [t for t in VIEWABLE if (per_rank[t] or 0) >= VIEW_MIN_ROWS]
+    some = min(n for n in per_rank.values() if n)
+    assert 0 < len(want) < len([n for n in per_rank.values() if n]), per_rank  # the rule splits this job
+    assert collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET).views == want
+    assert _parts(gpu_fixtures / CASE, tmp_path / "b", view_min_rows=int(some) + 1).views == [
+        t for t in VIEWABLE if (per_rank[t] or 0) >= some + 1]

@@ -28,7 +28,7 @@ from orchestrator.collect.parts import PART_TMP, probe_to_json, read_meta, repor
 from orchestrator.collect.pipeline import Written, progress
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
-from orchestrator.collect.views import VIEWABLE
+from orchestrator.collect.views import VIEW_MIN_ROWS, VIEWABLE
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
 from orchestrator.submit.array import TaskOutcome, run_array
@@ -127,8 +127,9 @@ class PartsRows:
         o = self.opts
         with progress(self.console) as prog:
             prog.add_task("reduce", total=None)
-            views = [] if o.copy_events else list(VIEWABLE)
-            used = build_store_from_parts(self.metas, self.parts, store, layout=layout, keep_env=o.keep_env,
-                                          align=o.align, expected=o.expected, extra_meta=o.extra_meta,
-                                          threads=self.workers, members=members, views=views)
-        yield Written(None, used, {**self.counts, "views": views})
+            views = build_store_from_parts(
+                self.metas, self.parts, store, layout=layout, keep_env=o.keep_env, align=o.align,
+                expected=o.expected, extra_meta=o.extra_meta, threads=self.workers, members=members,
+                views=[] if o.copy_events else VIEWABLE,
+                view_min_rows=VIEW_MIN_ROWS if o.view_min_rows is None else o.view_min_rows)
+        yield Written(None, "parts", {**self.counts, "views": views})

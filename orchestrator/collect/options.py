@@ -32,7 +32,8 @@ class CollectOptions:
     in process, where `started` are exports already running (gather.early_exports) and
     `background` checkpoints while the caller analyses the open store. `copy_events`: the
     parts route copies every event table into the store instead of leaving the large ones in
-    the parts, read through views (collect/views.py)."""
+    the parts, read through views (collect/views.py); `view_min_rows`: how large "large" is,
+    in rows a part file on average (None: views.VIEW_MIN_ROWS; the tests force views with 0)."""
 
     layout: Layout = field(default_factory=Layout)
     expected: list[int] | None = None
@@ -50,6 +51,7 @@ class CollectOptions:
     background: bool = False
     summaries: bool | None = None
     copy_events: bool = False
+    view_min_rows: int | None = None
 
     @property
     def map_reduce(self) -> bool:

@@ -27,7 +27,14 @@ from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.store import append_rows, new_store, write_meta
 from orchestrator.collect.tables import TABLES
-from orchestrator.collect.views import EVENT_PARTS_DDL, VIEWABLE, create_views, parts_select, unfiltered
+from orchestrator.collect.views import (
+    EVENT_PARTS_DDL,
+    VIEW_MIN_ROWS,
+    choose,
+    create_views,
+    parts_select,
+    unfiltered,
+)
 from orchestrator.memory import limit
 
 
@@ -57,33 +64,36 @@ def build_store_from_parts(
     metas: list[dict[str, Any]], parts: Path, store: Path, *, layout: Layout, keep_env: bool = False,
     align: bool = False, expected: list[int] | None = None, extra_meta: dict[str, object] | None = None,
     threads: int = 2, members: list[Member] | None = None, views: Iterable[str] = (),
-) -> str:
-    """Write `store` atomically from the parts that `metas` list; returns the engine label.
-    `members` (from members_from_metas, in metas' order) may be passed when the caller
-    already identified them (and completed the layout); `views`: event tables the store reads
-    from the parts instead of holding a copy (views.py)."""
+    view_min_rows: int = VIEW_MIN_ROWS,
+) -> list[str]:
+    """Write `store` atomically from the parts that `metas` list; returns the tables it reads
+    from the parts. `members` (from members_from_metas, in metas' order) may be passed when
+    the caller already identified them (and completed the layout); `views`: event tables the
+    store may read from the parts instead of holding a copy, those whose files hold
+    `view_min_rows` rows on average (views.choose)."""
     with new_store(store) as tmp:
         con = duckdb.connect(str(tmp))
         try:
             con.execute(f"SET threads = {max(1, threads)}")
             limit(con, str(store.parent / ".duckdb-spill"))
-            reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align, expected=expected,
-                        extra_meta=extra_meta, members=members, views=views, store=store)
+            viewed = reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align,
+                                 expected=expected, extra_meta=extra_meta, members=members, views=views,
+                                 view_min_rows=view_min_rows, store=store)
             con.execute("CHECKPOINT")
         finally:
             con.close()
-    return "parts"
+    return viewed
 
 
 def reduce_into(
     con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]], parts: Path, *, layout: Layout,
     keep_env: bool = False, align: bool = False, expected: list[int] | None = None,
     extra_meta: dict[str, object] | None = None, members: list[Member] | None = None,
-    views: Iterable[str] = (), store: Path | None = None,
-) -> None:
+    views: Iterable[str] = (), view_min_rows: int = VIEW_MIN_ROWS, store: Path | None = None,
+) -> list[str]:
     """The store's tables from the parts, in `con`'s current database (a file, or the map's
-    one-rank store in memory: collect/summarize.py); the `views` tables stay in the parts,
-    read through views that `store`'s meta locates."""
+    one-rank store in memory: collect/summarize.py); those of the `views` that views.choose
+    keeps stay in the parts, read through views that `store`'s meta locates (returned)."""
     if members is None:
         members, _ = members_from_metas(metas)
     ok = [(m, meta) for m, meta in zip(members, metas, strict=True)
@@ -93,8 +103,7 @@ def reduce_into(
     root = parts.resolve()
     files: dict[str, list[str]] = {t: [] for t in EVENT_SCHEMA}
     index: list[tuple[str, int, str, int, int]] = []
-    rows = 0
-    viewed = [t for t in VIEWABLE if t in set(views)]
+    rows: dict[str, int] = {}
     for m, meta in ok:
         # The order of notes is the in-process ingest's: missing columns, then what the
         # extraction found (invalid UTF-8), then its failure.
@@ -107,11 +116,13 @@ def reduce_into(
             m.notes.append(meta["error"])
             continue
         off = m.probe.session_start_ns - base  # type: ignore[operator]
-        rows += sum(n for t, n in (meta.get("rows") or {}).items() if t in viewed)
+        for t, n in (meta.get("rows") or {}).items():
+            rows[t] = rows.get(t, 0) + n
         for table, rel in [*meta["files"].items(), *(meta.get("summaries") or {}).items()]:
             listed = files.setdefault(table, [])
             index.append((table, len(listed), rel, m.rank, off))  # type: ignore[arg-type]
             listed.append(rel)
+    viewed = choose(views, rows, {t: len(f) for t, f in files.items()}, view_min_rows)
     con.execute(RANKS_DDL)
     con.execute(EVENT_PARTS_DDL)
     append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off"), index)
@@ -133,7 +144,9 @@ def reduce_into(
     create_views(con, root, viewed, filtered)
     if align:
         con.execute(align_clocks_sql(viewed))
-    where = {"event_views": ",".join(viewed), "event_views_filtered": ",".join(filtered), "event_view_rows": rows,
+    where = {"event_views": ",".join(viewed), "event_views_filtered": ",".join(filtered),
+             "event_view_rows": sum(rows.get(t, 0) for t in viewed),
              "parts_from_store": os.path.relpath(root, store.resolve().parent)} if viewed and store else {}
     write_meta(con, engine="parts", base=base, layout=layout, align=align,
                extra={"parts": str(root), **where, **({"map_stats": stats} if stats else {}), **(extra_meta or {})})
+    return viewed

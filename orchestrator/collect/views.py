@@ -30,6 +30,13 @@ from orchestrator.sqltext import quote
 # name back by its rowid (40_gaps.sql), which a view has not.
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name != "nvtx")
 
+# A table stays in the parts where its files hold at least this many rows each on average: a
+# view opens and decodes its files at every query that reads it, a copy writes every row once.
+# At 2,048 ranks of 4k GPU events views made the analysis twice as long and saved the reduce
+# 6 s; at 1,024 ranks of 37k OS-runtime calls they saved the reduce more than the report lost
+# (docs/scale.md, "Event tables as views over the parts").
+VIEW_MIN_ROWS = 20_000
+
 EVENT_PARTS_DDL = "CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHAR, rank INTEGER, off BIGINT)"
 
 
@@ -57,6 +64,13 @@ def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None =
     body = parts_select(table, t.store_columns, t.shifted, root, paths,
                         possible_only=possible_only and t.has_duration, index=index)
     return f"CREATE OR REPLACE {'TEMP ' if temp else ''}VIEW {name or table} AS {body}"
+
+
+def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int], min_rows: int) -> list[str]:
+    """The `candidates` worth a view: VIEWABLE tables with parts holding `min_rows` rows a file
+    on average (`rows` and `files`: per table, over the reports reduced)."""
+    wanted = set(candidates)
+    return [t for t in VIEWABLE if t in wanted and files.get(t) and rows.get(t, 0) >= min_rows * files[t]]
 
 
 def unfiltered(table: str) -> str:

@@ -209,11 +209,12 @@ def _impossible(parts: Path, files: dict[str, str]) -> dict[str, int]:
         return {}
     sql = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM read_parquet('{quote(str(parts / files[t]))}') "
                              'WHERE "end" < start' for t in tables)
-    con = duckdb.connect()
+    con = _CON or duckdb.connect()  # the process's scanner connection: connecting costs more than counting
     try:
         return {t: int(n) for t, n in con.execute(sql).fetchall() if n}
     finally:
-        con.close()
+        if con is not _CON:
+            con.close()
 
 
 def map_report(task: MapTask) -> dict[str, Any]:

@@ -127,16 +127,16 @@ def reduce_into(
     con.execute(EVENT_PARTS_DDL)
     append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off"), index)
     con.execute(create_event_tables_sql(skip=viewed))
-    create_views(con, root, viewed, temp=True)
+    # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
+    # an orch that did not are read again, through the views' unfiltered twins.
+    counted = all("impossible" in meta for _, meta in ok)
+    known = [(m.rank, t, n) for m, meta in ok for t, n in meta.get("impossible", {}).items() if t in viewed]
+    if not counted:
+        create_views(con, root, viewed, temp=True)
     for table, cols in EVENT_SCHEMA.items():
         if table not in viewed:
             con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root, files[table])))
     stats = _insert_summaries(con, root, files)
-    # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
-    # an orch that did not are read again.
-    known = [(m.rank, t, n) for m, meta in ok if not meta["error"] for t, n in meta.get("impossible", {}).items()
-             if t in viewed]
-    counted = all("impossible" in meta for _, meta in ok)
     impossible = finalize_store(con, members, base, layout, keep_env, expected,
                                 unfiltered={t: None if counted else unfiltered(t) for t in viewed},
                                 known=known if counted else [])

@@ -114,6 +114,9 @@ def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
         if not load_scanner(con):
             con.close()
             raise RuntimeError("sqlite scanner unavailable")
+        # Parts read back (the impossible-row count) would stay in DuckDB's file cache, growing
+        # with every report a worker maps (1,024 ranks: 125 MB against 69 MB without it).
+        con.execute("SET enable_external_file_cache = false")
         _CON = con
     _CON.execute(f"SET threads = {max(1, threads)}")
     return _CON

@@ -1,13 +1,15 @@
 """The reduce step: every rank's Parquet parts -> one DuckDB store, in bounded memory.
 
-Python holds one small record per report (its meta), never event rows: DuckDB reads the
-parts with `read_parquet`, shifts each rank onto the shared clock through a tiny
-(file -> rank, offset) table, and inserts them into the store's event tables (created as the
-in-process ingest creates them) under `memory_limit`, spilling to `temp_directory` past it.
-The result is the in-process ingest's store: the same identity (`identify` across all
-reports), the same finalize (finalize.finalize_store: ranks, env, sources, impossible rows counted
-and deleted, finalize.sql) and the same meta, so `orch report` gives the same answer either
-way (tests/test_parts.py compares them table by table).
+Python holds one small record per report (its meta), never event rows. The store's
+`event_parts` lists each table's part files with their report's final rank and clock offset;
+DuckDB reads the parts with `read_parquet`, joined on the reader's `file_index`, and either
+inserts them into the store's event tables (created as the in-process ingest creates them)
+under `memory_limit`, spilling to `temp_directory` past it, or, for a table whose files are
+large, leaves them there behind a view (views.py). The result is the in-process ingest's
+store: the same identity (`identify` across all reports), the same finalize
+(finalize.finalize_store: ranks, env, sources, impossible rows counted and left out) and the
+same meta, so `orch report` gives the same answer either way (tests/test_parts.py compares
+them table by table).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 -- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
 -- code: no call to wait in).
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, osrt, memcpy, params,
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params,
 -- is_sync_api, overlapping, range_group. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
@@ -81,7 +81,7 @@ api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last on
     WHERE a."end" > g.m
 ), os AS (
     SELECT g.rank, g.s, o.name AS call FROM mid g
-    ASOF JOIN (SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread USING (rank, tid)) o
+    ASOF JOIN loop_osrt o
         ON o.rank = g.rank AND g.m >= o.start
     WHERE o."end" > g.m
 )

@@ -1,7 +1,7 @@
 -- What the training loop's CPU thread was doing while the GPU idled: blocked in an OS call
 -- (OS runtime trace: pthread_cond_wait/poll on the DataLoader's queue, read, sleep...) or
 -- running Python (no blocking call traced).
--- Reads: loop_thread, osrt, gap_attr, ranks (untraced), overlapping. Provides:
+-- Reads: loop_osrt, osrt, gap_attr, ranks (untraced), overlapping. Provides:
 --   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
 --       OS call inside those gaps (call NULL: the rest, when it was not blocked)
 --   osrt_traced(rank)                      ranks whose capture traced the OS runtime
@@ -10,9 +10,7 @@ SELECT rank FROM ranks WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,]
   AND rank IN (SELECT DISTINCT rank FROM osrt);
 
 CREATE OR REPLACE TABLE gap_cpu AS
-WITH loop_osrt AS (
-    SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread l USING (rank, tid)
-), blocked AS (  -- gaps never overlap each other: overlapping() finds the calls in each
+WITH blocked AS (  -- gaps never overlap each other: overlapping() finds the calls in each
     SELECT g.rank, g.range_group, o.name AS call, sum(least(o."end", o.d_e) - greatest(o.start, o.d_s)) AS ns
     FROM overlapping('gap_attr', 'loop_osrt') o JOIN gap_attr g ON g.rank = o.rank AND g.s = o.d_s
     GROUP BY ALL

@@ -28,6 +28,13 @@ def quote(s: str) -> str:
     return s.replace("'", "''")
 
 
+def file_literal(path: object) -> str:
+    """A file path as the quoted literal a DuckDB reader (read_parquet) takes: those expand a
+    path with `*`, `?` or `[` as a glob, so each such character is written as a class that
+    matches only itself (a run directory named `run[1]` reads its own files, not `run1`'s)."""
+    return "'" + quote("".join(f"[{c}]" if c in "*?[" else c for c in str(path))) + "'"
+
+
 def literal(v: object) -> str:
     """A DuckDB SQL literal for None, bool, int, float, str, or a list/tuple of those."""
     if v is None:

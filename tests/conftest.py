@@ -85,8 +85,9 @@ def store_differences(a: Path, b: Path) -> dict[str, tuple[int, int, int]]:
     con = duckdb.connect()
     con.execute(f"ATTACH '{a}' AS a (READ_ONLY)")
     con.execute(f"ATTACH '{b}' AS b (READ_ONLY)")
-    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'a'").fetchall()}
-    other = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'b'").fetchall()}
+    listed = "SELECT table_name FROM information_schema.tables WHERE table_catalog = ?"  # views too
+    tables = {r[0] for r in con.execute(listed, ["a"]).fetchall()}
+    other = {r[0] for r in con.execute(listed, ["b"]).fetchall()}
     assert tables == other
     out = {}
     for t in sorted(tables):

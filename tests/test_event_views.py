@@ -57,6 +57,19 @@ def test_a_store_whose_parts_are_gone_says_so_and_how_to_fix_it(gpu_fixtures: Pa
     assert "--copy-events" in lines[0] and "orch collect" in lines[0] and "Traceback" not in p.stderr
 
 
+def test_a_copied_run_reads_its_own_parts_and_a_changed_part_is_refused(gpu_fixtures: Path, tmp_path: Path) -> None:
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    kernels = tmp_path / "a" / "parts" / "table=kernels"
+    (r0,), (r1,) = (sorted(kernels.glob(f"rank={r}/*.parquet")) for r in (0, 1))
+    shutil.copy(r1, r0)  # the original's rank 0 mapped again from another report
+    assert_same_report(ref.store, tmp_path / "copy" / "profile.duckdb")
+    p = run_orch("report", str(res.store))
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert f"{r0.relative_to(tmp_path / 'a' / 'parts')} changed since the store was made" in p.stderr, p.stderr
+
+
 def test_copy_events_gives_a_store_that_stands_alone(gpu_fixtures: Path, tmp_path: Path) -> None:
     views = _parts(gpu_fixtures / CASE, tmp_path / "v")
     copied = _parts(gpu_fixtures / CASE, tmp_path / "c", copy_events=True)
@@ -89,3 +102,15 @@ def test_only_tables_with_large_files_become_views(gpu_fixtures: Path, tmp_path:
     assert collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET).views == want
     assert _parts(gpu_fixtures / CASE, tmp_path / "b", view_min_rows=int(some) + 1).views == [
         t for t in VIEWABLE if (per_rank[t] or 0) >= some + 1]
+
+
+def test_a_run_path_with_glob_characters_reads_its_own_parts(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """DuckDB's readers take `*` and `[` in a path as a pattern: `run*` would also read the parts
+    of `runA` beside it, `run[A]` those of `runA` instead of its own."""
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    _parts(gpu_fixtures / CASE, tmp_path / "runA")  # the decoy both patterns match
+    for name in ("run*", "run[A]"):
+        res = _parts(gpu_fixtures / CASE, tmp_path / name)
+        assert res.views and res.engine == "parts"
+        assert_same_store(ref.store, res.store)
+        assert_same_report(ref.store, res.store)

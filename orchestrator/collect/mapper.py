@@ -47,7 +47,7 @@ from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
 from orchestrator.collect.tables import TABLES
 from orchestrator.fsutil import write_json_atomic
-from orchestrator.sqltext import quote
+from orchestrator.sqltext import file_literal, quote
 
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 COMPRESSION = "zstd"  # smallest parts for the CPU it costs (docs/scale.md)
@@ -210,7 +210,7 @@ def _impossible(parts: Path, files: dict[str, str]) -> dict[str, int]:
     tables = [t for t in files if TABLES[t].has_duration]
     if not tables:
         return {}
-    sql = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM read_parquet('{quote(str(parts / files[t]))}') "
+    sql = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM read_parquet({file_literal(parts / files[t])}) "
                              'WHERE "end" < start' for t in tables)
     con = _CON or duckdb.connect()  # the process's scanner connection: connecting costs more than counting
     try:
@@ -240,19 +240,21 @@ def map_report(task: MapTask) -> dict[str, Any]:
     notes: list[str] = []
     error = None
     used = None
-    impossible: dict[str, int] = {}
     t2 = time.perf_counter()
     if not p.error:
         try:
             files, rows, notes, used = _extract(task, p, rank, rid)
-            impossible = _impossible(task.parts, files)
         except (duckdb.Error, sqlite3.Error, ValueError, OSError, RuntimeError) as e:
             error = f"ingest failed: {first_line(e)}"
+    try:
+        counts = {"impossible": _impossible(task.parts, files)} if not error else {}
+    except (duckdb.Error, OSError):
+        counts = {}  # not a failure of the rank: the reduce counts them from the parts
     t3 = time.perf_counter()
     meta = {
         "map_version": MAP_VERSION, "id": rid, "report": report_to_json(r),
         "probe": probe_to_json(p, task.keep_env), "map_rank": rank, "files": files, "rows": rows,
-        "impossible": impossible, "notes": notes, "error": error, "engine": used, "keep_env": task.keep_env,
+        **counts, "notes": notes, "error": error, "engine": used, "keep_env": task.keep_env,
         "source": stamp,
     }
     summaries: dict[str, str] | None = None

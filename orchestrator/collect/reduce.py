@@ -47,6 +47,15 @@ def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[
     return identify(reports, probes)
 
 
+def _size(path: Path) -> int | None:
+    """A part's size, which a reader checks the parts by (views.relocate); None if it is gone
+    (then reading it says so)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
 def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]]) -> str | None:
     """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py). They only
     spare the analysis work: a part that cannot be read leaves them all out (and says why)."""
@@ -104,7 +113,7 @@ def reduce_into(
     base = min(starts) if starts else 0
     root = parts.resolve()
     files: dict[str, list[str]] = {t: [] for t in EVENT_SCHEMA}
-    index: list[tuple[str, int, str, int, int]] = []
+    index: list[tuple[str, int, str, int, int, int]] = []
     rows: dict[str, int] = {}
     for m, meta in ok:
         # The order of notes is the in-process ingest's: missing columns, then what the
@@ -122,16 +131,16 @@ def reduce_into(
             rows[t] = rows.get(t, 0) + n
         for table, rel in [*meta["files"].items(), *(meta.get("summaries") or {}).items()]:
             listed = files.setdefault(table, [])
-            index.append((table, len(listed), rel, m.rank, off))  # type: ignore[arg-type]
+            index.append((table, len(listed), rel, m.rank, off, _size(root / rel)))  # type: ignore[arg-type]
             listed.append(rel)
     viewed = choose(views, rows, {t: len(f) for t, f in files.items()}, view_min_rows)
     con.execute(RANKS_DDL)
     con.execute(EVENT_PARTS_DDL)
-    append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off"), index)
+    append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off", "bytes"), index)
     con.execute(create_event_tables_sql(skip=viewed))
     # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
     # an orch that did not are read again, through the views' unfiltered twins.
-    counted = all("impossible" in meta for _, meta in ok)
+    counted = all("impossible" in meta for _, meta in ok if not meta["error"])
     known = [(m.rank, t, n) for m, meta in ok for t, n in meta.get("impossible", {}).items() if t in viewed]
     if not counted:
         create_views(con, root, viewed, temp=True)

@@ -22,7 +22,7 @@ import duckdb
 
 from orchestrator.collect.tables import TABLES
 from orchestrator.errors import OrchError
-from orchestrator.sqltext import quote
+from orchestrator.sqltext import file_literal, quote
 
 # The tables that may stay in the parts: those with rows per event (a time column). The
 # per-thread and per-GPU tables are small and read often: a copy of them costs less than
@@ -37,7 +37,8 @@ VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name != "nv
 # (docs/scale.md, "Event tables as views over the parts").
 VIEW_MIN_ROWS = 20_000
 
-EVENT_PARTS_DDL = "CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHAR, rank INTEGER, off BIGINT)"
+EVENT_PARTS_DDL = ("CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHAR, rank INTEGER, off BIGINT, "
+                   "bytes BIGINT)")
 
 
 def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterable[str], root: Path,
@@ -51,7 +52,7 @@ def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterab
     moved = set(shifted)
     cols = ["m.rank AS rank" if c == "rank" else f'p."{c}" + m.off AS "{c}"' if c in moved else f'p."{c}"'
             for c, _ in columns]
-    listing = ", ".join(f"'{quote(str(root / p))}'" for p in paths)
+    listing = ", ".join(file_literal(root / p) for p in paths)
     where = ' WHERE NOT coalesce(p."end" < p.start, false)' if possible_only else ""
     return (f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], hive_partitioning = false) p "
             f"JOIN (SELECT i, rank, off FROM {index} WHERE tbl = '{quote(table)}') m ON m.i = p.file_index{where}")
@@ -105,27 +106,42 @@ def viewed(meta: dict[str, str], key: str = "event_views") -> list[str]:
     return [t for t in TABLES if t in names]
 
 
+def _unlike(root: Path, parts: list[tuple[str, int]]) -> str | None:
+    """Why the parts under `root` are not those the store was made from (a file missing, or of
+    another size: a report mapped again since, whose rows the store's offsets do not fit), or
+    None."""
+    for p, size in parts:
+        try:
+            now = (root / p).stat().st_size
+        except OSError:
+            return f"{p} is not there"
+        if size is not None and now != size:
+            return f"{p} changed since the store was made ({size} -> {now} bytes)"
+    return None
+
+
 def relocate(con: duckdb.DuckDBPyConnection, store: Path, meta: dict[str, str]) -> None:
     """Make the attached `store`'s viewed tables readable by `con`, whose search path puts its
-    own memory first: nothing to do where the parts are where the reduce read them; views in
-    memory over the parts beside the store where the run directory moved with them; otherwise
-    one line that names the missing part and the fix."""
+    own memory first: over the parts beside the store (the run directory moved or was copied
+    whole: views made again in memory), else where the reduce read them (the store's own
+    views); otherwise one line that names the part that is missing or changed, and the fix."""
     tables = viewed(meta)
     if not tables:
         return
-    parts = {t: table_parts(con, t, "store.event_parts") for t in tables}
+    parts = con.execute("SELECT path, bytes FROM store.event_parts WHERE list_contains(?, tbl)",
+                        [tables]).fetchall()
     was = Path(meta["parts"])
-    here = (Path(store).resolve().parent / meta["parts_from_store"]) if meta.get("parts_from_store") else None
-    for root in (was, here):
-        if root is not None and all((root / p).is_file() for ps in parts.values() for p in ps):
-            break
-    else:
-        gone = next(p for ps in parts.values() for p in ps if not (was / p).is_file())
+    here = Path(store).resolve().parent / meta["parts_from_store"]
+    roots = [r for r in dict.fromkeys((here, was)) if r.is_dir()] or [was]
+    why = {r: _unlike(r, parts) for r in roots}
+    root = next((r for r in roots if why[r] is None), None)
+    if root is None:
         raise OrchError(f"{store}: its event tables ({', '.join(tables)}) are read from the Parquet parts in "
-                        f"{was}, and {gone} is not there; put the run's parts/ back beside the store, or re-run "
+                        f"{roots[0]}, and {why[roots[0]]}; put the run's parts/ back beside the store, or re-run "
                         "`orch collect` (add --copy-events for a store that holds its events and can be moved alone)")
     if root == was:
         return
     filtered = viewed(meta, "event_views_filtered")
     for t in tables:
-        con.execute(view_sql(t, root, parts[t], possible_only=t in filtered, index="store.event_parts"))
+        con.execute(view_sql(t, root, table_parts(con, t, "store.event_parts"), possible_only=t in filtered,
+                             index="store.event_parts"))

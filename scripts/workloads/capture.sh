@@ -227,6 +227,7 @@ inproc_again() {  # inproc_again WORK NAME JOB RUN: the same exports collected i
   orch collect "$job" || { echo "$name: FAILED in-process collect"; return 0; }
   t1=$SECONDS
   orch report "$job" --json "$work/reports/$name.inproc.json" >/dev/null 2>&1 || echo "$name: in-process report exit $?"
+  mv "$run/parts.job" "$run/parts"  # profile.job.duckdb may read its events from them
   echo "$name: in-process again: collect $((t1 - t0))s report $((SECONDS - t1))s"
 }
 

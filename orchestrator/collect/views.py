@@ -3,14 +3,14 @@ event tables as views over the parts instead of copies, so that after a job the 
 files and ranks, not events (docs/scale.md, "Event tables as views over the parts").
 
 One table says which file holds which report's rows of which table, on which rank and at which
-clock offset: `event_parts (tbl, i, path, rank, off)`, `path` relative to the parts folder, `i`
-the file's place in its table's list. Every read of the parts joins it on the reader's
-`file_index` (an integer join: cheaper than one on the file name, and the same wherever the
-parts folder is now): the views stored in the store name the folder the reduce read, and
-`relocate` makes them again in the reader's memory when the run directory moved with its
-parts. Alignment moves `event_parts.off`; a view leaves out the rows that end before they start
-(finalize counted them from `unfiltered`), and the meta lists the views that held such rows
-(`event_views_filtered`).
+clock offset: `event_parts (tbl, i, path, rank, off, bytes)`, `path` relative to the parts
+folder, `i` the file's place in its table's list, `bytes` its size (what a reader checks).
+Every read of the parts joins it on the reader's `file_index` (an integer join: cheaper than
+one on the file name, and the same wherever the parts folder is now): the views stored in the
+store name the folder the reduce read, and `relocate` makes them again in the reader's memory
+when the run directory moved with its parts. Alignment moves `event_parts.off`; a view leaves
+out the rows that end before they start (finalize counted them from `unfiltered`), and the meta
+lists the views that held such rows (`event_views_filtered`).
 """
 
 from __future__ import annotations
@@ -86,17 +86,14 @@ def table_parts(con: duckdb.DuckDBPyConnection, table: str, index: str = "event_
 
 
 def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[str], filtered: Iterable[str] = (),
-                 *, temp: bool = False) -> None:
-    """The viewed `tables` from `event_parts`; those in `filtered` leave out their rows that
-    end before they start (a filter reads two more columns at every query, so only where
-    finalize found such rows). `temp`: the unfiltered temporary twins instead, where finalize
-    counts those rows."""
+                 *, index: str = "event_parts") -> None:
+    """The viewed `tables` over their parts under `root`, from `index` (the reduce's own, or a
+    reader's attached store's); those in `filtered` leave out their rows that end before they
+    start (a filter reads two more columns at every query, so only where finalize found such
+    rows)."""
     for table in tables:
-        parts = table_parts(con, table)
-        if temp:
-            con.execute(view_sql(table, root, parts, name=unfiltered(table), temp=True, possible_only=False))
-        else:
-            con.execute(view_sql(table, root, parts, possible_only=table in set(filtered)))
+        con.execute(view_sql(table, root, table_parts(con, table, index), possible_only=table in set(filtered),
+                             index=index))
 
 
 def viewed(meta: dict[str, str], key: str = "event_views") -> list[str]:
@@ -141,7 +138,4 @@ def relocate(con: duckdb.DuckDBPyConnection, store: Path, meta: dict[str, str]) 
                         "`orch collect` (add --copy-events for a store that holds its events and can be moved alone)")
     if root == was:
         return
-    filtered = viewed(meta, "event_views_filtered")
-    for t in tables:
-        con.execute(view_sql(t, root, table_parts(con, t, "store.event_parts"), possible_only=t in filtered,
-                             index="store.event_parts"))
+    create_views(con, root, tables, viewed(meta, "event_views_filtered"), index="store.event_parts")

@@ -19,9 +19,10 @@ import pytest
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.model import Report
 from orchestrator.analyze.report import build_report
-from orchestrator.collect.collect import collect
+from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.layout import Layout
 from tests.plant import LABEL, _shift, _step_range, plant
+from tests.test_parts import assert_same_report
 
 HERE = Path(__file__).parent / "fixtures"
 MS = 1_000_000
@@ -359,3 +360,39 @@ def test_shared_input_stall_ranks_above_the_relative_straggler(tmp_path: Path, c
     assert len(found) <= 1 and all(f.severity != "high" for f in found)
     assert all(any(e.startswith("every rank idles in `between steps (input pipeline)`") for e in f.evidence)
                for f in found)
+
+
+def test_ranks_that_tie_are_one_wait_and_the_report_does_not_depend_on_row_order(tmp_path: Path) -> None:
+    """Exact copies of a rank start every collective at the same nanosecond: the group's last
+    starter is then several ranks. Each rank's part in an instance is still one node of the wait
+    graph (not one per tied rank: 128 copies once made every node 128), and ties go to the
+    lowest rank, so the report is the same whichever order the store hands the rows out in (here
+    the in-process store, and the parts route's views, which read the files in another order)."""
+    files = _unzip(HERE / "gpu_e2e", "ddp_r*.sqlite.gz", tmp_path / "src")
+    inp = tmp_path / "in"
+    inp.mkdir()
+    n = 6
+    for k in range(n):  # rank k is a copy of the job's rank k % 2, under rank k's own name
+        shutil.copy(files[k % 2], inp / f"ddp_r{k}_vm.{1000 + k}.sqlite")
+    a = collect([inp], tmp_path / "a", layout=Layout(), workers=2)
+    b = collect_parts([inp], tmp_path / "b", layout=Layout(), workers=2, view_min_rows=0)
+    assert b.views and a.ok_ranks == b.ok_ranks == list(range(n))
+    assert_same_report(a.store, b.store)
+    con, _ = analysis(a.store, Options())
+    try:
+        nodes, distinct, coll, instances, tied = con.execute(
+            "SELECT (SELECT count(*) FROM wait_nodes WHERE kind = 'collective'),"
+            " (SELECT count(DISTINCT (rank, s)) FROM wait_nodes WHERE kind = 'collective'),"
+            " (SELECT count(*) FROM coll c SEMI JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start"
+            "      AND o.name = c.name AND o.step IS NOT NULL),"
+            " (SELECT count(DISTINCT (g1, g2, name, kth)) FROM coll),"
+            " (SELECT min(k) FROM (SELECT count(*) AS k FROM coll WHERE is_last GROUP BY g1, g2, name, kth))"
+        ).fetchone()
+        waited_for = {r[0] for r in con.execute("SELECT DISTINCT waited_for FROM wait_edges").fetchall()}
+    finally:
+        con.close()
+    assert tied == n // 2 and instances > 0  # every instance's last starter is three copies
+    assert nodes == distinct == coll
+    assert waited_for <= {0, 1}  # the lowest of the tied copies
+    rep = build_report(a.store, Options())
+    assert {s.root for s in rep.critical_path.steps if s.root is not None} <= {0, 1}

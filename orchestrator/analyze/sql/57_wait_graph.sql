@@ -22,10 +22,12 @@
 --   wait_edges(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
 --       the nodes that waited: rank waited for waited_for during [s, e]
 CREATE OR REPLACE TABLE wait_nodes AS
-WITH c AS (  -- every collective instance on every rank, waiting or not, with the group's last starter
+WITH starter AS (  -- the instance's last starter; ranks that started at the same moment are one
+    -- wait, for the lowest of them (one node per rank and instance, the same on every run)
+    SELECT g1, g2, name, kth, min(rank) AS rank FROM coll WHERE is_last GROUP BY ALL
+), c AS (  -- every collective instance on every rank, waiting or not, with the group's last starter
     SELECT c.rank, c.start, c.name, c.wait_ns, coalesce(l.rank, c.rank) AS waited_for, 'collective' AS kind
-    FROM coll c LEFT JOIN coll l
-      ON l.g1 = c.g1 AND l.g2 = c.g2 AND l.name = c.name AND l.kth = c.kth AND l.is_last
+    FROM coll c LEFT JOIN starter l USING (g1, g2, name, kth)
 ), n AS (  -- the step of each: its kernel's (the step its launch happened in)
     SELECT c.*, o.step FROM c
     JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start AND o.name = c.name AND o.kind = 'kernel'
@@ -59,7 +61,7 @@ WITH c AS (  -- every collective instance on every rank, waiting or not, with th
            y - CASE WHEN y < y1 OR ny1 > 1 THEN y1 ELSE y2 END AS late_ns
     FROM p2 WHERE n > 1
 ), e AS (
-    SELECT row_number() OVER (ORDER BY k.rank, k.start) AS id, k.step, k.rank, k.kind, k.idx,
+    SELECT row_number() OVER (ORDER BY k.rank, k.start, k.kind, k.idx) AS id, k.step, k.rank, k.kind, k.idx,
            k.start AS s, k.start + k.wait_ns AS e, k.waited_for, k.wait_ns,
            CASE WHEN k.waited_for = k.rank THEN 0
                 WHEN k.kind = 'collective' THEN k.wait_ns

@@ -9,6 +9,8 @@
 -- started the segment (this rank had waited itself): a rank whose lateness is explained by its
 -- own earlier wait passes the blame back and is a victim, whatever it did afterwards. DP, TP,
 -- PP and microbatches are all just waits here.
+-- Ties (two ranks ending a step, or putting the same excess on the path, at the same
+-- nanosecond) go to the lowest rank: the report must not depend on the order rows are read in.
 -- Reads: wait_nodes, wait_edges, gpu_ops, first_step, params, gap_attr, islands,
 -- in_selected, overlapping, union_intervals. Provides:
 --   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
@@ -24,7 +26,7 @@
 --   cp_roots(step, rank, created_ns, phase, step_ns, share_pct, victims)   one row per step
 --       with a root (none when no rank put a tenth of the step on the path)
 CREATE OR REPLACE TABLE cp_steps AS
-SELECT o.step, arg_max(o.rank, o."end") AS rank, min(o.start) AS t0, max(o."end") AS t1
+SELECT o.step, arg_max(o.rank, (o."end", -o.rank)) AS rank, min(o.start) AS t0, max(o."end") AS t1
 FROM gpu_ops o JOIN first_step f USING (rank), params p
 WHERE o.step IS NOT NULL AND in_selected(o.step, f.first_step, p.step_lo, p.step_hi)
 GROUP BY o.step
@@ -108,7 +110,7 @@ WITH seg AS (
     WHERE c.created_ns > 0 AND p.what <> 'GPU compute' GROUP BY ALL
 ), top AS (  -- the range whose idle explains at least half the excess, else the GPU was computing
     SELECT s.step, s.rank,
-           CASE WHEN 2 * max(ph.ns) >= s.created_ns THEN arg_max(ph.what, ph.ns) ELSE 'GPU compute' END AS phase,
+           CASE WHEN 2 * max(ph.ns) >= s.created_ns THEN arg_max(ph.what, (ph.ns, ph.what)) ELSE 'GPU compute' END AS phase,
            CASE WHEN 2 * max(ph.ns) >= s.created_ns THEN max(ph.ns) END AS phase_ns
     FROM seg s LEFT JOIN ph USING (step, rank) WHERE s.created_ns > 0 GROUP BY s.step, s.rank, s.created_ns
 ), waited AS (
@@ -126,8 +128,8 @@ FROM seg FULL JOIN waited USING (step, rank) LEFT JOIN top USING (step, rank);
 -- victims: every other rank that waited for a quarter of that excess or more in the step.
 CREATE OR REPLACE TABLE cp_roots AS
 WITH r AS (
-    SELECT c.step, arg_max(c.rank, c.created_ns) AS rank, max(c.created_ns) AS created_ns,
-           arg_max(c.phase, c.created_ns) AS phase, any_value(s.t1 - s.t0) AS step_ns
+    SELECT c.step, arg_max(c.rank, (c.created_ns, -c.rank)) AS rank, max(c.created_ns) AS created_ns,
+           arg_max(c.phase, (c.created_ns, -c.rank)) AS phase, any_value(s.t1 - s.t0) AS step_ns
     FROM cp_rank_step c JOIN cp_steps s USING (step) GROUP BY c.step
 )
 SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,

@@ -14,7 +14,7 @@ SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
 
 CREATE OR REPLACE TABLE gpu_metric_rank AS
 SELECT d.rank, m.metric, avg(m.value) FILTER (WHERE NOT m.metric LIKE '%\%]' ESCAPE '\' OR m.value BETWEEN 0 AND 100)
-       AS mean, count(*) AS n, any_value(c.rank) AS collector,
+       AS mean, count(*) AS n, min(c.rank) AS collector,
        count(*) FILTER (WHERE m.metric LIKE '%\%]' ESCAPE '\' AND m.value NOT BETWEEN 0 AND 100) AS out_of_range
 FROM rank_device d JOIN ranks r USING (rank) JOIN win w USING (rank)
 JOIN ranks c ON c.host IS NOT DISTINCT FROM r.host

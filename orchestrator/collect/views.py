@@ -27,13 +27,16 @@ from orchestrator.sqltext import file_literal, quote
 # The tables that may stay in the parts: those with rows per event (a time column). The
 # per-thread and per-GPU tables are small and read often: a copy of them costs less than
 # opening their files at every read. NVTX ranges are copied too: the analysis reads a range's
-# name back by its rowid (40_gaps.sql), which a view has not.
-VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name != "nvtx")
+# name back by its rowid (40_gaps.sql), which a view has not. So are the CUDA calls: most
+# analysis files read them (launches, syncs, allocations, graph launches, the capture's
+# overhead), and a view decodes its parts again at each of those reads, which costs the report
+# more than the copy costs the reduce (docs/scale.md, "Real GPU ranks").
+COPIED = ("nvtx", "cuda_api")
+VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
 
 # A table stays in the parts where its files hold at least this many rows each on average: a
-# view opens and decodes its files at every query that reads it, a copy writes every row once.
-# At 2,048 ranks of 4k GPU events views made the analysis twice as long and saved the reduce
-# 6 s; at 1,024 ranks of 37k OS-runtime calls they saved the reduce more than the report lost
+# view opens and decodes its files at every query that reads it, a copy writes every row once,
+# so many small files are worth copying and large ones worth leaving where they are
 # (docs/scale.md, "Event tables as views over the parts").
 VIEW_MIN_ROWS = 20_000
 

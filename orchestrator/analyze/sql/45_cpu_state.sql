@@ -4,10 +4,11 @@
 -- Reads: loop_osrt, osrt, gap_attr, ranks (untraced), overlapping. Provides:
 --   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
 --       OS call inside those gaps (call NULL: the rest, when it was not blocked)
---   osrt_traced(rank)                      ranks whose capture traced the OS runtime
+--   osrt_traced(rank)                      ranks with GPU idle gaps whose capture traced the OS
+--       runtime (the calls are not read for a capture without such gaps: a CPU-only one)
 CREATE OR REPLACE TABLE osrt_traced AS
 SELECT rank FROM ranks WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,])osrt([ ,]|$)')
-  AND rank IN (SELECT DISTINCT rank FROM osrt);
+  AND rank IN (SELECT DISTINCT rank FROM osrt WHERE rank IN (SELECT rank FROM gap_attr));
 
 CREATE OR REPLACE TABLE gap_cpu AS
 WITH blocked AS (  -- gaps never overlap each other: overlapping() finds the calls in each

@@ -38,7 +38,7 @@ VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in
 # view opens and decodes its files at every query that reads it, a copy writes every row once,
 # so many small files are worth copying and large ones worth leaving where they are
 # (docs/scale.md, "Event tables as views over the parts").
-VIEW_MIN_ROWS = 20_000
+VIEW_MIN_ROWS = 10_000
 
 EVENT_PARTS_DDL = ("CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHAR, rank INTEGER, off BIGINT, "
                    "bytes BIGINT)")

@@ -389,10 +389,16 @@ def test_ranks_that_tie_are_one_wait_and_the_report_does_not_depend_on_row_order
             " (SELECT min(k) FROM (SELECT count(*) AS k FROM coll WHERE is_last GROUP BY g1, g2, name, kth))"
         ).fetchone()
         waited_for = {r[0] for r in con.execute("SELECT DISTINCT waited_for FROM wait_edges").fetchall()}
+        # the timeline's waits: one per rank and collective too; each wait is caused once
+        waits, distinct_waits = con.execute("SELECT count(*), count(DISTINCT (rank, s)) FROM nccl_waits "
+                                            "WHERE kind = 'collective'").fetchone()
+        caused, waited = con.execute("SELECT (SELECT sum(wait_caused_ns) FROM coll_rank), "
+                                     "(SELECT sum(wait_ns) FROM coll)").fetchone()
     finally:
         con.close()
     assert tied == n // 2 and instances > 0  # every instance's last starter is three copies
     assert nodes == distinct == coll
     assert waited_for <= {0, 1}  # the lowest of the tied copies
+    assert waits == distinct_waits > 0 and caused == waited > 0
     rep = build_report(a.store, Options())
     assert {s.root for s in rep.critical_path.steps if s.root is not None} <= {0, 1}

@@ -145,7 +145,8 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                                     UNION ALL
                                     SELECT w.* FROM cp_segments g JOIN wait_edges w ON w.step = g.step
                                      AND w.waited_for = g.rank AND w.e > g.s AND w.e <= g.e WHERE g.step = ?)
-                                WHERE e > ? AND s < ? ORDER BY e - s DESC LIMIT 200""", [step, step, t0, t1])]
+                                WHERE e > ? AND s < ? ORDER BY e - s DESC, rank, s, waited_for LIMIT 200""",
+                               [step, step, t0, t1])]
     path = [PathSeg(rank=g["rank"], s=ms(max(g["s"], t0)), e=ms(min(g["e"], t1)),
                     created=round(g["created_ns"] / NS, 3))
             for g in v.query("SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",

@@ -6,8 +6,12 @@
 -- Reads: gpu_ops, ranks, win, is_p2p, is_comm, binom_tail. Provides:
 --   coll(rank, g1, g2, name, start, end, kth, in_win, latest, earliest, n_seen, all_in_win,
 --       wait_ns, is_last, group_size)  one row per rank and matched collective kernel
+--   coll_last(g1, g2, name, kth, rank)  each collective's last starter: ranks that started last
+--       at the same nanosecond are one, the lowest of them (the report must not depend on the
+--       order rows are read in), so the waiting it caused is counted once
 --   coll_rank(rank, n_coll, nccl_wait_ns, late_count, group_size, wait_caused_ns, median_lateness_ns)
---       per rank: collectives, NCCL waiting, how often it started last, the waiting it caused
+--       per rank: collectives, NCCL waiting, how often it started last (each of ranks that tie
+--       counts), the waiting it caused (as coll_last's last starter)
 --   stragglers(rank, late_count, collectives, group_size, wait_caused_ns, median_lateness_ns, p_value,
 --       share_of_window_pct)  ranks that start last far more often than chance (binomial p < 0.01); who
 --                is to blame for the waiting is 57_wait_graph.sql and 59_critical_path.sql's question
@@ -31,12 +35,15 @@ SELECT m.*, least(m.latest - m.start, m."end" - m.start) AS wait_ns,
 FROM m JOIN gsize gs USING (g1, g2)
 WHERE m.n_seen = gs.n AND gs.n > 1 AND m.all_in_win = 1;
 
+CREATE OR REPLACE TABLE coll_last AS
+SELECT g1, g2, name, kth, min(rank) AS rank FROM coll WHERE is_last GROUP BY ALL;
+
 CREATE OR REPLACE TABLE coll_rank AS
 WITH caused AS (
     SELECT l.rank, sum(o.wait_ns) AS ns
-    FROM coll l JOIN coll o
+    FROM coll_last l JOIN coll o
       ON o.g1 = l.g1 AND o.g2 = l.g2 AND o.name = l.name AND o.kth = l.kth AND o.rank <> l.rank
-    WHERE l.is_last GROUP BY l.rank
+    GROUP BY l.rank
 )
 SELECT c.rank, count(*) AS n_coll, sum(c.wait_ns) AS nccl_wait_ns,
        sum(CASE WHEN c.is_last THEN 1 ELSE 0 END) AS late_count,

@@ -5,12 +5,12 @@
 -- the other (both follow the same schedule). With more ranks (a middle stage has two peers)
 -- the peer is the overlapping send/recv kernel on an adjacent stage of the same pipeline
 -- whose end is closest; kernels with no overlapping peer stay unmatched (no wait counted).
--- Reads: gpu_ops, ranks, win, coll, is_p2p, is_comm. Provides:
+-- Reads: gpu_ops, ranks, win, coll, coll_last, is_p2p, is_comm. Provides:
 --   p2p_match(rank, start, end, peer, peer_start, wait_ns)   one row per matched kernel
 --   p2p_rank(rank, n_p2p, n_matched, p2p_wait_ns)
 --       per rank: send/recv kernels, how many matched a peer's, their waiting
 --   nccl_waits(rank, s, e, waited_for, kind)   every wait of every rank for another rank:
---       collectives (for the group's last starter) and p2p (for the peer)
+--       collectives (for the group's last starter: coll_last) and p2p (for the peer)
 --   _p2p_all(rank, stage, dp_index, tp_index, start, end, kth, in_win)
 --       every send/recv kernel, numbered per rank
 --   _p2p_pairs(rank, peer)  the rank pairs that talk to each other only
@@ -63,7 +63,7 @@ GROUP BY o.rank;
 
 CREATE OR REPLACE TABLE nccl_waits AS
 SELECT c.rank, c.start AS s, c.start + c.wait_ns AS e, l.rank AS waited_for, 'collective' AS kind
-FROM coll c JOIN coll l ON l.g1 = c.g1 AND l.g2 = c.g2 AND l.name = c.name AND l.kth = c.kth AND l.is_last
+FROM coll c JOIN coll_last l ON l.g1 = c.g1 AND l.g2 = c.g2 AND l.name = c.name AND l.kth = c.kth
 WHERE c.wait_ns > 0 AND c.rank <> l.rank
 UNION ALL
 SELECT rank, start, start + wait_ns, peer, 'p2p' FROM p2p_match WHERE wait_ns > 0;

@@ -15,19 +15,17 @@
 -- peer) is another rank. pred: where the walk back goes from a node: from a wait to the rank
 -- waited for, at the moment it arrived; from a node that did not wait (that rank was on time or
 -- last: every peer is in step with it afterwards) to the same rank's previous node.
--- Reads: coll, p2p_match, gpu_ops, ranks, is_p2p, is_comm. Provides:
+-- Reads: coll, coll_last, p2p_match, gpu_ops, ranks, is_p2p, is_comm. Provides:
 --   wait_nodes(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
 --       s = the kernel's start, e = when its wait ended (s when it did not wait); idx = the
 --       kernel's place among the rank's kernels of that kind in the step
 --   wait_edges(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
 --       the nodes that waited: rank waited for waited_for during [s, e]
 CREATE OR REPLACE TABLE wait_nodes AS
-WITH starter AS (  -- the instance's last starter; ranks that started at the same moment are one
-    -- wait, for the lowest of them (one node per rank and instance, the same on every run)
-    SELECT g1, g2, name, kth, min(rank) AS rank FROM coll WHERE is_last GROUP BY ALL
-), c AS (  -- every collective instance on every rank, waiting or not, with the group's last starter
+WITH c AS (  -- every collective instance on every rank, waiting or not, with the group's last
+    -- starter (one: coll_last), so one node per rank and instance
     SELECT c.rank, c.start, c.name, c.wait_ns, coalesce(l.rank, c.rank) AS waited_for, 'collective' AS kind
-    FROM coll c LEFT JOIN starter l USING (g1, g2, name, kth)
+    FROM coll c LEFT JOIN coll_last l USING (g1, g2, name, kth)
 ), n AS (  -- the step of each: its kernel's (the step its launch happened in)
     SELECT c.*, o.step FROM c
     JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start AND o.name = c.name AND o.kind = 'kernel'

@@ -2,7 +2,7 @@
 -- samples every GPU of the node (orch's collector rank), so a rank's samples are the
 -- collector's rows for that rank's device, on the same host.
 -- Reads: kernels, ranks, win, gpu_metrics, step_stats. Provides:
---   rank_device(rank, device)            the GPU a rank's kernels ran on
+--   rank_device(rank, device)            the GPU most of a rank's kernels ran on (a tie: the lowest)
 --   gpu_metric_rank(rank, metric, mean, n, collector, out_of_range)   mean of each sampled metric;
 --       samples of a percent metric outside 0..100 are impossible: left out of the mean, counted
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
@@ -10,7 +10,8 @@
 --   collector_overhead(collectors, collector_median_ns, others_median_ns)
 --       the sampling rank's median step time against the others'
 CREATE OR REPLACE TABLE rank_device AS
-SELECT rank, mode(device) AS device FROM kernels GROUP BY rank;
+SELECT rank, arg_max(device, (n, -device)) AS device
+FROM (SELECT rank, device, count(*) AS n FROM kernels GROUP BY ALL) GROUP BY rank;
 
 CREATE OR REPLACE TABLE gpu_metric_rank AS
 SELECT d.rank, m.metric, avg(m.value) FILTER (WHERE NOT m.metric LIKE '%\%]' ESCAPE '\' OR m.value BETWEEN 0 AND 100)

@@ -67,7 +67,7 @@ WITH base AS (
     SELECT w.rank, coalesce(l.level, w.baseline) AS level FROM w ASOF LEFT JOIN mem_level l
         ON l.rank = w.rank AND l.t <= w.w1
 ), inside AS (
-    SELECT l.rank, max(l.level) AS peak, arg_max(l.t, l.level) AS peak_t
+    SELECT l.rank, max(l.level) AS peak, arg_max(l.t, (l.level, -l.t)) AS peak_t
     FROM mem_level l JOIN w USING (rank) WHERE l.t > w.w0 AND l.t <= w.w1 GROUP BY l.rank
 ), slope AS (
     SELECT rank, regr_slope(level, i) AS growth, regr_r2(level, i) AS r2, count(*) AS n_steps

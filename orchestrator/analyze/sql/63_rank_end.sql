@@ -40,7 +40,7 @@ WITH every_step AS (  -- the step a stopped job ended in is kept out of `steps`
 ), typical AS (
     SELECT text, median(off) AS off FROM kids WHERE step < last_step GROUP BY text
 ), furthest AS (
-    SELECT k.rank, arg_max(k.text, t.off) AS furthest, max(t.off) AS furthest_offset_ns
+    SELECT k.rank, arg_max(k.text, (t.off, k.text)) AS furthest, max(t.off) AS furthest_offset_ns
     FROM kids k JOIN typical t USING (text) WHERE k.step = k.last_step GROUP BY k.rank
 ), done AS (
     SELECT s.rank, max(s.step) AS last_done_step

@@ -62,5 +62,5 @@ SELECT 'layout vpp=' || vpp || ': the bubble''s theory is (p-1)/(vpp*m+p-1) for 
 CREATE OR REPLACE VIEW imbalance AS
 WITH s AS (SELECT * FROM stage_metrics)
 SELECT round(max(compute_ns) / min(compute_ns), 3) AS ratio,
-       arg_max(stage, compute_ns) AS slowest_stage, arg_min(stage, compute_ns) AS fastest_stage
+       arg_max(stage, (compute_ns, -stage)) AS slowest_stage, arg_min(stage, (compute_ns, stage)) AS fastest_stage
 FROM s HAVING count(*) > 1 AND min(compute_ns) > 0;

@@ -90,7 +90,7 @@ WITH per AS (
     FROM _thread_calls GROUP BY ALL
 ), b AS (SELECT rank, cls AS tid, ns AS blocked_ns FROM union_length('_thread_blocked')),
    l AS (SELECT rank, cls AS tid, ns AS launch_ns FROM union_length('_thread_launch')),
-   top AS (SELECT rank, cls AS tid, arg_max(name, tot) AS top_wait FROM (
+   top AS (SELECT rank, cls AS tid, arg_max(name, (tot, name)) AS top_wait FROM (
                SELECT rank, cls, name, sum(e - s) AS tot FROM _thread_blocked GROUP BY ALL) GROUP BY ALL),
    t AS (
     SELECT per.rank, per.tid, coalesce(n.thread, 'thread ' || per.tid) AS thread, coalesce(n.role, 'other') AS role,

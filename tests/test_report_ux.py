@@ -144,7 +144,8 @@ def _big_report(n: int = 1024, steps: int = 20):
                            for s in range(steps)]) for rk in range(n)]
     rows = [StepRow(step=s, ms_by_rank={str(r.rank): r.step_ms[s].ms for r in ranks}, spread_ms=44.0, warmup=s == 0)
             for s in range(steps)]
-    f = Finding(kind="straggler", severity="high", ranks=[slow], title="rank 777 is a straggler", evidence=["x"],
+    evidence = [line for rk in range(n) for line in (f"rank {rk}: waited 300 ms", f"rank {rk}'s loop was in poll")]
+    f = Finding(kind="straggler", severity="high", ranks=[slow], title="rank 777 is a straggler", evidence=evidence,
                 fix="y", cost_ms=1.0, victims=[r for r in range(n) if r != slow])
     ctx = context(ranks, steps=rows, findings=[f])
     ctx.report.findings = [f]
@@ -171,6 +172,20 @@ def test_heatmaps_and_bars_scale_to_1024_ranks(tmp_path: Path) -> None:
     bars = re.search(r'<svg id="rank-bars".*?</svg>', dom, re.S).group(0)
     shown = {int(r) for r in re.findall(r'class="seg" data-rank="(\d+)"', bars)}
     assert len(shown) <= 48 and slow in shown
+    # A finding with a line or two per rank shows its first 8 and folds the other 2,040, closed.
+    cell = re.search(r'<table id="findings">.*?</table>', dom, re.S).group(0)
+    first = re.search(r"<td><ul>(.*?)</ul>", cell, re.S).group(1)
+    assert re.findall(r"<li>(.*?)</li>", first) == report.findings[0].evidence[:8]
+    fold = re.search(r'<details class="more-evidence"( open="")?><summary>(\d+) more</summary><ul>(.*?)</ul>',
+                     cell, re.S)
+    assert fold.group(1) is None and fold.group(2) == str(2 * 1024 - 8)
+    assert re.findall(r"<li>(.*?)</li>", fold.group(3)) == report.findings[0].evidence[8:]
+    odd = render_html(report.model_copy(update={"findings": [report.findings[0].model_copy(
+        update={"ranks": list(range(1, 1024, 2))})]}), extras)
+    cell = re.search(r'<table id="findings">.*?</table>', odd, re.S).group(0)
+    assert "1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, … (512 ranks)" in cell
+    every = re.search(r'<details class="all-ranks">.*?</details>', cell).group(0)
+    assert ", ".join(map(str, range(1, 1024, 2))) in every
 
 
 def test_terminal_at_1024_ranks_stays_short() -> None:

@@ -25,6 +25,9 @@ from orchestrator.report.wording import split_problems
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
 MAX_BARS = 48  # rank bars drawn; more ranks: the ones findings name, the extremes and a sample
+# Evidence lines a finding shows; the rest fold under "N more" (a rule that names every rank of a
+# large job writes a line or two per rank: a wall of text above everything else otherwise).
+EVIDENCE = 8
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}h2{margin-top:28px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;vertical-align:top}
 .sev-high{color:#b71c1c;font-weight:bold}.sev-medium{color:#e65100}.sev-low{color:#01579b}
@@ -139,10 +142,9 @@ def timeline(report: Report, extras: Extras | None) -> str:
 def _findings(report: Report) -> str:
     rows = "".join(
         f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
-        f'<td>{_e(ranges(f.ranks, None))}'
-        + (f"<br>victims: {_e(ranges(f.victims))}" if f.victims else "") + "</td><td><ul>"
-        + "".join(f"<li>{_e(e)}</li>" for e in f.evidence)
-        + f"</ul></td><td>{_e(f.fix)}</td></tr>"
+        f'<td>{_ranks(f.ranks)}'
+        + (f"<br>victims: {_e(ranges(f.victims))}" if f.victims else "") + "</td><td>"
+        + _evidence(f.evidence) + f"</td><td>{_e(f.fix)}</td></tr>"
         for f in report.findings)
     top = ""
     if report.findings and report.findings[0].kind != "healthy":
@@ -151,6 +153,24 @@ def _findings(report: Report) -> str:
                f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}</div>")
     return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'
             f"<th>evidence</th><th>fix</th></tr>{rows}</table>")
+
+
+def _ranks(ranks: list[int]) -> str:
+    """The ranks as ranges; past a dozen runs the first ones, and every rank folded below."""
+    short, full = ranges(ranks), ranges(ranks, None)
+    if short == full:
+        return _e(full)
+    return f'{_e(short)}<details class="all-ranks"><summary>all</summary>{_e(full)}</details>'
+
+
+def _evidence(lines: list[str]) -> str:
+    """The first EVIDENCE lines, then the others folded (a click opens them; the JSON has all)."""
+    items = [f"<li>{_e(e)}</li>" for e in lines]
+    out = f"<ul>{''.join(items[:EVIDENCE])}</ul>"
+    if len(items) > EVIDENCE:
+        out += (f'<details class="more-evidence"><summary>{len(items) - EVIDENCE} more</summary>'
+                f"<ul>{''.join(items[EVIDENCE:])}</ul></details>")
+    return out
 
 
 def _stats_tables(report: Report) -> str:

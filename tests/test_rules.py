@@ -31,10 +31,12 @@ def test_data_loader_stall_threshold_and_cpu_state() -> None:
     gap_cpu = [{"rank": 0, "range_group": "between steps (input pipeline)", "call": "pthread_cond_wait", "ns": 4e6},
                {"rank": 0, "range_group": "between steps (input pipeline)", "call": None, "ns": 2e6}]
     ctx = context([rank(0, gaps_by_range_ms={"between steps (input pipeline)": 6.0}),
-                   rank(1, gaps_by_range_ms={"data_load": 4.0})], {"gap_cpu": gap_cpu})
+                   rank(1, gaps_by_range_ms={"data_load": 4.0}), rank(2, gaps_by_range_ms={"data_load": 7.0})],
+                  {"gap_cpu": gap_cpu})
     (f,) = _run("data_loader_stall", ctx)
-    assert f.ranks == [0] and f.cost_ms == 6.0 and f.severity == "medium"
-    assert f.evidence == [
+    assert f.ranks == [0, 2] and f.cost_ms == 7.0 and f.severity == "medium"
+    assert f.evidence == [  # the worst rank first
+        "rank 2: GPU idle 7.0 ms inside data-loading ranges or between steps (7.0% of its window)",
         "rank 0: GPU idle 6.0 ms inside data-loading ranges or between steps (6.0% of its window)",
         "rank 0's loop thread was in `pthread_cond_wait` for 67% of that idle time: blocked waiting (e.g. on the "
         "DataLoader workers' queue or a lock)"]

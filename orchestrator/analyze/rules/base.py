@@ -84,6 +84,12 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
 ns_to_ms = ms
 
 
+def worst_first(cost: dict[int, float]) -> list[int]:
+    """Ranks by cost, the highest first (ties: the lower rank): per-rank evidence is listed in
+    this order, since a large job's terminal and HTML show a finding's first lines only."""
+    return sorted(cost, key=lambda rk: (-cost[rk], rk))
+
+
 def severity_for(pct_of_window: float) -> Severity:
     """Severity in proportion to cost: the share of the window the problem costs."""
     if pct_of_window >= 20:

@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state, finding
+from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state, finding, worst_first
 
 
 @dataclass
@@ -28,8 +28,8 @@ class DataLoaderStall(Rule):
         if not stall:
             return []
         worst = max(100 * ms / win[rk] for rk, ms in stall.items())
-        evidence = []  # the worst rank first: a large job's terminal shows the first lines only
-        for rk, ms in sorted(stall.items(), key=lambda kv: (-kv[1], kv[0])):
+        evidence = []
+        for rk, ms in ((k, stall[k]) for k in worst_first(stall)):
             evidence.append(f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges or between steps "
                             f"({round(100 * ms / win[rk], 1)}% of its window)")
             state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))

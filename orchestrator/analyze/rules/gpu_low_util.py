@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms, worst_first
 
 FIX = ("Find what the CPU does during the low slices (the phase table and the thread view: a blocked "
        "main thread, a data-loading range, a sync) and overlap it with GPU work.")
@@ -46,7 +46,7 @@ class GpuLowUtil(Rule):
         return [finding(
             self.kind, idle, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 time slices",
             [f"rank {rk}: {len(low[rk])} low slices, GPU idle {idle[rk]} ms in them "
-             f"(lowest {min(s['util_pct'] for s in low[rk]):.0f} % busy)" for rk in sorted(idle)],
+             f"(lowest {min(s['util_pct'] for s in low[rk]):.0f} % busy)" for rk in worst_first(idle)],
             FIX, idle[worst], pct=pct, severity="low" if set(idle) <= covered and pct >= 1 else None)]
 
 

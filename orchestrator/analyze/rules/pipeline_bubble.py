@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.ranklist import ranges
 
 FIX = ("Shrink the pipeline bubble: more microbatches per step (the bubble is (p-1)/(m+p-1) for "
        "GPipe/1F1B with p stages and m microbatches), an interleaved or zero-bubble schedule "
@@ -49,7 +50,7 @@ class PipelineBubble(Rule):
         for s in stages:
             wait_ms = round((rows[s.stage]["p2p_wait_ns"] or 0) / 1e6, 3)
             split = (f" = {theory}% theory + {s.excess_bubble_pct}% excess" if theory is not None else "")
-            evidence.append(f"stage {s.stage} (ranks {s.ranks}): no compute kernel running {s.bubble_pct}% of "
+            evidence.append(f"stage {s.stage} (ranks {ranges(s.ranks)}): no compute kernel running {s.bubble_pct}% of "
                             f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage")
         if theory is not None:
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches: "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.model_comm import CommUnitRow
 from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.ranklist import ranges
 
 FIX = ("Check the link these ranks use: `nvidia-smi topo -m` (NV# between the GPUs, not PHB/SYS), "
        "`nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` (link speed and error counters), that "
@@ -68,7 +69,8 @@ class SlowLink(Rule):
                 counts[r] += 1
         common = sorted(r for r, n in counts.items() if n == len(slow))
         hosts = {r.rank: r.host for r in ctx.report.ranks}
-        where = (f"ranks {common} (host {sorted({hosts.get(r) or '?' for r in common})}) are in every slow unit"
+        where = (f"ranks {ranges(common)} (host {', '.join(sorted({hosts.get(r) or '?' for r in common}))}) "
+                 "are in every slow unit"
                  if common and len({u.unit for u, _ in slow}) > 1 else
                  f"{slow[0][0].unit}: check the link between its ranks")
         evidence = [f"{u.unit} ({u.scope}) {u.kind} {u.size_bucket}: busbw {u.median_busbw_gbps} GB/s vs "

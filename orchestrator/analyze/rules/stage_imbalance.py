@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.ranklist import ranges
 
 FIX = ("Re-balance the pipeline: move layers from the slowest stage to the fastest (Megatron "
        "--decoder-first/last-pipeline-num-layers, PiPPy split points), or add microbatches to "
@@ -29,7 +30,7 @@ class StageImbalance(Rule):
         move = round(100 * (hi.compute_ms - lo.compute_ms) / (2 * hi.compute_ms))
         return [finding(
             self.kind, hi.ranks, f"pipeline stage {hi.stage} is {imb.ratio}x heavier than stage {lo.stage}",
-            [f"stage {s.stage} (ranks {s.ranks}): compute {s.compute_ms} ms, "
+            [f"stage {s.stage} (ranks {ranges(s.ranks)}): compute {s.compute_ms} ms, "
              f"no-compute share (bubble) {s.bubble_pct}%"
              + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"
                 if s.theory_bubble_pct is not None else "") for s in ctx.report.stages],

@@ -37,6 +37,16 @@ def memory_limit() -> str:
     return value.strip()
 
 
+def out_of_memory(e: BaseException, what: str) -> OrchError | None:
+    """The one-line error for DuckDB running out of the memory orch gives it (some operators
+    cannot spill all they hold), naming the fix; None for any other error."""
+    if not any(c.__name__ == "OutOfMemoryException" for c in type(e).__mro__):
+        return None
+    return OrchError(f"{what}: DuckDB ran out of the {memory_limit()} of memory orch gives it "
+                     f"({str(e).splitlines()[0]}); set ORCH_DUCKDB_MEMORY higher (e.g. ORCH_DUCKDB_MEMORY=4GB) "
+                     "and run the command again")
+
+
 def limit(con: duckdb.DuckDBPyConnection, spill: str | None = None) -> None:
     """Cap `con` at the memory limit and let it spill to `spill` (default: a fresh temp path)."""
     spill = spill or os.path.join(tempfile.gettempdir(), f"orch-spill-{os.getpid()}-{secrets.token_hex(4)}")

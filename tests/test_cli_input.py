@@ -268,6 +268,20 @@ def test_bad_memory_limit_fails_before_any_work(gpu_fixtures: Path, tmp_path: Pa
     assert _listing(tmp_path) == []
 
 
+def test_a_memory_cap_too_small_for_the_store_says_so_in_one_line(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """DuckDB out of the memory orch gives it (a real 1MB cap on a real store) is no traceback and
+    no `re-run orch collect`: the message names ORCH_DUCKDB_MEMORY, and no partial output stays."""
+    run = tmp_path / "run"
+    assert run_orch("collect", "--from", str(gpu_fixtures / "ddp_straggler"), "--out", str(run)).returncode == 0
+    before = _listing(tmp_path)
+    for args in (["report", str(run), "--json", str(tmp_path / "r.json")],
+                 ["export-trace", str(run), "-o", str(tmp_path / "t.pftrace")]):
+        line = _one_line_error(run_orch(*args, env={"ORCH_DUCKDB_MEMORY": "1MB"}),
+                               "DuckDB ran out of the 1MB of memory", "set ORCH_DUCKDB_MEMORY higher")
+        assert "orch collect" not in line
+        assert _listing(tmp_path) == before
+
+
 def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
     """The analysis connection is capped (the 512-rank report peaked at 3.9 GB without it) and
     spills under the system temp directory, never into the working directory."""

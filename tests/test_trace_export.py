@@ -101,6 +101,29 @@ def test_pftrace_parses_and_equals_the_exports(run: dict[str, Path]) -> None:
     assert "ENVIRONMENT" not in js.read_text()
 
 
+def test_pftrace_written_in_parts_is_the_same_trace(run: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace is sorted and written one part of the timeline at a time (sorting millions of
+    packets at once ran out of DuckDB's memory cap): cut into many parts, the slices, their
+    nesting and the timestamp order are those of the trace written in one part."""
+    pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    from orchestrator.export import perfetto
+    from orchestrator.export.trace import export_trace
+
+    one = run["dir"] / "one-part.pftrace"
+    many = run["dir"] / "many-parts.pftrace"
+    export_trace(run["store"], one)
+    parts = []
+    real = perfetto.execute
+    monkeypatch.setattr(perfetto, "PART_PACKETS", 500)
+    monkeypatch.setattr(perfetto, "execute", lambda con, sql, params=None: (
+        parts.append(sql) if sql == perfetto._PART else None, real(con, sql, params))[1])
+    export_trace(run["store"], many)
+    assert len(parts) > 10
+    a, b = _slices(one), _slices(many)  # each asserts its timestamps never go back
+    assert sorted(a) == sorted(b) == [0, 1]
+    assert all(Counter(a[r]) == Counter(b[r]) and len(a[r]) > 2_000 for r in a)
+
+
 def test_past_the_limit_the_blamed_rank_is_kept(run: dict[str, Path]) -> None:
     """Rank 1 sleeps in data_load (the fixture's README): the findings name it, so a limit that
     holds one rank keeps rank 1, and the trace says what was left out."""

@@ -26,7 +26,7 @@ from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.collect.views import relocate
 from orchestrator.errors import OrchError
-from orchestrator.memory import limit
+from orchestrator.memory import limit, out_of_memory
 from orchestrator.sqltext import execute, literal
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
@@ -246,7 +246,8 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
         run_sql(con, opts, only, workers=threads)
     except duckdb.Error as e:
         con.close()
-        raise OrchError(f"analysis failed on {store}: {str(e).splitlines()[0]}; "
+        raise out_of_memory(e, f"analysis of {store}") or OrchError(
+            f"analysis failed on {store}: {str(e).splitlines()[0]}; "
                         "re-run `orch collect` to rebuild the store") from None
     except BaseException:
         con.close()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from orchestrator import __version__
 from orchestrator.cli.common import Handler, err
 from orchestrator.errors import OrchError
-from orchestrator.memory import memory_limit
+from orchestrator.memory import memory_limit, out_of_memory
 from orchestrator.report.safe import plain
 
 __all__ = ["build_parser", "main"]
@@ -39,6 +39,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    a: argparse.Namespace | None = None
     try:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)
@@ -50,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted()
     except Exception as e:
+        oom = out_of_memory(e, f"orch {a.command}" if a is not None else "orch")
+        if oom is not None:  # any command: a store larger than the memory cap allows
+            err.print(f"orch: error: {plain(oom)}", markup=False)
+            return oom.exit_code
         # DuckDB turns Ctrl-C during a query into RuntimeError("Query interrupted").
         cause: BaseException | None = e
         while cause is not None and not isinstance(cause, KeyboardInterrupt):

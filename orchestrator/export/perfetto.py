@@ -18,6 +18,7 @@ Timestamps are ns from the earliest slice kept (the store's clock is shared by e
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import BinaryIO
 
 import duckdb
@@ -51,59 +52,102 @@ _DESC = "E203"         # TracePacket.track_descriptor (60)
 _EVENT = "5A"          # TracePacket.track_event (11)
 _PACKET = "0A"         # Trace.packet (1)
 
-_SQL = f"""
-WITH s AS (
-  SELECT *, row_number() OVER () AS id FROM ({{slices}}) WHERE start IS NOT NULL AND "end" >= start
-),
-t0 AS (SELECT coalesce(min(start), 0) AS t0 FROM s),
-tracks AS (
-  SELECT rank, gpu, key, any_value(track) AS track,
-         (rank::UBIGINT + 1) << 26 AS puuid,
-         ((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT AS uuid
-  FROM s GROUP BY rank, gpu, key
-),
-names AS (  -- TrackEvent.name (23) and .categories (22), once per distinct pair
-  SELECT name, cat, pb_str('BA01', name) || pb_str('B201', cat) AS hex FROM (SELECT DISTINCT name, cat FROM s)
-),
-ev AS (
-  SELECT s.id, s.start - t0.t0 AS b, s."end" - t0.t0 AS e, s.start = s."end" AS zero,
-         '58' || pb_varint(tracks.uuid) AS trk, names.hex AS nm
-  FROM s
-  JOIN tracks USING (rank, gpu, key)
-  JOIN names USING (name, cat)
-  CROSS JOIN t0
-),
-packets AS (
-  SELECT -1 AS ts, 0 AS cls, rank AS k1, 0 AS k2,
-         {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '08' || pb_varint(puuid) || pb_bytes('1A',
-           '08' || pb_varint(rank) || pb_str('32', 'rank ' || rank || coalesce(' (' || host || ')', '')))) AS p
-  FROM (SELECT DISTINCT rank, puuid FROM tracks) JOIN ranks USING (rank)
-  UNION ALL
-  SELECT -1, 1, uuid, 0,
-         {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '08' || pb_varint(uuid) || '28' || pb_varint(puuid)
-           || pb_str('12', track))
-  FROM tracks
-  UNION ALL
-  SELECT -1, 2, 0, 0, {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '0801' || pb_str('12', ?)) WHERE ? <> ''
-  UNION ALL  -- begins: outer (later end) first; a zero-length slice's pair after every begin
-  SELECT b, CASE WHEN zero THEN 3 ELSE 2 END, CASE WHEN zero THEN id ELSE -e END, CASE WHEN zero THEN 0 ELSE id END,
-         '{_TS}' || pb_varint(b) || {_SEQ} || pb_bytes('{_EVENT}', '4801' || trk || nm)
-  FROM ev
-  UNION ALL  -- ends: inner (later start) first, before the begins of the same timestamp
-  SELECT e, CASE WHEN zero THEN 3 ELSE 1 END, CASE WHEN zero THEN id ELSE -b END, CASE WHEN zero THEN 1 ELSE -id END,
-         '{_TS}' || pb_varint(e) || {_SEQ} || pb_bytes('{_EVENT}', '4802' || trk)
-  FROM ev
-)
-SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM packets ORDER BY ts, cls, k1, k2
+# The tracks (one per rank, and per GPU stream and CPU thread under it) and the distinct (name,
+# category) pairs of the kept slices are small tables made first.
+# (CREATE cannot be PREPAREd with the rank lists: empty tables first, then INSERT ... SELECT.)
+_TABLES = """
+CREATE OR REPLACE TEMP TABLE _pf_tracks (rank INTEGER, gpu BOOLEAN, key BIGINT, track VARCHAR, puuid UBIGINT,
+                                         uuid UBIGINT, first BIGINT, tix BIGINT, trk VARCHAR);
+CREATE OR REPLACE TEMP TABLE _pf_names (name VARCHAR, cat VARCHAR, nid BIGINT, hex VARCHAR);
+CREATE OR REPLACE TEMP TABLE _pf_ev (id BIGINT, b BIGINT, e BIGINT, tix BIGINT, nid BIGINT);
 """
+_TRACKS = """
+INSERT INTO _pf_tracks
+SELECT rank, gpu, key, any_value(track) AS track,
+       (rank::UBIGINT + 1) << 26 AS puuid,
+       ((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT AS uuid,
+       min(start) AS first, row_number() OVER (ORDER BY rank, gpu, key) AS tix,
+       '58' || pb_varint(((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT) AS trk
+FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start GROUP BY rank, gpu, key
+"""
+# TrackEvent.name (23) and .categories (22), once per distinct pair; events carry the pair's
+# number through the sort and take its bytes from this list after it.
+_NAMES = """
+INSERT INTO _pf_names
+SELECT name, cat, row_number() OVER (ORDER BY name, cat) AS nid, pb_str('BA01', name) || pb_str('B201', cat) AS hex
+FROM (SELECT DISTINCT name, cat FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start)
+"""
+# The descriptors (no timestamp: they come first): one process per rank, its tracks, the note.
+_DESCRIPTORS = f"""
+SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
+  SELECT 0 AS cls, rank AS k1, {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '08' || pb_varint(puuid) || pb_bytes('1A',
+           '08' || pb_varint(rank) || pb_str('32', 'rank ' || rank || coalesce(' (' || host || ')', '')))) AS p
+  FROM (SELECT DISTINCT rank, puuid FROM _pf_tracks) JOIN ranks USING (rank)
+  UNION ALL
+  SELECT 1, uuid, {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '08' || pb_varint(uuid) || '28' || pb_varint(puuid)
+           || pb_str('12', track))
+  FROM _pf_tracks
+  UNION ALL
+  SELECT 2, 0, {_SEQ} || {_CLEARED} || pb_bytes('{_DESC}', '0801' || pb_str('12', ?)) WHERE ? <> ''
+  ORDER BY cls, k1
+)
+"""
+# The events, narrowed to integers once: the sort below carries no strings, and a row's bytes
+# are made after it. A slice is two packets (begin at b, end at e); at one timestamp ends come
+# before begins, inner slices end first and outer ones begin first, a zero-length slice's pair
+# after every begin.
+_EVENTS = """
+INSERT INTO _pf_ev
+WITH t0 AS (SELECT coalesce(min(first), 0) AS t0 FROM _pf_tracks),
+narrow AS (
+  SELECT s.start - t0.t0 AS b, s."end" - t0.t0 AS e, t.tix, n.nid
+  FROM ({slices}) s JOIN _pf_tracks t USING (rank, gpu, key) JOIN _pf_names n USING (name, cat) CROSS JOIN t0
+  WHERE s.start IS NOT NULL AND s."end" >= s.start
+)
+SELECT row_number() OVER () AS id, b, e, tix, nid FROM narrow
+"""
+# Where the timeline is cut: packet timestamps at equal-count quantiles (a timestamp never
+# straddles two parts, so the parts in order are the whole trace in order).
+_CUTS = """
+SELECT coalesce(list(DISTINCT q ORDER BY q), []) FROM (
+  SELECT unnest(quantile_disc(ts, ?::DOUBLE[])) AS q FROM (SELECT b AS ts FROM _pf_ev UNION ALL SELECT e FROM _pf_ev))
+"""
+# One part of the timeline, [lo, hi), in order: sorting the whole trace at once held every
+# packet's bytes, and a few million slices ran out of DuckDB's memory cap.
+_PART = f"""
+SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
+  SELECT x.ts, x.cls, x.k1, x.k2, '{_TS}' || pb_varint(x.ts) || {_SEQ} || pb_bytes('{_EVENT}', CASE WHEN x.nid IS NULL
+           THEN '4802' || t.trk ELSE '4801' || t.trk || n.hex END) AS p
+  FROM (
+    SELECT b AS ts, CASE WHEN b = e THEN 3 ELSE 2 END AS cls, CASE WHEN b = e THEN id ELSE -e END AS k1,
+           CASE WHEN b = e THEN 0 ELSE id END AS k2, tix, nid
+    FROM _pf_ev WHERE b >= ? AND b < ?
+    UNION ALL
+    SELECT e, CASE WHEN b = e THEN 3 ELSE 1 END, CASE WHEN b = e THEN id ELSE -b END,
+           CASE WHEN b = e THEN 1 ELSE -id END, tix, NULL
+    FROM _pf_ev WHERE e >= ? AND e < ?
+  ) x JOIN _pf_tracks t USING (tix) LEFT JOIN _pf_names n USING (nid)
+  ORDER BY x.ts, x.cls, x.k1, x.k2
+)
+"""
+PART_PACKETS = 1_000_000  # packets a part holds, about: ~100 MB of sort at most
 
 
 def write(con: duckdb.DuckDBPyConnection, fh: BinaryIO, slices: str, ranks: list[int], note: str,
           chunk: int = 50_000) -> None:
     """Write the slices of `ranks` (`slices`: SQL with one `?` per rank list) as a Perfetto trace."""
     con.execute(MACROS)
-    sql = _SQL.format(slices=slices)
-    n_lists = slices.count("?")
-    cur = execute(con, sql, [ranks] * n_lists + [note, note])
-    while rows := cur.fetchmany(chunk):
-        fh.write(bytes.fromhex("".join(r[0] for r in rows)))
+    lists = [ranks] * slices.count("?")
+    con.execute(_TABLES)
+    execute(con, _TRACKS.format(slices=slices), lists)
+    execute(con, _NAMES.format(slices=slices), lists)
+    execute(con, _EVENTS.format(slices=slices), lists)
+    (n,) = con.execute("SELECT 2 * count(*) FROM _pf_ev").fetchone()
+    parts = max(1, -(-n // PART_PACKETS))
+    cuts = execute(con, _CUTS, [[i / parts for i in range(1, parts)]]).fetchone()[0] if parts > 1 else []
+    edges = [-(1 << 62), *cuts, 1 << 62]
+    queries = [(_DESCRIPTORS, [note, note])] + [(_PART, [lo, hi, lo, hi]) for lo, hi in pairwise(edges)]
+    for sql, params in queries:
+        cur = execute(con, sql, params)
+        while rows := cur.fetchmany(chunk):
+            fh.write(bytes.fromhex("".join(r[0] for r in rows)))

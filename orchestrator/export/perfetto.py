@@ -92,10 +92,10 @@ SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
   ORDER BY cls, k1
 )
 """
-# The events, narrowed to integers once: the sort below carries no strings, and a row's bytes
-# are made after it. A slice is two packets (begin at b, end at e); at one timestamp ends come
-# before begins, inner slices end first and outer ones begin first, a zero-length slice's pair
-# after every begin.
+# The events, once, as integers (times, the track's and the name's numbers): each part below
+# reads its slices from here and makes only its own packets' bytes. A slice is two packets (begin
+# at b, end at e); at one timestamp ends come before begins, inner slices end first and outer
+# ones begin first, a zero-length slice's pair after every begin.
 _EVENTS = """
 INSERT INTO _pf_ev
 WITH t0 AS (SELECT coalesce(min(first), 0) AS t0 FROM _pf_tracks),

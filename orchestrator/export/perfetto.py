@@ -61,17 +61,18 @@ CREATE OR REPLACE TEMP TABLE _pf_tracks (rank INTEGER, gpu BOOLEAN, key BIGINT, 
 CREATE OR REPLACE TEMP TABLE _pf_names (name VARCHAR, cat VARCHAR, nid BIGINT, hex VARCHAR);
 CREATE OR REPLACE TEMP TABLE _pf_ev (id BIGINT, b BIGINT, e BIGINT, tix BIGINT, nid BIGINT);
 """
+# trk: TrackEvent.track_uuid (11) as bytes, once per track.
 _TRACKS = """
 INSERT INTO _pf_tracks
-SELECT rank, gpu, key, any_value(track) AS track,
-       (rank::UBIGINT + 1) << 26 AS puuid,
-       ((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT AS uuid,
-       min(start) AS first, row_number() OVER (ORDER BY rank, gpu, key) AS tix,
-       '58' || pb_varint(((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT) AS trk
-FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start GROUP BY rank, gpu, key
+SELECT *, '58' || pb_varint(uuid) AS trk FROM (
+  SELECT rank, gpu, key, any_value(track) AS track,
+         (rank::UBIGINT + 1) << 26 AS puuid,
+         ((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT AS uuid,
+         min(start) AS first, row_number() OVER (ORDER BY rank, gpu, key) AS tix
+  FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start GROUP BY rank, gpu, key)
 """
-# TrackEvent.name (23) and .categories (22), once per distinct pair; events carry the pair's
-# number through the sort and take its bytes from this list after it.
+# TrackEvent.name (23) and .categories (22) as bytes, once per distinct pair; an event carries
+# the pair's number (nid) until its part makes its bytes.
 _NAMES = """
 INSERT INTO _pf_names
 SELECT name, cat, row_number() OVER (ORDER BY name, cat) AS nid, pb_str('BA01', name) || pb_str('B201', cat) AS hex

@@ -99,22 +99,25 @@ SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
 # ones begin first, a zero-length slice's pair after every begin.
 _EVENTS = """
 INSERT INTO _pf_ev
-WITH t0 AS (SELECT coalesce(min(first), 0) AS t0 FROM _pf_tracks),
-narrow AS (
-  SELECT s.start - t0.t0 AS b, s."end" - t0.t0 AS e, t.tix, n.nid
-  FROM ({slices}) s JOIN _pf_tracks t USING (rank, gpu, key) JOIN _pf_names n USING (name, cat) CROSS JOIN t0
-  WHERE s.start IS NOT NULL AND s."end" >= s.start
-)
-SELECT row_number() OVER () AS id, b, e, tix, nid FROM narrow
+WITH s AS (  -- numbered in the slices' own order (id breaks ties between equal slices of a track)
+  SELECT rank, gpu, key, name, cat, start, "end", row_number() OVER () AS id
+  FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start
+),
+t0 AS (SELECT coalesce(min(first), 0) AS t0 FROM _pf_tracks)
+SELECT s.id, s.start - t0.t0 AS b, s."end" - t0.t0 AS e, t.tix, n.nid
+FROM s JOIN _pf_tracks t USING (rank, gpu, key) JOIN _pf_names n USING (name, cat) CROSS JOIN t0
 """
-# Where the timeline is cut: packet timestamps at equal-count quantiles (a timestamp never
-# straddles two parts, so the parts in order are the whole trace in order).
+# Where the timeline is cut: packet timestamps near equal-count quantiles, from a sample (an
+# exact quantile holds every timestamp outside DuckDB's memory cap; any sorted cuts are right,
+# since a timestamp never straddles two parts and the parts in order are the trace in order).
 _CUTS = """
 SELECT coalesce(list(DISTINCT q ORDER BY q), []) FROM (
-  SELECT unnest(quantile_disc(ts, ?::DOUBLE[])) AS q FROM (SELECT b AS ts FROM _pf_ev UNION ALL SELECT e FROM _pf_ev))
+  SELECT unnest(reservoir_quantile(ts, ?::DOUBLE[])) AS q
+  FROM (SELECT b AS ts FROM _pf_ev UNION ALL SELECT e FROM _pf_ev))
 """
-# One part of the timeline, [lo, hi), in order: sorting the whole trace at once held every
-# packet's bytes, and a few million slices ran out of DuckDB's memory cap.
+# One part of the timeline, [lo, hi) (the first part open below, the last above), in order:
+# sorting the whole trace at once held every packet's bytes, and a few million slices ran out of
+# DuckDB's memory cap.
 _PART = f"""
 SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
   SELECT x.ts, x.cls, x.k1, x.k2, '{_TS}' || pb_varint(x.ts) || {_SEQ} || pb_bytes('{_EVENT}', CASE WHEN x.nid IS NULL
@@ -122,11 +125,11 @@ SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
   FROM (
     SELECT b AS ts, CASE WHEN b = e THEN 3 ELSE 2 END AS cls, CASE WHEN b = e THEN id ELSE -e END AS k1,
            CASE WHEN b = e THEN 0 ELSE id END AS k2, tix, nid
-    FROM _pf_ev WHERE b >= ? AND b < ?
+    FROM _pf_ev WHERE (b >= ? OR ?) AND (b < ? OR ?)
     UNION ALL
     SELECT e, CASE WHEN b = e THEN 3 ELSE 1 END, CASE WHEN b = e THEN id ELSE -b END,
            CASE WHEN b = e THEN 1 ELSE -id END, tix, NULL
-    FROM _pf_ev WHERE e >= ? AND e < ?
+    FROM _pf_ev WHERE (e >= ? OR ?) AND (e < ? OR ?)
   ) x JOIN _pf_tracks t USING (tix) LEFT JOIN _pf_names n USING (nid)
   ORDER BY x.ts, x.cls, x.k1, x.k2
 )
@@ -146,8 +149,10 @@ def write(con: duckdb.DuckDBPyConnection, fh: BinaryIO, slices: str, ranks: list
     (n,) = con.execute("SELECT 2 * count(*) FROM _pf_ev").fetchone()
     parts = max(1, -(-n // PART_PACKETS))
     cuts = execute(con, _CUTS, [[i / parts for i in range(1, parts)]]).fetchone()[0] if parts > 1 else []
-    edges = [-(1 << 62), *cuts, 1 << 62]
-    queries = [(_DESCRIPTORS, [note, note])] + [(_PART, [lo, hi, lo, hi]) for lo, hi in pairwise(edges)]
+    edges = [0, *cuts, 0]  # the first part is open below, the last above (the zeros are not read)
+    last = len(edges) - 2
+    queries = [(_DESCRIPTORS, [note, note])] + [
+        (_PART, [lo, i == 0, hi, i == last] * 2) for i, (lo, hi) in enumerate(pairwise(edges))]
     for sql, params in queries:
         cur = execute(con, sql, params)
         while rows := cur.fetchmany(chunk):

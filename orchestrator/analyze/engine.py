@@ -247,8 +247,8 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
     except duckdb.Error as e:
         con.close()
         raise out_of_memory(e, f"analysis of {store}") or OrchError(
-            f"analysis failed on {store}: {str(e).splitlines()[0]}; "
-                        "re-run `orch collect` to rebuild the store") from None
+            f"analysis failed on {store}: {str(e).splitlines()[0]}; re-run `orch collect` to rebuild the store"
+        ) from None
     except BaseException:
         con.close()
         raise

@@ -37,15 +37,11 @@ def memory_limit() -> str:
     return value.strip()
 
 
-def is_out_of_memory(e: BaseException) -> bool:
-    """DuckDB ran out of the memory orch gives it (some operators cannot spill all they hold):
-    the machine's limit, not the data's fault, so no rank is blamed for it."""
-    return any(c.__name__ == "OutOfMemoryException" for c in type(e).__mro__)
-
-
 def out_of_memory(e: BaseException, what: str) -> OrchError | None:
-    """The one-line error for `is_out_of_memory`, naming the fix; None for any other error."""
-    if not is_out_of_memory(e):
+    """The one-line error for DuckDB running out of the memory orch gives it (some operators
+    cannot spill all they hold), naming the fix; None for any other error. (A rank's ingest that
+    runs out is that rank's failure, noted on it: a hostile report must not cost the others.)"""
+    if not any(c.__name__ == "OutOfMemoryException" for c in type(e).__mro__):
         return None
     return OrchError(f"{what}: DuckDB ran out of the {memory_limit()} of memory orch gives it "
                      f"({str(e).splitlines()[0]}); set ORCH_DUCKDB_MEMORY higher (e.g. ORCH_DUCKDB_MEMORY=4GB) "

@@ -38,7 +38,7 @@ from orchestrator.collect.schema import (
 from orchestrator.collect.store import Checkpoint, first_line, new_store, store_write_failed, write_meta
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
-from orchestrator.memory import is_out_of_memory, limit
+from orchestrator.memory import limit
 from orchestrator.sqltext import quote
 
 _FETCH_ROWS = 65536
@@ -194,8 +194,8 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
         try:
             ingest(cur, batch, w)
         except (duckdb.Error, sqlite3.Error, ValueError) as e:
-            if store_write_failed(e) or is_out_of_memory(e):
-                raise  # the store's disk or the memory cap, not this batch's ranks: said in one line
+            if store_write_failed(e):
+                raise  # the store's disk, not this batch's ranks: new_store says so in one line
             if len(batch) > 1:
                 for one in batch:
                     run(cur, [one], w)

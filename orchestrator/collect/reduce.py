@@ -143,8 +143,9 @@ def reduce_into(
     # an orch that did not are read again, through the views' unfiltered twins.
     counted = all("impossible" in meta for _, meta in ok if not meta["error"])
     known = [(m.rank, t, n) for m, meta in ok for t, n in meta.get("impossible", {}).items() if t in viewed]
-    for table in [] if counted else viewed:
-        con.execute(view_sql(table, root, files[table], name=unfiltered(table), temp=True))
+    if not counted:
+        for table in viewed:
+            con.execute(view_sql(table, root, files[table], name=unfiltered(table), temp=True))
     for table, cols in EVENT_SCHEMA.items():
         if table not in viewed:
             con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root, files[table])))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model import Finding, Report, Severity
@@ -84,10 +84,14 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
 ns_to_ms = ms
 
 
-def worst_first(cost: dict[int, float]) -> list[int]:
-    """Ranks by cost, the highest first (ties: the lower rank): per-rank evidence is listed in
-    this order, since a large job's terminal and HTML show a finding's first lines only."""
-    return sorted(cost, key=lambda rk: (-cost[rk], rk))
+T = TypeVar("T")
+
+
+def worst_first(by_rank: dict[int, T], cost: Callable[[T], float] = float) -> list[tuple[int, T]]:
+    """(rank, value) pairs by `cost(value)`, the highest first (ties: the lower rank): per-rank
+    evidence is listed in this order, since a large job's terminal and HTML show a finding's
+    first lines only."""
+    return sorted(by_rank.items(), key=lambda kv: (-cost(kv[1]), kv[0]))
 
 
 def severity_for(pct_of_window: float) -> Severity:

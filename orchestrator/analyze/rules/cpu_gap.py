@@ -46,8 +46,8 @@ class CpuGap(Rule):
                      else f"GPU idle while the loop thread is in `{call}`")
             out.append(finding(
                 self.kind, hit, title,
-                [f"rank {rk}: {round(hit[rk], 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
-                 f"({round(100 * hit[rk] / win[rk], 1)}% of its window)" for rk in worst_first(hit)],
+                [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
+                 f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)],
                 OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix(), max(hit.values()), pct=worst))
         return out
 

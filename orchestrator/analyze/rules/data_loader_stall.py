@@ -29,7 +29,7 @@ class DataLoaderStall(Rule):
             return []
         worst = max(100 * ms / win[rk] for rk, ms in stall.items())
         evidence = []
-        for rk, ms in ((k, stall[k]) for k in worst_first(stall)):
+        for rk, ms in worst_first(stall):
             evidence.append(f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges or between steps "
                             f"({round(100 * ms / win[rk], 1)}% of its window)")
             state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))

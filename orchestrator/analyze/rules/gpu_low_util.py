@@ -47,7 +47,7 @@ class GpuLowUtil(Rule):
             self.kind, idle, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 time slices",
             [f"rank {rk}: {len(low[rk])} low slices, GPU idle {idle[rk]} ms in them "
              f"(lowest {min(s['util_pct'] for s in low[rk]):.0f} % busy)"
-             for rk in worst_first({k: idle[k] / win[k] for k in idle})],  # the title's rank first
+             for rk, _ in worst_first({k: idle[k] / win[k] for k in idle})],  # the title's rank first
             FIX, idle[worst], pct=pct, severity="low" if set(idle) <= covered and pct >= 1 else None)]
 
 

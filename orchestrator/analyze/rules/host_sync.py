@@ -58,7 +58,7 @@ class HostSync(Rule):
             f"after them {round(idle / s['n_steps'], 3)} ms per step ({round(100 * idle / win[rk], 1)}% "
             "of its window" + (", time in the input pipeline or in work between steps excluded: reported "
                                "by their own findings" if in_data.get(rk) else "") + ")"
-            for rk, (s, idle) in ((k, hit[k]) for k in worst_first({k: v[1] for k, v in hit.items()}))]
+            for rk, (s, idle) in worst_first(hit, lambda v: v[1])]
         worst = max(100 * idle / win[rk] for rk, (_, idle) in hit.items())
         top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]
         return [finding(self.kind, hit, f"GPU idle after host syncs every step (`{top}`)", evidence, FIX,

@@ -25,7 +25,7 @@ from bench_data import CACHE, REPO, synthetic_dataset
 
 from tests.plant import LABEL, plant
 
-SOURCE = REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
+SOURCE = REPO / "tests" / "fixtures" / "h200" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
 
 
 def phase_collect(d: Path, out: Path) -> dict:

@@ -1,6 +1,6 @@
 """Datasets and timed phases of scripts/bench.py (each phase runs in its own child process).
 
-Datasets: REAL exports (every H200 capture in ../shared/fixtures and tests/fixtures/gpu_e2e,
+Datasets: REAL exports (every H200 capture in tests/fixtures/h200 and tests/fixtures/gpu_e2e,
 renamed as the ranks of one job, plus the largest real job alone), and synthetic ranks made
 from one real export (per-rank clock skew, time shift and jitter) for scale.
 Floors: `floor_py` (plain sqlite3 read of every row orch reads), `floor_c` (DuckDB's sqlite
@@ -24,7 +24,7 @@ FLOOR5 = ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACT
           "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"]
 # Every source table orch reads today (store v2).
 SOURCES = [*FLOOR5, "OSRT_API", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "GPU_METRICS", "ThreadNames", "StringIds"]
-REAL_DIRS = [REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3", REPO / "tests" / "fixtures" / "gpu_e2e",
+REAL_DIRS = [REPO / "tests" / "fixtures" / "h200", REPO / "tests" / "fixtures" / "gpu_e2e",
              REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures
 
 

@@ -18,7 +18,7 @@ def render(results: list[dict], meta: dict) -> str:
         f"`python scripts/bench.py --ranks {' '.join(map(str, meta['ranks']))} --runs {meta['runs']}` on "
         f"{meta['date']}, {meta['machine']}. Synthetic ranks are copies of the real export `{meta['source']}` "
         "(per-rank clock skew, time shift, jitter); `real:` rows are the H200 exports themselves "
-        "(../shared/fixtures/h200-nsys2025.3, tests/fixtures/gpu_e2e and the ResNet-50/GPT-2/pipelining "
+        "(tests/fixtures/h200, tests/fixtures/gpu_e2e and the ResNet-50/GPT-2/pipelining "
         "captures of tests/fixtures/real; `all N` renames them as ranks 0..N-1 of one job; `resnet_nw2` is "
         "the seed tutorial's ResNet-50 DDP with 2 DataLoader workers). "
         "Each phase runs in its own child process (imports included, from bytecode compiled "

@@ -38,7 +38,7 @@ from orchestrator.memory import memory_limit
 
 def default_source() -> Path:
     """A small real GPU export (H200, nsys 2025.3): ~0.5 MB, ~3,700 events per rank."""
-    return REPO.parent / "shared" / "fixtures" / "h200-nsys2025.3" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
+    return REPO / "tests" / "fixtures" / "h200" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
 
 
 def phase_collect(d: Path, out: Path, workers: int, map_stats: bool = False) -> dict:

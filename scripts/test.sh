@@ -3,6 +3,9 @@
 # real torch, real DuckDB). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The whole run's wall time, printed last, also when a step fails.
+wall() { echo "test.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s wall"; }
+trap wall EXIT
 
 bash scripts/setup.sh >/dev/null
 # shellcheck source=scripts/venv.sh

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.collect.collect import collect, run_lock
 from orchestrator.collect.identity import Layout
-from tests.conftest import capture_cpu, copies_with_env, run_orch, shared_fixtures
+from tests.conftest import capture_cpu, copies_with_env, h200_fixtures, run_orch
 
 TABLES = {
     "kernels": "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL",
@@ -97,7 +97,7 @@ def test_identity_from_inside_the_report(gpu_fixtures: Path, tmp_path: Path) -> 
 
 
 def test_sqlite_gz_input_directly(tmp_path: Path) -> None:
-    res = collect([shared_fixtures() / "ddp_capture"], tmp_path, layout=Layout())
+    res = collect([h200_fixtures() / "ddp_capture"], tmp_path, layout=Layout())
     assert res.ok_ranks == [0, 1]
     assert len(list((tmp_path / "exports").glob("*.sqlite"))) == 2
 

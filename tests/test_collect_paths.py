@@ -14,7 +14,7 @@ import duckdb
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
-from tests.conftest import REPO, shared_fixtures
+from tests.conftest import REPO, h200_fixtures
 
 # Columns that legitimately differ between two stores of the same data.
 _VARY = {"meta": "key NOT IN ('created_at', 'engine')"}
@@ -23,7 +23,7 @@ _VARY = {"meta": "key NOT IN ('created_at', 'engine')"}
 def _all_real(dest: Path) -> Path:
     """Every real H200 export (shared fixtures and tests/fixtures/gpu_e2e) as ranks 0..N-1 of
     one job: different programs, OSRT tables from 85 to 845k rows, with and without GPU metrics."""
-    files = [*sorted(shared_fixtures().rglob("*.sqlite.gz")),
+    files = [*sorted(h200_fixtures().rglob("*.sqlite.gz")),
              *sorted((REPO / "tests" / "fixtures" / "gpu_e2e").glob("*.sqlite.gz"))]
     dest.mkdir()
     for r, f in enumerate(files):

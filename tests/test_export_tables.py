@@ -43,10 +43,10 @@ def _copy(src: Path, dest: Path, keep: set[str] | None) -> int:
 
 @pytest.mark.parametrize("case", ["ddp_straggler", "nvlink"])
 def test_store_from_only_the_export_tables_is_the_same(case: str, tmp_path: Path) -> None:
-    from tests.conftest import shared_fixtures
+    from tests.conftest import h200_fixtures
 
     files = (sorted(COMM.glob("nvlink_*.sqlite.gz")) if case == "nvlink"
-             else sorted((shared_fixtures() / case).glob("*.sqlite.gz")))
+             else sorted((h200_fixtures() / case).glob("*.sqlite.gz")))
     assert len(files) == 2
     dropped = sum(_copy(f, tmp_path / "only", set(export_tables())) for f in files)
     for f in files:

@@ -18,7 +18,7 @@ from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
 from orchestrator.collect.views import VIEWABLE
 from orchestrator.layout import Layout
-from tests.conftest import REPO, run_orch, shared_fixtures
+from tests.conftest import REPO, h200_fixtures, run_orch
 
 QUIET = Console(stderr=True, quiet=True)
 FIXTURES = REPO / "tests" / "fixtures"
@@ -29,7 +29,7 @@ def _groups() -> list[tuple[str, list[Path]]]:
     (tests/fixtures/{real,gpu_e2e,comm,stats,modern} and the shared H200 captures)."""
     out: dict[str, list[Path]] = {}
     sets = [FIXTURES / d for d in ("real", "gpu_e2e", "comm", "stats", "modern")]
-    files = [f for d in sets for f in d.glob("*.sqlite.gz")] + list(shared_fixtures().glob("*/*.sqlite.gz"))
+    files = [f for d in sets for f in d.glob("*.sqlite.gz")] + list(h200_fixtures().glob("*/*.sqlite.gz"))
     for f in sorted(files):
         out.setdefault(f"{f.parent.name}/{f.name.rsplit('_r', 1)[0]}", []).append(f)
     return sorted(out.items())

@@ -20,7 +20,7 @@ from orchestrator.analyze.report import build_report
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
-from tests.conftest import shared_fixtures
+from tests.conftest import h200_fixtures
 
 HERE = Path(__file__).parent / "fixtures"
 STATS = HERE / "stats"
@@ -48,7 +48,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("stats")
     out = {"ok": _reports(tmp, "ok", sorted((HERE / "gpu_e2e").glob("ok_r*.sqlite.gz"))),
            "cpu": _reports(tmp, "cpu", sorted(STATS.glob("cpu_r*.sqlite.gz")))}
-    straggler = sorted((shared_fixtures() / "ddp_straggler").glob("*.sqlite.gz"))
+    straggler = sorted((h200_fixtures() / "ddp_straggler").glob("*.sqlite.gz"))
     out["ddp_straggler"] = _reports(tmp, "ddp_straggler", straggler)
     return out
 

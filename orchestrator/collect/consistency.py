@@ -9,12 +9,9 @@ captured command line, WORLD_SIZE, and session starts far apart. This never drop
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from orchestrator import numbers
-
-if TYPE_CHECKING:
-    from orchestrator.collect.identity import Member
+from orchestrator.collect.member import Member
 
 MAX_START_SPREAD_NS = 3600 * 10**9  # ranks of one job start within minutes; an hour is another job
 

@@ -3,25 +3,14 @@ and only as a last resort from file order (with a warning). Never guessed silent
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from orchestrator import numbers
 from orchestrator.collect.consistency import job_warnings
 from orchestrator.collect.gather import ReportFile
+from orchestrator.collect.member import Member
 from orchestrator.collect.probe import Probe
 from orchestrator.layout import Layout
 
-__all__ = ["Layout", "Member", "identify", "infer_world_size"]  # Layout re-exported for callers
-
-
-@dataclass
-class Member:
-    report: ReportFile
-    probe: Probe
-    rank: int | None = None
-    source: str = ""
-    status: str = "ok"
-    notes: list[str] = field(default_factory=list)
+__all__ = ["Layout", "Member", "identify", "infer_world_size"]  # Layout and Member re-exported for callers
 
 
 def _env_rank(m: Member, key: str) -> int | None:

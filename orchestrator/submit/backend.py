@@ -4,7 +4,7 @@ Both backends run the rendered per-node launch through submitit (under `node.Nod
 supervisor that stops it in order; the same command `sbatch.sh` gives to srun) and read each
 task's outcome from submitit's own files (`JobPaths`: result pickle, stdout, stderr), so no
 file name is re-derived here. What differs per backend (the executor, where the job state
-comes from, how to cancel) lives in `slurm.py` and `local.py`; `backend_for(executor)` is the
+comes from, how to cancel) lives in `slurm.py` and `local.py`; `core.backend_for(executor)` is the
 one place that picks between them.
 """
 
@@ -115,19 +115,6 @@ class SubmititBackend:
 def job_stop_timing(job: ResolvedJob) -> StopTiming:
     p = job.spec.profile
     return stop_timing(job.slurm.time, p.warn_lead_s, p.stop_grace_s)
-
-
-def backend_for(executor: str) -> Backend:
-    """The backend for a cluster config's / manifest's `executor`."""
-    if executor == "slurm":
-        from orchestrator.submit.slurm import SlurmBackend
-
-        return SlurmBackend()
-    if executor == "local":
-        from orchestrator.submit.local import LocalBackend
-
-        return LocalBackend()
-    raise OrchError(f"unknown executor {executor!r}; use 'slurm' or 'local' in the cluster config")
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -10,11 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, naming
+from orchestrator.errors import OrchError
 from orchestrator.render import render
 from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_manifest
 from orchestrator.runpaths import RunPaths
 from orchestrator.spec import ResolvedJob
-from orchestrator.submit.backend import TERMINAL, backend_for, tail
+from orchestrator.submit.backend import TERMINAL, Backend, tail
+from orchestrator.submit.local import LocalBackend
+from orchestrator.submit.slurm import SlurmBackend
+
+
+def backend_for(executor: str) -> Backend:
+    """The backend for a cluster config's / manifest's `executor`: the one place that knows
+    the implementations, so the abstraction (backend.py) never imports them."""
+    if executor == "slurm":
+        return SlurmBackend()
+    if executor == "local":
+        return LocalBackend()
+    raise OrchError(f"unknown executor {executor!r}; use 'slurm' or 'local' in the cluster config")
 
 
 def new_run_dir(job: ResolvedJob, root: Path) -> Path:

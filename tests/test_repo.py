@@ -1,0 +1,97 @@
+"""The repository stands on its own: nothing reads a folder beside the checkout, and the
+package's modules import each other without circles (an abstraction never imports its
+implementations)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# Built from parts so that this file does not name the folder it looks for.
+BESIDE = re.compile(re.escape("..") + r"[/\\]" + "shared" + r"\b")
+
+
+def test_nothing_names_a_folder_beside_the_checkout() -> None:
+    named = []
+    for top in ("tests", "scripts", "docs"):
+        for f in sorted((REPO / top).rglob("*")):
+            if f.is_file() and f.suffix in {".py", ".sh", ".md", ".txt", ".yaml", ".json", ".j2", ".toml"}:
+                named += [f"{f.relative_to(REPO)}:{i}" for i, line in enumerate(f.read_text(errors="replace")
+                                                                             .splitlines(), 1) if BESIDE.search(line)]
+    named += [f"README.md:{i}" for i, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
+              if BESIDE.search(line)]
+    assert not named, f"these lines read a folder a clone does not have; copy what they need into the repo: {named}"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import between the package's modules, wherever it stands (a function's import and
+    one under TYPE_CHECKING count: each is a dependency a reader has to follow). An import of
+    an enclosing package (`from orchestrator import numbers` names the module; `__version__`
+    the package) is no edge: Python loads a package before any module inside it."""
+    files = {_module(f): f for f in (REPO / "orchestrator").rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, f in files.items():
+        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            graph[mod] |= {t for t in targets if t in files and t != mod and not mod.startswith(t + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_finds_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph()
+    assert graph["orchestrator.submit.core"] >= {"orchestrator.submit.local", "orchestrator.submit.slurm"}
+    found = cycles(graph)
+    assert not found, f"modules that import each other (directly or around a circle): {found}"

@@ -72,8 +72,24 @@ stop_capture() {
   app=$(cat "$started" 2>/dev/null || true)
   if [ -z "$app" ] || kill -0 "$app" 2>/dev/null; then
     asked=1
+    release "$app"
     kill -TERM "$nsys_pid" 2>/dev/null || true
   fi
+}
+# release APP: before nsys stops, the program's hook dumps its evidence and ends the NCCL
+# kernels that spin for a peer (sitecustomize.py: CUPTI gives nsys no buffer holding a kernel
+# still running); it says so in released.r<RANK>. Asked once per stop (launch.sh may have asked
+# already), waited for up to ORCH_RELEASE_WAIT_S while the program lives.
+release() {
+  local app=$1 marker="$ctl/released.r$rank" waited=0
+  # `return 0`, never a bare return: in a trap, that returns the interrupted `wait`'s status.
+  if [ -z "$ctl" ] || [ -z "$app" ]; then return 0; fi
+  if [ ! -e "$marker" ]; then kill -WINCH "$app" 2>/dev/null || return 0; fi
+  while [ ! -e "$marker" ] && kill -0 "$app" 2>/dev/null && [ "$waited" -lt $(( ${ORCH_RELEASE_WAIT_S:-10} * 10 )) ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  return 0
 }
 trap stop_capture TERM INT HUP
 
@@ -150,7 +166,7 @@ for attempt in $(seq 1 "$attempts"); do
     rm -f "$kept" "$kept.name"
   fi
   rm -f "$started"
-  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid"; fi
+  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid" "$ctl/released.r$rank"; fi
   # The export `orch collect` would make, made here, now (profile.export_in_job): a stop kills it.
   if [ -n "$report" ] && [ "$stop" -eq 0 ]; then
     setsid bash "$here/export_report.sh" "$report" &

@@ -55,6 +55,7 @@ echo "orch: node $node_rank/$nnodes on $(hostname) job $ORCH_JOB_ID: torchrun ${
 # process of the step reaches no program. Then each nsys of this node gets up to 60 s to
 # finish its report (profile.stop_grace_s) before it is killed and named here.
 export ORCH_STOP_GRACE_S=60
+export ORCH_RELEASE_WAIT_S=${ORCH_RELEASE_WAIT_S:-10}
 export ORCH_CTL_DIR=/orch/run/logs/.orch-$ORCH_JOB_ID-n$node_rank
 mkdir -p "$ORCH_CTL_DIR"
 
@@ -67,6 +68,11 @@ mkdir -p "$ORCH_DUMP_DIR/flight_recorder"
 export TORCH_FR_BUFFER_SIZE=${TORCH_FR_BUFFER_SIZE:-${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}}
 export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-$TORCH_FR_BUFFER_SIZE}
 export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+# A collective that times out: NCCL's watchdog aborts the communicators and the rank's program
+# ends on the resulting exception (2, "clean up only"), instead of PyTorch's default (3) of
+# killing the process with SIGABRT, which ends nsys' capture before CUPTI handed over the GPU's
+# records: the rank's kernels are kept, and the hook dumps its Flight Recorder on the way out.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-2}
 export TORCH_FR_DUMP_TEMP_FILE=${TORCH_FR_DUMP_TEMP_FILE:-$ORCH_DUMP_DIR/flight_recorder/rank_}
 export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$TORCH_FR_DUMP_TEMP_FILE}
 export PYTHONPATH="$here/pyhooks${PYTHONPATH:+:$PYTHONPATH}"
@@ -78,11 +84,25 @@ stop_node() {
   if [ -n "$stopping" ]; then return; fi
   stopping=$1
   echo "orch: node $node_rank: $1: stack dumps, then stopping the captures, then the ranks" >&2
-  local f
+  local f app r waited=0 left=1
   for f in "$ORCH_CTL_DIR"/app.r*.pid; do
     if [ -s "$f" ]; then kill -WINCH "$(cat "$f")" 2>/dev/null || true; fi
   done
-  sleep 1
+  # Each rank's hook dumps, then releases its GPU (aborts its NCCL groups, so a kernel waiting
+  # for a peer ends and CUPTI can hand its records to nsys) and writes released.r<RANK>. The
+  # captures are stopped once every live program has, or after ORCH_RELEASE_WAIT_S.
+  sleep 0.2
+  while [ "$left" -eq 1 ] && [ "$waited" -lt $(( ORCH_RELEASE_WAIT_S * 10 )) ]; do
+    left=0
+    for f in "$ORCH_CTL_DIR"/app.r*.pid; do
+      [ -s "$f" ] || continue
+      app=$(cat "$f" 2>/dev/null || true)
+      r=${f##*/app.r}
+      r=${r%.pid}
+      if [ -n "$app" ] && kill -0 "$app" 2>/dev/null && [ ! -e "$ORCH_CTL_DIR/released.r$r" ]; then left=1; fi
+    done
+    if [ "$left" -eq 1 ]; then sleep 0.1; waited=$((waited + 1)); fi
+  done
   if [ -n "$torchrun_pid" ]; then kill -TERM "$torchrun_pid" 2>/dev/null || true; fi
 }
 ready=1
@@ -118,6 +138,6 @@ for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
   bash "$here/keep_report.sh" "$r" "$app" "${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r$r.qdstrm" || true
   rm -f "$f" "$ORCH_CTL_DIR/app.r$r.pid"
 done
-rm -f "$ORCH_CTL_DIR"/app.r*.pid  # the unprofiled ranks' (their programs ended with torchrun)
+rm -f "$ORCH_CTL_DIR"/app.r*.pid "$ORCH_CTL_DIR"/released.r*  # the unprofiled ranks' (ended with torchrun)
 rmdir "$ORCH_CTL_DIR" 2>/dev/null || true
 exit "$rc"

@@ -1,0 +1,126 @@
+"""The tutorial's ResNet-50 DDP trainer (seed 003, section 2.1.1; resnet_ddp.py beside this
+file) with the faults that stop real multi-GPU jobs, each where a user's code has it:
+
+- stuck-loader: one rank's dataset read blocks (a hung network filesystem): its DataLoader
+  never returns, the other ranks wait in DDP's all-reduce until the time limit or NCCL's
+  watchdog (`--nccl-timeout`, the `timeout` users give init_process_group).
+- oom: one rank gets a batch 64 times larger (a long sample, a bad bucketing): OutOfMemoryError.
+- leak: one rank keeps a copy of each step's input on the GPU (a debugging cache) until it
+  runs out of memory.
+- extra-collective: one rank averages its loss across ranks for its log line, the others do
+  not (`if rank == 0: dist.all_reduce(...)`): the ranks' collectives no longer match.
+- raise: one rank's dataset raises on a corrupt sample.
+- sigkill: one rank is killed (as the kernel's OOM killer kills a process).
+
+    torchrun --nproc_per_node 4 ddp_faults.py --steps 40 --fault stuck-loader --fault-rank 2 --fault-step 12
+"""
+
+import argparse
+import io
+import os
+import random
+import signal
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.cuda.nvtx as nvtx
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision.transforms as T
+from PIL import Image
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from torchvision import models
+
+
+class SyntheticDataset(Dataset):
+    """ImageNet-style samples: a JPEG decoded and augmented per sample, with a random label."""
+
+    def __init__(self, length: int, fault: str, fault_rank: int, first_bad: int) -> None:
+        self.len = length
+        self.fault, self.fault_rank, self.first_bad = fault, fault_rank, first_bad
+        rng = np.random.default_rng(0)
+        self.jpegs = []
+        for _ in range(16):
+            small = rng.integers(0, 256, (47, 63, 3), dtype=np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(small).resize((500, 375), Image.BILINEAR).save(buf, format="JPEG", quality=90)
+            self.jpegs.append(buf.getvalue())
+        self.transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                                    T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+
+    def read(self, idx: int) -> bytes:
+        if int(os.environ["RANK"]) == self.fault_rank and idx >= self.first_bad:
+            if self.fault == "stuck-loader":
+                time.sleep(3600)  # the read never returns
+            if self.fault == "raise":
+                raise ValueError(f"sample {idx}: corrupt JPEG (cannot identify image file)")
+        return self.jpegs[idx % len(self.jpegs)]
+
+    def __getitem__(self, idx: int):
+        img = Image.open(io.BytesIO(self.read(idx))).convert("RGB")
+        return self.transform(img), random.randint(0, 999)
+
+    def __len__(self) -> int:
+        return self.len
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=32, help="per GPU")
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--fault", default="none",
+                   choices=["none", "stuck-loader", "oom", "leak", "extra-collective", "raise", "sigkill"])
+    p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--fault-step", type=int, default=10**9)
+    p.add_argument("--nccl-timeout", type=float, default=600.0)
+    a = p.parse_args()
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=a.nccl_timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # DistributedSampler without shuffling gives rank r the samples r, r + world, ...: step s
+    # of rank r starts at sample (s * batch) * world + r.
+    dataset = SyntheticDataset(a.steps * a.batch * world, a.fault, a.fault_rank, a.fault_step * a.batch * world)
+    loader = DataLoader(dataset, batch_size=a.batch, sampler=DistributedSampler(dataset, shuffle=False),
+                        num_workers=a.num_workers, pin_memory=True)
+    model = DDP(models.resnet50(weights=None).to(local_rank), device_ids=[local_rank])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mine = rank == a.fault_rank
+    kept = []
+
+    nvtx.range_push("Entire training")
+    for step, (source, targets) in enumerate(loader):
+        nvtx.range_push(f"Step {step} Start")
+        source, targets = source.to(local_rank, non_blocking=True), targets.to(local_rank, non_blocking=True)
+        if mine and step >= a.fault_step and a.fault == "oom":
+            source, targets = source.repeat(64, 1, 1, 1), targets.repeat(64)
+        if mine and step >= a.fault_step and a.fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        with nvtx.range("Forward Pass"):
+            output = model(source)
+        loss = F.cross_entropy(output, targets)
+        with nvtx.range("Backward Pass"):
+            loss.backward()
+        with nvtx.range("Optimizer Step"):
+            optimizer.step()
+        if mine and a.fault == "leak":
+            kept.append(source.detach().repeat(80, 1, 1, 1))  # about 1.5 GiB a step
+        if mine and step == a.fault_step and a.fault == "extra-collective":
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            print(f"step {step}: mean loss {mean.item() / world:.3f}", flush=True)
+        nvtx.range_pop()
+    nvtx.range_pop()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -118,3 +118,35 @@ class Rank:
             if k == "comm":
                 out.setdefault(name, []).append(s + self.session_start)
         return out
+
+
+def kernel_count(path: Path) -> int:
+    """Kernels in one export (0 where nsys wrote no kernel table: none reached it)."""
+    con = sqlite3.connect(path)
+    try:
+        have = con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+        return con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] if have else 0
+    finally:
+        con.close()
+
+
+def gpu_memory_peak(path: Path) -> tuple[int, int]:
+    """(device, highest bytes in use) of one rank from its CUDA_GPU_MEMORY_USAGE_EVENTS: the device its
+    device/array allocations put the most bytes on; there, device, array and static allocations
+    (memKind 2, 3, 5) minus frees (operation 0 alloc, 1 free), summed per timestamp in time order,
+    raised so that the level never goes below zero."""
+    con = sqlite3.connect(path)
+    try:
+        by_dev: dict[int, int] = {}
+        for dev, b in con.execute("SELECT deviceId, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                                  "WHERE memKind IN (2, 3) AND memoryOperationType = 0"):
+            by_dev[dev] = by_dev.get(dev, 0) + b
+        dev = max(by_dev, key=lambda d: (by_dev[d], -d))
+        per: dict[int, int] = {}
+        for t, op, b in con.execute("SELECT start, memoryOperationType, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                                    "WHERE deviceId = ? AND memKind IN (2, 3, 5)", (dev,)):
+            per[t] = per.get(t, 0) + (b if op == 0 else -b if op == 1 else 0)
+    finally:
+        con.close()
+    levels = list(itertools.accumulate(per[t] for t in sorted(per)))
+    return dev, max(levels) + max(0, -min(levels))

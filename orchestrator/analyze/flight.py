@@ -29,17 +29,26 @@ def mismatch(last: list[dict[str, Any]]) -> tuple[list[int], str, list[str]]:
         if late:
             behind.update(r["rank"] for r in late)
             where = where or f"collective #{top} ({first['op']}) of {first['pg_desc']}"
-            was = "; ".join(f"rank {r['rank']}'s last was #{r['seq']} ({r['op']}) at {r['frame'] or '?'}"
-                            for r in late[:4])
+            was = "; ".join(f"rank {r['rank']}'s last was #{r['seq']} ({r['op']}) {_where(r)}" for r in late[:4])
             lines.append(f"Flight Recorder, {first['pg_desc']}: rank(s) {_ranks(late)} never entered collective "
-                         f"#{top} ({first['op']} {first['sizes']}), which rank(s) {_ranks(at_top)} entered at "
-                         f"{first['frame'] or '?'}; {was}")
+                         f"#{top} ({first['op']} {first['sizes']}), which rank(s) {_ranks(at_top)} entered "
+                         f"{_where(first)}; {was}")
         kinds = {(r["op"], r["sizes"]) for r in at_top}
         if len(kinds) > 1:
             what = "; ".join(f"rank {r['rank']}: {r['op']} {r['sizes']}" for r in at_top[:4])
             lines.append(f"Flight Recorder, {first['pg_desc']}: collective #{top} differs across ranks "
                          f"(a mismatch that never completes): {what}")
     return sorted(behind), where, lines
+
+
+def _where(r: dict[str, Any]) -> str:
+    """Where a rank called a collective: its Python frame, else the thread that issued it (DDP's
+    gradient all-reduce comes from the autograd thread's C++ hook, with no Python stack)."""
+    if r.get("frame"):
+        return f"at {r['frame']}"
+    if str(r.get("thread", "")).startswith("pt_autograd"):
+        return "in backward (the autograd thread: DDP's gradient all-reduce)"
+    return "at ?"
 
 
 def _ranks(rows: list[dict[str, Any]]) -> str:

@@ -13,6 +13,7 @@ in: the others' long last phase is a symptom.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from orchestrator.analyze.model import Outcome, RankOutcome
 from orchestrator.collect.evidence import gather
 from orchestrator.submit.failure import first_words
 
+_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
 _WORDS = {"COMPLETED": "completed", "FAILED": "failed", "TIMEOUT": "timed out", "CANCELLED": "cancelled",
           "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "PREEMPTED": "cancelled", "DEADLINE": "timed out",
           "BOOT_FAIL": "failed", "RUNNING": "running", "PENDING": "running"}
@@ -74,8 +76,8 @@ def first_failure(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
     its peer comes after one whose did not, whatever the nodes' clocks say; then the earliest."""
     failed = sorted((t for t in tasks if "failed_rank" in t),
                     key=lambda t: (bool(t.get("failed_by_peer")), t.get("failed_at") or "~"))
-    return next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or ""}
-                 for t in failed), None)
+    return next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or "",
+                  "by_peer": bool(t.get("failed_by_peer"))} for t in failed), None)
 
 
 def build_outcome(v: Views, store: Path | str) -> Outcome | None:
@@ -96,7 +98,12 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
     late, where = behind(ends) if stopped else ([], "")
     fr_late, fr_where, fr_lines = flight.mismatch(ev.get("flight_recorder", []))
     parts = []
-    if stopped and fr_late and not late:
+    first = first_failure(st["tasks"])
+    # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
+    # a closed connection) hung first: the rank to blame is the one the recorder shows never
+    # entered the collective the others waited in, not the one whose watchdog fired first.
+    waited_out = bool(first and first["by_peer"] and fr_late and first["rank"] not in fr_late)
+    if (stopped or waited_out) and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
         late, where = fr_late, fr_where
     moving = running(ends, late)
@@ -112,8 +119,10 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
                      + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
-    first = first_failure(st["tasks"])
-    if first and sched != "COMPLETED":
+    if first and sched != "COMPLETED" and waited_out and late:
+        parts.append(f"rank {first['rank']} failed first, waiting for them (a victim): "
+                     f"{first['said'] or first_words(first['rank'], first['how'])}")
+    elif first and sched != "COMPLETED":
         # Where its capture ends, not which step it finished: a SIGKILLed program loses the
         # ranges it was in, so its report ends with the step before the one it died in.
         ro = next((r for r in ranks if r.rank == first["rank"]), None)
@@ -122,6 +131,12 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         # The launcher's line adds the rank's own last words (its exception, a native abort's message).
         said = first["said"] if first["said"].startswith(head) else head
         parts.append(f"{said}{step}")
+    if first and _OOM.search(first["said"]):
+        parts.append(_memory_at_failure(v, first["rank"]))
+    lost = [r["rank"] for r in v.rows("gpu_lost")]
+    if lost:
+        parts.append(f"GPU trace lost on rank(s) {_list(lost)}: its capture ended before CUPTI handed over "
+                     "its kernels (a process killed, or stopped while a kernel ran); its CPU side is kept")
     stop = st.get("stop") or {}
     if stop:
         why = {"timeout": "the time limit's early warning", "cancelled": "a cancel",
@@ -129,7 +144,21 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         parts.append(f"orch stopped the captures at {why} after {stop.get('after_s', '?')} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
-                   dumps=ev.get("dumps", []), flight_recorder=fr_lines)
+                   dumps=ev.get("dumps", []), flight_recorder=fr_lines, gpu_lost=lost)
+
+
+def _memory_at_failure(v: Views, rank: int) -> str:
+    """How much GPU memory the rank that ran out held at its highest, in which step, and what
+    the other ranks held at that moment (mem_peak, on the rank's own GPU)."""
+    peak = v.by_rank("mem_peak").get(rank)
+    if peak is None:
+        return f"rank {rank}'s GPU memory was not traced (profile.cuda_memory_usage: true records it)"
+    cap = v.by_rank("mem_rank").get(rank, {}).get("capacity")
+    others = ", ".join(f"rank {o['rank']} {o['bytes'] / 2**30:.2f} GiB" for o in peak["others"][:8])
+    return (f"rank {rank} held {peak['peak_bytes'] / 2**30:.2f} GiB"
+            + (f" of its GPU's {cap / 2**30:.1f} GiB" if cap else "")
+            + (f" at its highest, in step {peak['step']}" if peak["step"] is not None else " at its highest")
+            + (f"; the others then: {others}" if others else ""))
 
 
 def _list(ranks: list[int]) -> str:

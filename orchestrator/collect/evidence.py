@@ -110,7 +110,8 @@ def last_collectives(folder: Path) -> list[dict[str, Any]]:
             desc = desc if desc and desc != "undefined" else f"process group {key}"  # DDP's group has no name
             out.append({"rank": int(m.group(1)), "pg": key, "pg_desc": desc, "seq": e["collective_seq_id"],
                         "op": str(e.get("profiling_name", "?")), "sizes": str(e.get("input_sizes", "")),
-                        "state": str(e.get("state", "")), "frame": _frame(e.get("frames"))})
+                        "state": str(e.get("state", "")), "frame": _frame(e.get("frames")),
+                        "thread": str(e.get("thread_name") or "")})
     return out
 
 

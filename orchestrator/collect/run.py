@@ -26,7 +26,8 @@ def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
     m = read_manifest(run)
     if not m.profiled_ranks:
         raise OrchError(f"job {m.job_id} profiled no ranks (profile.ranks: none): nothing to collect")
-    if not Path(m.report_dir).is_dir():
+    reports = _reports(run, Path(m.report_dir))
+    if reports is None:
         raise OrchError(f"no reports from job {m.job_id} in {m.report_dir} (expected ranks "
                         f"{m.profiled_ranks}); see `orch status {m.job_id}`")
     array = opts.array
@@ -39,9 +40,22 @@ def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
         array = replace(array, cluster=ClusterConfig.model_validate(m.cluster_config))
     meta = {"job_id": m.job_id, "run": str(run), "job": json.dumps(gather(run), default=str),
             **(opts.extra_meta or {})}
-    return Path(m.report_dir), replace(
+    return reports, replace(
         opts, layout=m.job_layout(), expected=m.profiled_ranks, name_prefix=naming.name_prefix(m.output_name, m.job_id),
         nsys=opts.nsys or m.nsys or m.cluster_config.get("nsys", {}).get("path"), array=array, extra_meta=meta)
+
+
+def _reports(run: Path, recorded: Path) -> Path | None:
+    """Where the job's reports are now: where the manifest says, else the run's own reports/
+    (a run directory moved or copied whole); and where no .nsys-rep is left (deleted to save
+    space, not copied), the exports the job or an earlier collect made of them."""
+    paths = RunPaths(run)
+    for folder in (recorded, paths.reports):
+        if folder.is_dir() and any(folder.glob("*.nsys-rep")):
+            return folder
+    if any(paths.exports.glob("*.sqlite")):
+        return paths.exports
+    return next((f for f in (recorded, paths.reports) if f.is_dir()), None)
 
 
 def mapped_in_job(run: Path) -> bool:

@@ -20,7 +20,7 @@ from orchestrator.ranklist import ranges
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
-from orchestrator.report.wording import split_problems
+from orchestrator.report.wording import no_gpu_banner, split_problems
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
@@ -244,8 +244,8 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
                      f"<h2>Step time per rank</h2>{step_heatmap(report, extras)}",
                      cpu_html.cpu_table(report, extras)]
     banner = "" if gpu else (
-        '<p class="cpu" id="cpu-only">CPU-only capture: no GPU activity was traced (a CPU run, or CUDA tracing '
-        "off), so this report compares the ranks' CPU phases and step times; GPU metrics do not apply.</p>")
+        f'<p class="cpu" id="cpu-only">{_e(no_gpu_banner(report))}, so this report compares the ranks\' '
+        "CPU phases and step times; GPU metrics do not apply.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>{_outcome(report)}

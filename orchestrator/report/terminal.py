@@ -27,7 +27,7 @@ from orchestrator.report.critical_terminal import critical_lines
 from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
-from orchestrator.report.wording import split_problems
+from orchestrator.report.wording import no_gpu_banner, split_problems
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 MAX_ROWS = 16
@@ -129,7 +129,7 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     if report.capture_overhead is not None and report.capture_overhead.line:
         console.print(f"[yellow]{cell(report.capture_overhead.line)}[/]", highlight=False)
     if not report.gpu_activity:
-        console.print("CPU-only capture (no GPU activity traced): comparing the ranks' CPU phases", highlight=False)
+        console.print(f"{no_gpu_banner(report)}: comparing the ranks' CPU phases", highlight=False)
     _findings(report, console, wide)
     _stats_tables(report, console, wide)
     if not report.gpu_activity:

@@ -36,3 +36,13 @@ def split_problems(report: Report) -> tuple[list[tuple[Problem, str]], list[tupl
         else:
             problems.append((p, reason))
     return problems, notes
+
+
+def no_gpu_banner(report: Report) -> str:
+    """What a report without GPU activity says it is: a CPU-only capture, or a capture whose GPU
+    trace was lost (the ranks launched GPU work, or some rank kept its kernels; analyze/sql/15_gpu_lost.sql)."""
+    lost = report.outcome.gpu_lost if report.outcome is not None else []
+    if lost:
+        return (f"GPU trace lost on rank(s) {', '.join(map(str, lost))} (its kernels never reached nsys; "
+                "the job outcome says why)")
+    return "CPU-only capture (no GPU activity traced: a CPU run, or CUDA tracing off)"

@@ -92,10 +92,17 @@ def existing_reports(manifest: Manifest) -> dict[int, list[str]]:
     return found
 
 
+def submitit_folder(run: Path, m: Manifest) -> Path:
+    """submitit's folder of the job: where the manifest says, else the run's own (a run
+    directory moved or copied whole keeps its results, logs and stop record there)."""
+    recorded = Path(m.submitit_folder)
+    return recorded if recorded.is_dir() else RunPaths(run).submitit
+
+
 def job_status(run: Path) -> dict[str, Any]:
     """State, per-task results (with log tails of failed tasks) and reports so far."""
     m = read_manifest(run)
-    folder = Path(m.submitit_folder)
+    folder = submitit_folder(run, m)
     backend = backend_for(m.executor)
     tasks = backend.task_results(folder, m.job_id, backend.ntasks(m.nodes))
     state = backend.state(folder, m.job_id, tasks)

@@ -22,6 +22,10 @@ class ExposedCommunication(Rule):
     min_share: float = 0.1  # exposed transfer (not waiting, not p2p) as a share of the window
 
     def evaluate(self, ctx: Context) -> list[Finding]:
+        if ctx.report.outcome is not None and ctx.report.outcome.gpu_lost:
+            # A rank without kernels leaves its peers' collectives unmatched: their waiting for it
+            # cannot be told from transfer, and would all read as exposed communication.
+            return []
         hit = {}
         for r in ctx.report.ranks:
             transfer = r.exposed_comm_ms - r.nccl_wait_ms - r.p2p_ms

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model import Finding, Outcome
 from orchestrator.analyze.rules.base import Context, Rule, finding
 
 _FIX = {
@@ -52,8 +52,24 @@ class JobOutcome(Rule):
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
         title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
             f": rank(s) {', '.join(map(str, o.behind))} never got as far as the others" if o.behind else "")
-        fix = _FIX["mismatch"] if mismatch else _FIX.get(o.state, _FIX["failed"])
+        fix = _FIX["mismatch"] if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
+            _FIX.get(o.state, _FIX["failed"])
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high")]
+
+
+def _root_fix(o: Outcome) -> str:
+    """The hang's fix names its root (the first rank behind) and what it was doing."""
+    root = next((r for r in o.ranks if r.rank == o.behind[0]), None)
+    doing = []
+    if root is not None and root.open_ranges:
+        doing.append(f"it was in {' > '.join(root.open_ranges)}")
+    if root is not None and root.stack:
+        loader = any("dataloader" in f for f in root.stack)
+        doing.append(("its main thread waited for its DataLoader, " if loader else "its main thread was at ")
+                     + " <- ".join(root.stack[:3]))
+    return (f"Rank {o.behind[0]} is the root" + (f" ({'; '.join(doing)})" if doing else "")
+            + ": fix what it was doing there (a data loader or file read that blocks, a collective or barrier "
+              "called on some ranks only, a rank-dependent branch). " + _FIX["hung"])
 
 
 RULE = JobOutcome()

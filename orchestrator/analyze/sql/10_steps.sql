@@ -4,9 +4,12 @@
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
 --   steps(rank, tid, start, end, step, family)       the chosen step ranges, numbered
 --   step_source(family, pattern)                     which family was chosen (one row or none)
---   open_steps(rank, tid, start, end, step, family)  each rank's last step when the job did not
---       complete (params.ended_early): taken out of `steps`, so that no metric averages in the
---       step the job was stopped in (a hung step lasts until the time limit); rank_end reads it
+--   open_steps(rank, tid, start, end, step, family)  when the job did not complete
+--       (params.ended_early), the step it was stopped in and any after it, on every rank: the
+--       first step some rank never finished (the lowest of the ranks' last steps). Taken out of
+--       `steps`, so that no metric averages them in: a hung step lasts until the time limit, also
+--       on a rank that finished it on the CPU while its GPU waited in the collective the rank
+--       behind never entered. rank_end reads it.
 -- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
 -- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
@@ -52,7 +55,7 @@ SELECT p.rank, p.tid, p.start, p."end", CASE WHEN u.numbered THEN p.num ELSE p.o
 FROM picked p JOIN uniq u USING (rank);
 
 CREATE OR REPLACE TABLE open_steps AS
-SELECT s.* FROM steps s, params p WHERE p.ended_early
-QUALIFY s.start = max(s.start) OVER (PARTITION BY s.rank);
+WITH cut AS (SELECT min(top) AS step FROM (SELECT max(step) AS top FROM steps GROUP BY rank))
+SELECT s.* FROM steps s, params p, cut c WHERE p.ended_early AND s.step >= c.step;
 
 DELETE FROM steps s USING open_steps o WHERE s.rank = o.rank AND s.step = o.step;

@@ -1,6 +1,6 @@
 -- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), across ranks, and
 -- allocator churn (cudaMalloc/cudaFree calls inside the steps).
--- Reads: gpu_memory, gpu_info, steps, first_step, win, params, cuda_api, in_selected. Provides:
+-- Reads: gpu_memory, gpu_info, steps, open_steps, first_step, win, params, cuda_api, in_selected. Provides:
 --   mem_level(rank, device, t, level, baseline)  bytes in use after every instant with allocations
 --       or frees on the rank's GPU: a running sum of allocations minus frees, plus the baseline
 --   mem_rank(rank, device, capacity, baseline, start_bytes, peak_bytes, peak_t, end_bytes,
@@ -10,6 +10,9 @@
 --   mem_step(rank, step, i, t, level)  bytes in use at the start of each selected step
 --   mem_spread(ranks, peak_rank, max_peak_bytes, min_peak_bytes, spread_bytes, median_peak_bytes)
 --       the peaks across ranks: highest, lowest, spread, median
+--   mem_peak(rank, peak_bytes, peak_t, step, others)  per rank, the highest level of the whole capture
+--       (the step a failed job ended in included: an out-of-memory rank's last allocations are
+--       there), the step it was reached in, and every other rank's level (rank, bytes) at that moment
 --   mem_curve(rank, b, t, level)        the highest level per time bucket (120 over the capture), for the HTML
 --   alloc_calls(rank, n_steps, n_alloc, n_free, n_sync_free, api_ns, step_ns)  allocator CUDA calls
 --       in the selected iterations (each from its step's start to the next step's start)
@@ -24,9 +27,13 @@
 -- managed memory can live on either side and is left out.
 -- Levels are taken per timestamp (all events of one ns summed), so ties need no order.
 CREATE OR REPLACE TABLE mem_level AS
-WITH dev AS (  -- the rank's GPU: the device most of its memory events are on
-    SELECT rank, mode(device) AS device FROM gpu_memory
-    WHERE mem_kind IN ('device', 'array', 'device static') GROUP BY rank
+WITH dev AS (  -- the rank's GPU: the device its allocations put the most bytes on. Not the device
+    -- most events are on: nsys files a process's many tiny static module loads under device 0
+    -- whatever GPU it uses, which made every rank but rank 0 read GPU 0's near-empty level.
+    SELECT rank, arg_max(device, (b, -device)) AS device FROM (
+        SELECT rank, device, sum(bytes) AS b FROM gpu_memory
+        WHERE mem_kind IN ('device', 'array') AND op = 'alloc' AND bytes IS NOT NULL GROUP BY rank, device)
+    GROUP BY rank
 ), d AS (
     SELECT m.rank, m.device, m.start AS t,
            sum(CASE WHEN m.op = 'alloc' THEN m.bytes WHEN m.op = 'free' THEN -m.bytes ELSE 0 END) AS delta
@@ -104,6 +111,25 @@ SELECT count(*) AS ranks, first(rank ORDER BY peak_bytes DESC, rank) AS peak_ran
        max(peak_bytes) AS max_peak_bytes, min(peak_bytes) AS min_peak_bytes,
        max(peak_bytes) - min(peak_bytes) AS spread_bytes, median(peak_bytes) AS median_peak_bytes
 FROM mem_rank HAVING count(*) > 0;
+
+CREATE OR REPLACE TABLE mem_peak AS
+WITH p AS (
+    SELECT rank, max(level) AS peak_bytes, arg_max(t, (level, -t)) AS peak_t FROM mem_level GROUP BY rank
+), every_step AS (
+    SELECT rank, step, start, "end" FROM steps UNION ALL SELECT rank, step, start, "end" FROM open_steps
+), at_step AS (
+    SELECT p.rank, max(e.step) AS step FROM p JOIN every_step e ON e.rank = p.rank
+    WHERE e.start <= p.peak_t AND e."end" >= p.peak_t GROUP BY p.rank
+), pairs AS (
+    SELECT p.rank, o.rank AS other, p.peak_t FROM p JOIN p o ON o.rank <> p.rank
+), at_peak AS (
+    SELECT x.rank, x.other, coalesce(l.level, 0) AS level
+    FROM pairs x ASOF LEFT JOIN mem_level l ON l.rank = x.other AND l.t <= x.peak_t
+)
+SELECT p.rank, p.peak_bytes, p.peak_t, a.step,
+       coalesce((SELECT list({'rank': o.other, 'bytes': o.level} ORDER BY o.other) FROM at_peak o
+                 WHERE o.rank = p.rank), []) AS others
+FROM p LEFT JOIN at_step a USING (rank);
 
 CREATE OR REPLACE TABLE mem_curve AS
 WITH span AS (

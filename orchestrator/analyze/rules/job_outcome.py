@@ -69,7 +69,8 @@ def _root_fix(o: Outcome) -> str:
                      + " <- ".join(root.stack[:3]))
     return (f"Rank {o.behind[0]} is the root" + (f" ({'; '.join(doing)})" if doing else "")
             + ": fix what it was doing there (a data loader or file read that blocks, a collective or barrier "
-              "called on some ranks only, a rank-dependent branch). " + _FIX["hung"])
+              "called on some ranks only, a rank-dependent branch); the other ranks only waited for it. Its "
+              "stack dumps and Flight Recorder are in the run's dumps/ folder.")
 
 
 RULE = JobOutcome()

@@ -1,7 +1,7 @@
 -- The nsys-stats tables across ranks, part 1: the phase table (`nsys stats -r nvtx_sum` +
 -- `nvtx_gpu_proj_sum`, one row per rank and range group), in the scope of 21_stats_scope.sql.
 -- Reads: stats_cpu, stats_cpu_todo, loo_ref, is_outlier, nvtx, gpu_ops, range_group, union_length,
--- map_ranks, map_phase_rows.
+-- map_ranks, map_phase_rows, gpu_lost.
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
 --       stats_cpu_todo (the ranks not in map_ranks); grp = `DOMAIN:` (non-default domains, as
@@ -88,11 +88,14 @@ absent AS (  -- a range a rank never opens costs it nothing: zero is its referen
     ANTI JOIN t ON t.rank = c.rank AND t.grp = g.grp
 ), xc AS (SELECT rank, grp AS key, coalesce(per_step_ns, total_ns) AS x FROM t
           UNION ALL SELECT rank, grp, 0 FROM absent),
-   xg AS (SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t
+   xg AS (  -- a rank whose GPU trace was lost has no GPU side to compare
+          SELECT rank, grp AS key, coalesce(gpu_per_step_ns, gpu_ns) AS x FROM t
           UNION ALL SELECT rank, grp, 0 FROM absent),
-   rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg')),
+   xg_kept AS (SELECT * FROM xg WHERE rank NOT IN (SELECT rank FROM gpu_lost)),
+   rc AS (SELECT * FROM loo_ref('xc')), rg AS (SELECT * FROM loo_ref('xg_kept')),
    med AS (SELECT grp, median(coalesce(per_step_ns, total_ns)) AS cpu_median_ns,
-                  median(coalesce(gpu_per_step_ns, gpu_ns)) AS gpu_median_ns FROM t GROUP BY grp)
+                  median(coalesce(gpu_per_step_ns, gpu_ns)) FILTER (WHERE rank NOT IN (SELECT rank FROM gpu_lost))
+                      AS gpu_median_ns FROM t GROUP BY grp)
 SELECT t.*, med.cpu_median_ns, med.gpu_median_ns,
        is_outlier(coalesce(t.per_step_ns, t.total_ns), rc.ref_med, rc.ref_mad) AS cpu_outlier,
        is_outlier(coalesce(t.gpu_per_step_ns, t.gpu_ns), rg.ref_med, rg.ref_mad) AS gpu_outlier

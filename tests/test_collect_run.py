@@ -56,7 +56,7 @@ def test_collect_run_keeps_the_jobs_end_in_a_copied_store(tmp_path: Path) -> Non
     assert meta["job_id"] == "4242"
     job = json.loads(meta["job"])
     assert job["dumps"] == ["dumps/stacks.r1.txt"]  # relative to the run directory; empty files left out
-    assert job["status"]["job_id"] == "4242" and job["status"]["executor"] == "local"
+    assert job["job_id"] == "4242" and job["executor"] == "local"
 
 
 def test_collect_run_parts_route_writes_the_same_meta(tmp_path: Path) -> None:

@@ -87,8 +87,8 @@ def test_hook_dumps_recorder_and_stacks_of_ranks_stuck_in_a_collective(hung_dump
     assert "in all_reduce" in stacks[0] and "hang.py" in stacks[0], stacks[0]
     assert "hang.py" in stacks[1] and "all_reduce" not in stacks[1], stacks[1]
     got = evidence.stacks(hung_dumps)
-    assert got["0"][0].startswith("all_reduce (distributed/distributed_c10d.py:") and got["0"][-1].startswith(
-        "<module> (") and got["1"][0].startswith("<module> ("), got
+    assert got[0][0].startswith("all_reduce (distributed/distributed_c10d.py:") and got[0][-1].startswith(
+        "<module> (") and got[1][0].startswith("<module> ("), got
     seqs = {}
     for r in (0, 1):
         with open(hung_dumps / "flight_recorder" / f"rank_{r}", "rb") as fh:
@@ -98,7 +98,7 @@ def test_hook_dumps_recorder_and_stacks_of_ranks_stuck_in_a_collective(hung_dump
 
 def test_the_rank_that_never_entered_is_named(hung_dumps: Path) -> None:
     last = evidence.last_collectives(hung_dumps / "flight_recorder")
-    assert [(x["rank"], x["seq"], x["op"]) for x in last] == [(0, 5, "gloo:all_reduce"), (1, 4, "gloo:all_reduce")]
+    assert [(x.rank, x.seq, x.op) for x in last] == [(0, 5, "gloo:all_reduce"), (1, 4, "gloo:all_reduce")]
     behind, where, lines = flight.mismatch(last)
     assert behind == [1] and where == "collective #5 (gloo:all_reduce) of default_pg"
     assert len(lines) == 1 and lines[0].startswith(
@@ -120,6 +120,27 @@ def test_a_collective_that_differs_across_ranks(tmp_path: Path) -> None:
     assert behind == [] and lines == ["Flight Recorder, default_pg: collective #7 differs across ranks (a mismatch "
                                       "that never completes): rank 0: nccl:all_reduce [[4, 8]]; rank 1: "
                                       "nccl:all_reduce [[4, 9]]"]
+
+
+def test_the_rank_that_called_a_collective_the_others_did_not_is_named(tmp_path: Path) -> None:
+    """The NCCL pattern (nothing raises: the sizes differ, the job hangs until the watchdog): rank 1
+    averages its loss for a log line at the point where rank 0's DDP issues its gradient
+    all-reduce from the autograd thread, with no Python stack. Where both came from the
+    program's own code, nothing tells which is odd."""
+    folder = tmp_path / "flight_recorder"
+    folder.mkdir()
+    ddp = {"collective_seq_id": 12, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce",
+           "input_sizes": [[6637568]], "is_p2p": False, "frames": [], "thread_name": "pt_autograd_0"}
+    log = {**ddp, "input_sizes": [[1]], "thread_name": "MainThread",
+           "frames": [{"filename": "/w/train.py", "line": 120, "name": "main"}]}
+    for rank, entry in ((0, ddp), (1, log)):
+        (folder / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": [entry]}))
+    last = evidence.last_collectives(folder)
+    assert flight.odd_ones(last) == [1]
+    assert flight.mismatch(last)[0] == []  # nobody is behind: both entered #12
+    for rank, entry in ((0, {**log, "input_sizes": [[2]]}), (1, log)):
+        (folder / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": [entry]}))
+    assert flight.odd_ones(evidence.last_collectives(folder)) == []
 
 
 class _Boom:

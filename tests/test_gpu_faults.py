@@ -120,11 +120,11 @@ def test_the_rank_that_never_entered_is_the_root_also_when_a_watchdog_ends_the_j
     store = run / "profile.duckdb"
     con = duckdb.connect(str(store))
     ev = json.loads(con.execute("SELECT value FROM meta WHERE key = 'job'").fetchone()[0])
-    ev["status"]["state"] = "FAILED"
-    ev["status"].pop("stop", None)
-    ev["status"]["tasks"][0].update(failed_rank=1, failed_exit="exit status 1", failed_by_peer=True,
-                                    error="rank 1 failed first (exit status 1): torch.distributed.DistBackendError: "
-                                          "NCCL communicator was aborted on rank 1.")
+    ev["state"] = "FAILED"
+    ev["stop"] = None
+    ev["tasks"][0].update(failed_rank=1, failed_exit="exit status 1", failed_by_peer=True,
+                          error="rank 1 failed first (exit status 1): torch.distributed.DistBackendError: "
+                                "NCCL communicator was aborted on rank 1.")
     con.execute("UPDATE meta SET value = ? WHERE key = 'job'", [json.dumps(ev)])
     con.close()
     r = run_orch("report", str(run), "--json", str(tmp_path / "failed.json"))

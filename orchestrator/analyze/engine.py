@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze import schedule, summaries
+from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.collect.views import relocate
@@ -173,11 +174,11 @@ def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the store's job did not complete (failed, timed out, cancelled), from what
     `orch collect` kept of its status; False for a store built from reports alone."""
     try:
-        row = con.execute("SELECT json_extract_string(max(value), '$.status.state') FROM meta WHERE key = 'job'"
-                          ).fetchone()
+        row = con.execute("SELECT max(value) FROM meta WHERE key = 'job'").fetchone()
     except duckdb.Error:
         return False
-    return bool(row and row[0] and row[0] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN"))
+    ev = JobEvidence.from_store(row[0] if row else None)
+    return ev is not None and ev.ended_early
 
 
 @functools.cache

@@ -9,48 +9,73 @@ The input is each rank's last collective per group (collect/evidence.py reads th
 
 from __future__ import annotations
 
-from typing import Any
+from orchestrator.collect.evidence import LastCollective
 
 
-def mismatch(last: list[dict[str, Any]]) -> tuple[list[int], str, list[str]]:
+def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:
     """The ranks behind (never entered their group's last collective), the first such collective
     in words, and one line per finding."""
     behind: set[int] = set()
     where = ""
     lines = []
-    for pg in sorted({r["pg"] for r in last}):
-        rows = [r for r in last if r["pg"] == pg]
+    for pg in sorted({r.pg for r in last}):
+        rows = [r for r in last if r.pg == pg]
         if len(rows) < 2:
             continue
-        top = max(r["seq"] for r in rows)
-        at_top = [r for r in rows if r["seq"] == top]
-        late = [r for r in rows if r["seq"] < top]
+        top = max(r.seq for r in rows)
+        at_top = [r for r in rows if r.seq == top]
+        late = [r for r in rows if r.seq < top]
         first = at_top[0]
         if late:
-            behind.update(r["rank"] for r in late)
-            where = where or f"collective #{top} ({first['op']}) of {first['pg_desc']}"
-            was = "; ".join(f"rank {r['rank']}'s last was #{r['seq']} ({r['op']}) {_where(r)}" for r in late[:4])
-            lines.append(f"Flight Recorder, {first['pg_desc']}: rank(s) {_ranks(late)} never entered collective "
-                         f"#{top} ({first['op']} {first['sizes']}), which rank(s) {_ranks(at_top)} entered "
+            behind.update(r.rank for r in late)
+            where = where or f"collective #{top} ({first.op}) of {first.pg_desc}"
+            was = "; ".join(f"rank {r.rank}'s last was #{r.seq} ({r.op}) {_where(r)}" for r in late[:4])
+            lines.append(f"Flight Recorder, {first.pg_desc}: rank(s) {_ranks(late)} never entered collective "
+                         f"#{top} ({first.op} {first.sizes}), which rank(s) {_ranks(at_top)} entered "
                          f"{_where(first)}; {was}")
-        kinds = {(r["op"], r["sizes"]) for r in at_top}
+        kinds = {(r.op, r.sizes) for r in at_top}
         if len(kinds) > 1:
-            what = "; ".join(f"rank {r['rank']}: {r['op']} {r['sizes']}" for r in at_top[:4])
-            lines.append(f"Flight Recorder, {first['pg_desc']}: collective #{top} differs across ranks "
+            what = "; ".join(f"rank {r.rank}: {r.op} {r.sizes}" for r in at_top[:4])
+            lines.append(f"Flight Recorder, {first.pg_desc}: collective #{top} differs across ranks "
                          f"(a mismatch that never completes): {what}")
     return sorted(behind), where, lines
 
 
-def _where(r: dict[str, Any]) -> str:
+def odd_ones(last: list[LastCollective]) -> list[int]:
+    """The ranks whose collective differs from the others' at the same sequence number: the
+    smallest group of one operation and size; between groups as small, the one the program called
+    from its own code rather than a library's thread (a rank-0-only all-reduce for a log line
+    against DDP's gradient all-reduce from the autograd thread). [] where that does not decide."""
+    odd: set[int] = set()
+    for pg in sorted({r.pg for r in last}):
+        rows = [r for r in last if r.pg == pg]
+        top = max(r.seq for r in rows)
+        groups: dict[tuple[str, str], list[LastCollective]] = {}
+        for r in rows:
+            if r.seq == top:
+                groups.setdefault((r.op, r.sizes), []).append(r)
+        if len(groups) < 2:
+            continue
+        small = min(len(g) for g in groups.values())
+        cand = [g for g in groups.values() if len(g) == small]
+        own = [g for g in cand if all(r.frame and not r.thread.startswith("pt_autograd") for r in g)]
+        if len(cand) > 1 and len(own) == 1:
+            cand = own
+        if len(cand) == 1:
+            odd.update(r.rank for r in cand[0])
+    return sorted(odd)
+
+
+def _where(r: LastCollective) -> str:
     """Where a rank called a collective: its Python frame, else the thread that issued it (DDP's
     gradient all-reduce comes from the autograd thread's C++ hook, with no Python stack)."""
-    if r.get("frame"):
-        return f"at {r['frame']}"
-    if str(r.get("thread", "")).startswith("pt_autograd"):
+    if r.frame:
+        return f"at {r.frame}"
+    if r.thread.startswith("pt_autograd"):
         return "in backward (the autograd thread: DDP's gradient all-reduce)"
     return "at ?"
 
 
-def _ranks(rows: list[dict[str, Any]]) -> str:
-    rs = sorted(r["rank"] for r in rows)
+def _ranks(rows: list[LastCollective]) -> str:
+    rs = sorted(r.rank for r in rows)
     return ", ".join(map(str, rs[:8])) + (f" and {len(rs) - 8} more" if len(rs) > 8 else "")

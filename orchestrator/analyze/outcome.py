@@ -12,15 +12,13 @@ in: the others' long last phase is a symptom.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 from orchestrator.analyze import flight
 from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model import Outcome, RankOutcome
-from orchestrator.collect.evidence import gather
+from orchestrator.collect.evidence import JobEvidence, TaskEnd
 from orchestrator.submit.failure import first_words
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
@@ -29,16 +27,10 @@ _WORDS = {"COMPLETED": "completed", "FAILED": "failed", "TIMEOUT": "timed out", 
           "BOOT_FAIL": "failed", "RUNNING": "running", "PENDING": "running"}
 
 
-def evidence(v: Views, store: Path | str) -> dict[str, Any]:
-    """What `orch collect` kept of the job's end in the store (meta key `job`), else what the run
-    directory beside the store holds now (a store collected before evidence was kept)."""
-    kept = v.scalar("SELECT max(value) FROM meta WHERE key = 'job'")
-    if kept:
-        try:
-            return json.loads(kept)
-        except ValueError:
-            pass
-    return gather(Path(store).parent)
+def evidence(v: Views) -> JobEvidence | None:
+    """What `orch collect` kept of the job's end in the store (meta key `job`): the store alone
+    says it, wherever it was copied, and no scheduler is asked."""
+    return JobEvidence.from_store(v.scalar("SELECT max(value) FROM meta WHERE key = 'job'"))
 
 
 def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
@@ -71,41 +63,45 @@ def running(ends: list[dict[str, Any]], late: list[int]) -> str:
     return "; ".join(said[:4])
 
 
-def first_failure(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def first_failure(tasks: list[TaskEnd]) -> TaskEnd | None:
     """The job's first failure among its nodes' (tasks'): a node whose first failure only lost
     its peer comes after one whose did not, whatever the nodes' clocks say; then the earliest."""
-    failed = sorted((t for t in tasks if "failed_rank" in t),
-                    key=lambda t: (bool(t.get("failed_by_peer")), t.get("failed_at") or "~"))
-    return next(({"rank": t["failed_rank"], "how": t["failed_exit"], "said": t.get("error") or "",
-                  "by_peer": bool(t.get("failed_by_peer"))} for t in failed), None)
+    failed = sorted((t for t in tasks if t.failed_rank is not None),
+                    key=lambda t: (t.failed_by_peer, t.failed_at or "~"))
+    return failed[0] if failed else None
 
 
-def build_outcome(v: Views, store: Path | str) -> Outcome | None:
-    """The outcome of the run whose store is `store` (None for a store outside a run directory)."""
-    ev = evidence(v, store)
-    st = ev.get("status")
-    if not st:
+def build_outcome(v: Views) -> Outcome | None:
+    """The outcome of the store's job (None for a store of reports orch did not submit)."""
+    ev = evidence(v)
+    if ev is None:
         return None
-    sched = st["state"]
+    sched = ev.state
     ends = v.rows("rank_end")
-    exits = {t["failed_rank"]: t["failed_exit"] or None for t in st["tasks"] if "failed_rank" in t}
+    exits = {t.failed_rank: t.failed_exit or None for t in ev.tasks if t.failed_rank is not None}
     ranks = [RankOutcome(rank=e["rank"], last_step=e["last_step"], last_done_step=e["last_done_step"],
                          open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
-                         stack=ev.get("stacks", {}).get(str(e["rank"]), []))
+                         stack=ev.stacks.get(e["rank"], []))
              for e in ends]
     state = _WORDS.get(sched, "unknown")
     stopped = sched in ("TIMEOUT", "CANCELLED", "DEADLINE")
     late, where = behind(ends) if stopped else ([], "")
-    fr_late, fr_where, fr_lines = flight.mismatch(ev.get("flight_recorder", []))
+    fr_late, fr_where, fr_lines = flight.mismatch(ev.flight_recorder)
+    odd = flight.odd_ones(ev.flight_recorder)
     parts = []
-    first = first_failure(st["tasks"])
+    first = first_failure(ev.tasks)
     # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
     # a closed connection) hung first: the rank to blame is the one the recorder shows never
-    # entered the collective the others waited in, not the one whose watchdog fired first.
-    waited_out = bool(first and first["by_peer"] and fr_late and first["rank"] not in fr_late)
+    # entered the collective the others waited in (or called one the others did not), not the
+    # one whose watchdog fired first.
+    blamed = fr_late or odd
+    waited_out = bool(first and first.failed_by_peer and blamed and first.failed_rank not in blamed)
     if (stopped or waited_out) and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
         late, where = fr_late, fr_where
+    called_other = bool((stopped or waited_out) and odd and not late)
+    if called_other:
+        late = odd
     moving = running(ends, late)
     if moving:
         # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
@@ -113,38 +109,39 @@ def build_outcome(v: Views, store: Path | str) -> Outcome | None:
         late = []
     if late:
         state = "hung"
-        known = {e["rank"] for e in ends} | {r["rank"] for r in ev.get("flight_recorder", [])}
+        known = {e["rank"] for e in ends} | {r.rank for r in ev.flight_recorder}
         waiting = sorted(known - set(late))
-        parts.append(f"rank(s) {_list(late)} never reached {where}"
+        parts.append((f"rank(s) {_list(late)} called a collective the others never called (the Flight Recorder "
+                      "line below)" if called_other else f"rank(s) {_list(late)} never reached {where}")
                      + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
-    if first and sched != "COMPLETED" and waited_out and late:
-        parts.append(f"rank {first['rank']} failed first, waiting for them (a victim): "
-                     f"{first['said'] or first_words(first['rank'], first['how'])}")
-    elif first and sched != "COMPLETED":
-        # Where its capture ends, not which step it finished: a SIGKILLed program loses the
-        # ranges it was in, so its report ends with the step before the one it died in.
-        ro = next((r for r in ranks if r.rank == first["rank"]), None)
-        step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
-        head = first_words(first["rank"], first["how"])
+    if first is not None and first.failed_rank is not None and sched != "COMPLETED":
+        head = first_words(first.failed_rank, first.failed_exit or "")
         # The launcher's line adds the rank's own last words (its exception, a native abort's message).
-        said = first["said"] if first["said"].startswith(head) else head
-        parts.append(f"{said}{step}")
-    if first and _OOM.search(first["said"]):
-        parts.append(_memory_at_failure(v, first["rank"]))
+        said = first.error if first.error.startswith(head) else head
+        if waited_out and late:
+            parts.append(f"rank {first.failed_rank} failed first, waiting for them (a victim): {said}")
+        else:
+            # Where its capture ends, not which step it finished: a SIGKILLed program loses the
+            # ranges it was in, so its report ends with the step before the one it died in.
+            ro = next((r for r in ranks if r.rank == first.failed_rank), None)
+            step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
+            parts.append(f"{said}{step}")
+        if _OOM.search(first.error):
+            parts.append(_memory_at_failure(v, first.failed_rank))
     lost = [r["rank"] for r in v.rows("gpu_lost")]
     if lost:
         parts.append(f"GPU trace lost on rank(s) {_list(lost)}: its capture ended before CUPTI handed over "
                      "its kernels (a process killed, or stopped while a kernel ran); its CPU side is kept")
-    stop = st.get("stop") or {}
-    if stop:
+    if ev.stop is not None:
         why = {"timeout": "the time limit's early warning", "cancelled": "a cancel",
-               "step_ended": "Slurm's end of the step (another node failed)"}.get(stop.get("reason"), "a stop")
-        parts.append(f"orch stopped the captures at {why} after {stop.get('after_s', '?')} s")
+               "step_ended": "Slurm's end of the step (another node failed)"}.get(ev.stop.reason or "", "a stop")
+        after = "?" if ev.stop.after_s is None else ev.stop.after_s
+        parts.append(f"orch stopped the captures at {why} after {after} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
-                   dumps=ev.get("dumps", []), flight_recorder=fr_lines, gpu_lost=lost)
+                   dumps=ev.dumps, flight_recorder=fr_lines, gpu_lost=lost)
 
 
 def _memory_at_failure(v: Views, rank: int) -> str:

@@ -195,5 +195,5 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         capture_overhead=build_overhead(v),
     )
     report.notes = _notes(v)
-    report.outcome = build_outcome(v, store)  # before the rules: a job that did not complete is never healthy
+    report.outcome = build_outcome(v)  # before the rules: a job that did not complete is never healthy
     return report

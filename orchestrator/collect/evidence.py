@@ -9,6 +9,10 @@ strings. A pickle can run code and a run directory is not trusted input, so it i
 unpickler that builds nothing but plain types; a dump that needs anything else is skipped. Only
 the last collective of each rank and process group is kept: that is what tells the ranks apart,
 and it does not grow with the recorder's buffer.
+
+`JobEvidence` is that evidence as one typed model: collect writes it into the store (meta key
+`job`, its JSON) and the analysis reads it from there alone, so a new kind of evidence is a field
+here and its reader, and a store copied elsewhere reads the same.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import pickle
 import re
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
@@ -29,12 +35,80 @@ _STACK_NAME = re.compile(r"stacks\.r(\d{1,7})\.txt")
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)')
 
 
-def gather(run: Path) -> dict[str, Any]:
-    """The job's evidence: {status, dumps, flight_recorder, stacks}; status is None outside an
-    orch run directory (a store built from reports alone)."""
+class _Kept(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)  # a newer orch's store: its extra fields are skipped
+
+
+class LastCollective(_Kept):
+    """A rank's last collective in one process group, from its Flight Recorder dump."""
+
+    rank: int
+    pg: str
+    pg_desc: str
+    seq: int
+    op: str
+    sizes: str = ""
+    state: str = ""
+    frame: str = ""  # where the program called it (file:line (function)), "" without a Python stack
+    thread: str = ""  # the thread that issued it (DDP's gradient all-reduce: the autograd thread)
+
+
+class TaskEnd(_Kept):
+    """How one task (a node's launch) ended, as `orch status` read it from submitit's files."""
+
+    task: int
+    result: str
+    error: str = ""
+    failed_rank: int | None = None  # the task's first failing rank, by torchrun's log
+    failed_exit: str | None = None  # how it ended, in words
+    failed_by_peer: bool = False  # its own error only says it lost a peer
+    failed_at: str | None = None
+
+
+class StopRecord(_Kept):
+    """Why and when orch stopped the job (submitit/<job>_<node>_stop.json)."""
+
+    reason: str | None = None  # timeout, cancelled, step_ended
+    signal: str | None = None
+    after_s: float | None = None
+
+
+class JobEvidence(_Kept):
+    """What a job run under orch left about how it ended, read once at collect time."""
+
+    job_id: str
+    executor: str
+    state: str  # the scheduler's word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...
+    tasks: list[TaskEnd] = []
+    stop: StopRecord | None = None
+    dumps: list[str] = []
+    flight_recorder: list[LastCollective] = []
+    stacks: dict[int, list[str]] = {}
+
+    @property
+    def ended_early(self) -> bool:
+        return self.state not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN")
+
+    @classmethod
+    def from_store(cls, text: str | None) -> JobEvidence | None:
+        """The evidence a store keeps, or None (a store of reports alone, or unreadable)."""
+        try:
+            return cls.model_validate_json(text) if text else None
+        except ValidationError:
+            return None
+
+
+def gather(run: Path) -> JobEvidence | None:
+    """The job's evidence, or None outside an orch run directory (reports alone)."""
+    st = job_state(run)
+    if st is None:
+        return None
     paths = RunPaths(run)
-    return {"status": job_state(run), "dumps": dump_files(run),
-            "flight_recorder": last_collectives(paths.flight_recorder), "stacks": stacks(paths.dumps)}
+    return JobEvidence(job_id=st["job_id"], executor=st["executor"], state=st["state"],
+                       tasks=[TaskEnd.model_validate(t) for t in st["tasks"]],
+                       stop=StopRecord.model_validate(st["stop"]) if st.get("stop") else None,
+                       dumps=dump_files(run), flight_recorder=last_collectives(paths.flight_recorder),
+                       stacks=stacks(paths.dumps))
 
 
 def job_state(run: Path) -> dict[str, Any] | None:
@@ -86,9 +160,9 @@ def _frame(frames: Any) -> str:
     return f"{f['filename']}:{f.get('line')} ({f.get('name')})" if f else ""
 
 
-def last_collectives(folder: Path) -> list[dict[str, Any]]:
+def last_collectives(folder: Path) -> list[LastCollective]:
     """Per rank and process group, the last collective the rank entered (`rank_<N>` files)."""
-    out: list[dict[str, Any]] = []
+    out: list[LastCollective] = []
     if not folder.is_dir():
         return out
     for p in sorted(folder.iterdir()):
@@ -108,10 +182,10 @@ def last_collectives(folder: Path) -> list[dict[str, Any]]:
             pg = e.get("process_group")
             desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
             desc = desc if desc and desc != "undefined" else f"process group {key}"  # DDP's group has no name
-            out.append({"rank": int(m.group(1)), "pg": key, "pg_desc": desc, "seq": e["collective_seq_id"],
-                        "op": str(e.get("profiling_name", "?")), "sizes": str(e.get("input_sizes", "")),
-                        "state": str(e.get("state", "")), "frame": _frame(e.get("frames")),
-                        "thread": str(e.get("thread_name") or "")})
+            out.append(LastCollective(rank=int(m.group(1)), pg=key, pg_desc=desc, seq=e["collective_seq_id"],
+                                      op=str(e.get("profiling_name", "?")), sizes=str(e.get("input_sizes", "")),
+                                      state=str(e.get("state", "")), frame=_frame(e.get("frames")),
+                                      thread=str(e.get("thread_name") or "")))
     return out
 
 
@@ -135,8 +209,8 @@ def main_stack(text: str, frames: int = 6) -> list[str]:
     return [f"{m['func']} ({'/'.join(Path(m['file']).parts[-2:])}:{m['line']})" for m in main[-1][:frames]]
 
 
-def stacks(folder: Path) -> dict[str, list[str]]:
-    """Per rank (a string key: the store keeps it as JSON) its main thread's stack."""
+def stacks(folder: Path) -> dict[int, list[str]]:
+    """Per rank its main thread's stack."""
     out = {}
     if folder.is_dir():
         for p in sorted(folder.iterdir()):
@@ -150,5 +224,5 @@ def stacks(folder: Path) -> dict[str, list[str]]:
             except OSError:
                 continue
             if s := main_stack(text):
-                out[str(int(m.group(1)))] = s
+                out[int(m.group(1))] = s
     return out

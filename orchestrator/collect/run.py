@@ -38,7 +38,8 @@ def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:
             raise OrchError(f"job {m.job_id} has no cluster config to submit the map to: pass --cluster NAME")
 
         array = replace(array, cluster=ClusterConfig.model_validate(m.cluster_config))
-    meta = {"job_id": m.job_id, "run": str(run), "job": json.dumps(gather(run), default=str),
+    ev = gather(run)
+    meta = {"job_id": m.job_id, "run": str(run), **({"job": ev.model_dump_json()} if ev else {}),
             **(opts.extra_meta or {})}
     return reports, replace(
         opts, layout=m.job_layout(), expected=m.profiled_ranks, name_prefix=naming.name_prefix(m.output_name, m.job_id),

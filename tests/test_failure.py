@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.outcome import first_failure
+from orchestrator.collect.evidence import TaskEnd
 from orchestrator.submit.failure import exit_words, failed_at, failure_line, rank_traceback, root_cause
 from tests.conftest import run_orch
 from tests.test_e2e import _spec
@@ -124,14 +125,17 @@ def test_across_nodes_the_node_whose_rank_lost_its_peer_comes_second(tmp_path: P
     tasks = []
     for t, text in enumerate(texts):
         rank, how, lost = root_cause(text)
-        tasks.append({"task": t, "failed_rank": rank, "failed_exit": how, "failed_by_peer": lost,
-                      "failed_at": failed_at(text), "error": failure_line(text)})
-    assert [(t["failed_rank"], t["failed_by_peer"]) for t in tasks] == [(0, True), (1, False)], texts
-    tasks[0]["failed_at"], tasks[1]["failed_at"] = "0101 00:00:00.000000", "1231 23:59:59.999999"
+        tasks.append(TaskEnd(task=t, result="error", failed_rank=rank, failed_exit=how, failed_by_peer=lost,
+                             failed_at=failed_at(text), error=failure_line(text) or ""))
+    assert [(t.failed_rank, t.failed_by_peer) for t in tasks] == [(0, True), (1, False)], texts
+    # The node whose rank only lost its peer comes second even when its clock says it failed first.
+    tasks = [tasks[0].model_copy(update={"failed_at": "0101 00:00:00.000000"}),
+             tasks[1].model_copy(update={"failed_at": "1231 23:59:59.999999"})]
     first = first_failure(tasks)
-    assert first["rank"] == 1
-    assert first["said"] == "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels"
-    assert first_failure([tasks[0]])["rank"] == 0  # alone, the victim is all there is to name
+    assert first is not None and first.failed_rank == 1
+    assert first.error == "rank 1 failed first (exit status 1): ValueError: batch 7 has no labels"
+    alone = first_failure([tasks[0]])
+    assert alone is not None and alone.failed_rank == 0  # alone, the victim is all there is to name
 
 
 def test_status_of_a_local_job_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:

@@ -18,11 +18,9 @@ def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:
     behind: set[int] = set()
     where = ""
     lines = []
-    for pg in sorted({r.pg for r in last}):
-        rows = [r for r in last if r.pg == pg]
+    for rows, top in _groups(last):
         if len(rows) < 2:
             continue
-        top = max(r.seq for r in rows)
         at_top = [r for r in rows if r.seq == top]
         late = [r for r in rows if r.seq < top]
         first = at_top[0]
@@ -47,9 +45,7 @@ def odd_ones(last: list[LastCollective]) -> list[int]:
     from its own code rather than a library's thread (a rank-0-only all-reduce for a log line
     against DDP's gradient all-reduce from the autograd thread). [] where that does not decide."""
     odd: set[int] = set()
-    for pg in sorted({r.pg for r in last}):
-        rows = [r for r in last if r.pg == pg]
-        top = max(r.seq for r in rows)
+    for rows, top in _groups(last):
         groups: dict[tuple[str, str], list[LastCollective]] = {}
         for r in rows:
             if r.seq == top:
@@ -64,6 +60,15 @@ def odd_ones(last: list[LastCollective]) -> list[int]:
         if len(cand) == 1:
             odd.update(r.rank for r in cand[0])
     return sorted(odd)
+
+
+def _groups(last: list[LastCollective]) -> list[tuple[list[LastCollective], int]]:
+    """Per process group, its ranks' last collectives and the highest sequence number among them."""
+    out = []
+    for pg in sorted({r.pg for r in last}):
+        rows = [r for r in last if r.pg == pg]
+        out.append((rows, max(r.seq for r in rows)))
+    return out
 
 
 def _where(r: LastCollective) -> str:

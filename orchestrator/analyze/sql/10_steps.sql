@@ -9,7 +9,9 @@
 --       first step some rank never finished (the lowest of the ranks' last steps). Taken out of
 --       `steps`, so that no metric averages them in: a hung step lasts until the time limit, also
 --       on a rank that finished it on the CPU while its GPU waited in the collective the rank
---       behind never entered. rank_end reads it.
+--       behind never entered.
+--   every_step(rank, tid, start, end, step, family)  steps and open_steps together: every step
+--       range a rank began (where it stood when it ended: rank_end, mem_peak)
 -- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
 -- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
@@ -59,3 +61,5 @@ WITH cut AS (SELECT min(top) AS step FROM (SELECT max(step) AS top FROM steps GR
 SELECT s.* FROM steps s, params p, cut c WHERE p.ended_early AND s.step >= c.step;
 
 DELETE FROM steps s USING open_steps o WHERE s.rank = o.rank AND s.step = o.step;
+
+CREATE OR REPLACE VIEW every_step AS SELECT * FROM steps UNION ALL BY NAME SELECT * FROM open_steps;

@@ -1,6 +1,6 @@
 -- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), across ranks, and
 -- allocator churn (cudaMalloc/cudaFree calls inside the steps).
--- Reads: gpu_memory, gpu_info, steps, open_steps, first_step, win, params, cuda_api, in_selected. Provides:
+-- Reads: gpu_memory, gpu_info, steps, every_step, first_step, win, params, cuda_api, in_selected. Provides:
 --   mem_level(rank, device, t, level, baseline)  bytes in use after every instant with allocations
 --       or frees on the rank's GPU: a running sum of allocations minus frees, plus the baseline
 --   mem_rank(rank, device, capacity, baseline, start_bytes, peak_bytes, peak_t, end_bytes,
@@ -115,8 +115,6 @@ FROM mem_rank HAVING count(*) > 0;
 CREATE OR REPLACE TABLE mem_peak AS
 WITH p AS (
     SELECT rank, max(level) AS peak_bytes, arg_max(t, (level, -t)) AS peak_t FROM mem_level GROUP BY rank
-), every_step AS (
-    SELECT rank, step, start, "end" FROM steps UNION ALL SELECT rank, step, start, "end" FROM open_steps
 ), at_step AS (
     SELECT p.rank, max(e.step) AS step FROM p JOIN every_step e ON e.rank = p.rank
     WHERE e.start <= p.peak_t AND e."end" >= p.peak_t GROUP BY p.rank

@@ -8,14 +8,12 @@
 -- still_ns is how long before its end the loop thread last began a range (how long the rank
 -- showed no progress) and step_ns its median step time (step_stats): a rank behind that began a
 -- range a moment before a stop was still running, not hung.
--- Reads: nvtx, steps, open_steps, step_stats. Provides:
+-- Reads: nvtx, every_step, step_stats. Provides:
 --   rank_end(rank, end_ns, last_step, last_done_step, open_ranges, furthest, furthest_offset_ns,
 --            still_ns, step_ns)
 --       per rank, where it stood when the capture ended
 CREATE OR REPLACE TABLE rank_end AS
-WITH every_step AS (  -- the step a stopped job ended in is kept out of `steps`
-    SELECT * FROM steps UNION ALL BY NAME SELECT * FROM open_steps
-), loop AS (
+WITH loop AS (
     SELECT rank, tid, max(step) AS last_step FROM every_step GROUP BY rank, tid
 ), fin AS (
     SELECT n.rank, l.tid, l.last_step, max(n."end") AS end_ns, max(n.start) AS last_start_ns

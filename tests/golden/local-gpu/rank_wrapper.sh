@@ -86,7 +86,7 @@ release() {
   if [ -z "$ctl" ] || [ -z "$app" ]; then return 0; fi
   if [ ! -e "$marker" ]; then kill -WINCH "$app" 2>/dev/null || return 0; fi
   while [ ! -e "$marker" ] && kill -0 "$app" 2>/dev/null && [ "$waited" -lt $(( ${ORCH_RELEASE_WAIT_S:-10} * 10 )) ]; do
-    sleep 0.1
+    sleep 0.1 || true
     waited=$((waited + 1))
   done
   return 0
@@ -136,7 +136,9 @@ for attempt in $(seq 1 "$attempts"); do
   asked=0
   if [ -n "$ctl" ]; then echo "$nsys_pid" > "$ctl/nsys.r$rank.pid" 2>/dev/null || true; fi
   if [ "$stop" -eq 1 ]; then stop_capture; fi
-  while kill -0 "$nsys_pid" 2>/dev/null && ! link_stream; do sleep 0.2; done
+  # `|| true` on every sleep: torchrun's SIGTERM to the process group kills a sleep too, and under
+  # `set -e` its status would end the wrapper before nsys wrote the report.
+  while kill -0 "$nsys_pid" 2>/dev/null && ! link_stream; do sleep 0.2 || true; done
   while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
   wait "$nsys_pid" || rc=$?
   nsys_pid=""
@@ -156,7 +158,7 @@ for attempt in $(seq 1 "$attempts"); do
          "message, if any, is above): waiting for the program, unprofiled from here" >&2
     orphan=$app
     if [ "$stop" -eq 1 ]; then stop_capture; fi
-    while running "$app"; do sleep 0.5; done
+    while running "$app"; do sleep 0.5 || true; done
     orphan=""
   fi
   report=""
@@ -180,7 +182,7 @@ for attempt in $(seq 1 "$attempts"); do
   if [ "$attempt" -lt "$attempts" ]; then
     echo "orch: rank $rank: nsys exited with status $rc before the program started" \
          "(attempt $attempt of $attempts); starting it again" >&2
-    sleep "$(( attempt + RANDOM % 3 ))"
+    sleep "$(( attempt + RANDOM % 3 ))" || true
     if [ "$stop" -eq 1 ]; then exit "$rc"; fi
   fi
 done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Failing multi-GPU jobs on real GPUs, orch driving (local executor, NCCL, every GPU of the machine): each
 # scenario is one `orch submit` of scripts/workloads/ddp_faults.py (the tutorial's ResNet-50
-# DDP trainer with one real fault), its reports exported with the same nsys, and its run
+# DDP trainer with one real fault or slowdown; the pipeline and tensor-parallel layouts run
+# vit_pp_dp.py and tp_fsdp.py), its reports exported with the same nsys, and its run
 # directory (scripts, logs, dumps, manifest, exports; no .nsys-rep) packed as OUTDIR/NAME.tar.xz
 # for `orch collect` elsewhere; OUTDIR/summary.txt has each rank's surviving rows counted with
 # plain sqlite3. ORCH_STOP_RELEASE (default abort,flush) goes to every rank's hook.
@@ -29,42 +30,51 @@ env: {NCCL_NVLS_ENABLE: "0", TORCH_SYMM_MEM_DISABLE_MULTICAST: "1", NVSHMEM_DISA
       ORCH_STOP_RELEASE: "${ORCH_STOP_RELEASE:-abort,flush}"}
 EOF
 
-# scenario NAME -> "TIME|ENV|ARGS": the Slurm time limit (minutes), extra environment, the
-# workload's arguments.
+# scenario NAME -> "TIME|ENV|WORKLOAD|LAYOUT|ARGS": the Slurm time limit (minutes), extra
+# environment, the workload (scripts/workloads/, ddp_faults.py where empty), the layout (data
+# parallel over every GPU where empty), the workload's arguments (ddp_faults.py: after
+# `--steps 24`). The faults are on ranks 0 and 1; nothing here names them in a file name.
 scenario() {
   case $1 in
-    timeout) echo "2||--fault stuck-loader --fault-rank 1 --fault-step 12" ;;
-    timeout-unreleased) echo "2|ORCH_STOP_RELEASE: none, TORCH_NCCL_ASYNC_ERROR_HANDLING: '3'|--fault stuck-loader --fault-rank 1 --fault-step 12" ;;
-    watchdog) echo "5||--fault stuck-loader --fault-rank 0 --fault-step 12 --nccl-timeout 25" ;;
-    extra-collective) echo "5||--fault extra-collective --fault-rank 1 --fault-step 10 --nccl-timeout 25" ;;
-    cancel) echo "10||--steps 2000" ;;
-    oom) echo "5||--fault oom --fault-rank 0 --fault-step 12" ;;
-    leak) echo "5||--fault leak --fault-rank 0 --fault-step 0 --steps 100" ;;
-    raise) echo "5||--fault raise --fault-rank 1 --fault-step 12" ;;
-    sigkill) echo "5||--fault sigkill --fault-rank 1 --fault-step 12" ;;
-    healthy) echo "5||--steps 40" ;;
+    timeout) echo "2||||--fault stuck-loader --fault-rank 1 --fault-step 8" ;;
+    timeout-unreleased) echo "2|ORCH_STOP_RELEASE: none, TORCH_NCCL_ASYNC_ERROR_HANDLING: '3'|||--fault stuck-loader --fault-rank 1 --fault-step 8" ;;
+    watchdog) echo "3||||--fault stuck-loader --fault-rank 0 --fault-step 8 --nccl-timeout 25" ;;
+    extra-collective) echo "5||||--fault extra-collective --fault-rank 1 --fault-step 8 --nccl-timeout 25" ;;
+    cancel) echo "10||||--steps 2000" ;;
+    oom) echo "5||||--fault oom --fault-rank 0 --fault-step 8" ;;
+    leak) echo "5||||--fault leak --fault-rank 0 --fault-step 0 --steps 100" ;;
+    raise) echo "5||||--fault raise --fault-rank 1 --fault-step 8" ;;
+    sigkill) echo "5||||--fault sigkill --fault-rank 1 --fault-step 8" ;;
+    healthy) echo "5||||--steps 60" ;;
+    gpu-straggler) echo "5||||--steps 60 --fault gpu-straggler --fault-rank 1 --fault-step 0" ;;
+    cpu-straggler) echo "5||||--steps 60 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
+    slow-input) echo "5||||--steps 60 --num-workers 0" ;;
+    pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2))}|--pp 2 --dp $((gpus / 2)) --schedule gpipe --steps 12" ;;
+    tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 12" ;;
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }
 
-run_one() {  # run_one NAME: submit, wait (cancel: cancel after 45 s), export, pack
-  local name=$1 def time envs args job run t0=$SECONDS
+run_one() {  # run_one NAME: submit, wait (cancel: cancel after 75 s), export, pack
+  local name=$1 def time envs workload layout args job run t0=$SECONDS
   def=$(scenario "$name")
-  IFS='|' read -r time envs args <<<"$def"
+  IFS='|' read -r time envs workload layout args <<<"$def"
   # shellcheck disable=SC2086 # the arguments are words
   set -- $args
+  [ -n "$workload" ] || { workload=ddp_faults.py; set -- --steps 24 "$@"; }
+  [ -n "$layout" ] || layout="{dp: $gpus}"
   local list
-  list=$(printf '"%s", ' --steps 40 "$@")
+  list=$(printf '"%s", ' "$@")
   cat >"$work/$name.yaml" <<EOF
 name: $name
 cluster: gpu-here
 slurm: {time: "$time", gpus_per_node: $gpus}
 launch:
-  script: $PWD/scripts/workloads/ddp_faults.py
+  script: $PWD/scripts/workloads/$workload
   args: [${list%, }]
   nproc_per_node: $gpus
   env: {${envs}}
-layout: {dp: $gpus}
+layout: $layout
 profile:
   ranks: all
   trace: [cuda, nvtx, osrt]
@@ -75,7 +85,7 @@ profile:
 EOF
   if [ "$name" = cancel ]; then
     orch submit "$work/$name.yaml" >"$work/$name.submit.log" 2>&1
-    sleep 45
+    sleep 75
     job=$(sed -n 's/^submitted .* as job \([^ ]*\) .*/\1/p' "$work/$name.submit.log" | head -n 1)
     orch cancel "$job" >>"$work/$name.submit.log" 2>&1 || true
     local until=$((SECONDS + 300))

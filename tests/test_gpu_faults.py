@@ -90,6 +90,9 @@ def test_memory_per_rank_from_its_own_gpu_and_at_the_out_of_memory_failure(runs)
     # The rank that ran out, how much it held and when, and the other rank then.
     assert f"rank 0 held {truth[0][1] / 2**30:.2f} GiB of its GPU's 139.8 GiB at its highest, in step 12" in o["line"]
     assert f"the others then: rank 1 {truth[1][1] / 2**30:.2f} GiB" in o["line"]
+    top = rep["findings"][0]
+    assert (top["title"], top["ranks"]) == ("the job failed (FAILED): rank 0 ran out of GPU memory", [0])
+    assert top["fix"].startswith("Rank 0 ran out of GPU memory")
     assert all(n > 10_000 for n in _kernels(run).values())
 
 
@@ -134,3 +137,59 @@ def test_the_rank_that_never_entered_is_the_root_also_when_a_watchdog_ends_the_j
     assert (fo["state"], fo["scheduler_state"], fo["behind"]) == ("hung", "FAILED", [0])
     assert "rank 1 failed first, waiting for them (a victim)" in fo["line"]
     assert failed["findings"][0]["ranks"] == [0] and failed["findings"][0]["fix"].startswith("Rank 0 is the root")
+
+
+def _recorded(run: Path) -> dict[int, list[dict]]:
+    """Each rank's Flight Recorder entries, read with plain pickle (not orch's reader)."""
+    import pickle
+
+    return {int(p.name.split("_")[1]): pickle.loads(p.read_bytes())["entries"]
+            for p in sorted((run / "dumps" / "flight_recorder").glob("rank_*"))}
+
+
+def test_a_collective_only_one_rank_called_is_the_root_where_the_ranks_first_parted(runs) -> None:
+    """4x H200: rank 1 averages its loss across ranks for a log line in step 8, the others do
+    not. NCCL paired its one-element all-reduce with the others' buffer broadcast, and every later
+    collective of rank 1 with a different one: the job hung at the time limit with rank 0 the
+    furthest, ranks 1-3 behind, and each rank's last collective a different number."""
+    run, rep, _ = runs["extra-collective"]
+    kernels = _kernels(run)
+    assert sorted(kernels) == [0, 1, 2, 3] and all(n > 5_000 for n in kernels.values()), kernels
+    assert _store_kernels(run) == kernels
+    # Ground truth from the recorder itself: the first sequence number where the ranks' entries differ.
+    fr = _recorded(run)
+    seqs = set.intersection(*({e["collective_seq_id"] for e in es} for es in fr.values()))
+    at = {r: {e["collective_seq_id"]: e for e in es} for r, es in fr.items()}
+    seq = min(s for s in seqs if len({(at[r][s]["profiling_name"], str(at[r][s]["input_sizes"])) for r in at}) > 1)
+    odd = [r for r in at if at[r][seq]["profiling_name"] != at[0 if r else 2][seq]["profiling_name"]]
+    assert odd == [1] and at[1][seq]["profiling_name"] == "nccl:all_reduce"
+    line = next(f for f in at[1][seq]["frames"] if f["name"] == "main")
+    o = rep["outcome"]
+    assert (o["state"], o["scheduler_state"], o["behind"], o["gpu_lost"]) == ("hung", "TIMEOUT", [1], [])
+    (said,) = o["flight_recorder"]
+    assert said.startswith(f"Flight Recorder, default_pg: collective #{seq} differs across ranks: rank(s) 1 called "
+                           f"nccl:all_reduce [[]] at {line['filename']}:{line['line']} (main), where rank(s) 0, 2, 3 "
+                           "called nccl:broadcast [[53120]]"), said
+    top = rep["findings"][0]
+    assert (top["kind"], top["ranks"]) == ("job_outcome", [1])
+    assert top["title"] == "the job hung (TIMEOUT): rank(s) 1 called a collective the others did not"
+    assert "every rank must call the same collectives in the same order" in top["fix"]
+
+
+def test_a_rank_whose_report_nsys_could_not_write_is_named_and_its_stack_still_tells_the_root(runs) -> None:
+    """4x H200: rank 0's read blocks in step 8; the others' NCCL watchdog aborts after 25 s, but
+    ranks 2 and 3 stay in backward until the time limit. nsys 2025.3.1 could not import the raw
+    streams of ranks 0 and 3 ("Multiple different definitions of the same VmTidToPidInfo"); rank
+    2's export is left out of the fixture for its size (11 MB of OS-runtime polling)."""
+    run, rep, _ = runs["watchdog-4gpu"]
+    log = next((run / "submitit").glob("*_log.err")).read_text()
+    assert "Multiple different definitions of the same VmTidToPidInfo" in log
+    o = rep["outcome"]
+    assert (o["state"], o["behind"]) == ("hung", [0])
+    assert "no report from rank(s) 0, 3: QdstrmImporter could not turn the raw stream into it" in o["line"]
+    assert sorted(rep["missing_ranks"]) == [0, 2, 3]
+    top = rep["findings"][0]
+    assert top["ranks"] == [0]
+    # Rank 0 left no report, but its stack dump says where it was: waiting for its DataLoader.
+    assert top["fix"].startswith("Rank 0 is the root (its main thread waited for its DataLoader, ")
+    assert "never entered collective" in " ".join(o["flight_recorder"])

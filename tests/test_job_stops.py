@@ -219,6 +219,20 @@ def test_one_rank_fails(tmp_path: Path, nsys: str, tree: JobTree, fault: str, wo
     assert rep["findings"][0]["kind"] == "job_outcome" and all(f["kind"] != "healthy" for f in rep["findings"])
 
 
+def test_a_process_the_program_left_behind_holds_no_report_back(tmp_path: Path, nsys: str, tree: JobTree) -> None:
+    """Every rank starts a process that outlives it (a metrics uploader; on GPUs, a DataLoader
+    worker blocked in a read): nsys does not wait for it before it writes the report, the rank
+    ends with its program, and the node's supervisor stops what the programs left behind."""
+    args = ["--steps", "50", "--fault", "raise", "--fault-rank", "1", "--fault-step", "3", "--uploader"]
+    p = tree.orch("submit", str(_spec(tmp_path, args, "05:00")), "--wait", "--timeout", "200")
+    assert p.returncode == 1 and "rank 1 failed first" in p.stdout, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("FAILED (2/2 reports)"), p.stderr
+    assert tree.survivors() == []
+    log = next((_run_dir(tmp_path) / "submitit").glob("*_log.err")).read_text()
+    assert "process(es) still running after the launch ended" in log, log
+    assert _steps(_nvtx(_reports(_run_dir(tmp_path))[1]))[-1] == "step 3"
+
+
 def _slurm_job_processes(job: str) -> list[int]:
     """Processes whose environment says they belong to Slurm job `job` (slurmstepd exports
     SLURM_JOB_ID to every task): on Slurm the job's processes are not the test's descendants."""

@@ -52,7 +52,9 @@ def test_memory_growth_rate_and_steps_left() -> None:
     timed = _ctx([_mem(0), leak])
     timed.report.ranks[1].median_step_ms = 120.0
     (g,) = _run("memory_growth", timed)
-    assert g.evidence[0].endswith("at this rate (~2.1 min at 120.0 ms/step)")  # 1062 x 0.12 s = 127 s
+    assert "at this rate (~2.1 min at 120.0 ms/step)" in g.evidence[0]  # 1062 x 0.12 s = 127 s
+    # From the window's first step: (CAP - 4 GiB) / 72 MiB = 1081 steps, 19 of them already run.
+    assert g.evidence[0].endswith("; from the window's first step, it runs out ~1081 steps into the window")
 
 
 def test_memory_growth_quiet_when_flat_or_one_jump() -> None:

@@ -62,6 +62,26 @@ def odd_ones(last: list[LastCollective]) -> list[int]:
     return sorted(odd)
 
 
+def diverged(rows: list[LastCollective]) -> tuple[list[int], list[str]]:
+    """The ranks that called a different collective where the ranks' collectives first differ
+    (collect/evidence.py: diverged_collectives) and that line in words; ([], []) without one."""
+    if not rows:
+        return [], []
+    odd = odd_ones(rows)
+    first = rows[0]
+    called = [r for r in rows if r.rank in odd]
+    others = [r for r in rows if r.rank not in odd]
+    if not called or not others:
+        what = "; ".join(f"rank {r.rank}: {r.op} {r.sizes} {_where(r)}" for r in rows[:4])
+        return odd, [f"Flight Recorder, {first.pg_desc}: collective #{first.seq} differs across ranks "
+                     f"(a mismatch): {what}"]
+    c, o = called[0], others[0]
+    return odd, [f"Flight Recorder, {first.pg_desc}: collective #{first.seq} differs across ranks: rank(s) "
+                 f"{_ranks(called)} called {c.op} {c.sizes} {_where(c)}, where rank(s) {_ranks(others)} called "
+                 f"{o.op} {o.sizes} {_where(o)}; every later collective of rank(s) {_ranks(called)} is paired "
+                 "with a different one on the others"]
+
+
 def _groups(last: list[LastCollective]) -> list[tuple[list[LastCollective], int]]:
     """Per process group, its ranks' last collectives and the highest sequence number among them."""
     out = []

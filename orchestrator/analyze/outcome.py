@@ -83,11 +83,21 @@ def build_outcome(v: Views) -> Outcome | None:
                          open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
                          stack=ev.stacks.get(e["rank"], []))
              for e in ends]
+    # A rank whose report was lost still left its stack and its Flight Recorder: the root of a
+    # hang can be one of them.
+    seen = {e["rank"] for e in ends}
+    ranks += [RankOutcome(rank=r, exit=exits.get(r), stack=ev.stacks.get(r, []))
+              for r in sorted((set(ev.stacks) | {c.rank for c in ev.flight_recorder}) - seen)]
     state = _WORDS.get(sched, "unknown")
     stopped = sched in ("TIMEOUT", "CANCELLED", "DEADLINE")
     late, where = behind(ends) if stopped else ([], "")
     fr_late, fr_where, fr_lines = flight.mismatch(ev.flight_recorder)
     odd = flight.odd_ones(ev.flight_recorder)
+    # Where the ranks' collectives first parted, that rank is the root: every later collective
+    # of it is paired with another one, so who got furthest says nothing.
+    split, split_lines = flight.diverged(ev.flight_diverged)
+    if split:
+        fr_late, odd, fr_lines = [], split, split_lines
     parts = []
     first = first_failure(ev.tasks)
     # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
@@ -99,7 +109,7 @@ def build_outcome(v: Views) -> Outcome | None:
     if (stopped or waited_out) and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
         late, where = fr_late, fr_where
-    called_other = bool((stopped or waited_out) and odd and not late)
+    called_other = bool((stopped or waited_out) and odd and (not late or split))
     if called_other:
         late = odd
     moving = running(ends, late)
@@ -130,6 +140,10 @@ def build_outcome(v: Views) -> Outcome | None:
             parts.append(f"{said}{step}")
         if _OOM.search(first.error):
             parts.append(_memory_at_failure(v, first.failed_rank))
+    why_lost: dict[str, list[int]] = {}
+    for r, why in sorted(ev.reports_lost.items()):
+        why_lost.setdefault(why, []).append(r)
+    parts += [f"no report from rank(s) {_list(rs)}: {why} (the task's log says more)" for why, rs in why_lost.items()]
     lost = [r["rank"] for r in v.rows("gpu_lost")]
     if lost:
         parts.append(f"GPU trace lost on rank(s) {_list(lost)}: its capture ended before CUPTI handed over "

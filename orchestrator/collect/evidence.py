@@ -83,7 +83,9 @@ class JobEvidence(_Kept):
     stop: StopRecord | None = None
     dumps: list[str] = []
     flight_recorder: list[LastCollective] = []
+    flight_diverged: list[LastCollective] = []  # each rank's collective where the ranks' first differ
     stacks: dict[int, list[str]] = {}
+    reports_lost: dict[int, str] = {}  # rank -> why its report was lost, in the rank wrapper's words
 
     @property
     def ended_early(self) -> bool:
@@ -108,7 +110,27 @@ def gather(run: Path) -> JobEvidence | None:
                        tasks=[TaskEnd.model_validate(t) for t in st["tasks"]],
                        stop=StopRecord.model_validate(st["stop"]) if st.get("stop") else None,
                        dumps=dump_files(run), flight_recorder=last_collectives(paths.flight_recorder),
-                       stacks=stacks(paths.dumps))
+                       flight_diverged=diverged_collectives(paths.flight_recorder), stacks=stacks(paths.dumps),
+                       reports_lost=reports_lost(st["tasks"]))
+
+
+_LOST = re.compile(r"^orch: rank (\d{1,7}): report lost: (.*)$", re.M)
+
+
+def reports_lost(tasks: list[dict[str, Any]]) -> dict[int, str]:
+    """Per rank, why its report was lost, from the rank wrapper's line in its task's log."""
+    out: dict[int, str] = {}
+    for t in tasks:
+        try:
+            with open(t.get("stderr") or "", "rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - MAX_STACK_BYTES))
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        for m in _LOST.finditer(text):
+            out.setdefault(int(m.group(1)), m.group(2).split(";")[0])
+    return out
 
 
 def job_state(run: Path) -> dict[str, Any] | None:
@@ -160,9 +182,9 @@ def _frame(frames: Any) -> str:
     return f"{f['filename']}:{f.get('line')} ({f.get('name')})" if f else ""
 
 
-def last_collectives(folder: Path) -> list[LastCollective]:
-    """Per rank and process group, the last collective the rank entered (`rank_<N>` files)."""
-    out: list[LastCollective] = []
+def _collectives(folder: Path) -> dict[int, dict[str, dict[int, LastCollective]]]:
+    """Per rank, per process group, its collectives by sequence number (`rank_<N>` files)."""
+    out: dict[int, dict[str, dict[int, LastCollective]]] = {}
     if not folder.is_dir():
         return out
     for p in sorted(folder.iterdir()):
@@ -170,23 +192,52 @@ def last_collectives(folder: Path) -> list[LastCollective]:
         dump = read_dump(p) if m and p.is_file() else None
         if dump is None:
             continue
-        last: dict[str, dict[str, Any]] = {}
+        groups = out.setdefault(int(m.group(1)), {})
         for e in dump["entries"]:
             if not isinstance(e, dict) or e.get("is_p2p") or not isinstance(e.get("collective_seq_id"), int):
                 continue
             pg = e.get("process_group")
             key = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(e.get("pg_id"))
-            if key not in last or e["collective_seq_id"] > last[key]["collective_seq_id"]:
-                last[key] = e
-        for key, e in sorted(last.items()):
-            pg = e.get("process_group")
             desc = str(pg[1]) if isinstance(pg, (list, tuple)) and len(pg) > 1 else ""
             desc = desc if desc and desc != "undefined" else f"process group {key}"  # DDP's group has no name
-            out.append(LastCollective(rank=int(m.group(1)), pg=key, pg_desc=desc, seq=e["collective_seq_id"],
-                                      op=str(e.get("profiling_name", "?")), sizes=str(e.get("input_sizes", "")),
-                                      state=str(e.get("state", "")), frame=_frame(e.get("frames")),
-                                      thread=str(e.get("thread_name") or "")))
+            groups.setdefault(key, {})[e["collective_seq_id"]] = LastCollective(
+                rank=int(m.group(1)), pg=key, pg_desc=desc, seq=e["collective_seq_id"],
+                op=str(e.get("profiling_name", "?")), sizes=str(e.get("input_sizes", "")),
+                state=str(e.get("state", "")), frame=_frame(e.get("frames")),
+                thread=str(e.get("thread_name") or ""))
     return out
+
+
+def last_collectives(folder: Path) -> list[LastCollective]:
+    """Per rank and process group, the last collective the rank entered."""
+    return [by_seq[max(by_seq)] for _, groups in sorted(_collectives(folder).items())
+            for _, by_seq in sorted(groups.items()) if by_seq]
+
+
+def diverged_collectives(folder: Path) -> list[LastCollective]:
+    """Each member rank's collective at the first sequence number of a process group where the
+    ranks' collectives differ (operation or sizes), among the numbers every member's recorder
+    still holds. NCCL can complete such a pair (a one-element all-reduce against a broadcast)
+    and go on with every later collective shifted by one on that rank, so the ranks' last
+    collectives alone do not show where they parted."""
+    by_pg: dict[str, dict[int, dict[int, LastCollective]]] = {}
+    for rank, groups in _collectives(folder).items():
+        for key, by_seq in groups.items():
+            by_pg.setdefault(key, {})[rank] = by_seq
+    for _, ranks in sorted(by_pg.items()):
+        if len(ranks) < 2:
+            continue
+        for seq in sorted(set.intersection(*(set(s) for s in ranks.values()))):
+            rows = [ranks[r][seq] for r in sorted(ranks)]
+            if len({(c.op, _shape(c)) for c in rows}) > 1:
+                return rows
+    return []
+
+
+def _shape(c: LastCollective) -> str:
+    """The sizes every member passes alike; "" for the collectives whose sizes differ by rank
+    (all-to-all splits, the root's list in a gather or scatter)."""
+    return "" if any(w in c.op for w in ("to_all", ":gather", ":scatter")) else c.sizes
 
 
 def main_stack(text: str, frames: int = 6) -> list[str]:

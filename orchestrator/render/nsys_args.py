@@ -51,6 +51,10 @@ def profile_args(job: ResolvedJob) -> list[str]:
         args.append("--cuda-memory-usage=true")
     if p.cuda_graph_trace:
         args.append(f"--cuda-graph-trace={p.cuda_graph_trace}")
+    # nsys otherwise waits, before it writes the report, for every process the program started
+    # that outlived it (a DataLoader worker blocked in a read, a logger the program spawned): the
+    # rank's report is then lost to the launcher's kill. The job's own end stops those processes.
+    args.append("--wait=primary")
     args.append("--force-overwrite=true")
     args.extend(p.extra_args)
     return args

@@ -11,6 +11,8 @@ Planted faults for the analysis to find:
   --fault F --fault-rank R --fault-step N
                                rank R, in step N before its backward (the all-reduce): hangs
                                (F=hang), raises (F=raise) or is SIGKILLed (F=sigkill, as by the OOM killer)
+  --uploader                   every rank starts a metrics uploader process that outlives it
+                               (as a DataLoader worker blocked in a read does)
 
 Runs on CPU (gloo) or GPU (nccl). NVTX comes from the `nvtx` package (which nsys records on
 CPU too) or, failing that, torch.cuda.nvtx on GPU.
@@ -22,6 +24,8 @@ import argparse
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import torch
@@ -73,6 +77,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fault", choices=("hang", "raise", "sigkill"), default=None)
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=0)
+    p.add_argument("--uploader", action="store_true", help="start a process that outlives the program")
     p.add_argument("--no-sync", action="store_true",
                    help="do not read the loss every step (lets the CPU run ahead of the GPU)")
     return p.parse_args()
@@ -95,6 +100,8 @@ def main() -> None:
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if a.uploader:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "metrics-uploader"])
     if rank == a.fail_rank:
         raise SystemExit(3)
     if world % a.pp:

@@ -12,6 +12,13 @@ file) with the faults that stop real multi-GPU jobs, each where a user's code ha
 - raise: one rank's dataset raises on a corrupt sample.
 - sigkill: one rank is killed (as the kernel's OOM killer kills a process).
 
+And two slowdowns that stop nothing, for the cost of a straggler (`--fault-step 0`):
+- gpu-straggler: one rank probes its loss landscape every step, 8 extra 3072x3072 GEMMs on
+  its GPU after the optimizer step.
+- cpu-straggler: one rank writes its metrics synchronously to a slow filesystem every step
+  (15 ms on the host before its forward pass).
+A slow input pipeline is `--num-workers 0` (every rank decodes its own batches).
+
     torchrun --nproc_per_node 4 ddp_faults.py --steps 40 --fault stuck-loader --fault-rank 2 --fault-step 12
 """
 
@@ -74,7 +81,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="per GPU")
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--fault", default="none",
-                   choices=["none", "stuck-loader", "oom", "leak", "extra-collective", "raise", "sigkill"])
+                   choices=["none", "stuck-loader", "oom", "leak", "extra-collective", "raise", "sigkill",
+                            "gpu-straggler", "cpu-straggler"])
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=10**9)
     p.add_argument("--nccl-timeout", type=float, default=600.0)
@@ -93,6 +101,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     mine = rank == a.fault_rank
     kept = []
+    probe = torch.randn(3072, 3072, device=local_rank)
 
     nvtx.range_push("Entire training")
     for step, (source, targets) in enumerate(loader):
@@ -102,6 +111,10 @@ def main() -> None:
             source, targets = source.repeat(64, 1, 1, 1), targets.repeat(64)
         if mine and step >= a.fault_step and a.fault == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mine and step >= a.fault_step and a.fault == "cpu-straggler":
+            with open(os.devnull, "w") as log:
+                time.sleep(0.015)  # the write to a slow filesystem
+                print(f"step {step}", file=log)
         optimizer.zero_grad()
         with nvtx.range("Forward Pass"):
             output = model(source)
@@ -110,6 +123,10 @@ def main() -> None:
             loss.backward()
         with nvtx.range("Optimizer Step"):
             optimizer.step()
+        if mine and step >= a.fault_step and a.fault == "gpu-straggler":
+            with nvtx.range("Loss landscape probe"):
+                for _ in range(8):
+                    probe = torch.tanh(probe @ probe * 1e-3)
         if mine and a.fault == "leak":
             kept.append(source.detach().repeat(80, 1, 1, 1))  # about 1.5 GiB a step
         if mine and step == a.fault_step and a.fault == "extra-collective":

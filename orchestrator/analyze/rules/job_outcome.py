@@ -8,11 +8,13 @@ and each rank's last finished step and the ranges it was in when the job ended.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding, Outcome
 from orchestrator.analyze.rules.base import Context, Rule, finding
 
+_RAN_OUT = re.compile(r"rank (\d+) failed first\b[^;]*OutOfMemoryError")
 _FIX = {
     "hung": "Look at what the ranks behind were doing (their open ranges above, the stack dumps and Flight Recorder "
             "files in the run's dumps/ folder): the other ranks only waited for them.",
@@ -20,6 +22,10 @@ _FIX = {
     "timed out": "The job was still running at its time limit: raise slurm.time or profile fewer steps "
                  "(profile.capture_range).",
     "cancelled": "The job was cancelled: the steps it finished are analysed, the unfinished one is not.",
+    "oom": "Rank {rank} ran out of GPU memory (how much it held, in which step, and what the others held then: "
+           "above; its growth per step: the memory findings). Lower that rank's peak: the batch or sample that "
+           "step got (a long sequence, an unbucketed batch), what the loop keeps from step to step, a smaller "
+           "micro-batch with gradient accumulation, activation checkpointing.",
     # A collective some ranks call and others do not (inside `if rank == 0:`, an evaluation or
     # a log line on the main process only) pairs with a different collective on the others: NCCL
     # hangs, gloo aborts on the size check.
@@ -50,10 +56,15 @@ class JobOutcome(Rule):
                      if r.stack and r.rank in ranks][:4]
         evidence += [f"hang evidence: {d}" for d in o.dumps][:8]
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
+        who = ", ".join(map(str, o.behind))
+        ran_out = _RAN_OUT.search(o.line)
+        oom = int(ran_out.group(1)) if ran_out else None
         title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
-            f": rank(s) {', '.join(map(str, o.behind))} never got as far as the others" if o.behind else "")
+            f": rank(s) {who} called a collective the others did not" if o.behind and mismatch else
+            f": rank(s) {who} never got as far as the others" if o.behind else
+            f": rank {oom} ran out of GPU memory" if oom is not None else "")
         fix = _FIX["mismatch"] if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
-            _FIX.get(o.state, _FIX["failed"])
+            _FIX["oom"].format(rank=oom) if oom is not None else _FIX.get(o.state, _FIX["failed"])
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high")]
 
 

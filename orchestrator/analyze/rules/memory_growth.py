@@ -64,6 +64,10 @@ class MemoryGrowth(Rule):
             rm = ctx.report.rank(r.rank)
             if full and rm is not None and rm.median_step_ms:
                 full += f" (~{r.steps_to_full * rm.median_step_ms / 60e3:.1f} min at {rm.median_step_ms:.1f} ms/step)"
+            if full and r.capacity_bytes and r.start_bytes is not None and r.growth_bytes_per_step:
+                # Told from the window's first step, as it could be before the run ends: when it runs out.
+                ahead = (r.capacity_bytes - r.start_bytes) / r.growth_bytes_per_step
+                full += f"; from the window's first step, it runs out ~{ahead:.0f} steps into the window"
             ev.append(f"rank {r.rank}: +{(r.growth_bytes_per_step or 0) / 2**20:.1f} MiB per step over {r.steps} steps "
                       f"(R² {r.growth_r2:.2f}, higher than the step before in {r.rising_steps} of {r.steps - 1}), "
                       f"{_gib(r.start_bytes)} in use at the window's start, {_gib(r.end_bytes)} at its end{full}")

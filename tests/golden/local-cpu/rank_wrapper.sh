@@ -26,7 +26,7 @@ if ! in_ranks "$rank" 0 1; then
   exec "$@"
 fi
 
-nsys_args=( '--trace=nvtx,osrt' --sample=none --cpuctxsw=none --force-overwrite=true)
+nsys_args=( '--trace=nvtx,osrt' --sample=none --cpuctxsw=none --wait=primary --force-overwrite=true)
 mkdir -p /orch/run/reports
 
 # nsys can fail while it starts, before the program runs: when several ranks of a node start it

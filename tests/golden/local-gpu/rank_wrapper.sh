@@ -26,7 +26,7 @@ if ! in_ranks "$rank" 0 1; then
   exec "$@"
 fi
 
-nsys_args=( '--trace=cuda,nvtx,osrt' --sample=none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop --pytorch=autograd-nvtx --cuda-memory-usage=true --force-overwrite=true)
+nsys_args=( '--trace=cuda,nvtx,osrt' --sample=none --cpuctxsw=none --capture-range=cudaProfilerApi --capture-range-end=stop --pytorch=autograd-nvtx --cuda-memory-usage=true --wait=primary --force-overwrite=true)
 # One GPU-metrics collector per node (the node's lowest profiled rank): 0
 if in_ranks "$rank" 0 0; then
   nsys_args+=( --gpu-metrics-devices=all --gpu-metrics-set=gh100 --gpu-metrics-frequency=200)

@@ -26,7 +26,7 @@ if ! in_ranks "$rank" 0 0 8 8 16 16 24 24; then
   exec "$@"
 fi
 
-nsys_args=( '--trace=cuda,nvtx,osrt,nccl' --sample=none --cpuctxsw=none --capture-range=nvtx '--nvtx-capture=step 3' --capture-range-end=stop --cuda-memory-usage=true --force-overwrite=true)
+nsys_args=( '--trace=cuda,nvtx,osrt,nccl' --sample=none --cpuctxsw=none --capture-range=nvtx '--nvtx-capture=step 3' --capture-range-end=stop --cuda-memory-usage=true --wait=primary --force-overwrite=true)
 # One GPU-metrics collector per node (the node's lowest profiled rank): 0,8,16,24
 if in_ranks "$rank" 0 0 8 8 16 16 24 24; then
   nsys_args+=( --gpu-metrics-devices=all --gpu-metrics-set=gh100 --gpu-metrics-frequency=10000)

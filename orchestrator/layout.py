@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.errors import OrchError
 
 Dim = Annotated[int, Field(ge=1, le=65536, strict=True)]
-KEYS = ("tp", "pp", "dp")  # the job spec's keys
-CLI_KEYS = (*KEYS, "cp", "ep", "vpp")  # --layout's
+KEYS = ("tp", "pp", "dp", "vpp", "microbatches")  # the job spec's keys
+CLI_KEYS = (*KEYS, "cp", "ep")  # --layout's
 
 
 class Layout(BaseModel):
@@ -41,6 +41,9 @@ class Layout(BaseModel):
     cp: Dim = 1
     ep: Dim = 1
     vpp: Dim = 1
+    # The pipeline schedule's microbatches per step: with pp and vpp it gives the schedule's own
+    # bubble, (pp-1)/(vpp*microbatches+pp-1), so the report splits the bubble without a flag.
+    microbatches: Dim | None = None
     world_size: int | None = Field(default=None, ge=1)
     nproc_per_node: int | None = Field(default=None, ge=1)
     known: bool = False
@@ -58,11 +61,11 @@ class Layout(BaseModel):
             if key not in CLI_KEYS or not value.isascii() or not value.isdigit() \
                     or not 1 <= int(value) <= 65536 or key in vals:
                 raise OrchError(f"{flag} {text!r}: use e.g. {flag} tp=1,pp=2,dp=4 (each of tp, pp, dp, cp, ep, "
-                                "vpp at most once, positive integers; dp may be left out)")
+                                "vpp, microbatches at most once, positive integers; dp may be left out)")
             vals[key] = int(value)
         lay = cls(**vals, known=True)
-        if lay.vpp > 1 and lay.pp < 2:
-            raise OrchError(f"{flag} {text!r}: vpp={lay.vpp} needs a pipeline (pp >= 2); drop vpp or give pp")
+        if lay.pipeline_only():
+            raise OrchError(f"{flag} {text!r}: {lay.pipeline_only()} needs a pipeline (pp >= 2); drop it or give pp")
         if "dp" in vals:
             if (lay.cp * lay.dp) % lay.ep:
                 raise OrchError(f"{flag} {text!r}: ep={lay.ep} must divide dp*cp = {lay.cp * lay.dp} (expert-parallel "
@@ -79,12 +82,22 @@ class Layout(BaseModel):
             raise ValueError("must be a mapping such as {tp: 1, pp: 2, dp: 4}")
         extra = sorted(str(k) for k in data if k not in KEYS)
         if extra:
-            raise ValueError(f"unknown key {extra[0]!r}; use tp, pp and dp")
+            raise ValueError(f"unknown key {extra[0]!r}; use tp, pp, dp, vpp and microbatches")
         try:
-            return cls(**data, known=bool(data))
+            lay = cls(**data, known=bool(data))
         except ValidationError as e:
             err = e.errors()[0]
             raise ValueError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        if lay.pipeline_only():
+            raise ValueError(f"{lay.pipeline_only()} needs a pipeline (pp >= 2): drop it or set layout.pp")
+        return lay
+
+    def pipeline_only(self) -> str:
+        """`vpp=V` or `microbatches=M` where they are given without a pipeline, else ""."""
+        if self.pp >= 2:
+            return ""
+        return f"vpp={self.vpp}" if self.vpp > 1 else f"microbatches={self.microbatches}" \
+            if self.microbatches is not None else ""
 
     def resolve(self, world_size: int, *, exact: bool = False, source: str = "layout",
                 nproc_per_node: int | None = None) -> Layout:
@@ -137,7 +150,8 @@ class Layout(BaseModel):
     def meta(self) -> dict[str, Any]:
         """The store's `meta.layout` / the manifest's `layout` (keys read by analysis)."""
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep, "vpp": self.vpp,
-                "known": self.known, "world_size": self.world_size, "nproc_per_node": self.nproc_per_node}
+                "microbatches": self.microbatches, "known": self.known, "world_size": self.world_size,
+                "nproc_per_node": self.nproc_per_node}
 
     def describe(self) -> str:
         more = "".join(f" {k}={getattr(self, k)}" for k in ("cp", "ep", "vpp") if getattr(self, k) > 1)

@@ -49,7 +49,7 @@ scenario() {
     gpu-straggler) echo "5||||--steps 60 --fault gpu-straggler --fault-rank 1 --fault-step 0" ;;
     cpu-straggler) echo "5||||--steps 60 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
     slow-input) echo "5||||--steps 60 --num-workers 0" ;;
-    pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2))}|--pp 2 --dp $((gpus / 2)) --schedule gpipe --steps 12" ;;
+    pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule gpipe --steps 12" ;;
     tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 12" ;;
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac

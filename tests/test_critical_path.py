@@ -286,7 +286,8 @@ def test_layout_cp_ep_vpp_groups_ranks() -> None:
                     assert (place["stage"], place["dp_index"], place["tp_index"]) == (p, c + cp * d, t)
     assert Layout.parse("tp=2,cp=2,pp=2").resolve(16, source="--layout").dp == 2
     for bad, why in (("pp=1,vpp=2", "needs a pipeline"), ("dp=3,ep=2", r"must divide dp\*cp"),
-                     ("pp=2,sp=2", "each of tp, pp, dp, cp, ep, vpp")):
+                     ("pp=2,sp=2", "each of tp, pp, dp, cp, ep, vpp"),
+                     ("microbatches=4", "microbatches=4 needs a pipeline")):
         with pytest.raises(OrchError, match=why):
             Layout.parse(bad)
 
@@ -298,6 +299,24 @@ def test_vpp_theory_and_what_is_not_analysed(tmp_path: Path) -> None:
     p, m, v = 2, 4, 2
     assert {s.theory_bubble_pct for s in rep.stages} == {round(100 * (p - 1) / (v * m + p - 1), 2)}
     assert any(n.startswith("layout vpp=2: ") for n in rep.notes) and not any("layout ep=" in n for n in rep.notes)
+
+
+def test_the_layouts_microbatches_split_the_bubble_without_a_flag(tmp_path: Path) -> None:
+    """A job orch submitted carries its schedule in the spec (layout: {pp: 2, microbatches: 4}):
+    the bubble splits into theory and excess as with `--microbatches 4`, (p-1)/(m+p-1) = 20 %."""
+    from orchestrator.spec.model import JobSpec
+
+    lay = JobSpec.model_validate({"name": "pp", "launch": {"script": "t.py"},
+                                  "layout": {"pp": 2, "microbatches": 4}}).layout
+    assert (lay.pp, lay.microbatches) == (2, 4)
+    files = _unzip(HERE / "real", "gpipe_m4_r*.sqlite.gz", tmp_path / "in")
+    store = collect([next(iter(files.values())).parent], tmp_path / "run", layout=lay, workers=1).store
+    rep = build_report(store, Options())
+    assert {(s.microbatches, s.theory_bubble_pct) for s in rep.stages} == {(4, round(100 * (2 - 1) / (4 + 2 - 1), 2))}
+    assert not any("microbatch count unknown" in e for f in rep.findings for e in f.evidence)
+    for bad in ({"microbatches": 4}, {"pp": 1, "vpp": 2}):
+        with pytest.raises(ValueError, match="needs a pipeline"):
+            JobSpec.model_validate({"name": "pp", "launch": {"script": "t.py"}, "layout": bad})
 
 
 def _as_rank(src: Path, dest: Path, rank: int, world: int) -> Path:

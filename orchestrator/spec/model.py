@@ -350,7 +350,12 @@ class JobSpec(Strict):
 
     @field_serializer("layout")
     def _dump_layout(self, lay: Layout) -> dict[str, int | None]:
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}  # the spec's keys, as written
+        out = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}  # the spec's keys, as written
+        if lay.vpp > 1:
+            out["vpp"] = lay.vpp
+        if lay.microbatches is not None:
+            out["microbatches"] = lay.microbatches
+        return out
 
     @field_validator("name")
     @classmethod

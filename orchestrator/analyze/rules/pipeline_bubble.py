@@ -56,8 +56,8 @@ class PipelineBubble(Rule):
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches: "
                             f"(p-1)/(m+p-1) = {theory}% (the schedule's own bubble)")
         else:
-            evidence.append("microbatch count unknown (pass --microbatches M to split the schedule's bubble "
-                            "from the excess)")
+            evidence.append("microbatch count unknown (set layout.microbatches in the job spec, or pass "
+                            "--microbatches M, to split the schedule's bubble from the excess)")
         worst = max(hit, key=lambda s: s.excess_bubble_pct if theory is not None else s.bubble_pct)
         lost = worst.excess_bubble_pct if theory is not None else worst.bubble_pct
         cost = (lost or 0.0) / 100 * (rows[worst.stage]["window_ns"] or 0) / 1e6

@@ -1,8 +1,8 @@
 -- Pipeline stages (layout known): mean compute per stage, the bubble (share of the window
 -- with no compute kernel running; waiting send/recv counts as bubble), and the imbalance
 -- between the heaviest and lightest stage.
--- Microbatches per step: --microbatches, else counted from NVTX microbatch ranges
--- (`forward mb3`, `microbatch 3`) of the first stage's steps. Theory (GPipe/1F1B): the bubble
+-- Microbatches per step: --microbatches, else the job spec's layout.microbatches, else counted
+-- from NVTX microbatch ranges (`forward mb3`, `microbatch 3`) of the first stage's steps. Theory (GPipe/1F1B): the bubble
 -- is (p-1)/(m+p-1) of the step with p stages and m microbatches ((p-1)/(v*m+p-1) interleaved over
 -- v = vpp virtual stages per rank): the schedule's own bubble; the
 -- excess above it is what stragglers and unequal stages add (59_critical_path.sql names who).
@@ -20,10 +20,16 @@ WITH mb AS (
     WHERE n.domain_id = 0 AND regexp_matches(n.text, '(?i)(?:mb|microbatch)[ _#:]*\d+')
     GROUP BY n.rank, s.step
 )
+, spec AS (
+    SELECT max(TRY_CAST(json_extract(value, '$.microbatches') AS INTEGER)) AS spec_m FROM meta WHERE key = 'layout'
+)
 SELECT p.microbatches AS m, '--microbatches' AS source FROM params p WHERE p.microbatches IS NOT NULL
 UNION ALL
-SELECT CAST(median(m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p
-WHERE p.microbatches IS NULL HAVING count(*) > 0;
+SELECT spec.spec_m, 'the job spec''s layout.microbatches' FROM spec, params p
+WHERE p.microbatches IS NULL AND spec.spec_m IS NOT NULL
+UNION ALL
+SELECT CAST(median(mb.m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p, spec
+WHERE p.microbatches IS NULL AND spec.spec_m IS NULL HAVING count(*) > 0;
 
 CREATE OR REPLACE VIEW stage_metrics AS
 WITH s AS (

@@ -102,6 +102,26 @@ def test_per_step_roots_are_the_planted_steps(planted) -> None:
         (s, delayed[0], LABEL, [x for x in ranks if x != delayed[0]]) for s in steps]
 
 
+def test_who_held_the_steps_up_is_counted_once_in_the_analysis(planted) -> None:
+    """The summaries the terminal and `orch diff` print (the path's composition in %, each root's
+    steps and excess) come with the report, and agree with its own per-step rows."""
+    _, rep, _, delayed, steps, ranks = planted
+    cp = rep.critical_path
+    assert sum(cp.composition_pct.values()) == pytest.approx(100.0, abs=0.1)
+    held = {h.rank: h for h in cp.held_by}
+    per_step = {}
+    for s in cp.steps:
+        if s.root is not None:
+            per_step.setdefault(s.root, []).append(s.root_ms)
+    assert set(held) == set(per_step)
+    for rk, ms in per_step.items():
+        assert held[rk].steps == len(ms)
+        assert held[rk].ms_per_held_step == pytest.approx(sum(ms) / len(ms), abs=0.01)
+        assert held[rk].ms_per_step * len(cp.steps) == pytest.approx(cp.roots[rk], abs=0.01)
+    if len(delayed) < len(ranks):  # one rank paused: it holds up at least the planted steps
+        assert cp.held_by[0].rank == delayed[0] and cp.held_by[0].steps >= len(steps)
+
+
 def test_terminal_names_the_root_of_the_planted_steps(planted) -> None:
     """The terminal's critical-path lines: the planted rank holds up the planted steps (and only
     those are listed as held up most, each with about D put on the path, in the planted range).

@@ -171,7 +171,7 @@ def test_a_collective_only_one_rank_called_is_the_root_where_the_ranks_first_par
                            f"nccl:all_reduce [[]] at {line['filename']}:{line['line']} (main), where rank(s) 0, 2, 3 "
                            "called nccl:broadcast [[53120]]"), said
     top = rep["findings"][0]
-    assert (top["kind"], top["ranks"]) == ("job_outcome", [1])
+    assert (top["kind"], top["ranks"], top["victims"]) == ("job_outcome", [1], [0, 2, 3])
     assert top["title"] == "the job hung (TIMEOUT): rank(s) 1 called a collective the others did not"
     assert "every rank must call the same collectives in the same order" in top["fix"]
 
@@ -189,7 +189,23 @@ def test_a_rank_whose_report_nsys_could_not_write_is_named_and_its_stack_still_t
     assert "no report from rank(s) 0, 3: QdstrmImporter could not turn the raw stream into it" in o["line"]
     assert sorted(rep["missing_ranks"]) == [0, 2, 3]
     top = rep["findings"][0]
-    assert top["ranks"] == [0]
+    assert (top["ranks"], top["victims"]) == ([0], [1, 2, 3])
     # Rank 0 left no report, but its stack dump says where it was: waiting for its DataLoader.
     assert top["fix"].startswith("Rank 0 is the root (its main thread waited for its DataLoader, ")
     assert "never entered collective" in " ".join(o["flight_recorder"])
+
+
+def test_the_rank_furthest_behind_is_the_root_and_the_ranks_between_are_victims() -> None:
+    """4x H200, rank 1's read blocks in step 8 until the time limit (the run's exports, too large
+    to keep here; the last `Step N Start` range each rank began, plain sqlite3: 9, 7, 8, 8). Ranks 2
+    and 3 waited in step 8's all-reduce and rank 0's CPU ran ahead into step 9: only rank 1
+    never reached step 8, and ranks 2 and 3 are its victims, not roots beside it."""
+    from orchestrator.analyze.outcome import behind
+
+    ends = [{"rank": r, "last_step": s, "furthest_offset_ns": None} for r, s in ((0, 9), (1, 7), (2, 8), (3, 8))]
+    assert behind(ends) == ([1], "step 8")
+    # Within one step: the rank whose furthest phase is earliest, and the phase the next rank reached.
+    same = [{"rank": 0, "last_step": 4, "furthest_offset_ns": 30, "furthest": "backward"},
+            {"rank": 1, "last_step": 4, "furthest_offset_ns": 10, "furthest": "data_load"},
+            {"rank": 2, "last_step": 4, "furthest_offset_ns": 20, "furthest": "forward"}]
+    assert behind(same) == ([1], "forward of step 4")

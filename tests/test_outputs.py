@@ -45,6 +45,20 @@ def test_json_schema(analyzed: dict[str, Path]) -> None:
     assert {"rank", "late_count", "wait_caused_ms"} <= set(s) and s["rank"] == 1
 
 
+def test_rank_bars_draw_the_analysis_split_of_the_window(analyzed: dict[str, Path]) -> None:
+    """The per-rank bars are the JSON's numbers (rank_metrics), and their parts add up to the window."""
+    for case in ("ddp_straggler", "pp_imbalance"):
+        rep = json.loads((analyzed[case] / "r.json").read_text())
+        page = (analyzed[case] / "r.html").read_text()
+        for r in rep["ranks"]:
+            parts = {"compute": r["compute_ms"], "comm transfer": r["exposed_transfer_ms"],
+                     "comm waiting": r["exposed_wait_ms"], "other GPU": r["other_gpu_ms"], "idle": r["idle_ms"]}
+            assert sum(parts.values()) == pytest.approx(r["window_ms"], abs=0.01), r
+            assert r["exposed_transfer_ms"] + r["exposed_wait_ms"] == pytest.approx(r["exposed_comm_ms"], abs=0.002)
+            for name, ms in parts.items():
+                assert f"<title>rank {r['rank']} {name}: {ms:.3f} ms</title>" in page, (case, r["rank"], name)
+
+
 def test_html_renders_in_chromium(analyzed: dict[str, Path], tmp_path: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     need(chromium is not None, "chromium not installed (scripts/install_system_deps.sh)")

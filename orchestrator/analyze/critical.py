@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from orchestrator.analyze.engine import Views
-from orchestrator.analyze.model_critical import CriticalPath, CriticalStep, PathSegment
+from orchestrator.analyze.model_critical import CriticalPath, CriticalRoot, CriticalStep, PathSegment
 from orchestrator.analyze.units import ms
 
 
@@ -22,18 +22,19 @@ def build_critical_path(v: Views) -> CriticalPath | None:
                                            e=ms(g["e"] - t0[g["step"]]), after_wait_for=g["waited_for"],
                                            created_ms=ms(g["created_ns"])))
     roots = {r["step"]: r for r in v.query("SELECT * FROM cp_roots")}
-    out, by_root = [], defaultdict(float)
+    out = []
     for s in steps:
         r = roots.get(s["step"])
         cs = CriticalStep(step=s["step"], ms=ms(s["t1"] - s["t0"]), end_rank=s["rank"], path=segs[s["step"]])
         if r:
             cs.root, cs.root_phase, cs.root_ms = r["rank"], r["phase"], ms(r["created_ns"])
             cs.root_share_pct, cs.victims = float(r["share_pct"]), list(r["victims"])
-            by_root[r["rank"]] += cs.root_ms
         out.append(cs)
-    comp = {c["what"]: ms(c["ns"]) for c in v.query(
-        """WITH seg AS (SELECT sum(e - s) AS ns FROM cp_segments WHERE e > s),
-                ph AS (SELECT what, sum(ns) AS ns FROM cp_segment_phase GROUP BY what)
-           SELECT what, ns FROM ph UNION ALL
-           SELECT 'other', greatest((SELECT ns FROM seg) - (SELECT sum(ns) FROM ph), 0)""")}
-    return CriticalPath(steps=out, composition_ms=comp, roots={k: round(x, 3) for k, x in sorted(by_root.items())})
+    comp = v.query("SELECT what, ns, pct FROM cp_composition")
+    by = v.query("SELECT * FROM cp_held_by ORDER BY total_ns DESC, rank")
+    held = [CriticalRoot(rank=h["rank"], steps=h["steps"], ms_per_held_step=ms(h["per_held_ns"]),
+                         ms_per_step=ms(h["per_step_ns"])) for h in by]
+    return CriticalPath(steps=out, composition_ms={c["what"]: ms(c["ns"]) for c in comp},
+                        composition_pct={c["what"]: c["pct"] for c in comp},
+                        roots={h["rank"]: ms(h["total_ns"]) for h in sorted(by, key=lambda h: h["rank"])},
+                        held_by=held)

@@ -13,8 +13,8 @@ from orchestrator.collect.evidence import LastCollective
 
 
 def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:
-    """The ranks behind (never entered their group's last collective), the first such collective
-    in words, and one line per finding."""
+    """The ranks furthest behind (whose last collective is their group's lowest, below its
+    highest), the collective the furthest rank entered in words, and one line per finding."""
     behind: set[int] = set()
     where = ""
     lines = []
@@ -25,7 +25,9 @@ def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:
         late = [r for r in rows if r.seq < top]
         first = at_top[0]
         if late:
-            behind.update(r.rank for r in late)
+            # The furthest behind hold up the others; a rank between them waited for them too.
+            low = min(r.seq for r in late)
+            behind.update(r.rank for r in late if r.seq == low)
             where = where or f"collective #{top} ({first.op}) of {first.pg_desc}"
             was = "; ".join(f"rank {r.rank}'s last was #{r.seq} ({r.op}) {_where(r)}" for r in late[:4])
             lines.append(f"Flight Recorder, {first.pg_desc}: rank(s) {_ranks(late)} never entered collective "

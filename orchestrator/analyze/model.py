@@ -77,6 +77,12 @@ class RankMetrics(Strict):
     p2p_wait_ms: Annotated[float, Column(html=Html("p2p wait ms", 12), diff=Diff(7, True, 0.25, "relative"))] = Field(
         0.0, description="send/recv time spent waiting for the peer")
     transfer_ms: float = Field(0.0, description="NCCL kernel time not spent waiting for another rank: moving data")
+    exposed_wait_ms: float = Field(0.0, description="exposed NCCL time spent waiting for another rank (the waits, "
+                                   "up to exposed_comm_ms)")
+    exposed_transfer_ms: float = Field(0.0, description="exposed NCCL time moving data: exposed_comm_ms - "
+                                       "exposed_wait_ms")
+    other_gpu_ms: float = Field(0.0, description="GPU busy with neither compute nor exposed NCCL time")
+    idle_ms: float = Field(0.0, description="GPU idle: window - GPU busy")
     late_count: Annotated[int, Column(terminal=Terminal("late", 12, 7, fmt="", value=late_of), html=Html("late", 13))]
     collectives: Annotated[int, Column(source="n_coll")]
     mean_step_ms: Annotated[float | None, Column(diff=Diff(8, True, 0.05, "relative", missing=steady_mean_step))] = None

@@ -40,9 +40,20 @@ class CriticalStep(Strict):
     path: list[PathSegment] = Field(default_factory=list, description="in time order")
 
 
+class CriticalRoot(Strict):
+    rank: int
+    steps: int = Field(description="the steps it held up (was their root)")
+    ms_per_held_step: float = Field(description="the excess it put on the path, mean over the steps it held up")
+    ms_per_step: float = Field(description="the excess it put on the paths, over all the analysed steps, per step")
+
+
 class CriticalPath(Strict):
     steps: list[CriticalStep]
     composition_ms: dict[str, float] = Field(
         default_factory=dict, description="what the path is made of over all steps: GPU compute, GPU idle by CPU "
                                           "range, and `other` (transfers, other GPU work, CPU time)")
+    composition_pct: dict[str, float] = Field(default_factory=dict, description="composition_ms as shares of the "
+                                              "path (%)")
     roots: dict[int, float] = Field(default_factory=dict, description="rank -> excess it put on the paths (ms)")
+    held_by: list[CriticalRoot] = Field(default_factory=list, description="the ranks that held steps up, the most "
+                                        "excess first")

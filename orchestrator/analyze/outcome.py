@@ -34,19 +34,24 @@ def evidence(v: Views) -> JobEvidence | None:
 
 
 def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
-    """Ranks that never reached the step, or the phase of the step, the others were in."""
+    """The ranks furthest behind: those that never reached the step, or the phase of the step,
+    every other rank got to. A rank between them and the furthest rank waited for them too: a
+    rank that has not begun step 8 holds up the ranks in step 8 (waiting in its collective) as
+    well as one whose CPU ran ahead into step 9."""
     if len(ends) < 2:
         return [], ""
-    top = max(e["last_step"] for e in ends)
-    late = [e["rank"] for e in ends if e["last_step"] < top]
-    if late:
-        return late, f"step {top}"
+    low = min(e["last_step"] for e in ends)
+    if low < max(e["last_step"] for e in ends):
+        return [e["rank"] for e in ends if e["last_step"] == low], f"step {low + 1}"
     offs = [e for e in ends if e["furthest_offset_ns"] is not None]
     if not offs:
         return [], ""
-    far = max(offs, key=lambda e: e["furthest_offset_ns"])
-    late = [e["rank"] for e in offs if e["furthest_offset_ns"] < far["furthest_offset_ns"]]
-    return late, f"{far['furthest']} of step {top}"
+    least = min(e["furthest_offset_ns"] for e in offs)
+    late = [e["rank"] for e in offs if e["furthest_offset_ns"] == least]
+    if len(late) == len(offs):
+        return [], ""
+    nxt = min((e for e in offs if e["furthest_offset_ns"] > least), key=lambda e: e["furthest_offset_ns"])
+    return late, f"{nxt['furthest']} of step {low}"
 
 
 def running(ends: list[dict[str, Any]], late: list[int]) -> str:

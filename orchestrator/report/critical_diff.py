@@ -20,14 +20,11 @@ def _row(metric: str, va: float, vb: float, regressed: bool) -> dict[str, Any]:
 
 
 def _shares(r: Report) -> dict[str, float]:
-    comp = r.critical_path.composition_ms if r.critical_path else {}
-    total = sum(comp.values())
-    return {k: 100 * v / total for k, v in comp.items()} if total else {}
+    return r.critical_path.composition_pct if r.critical_path else {}
 
 
 def _per_step(r: Report) -> dict[int, float]:
-    cp = r.critical_path
-    return {rk: ms / len(cp.steps) for rk, ms in cp.roots.items()} if cp and cp.steps else {}
+    return {h.rank: h.ms_per_step for h in r.critical_path.held_by} if r.critical_path else {}
 
 
 def critical_rows(a: Report, b: Report, scale: float = 1.0) -> list[dict[str, Any]]:

@@ -14,21 +14,15 @@ def critical_lines(report: Report) -> list[str]:
     cp = report.critical_path
     if cp is None or not cp.steps:
         return []
-    total = sum(cp.composition_ms.values())
-    parts = [f"{k} {v / total * 100:.0f} %" for k, v in sorted(cp.composition_ms.items(), key=lambda kv: -kv[1])
-             if total > 0 and v / total >= 0.05]
+    parts = [f"{k} {v:.0f} %" for k, v in sorted(cp.composition_pct.items(), key=lambda kv: -kv[1]) if v >= 5]
     lines = [f"critical path over {len(cp.steps)} step(s): " + (", ".join(parts) if parts else "no work on it")]
     held = [s for s in cp.steps if s.root is not None]
     if not held:
         lines.append("  no rank held the steps up (no rank put >= 10 % of a step on its path)")
         return lines
-    by_root: dict[int, list[float]] = {}
-    for s in held:
-        by_root.setdefault(s.root, []).append(s.root_ms)  # type: ignore[arg-type]
-    roots = sorted(by_root.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
     lines.append("  held up by " + "; ".join(
-        f"rank {rk} in {len(ms)}/{len(cp.steps)} step(s), {sum(ms) / len(ms):.1f} ms each" for rk, ms in roots[:4])
-        + (f"; {len(roots) - 4} more rank(s)" if len(roots) > 4 else ""))
+        f"rank {h.rank} in {h.steps}/{len(cp.steps)} step(s), {h.ms_per_held_step:.1f} ms each" for h in cp.held_by[:4])
+        + (f"; {len(cp.held_by) - 4} more rank(s)" if len(cp.held_by) > 4 else ""))
     for s in sorted(held, key=lambda s: (-s.root_ms, s.step))[:MAX_STEPS]:
         victims = ", ".join(map(str, s.victims[:6])) + (" …" if len(s.victims) > 6 else "")
         lines.append(f"  step {s.step}: {s.ms:.1f} ms; rank {s.root} put {s.root_ms:.1f} ms ({s.root_share_pct:.0f} %)"

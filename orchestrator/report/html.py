@@ -55,11 +55,9 @@ def rank_bars(report: Report) -> str:
     top = max((r.window_ms for r in ranks), default=0) or 1
     rows = []
     for i, r in enumerate(ranks):
-        # NCCL time outside compute, split into waiting for another rank and moving data.
-        waiting = min(r.exposed_comm_ms, r.nccl_wait_ms + r.p2p_wait_ms)
-        other = max(0.0, r.gpu_busy_ms - r.compute_ms - r.exposed_comm_ms)
-        parts = [("compute", r.compute_ms), ("comm transfer", r.exposed_comm_ms - waiting), ("comm waiting", waiting),
-                 ("other GPU", other), ("idle", max(0.0, r.window_ms - r.gpu_busy_ms))]
+        # The analysis's own split of the window (rank_metrics): nothing is computed here.
+        parts = [("compute", r.compute_ms), ("comm transfer", r.exposed_transfer_ms),
+                 ("comm waiting", r.exposed_wait_ms), ("other GPU", r.other_gpu_ms), ("idle", r.idle_ms)]
         x, y = left, 10 + i * (bar_h + 6)
         rows.append(f'<text x="0" y="{y + 13}">rank {_e(r.rank)}</text>')
         for name, ms in parts:

@@ -65,7 +65,9 @@ class JobOutcome(Rule):
             f": rank {oom} ran out of GPU memory" if oom is not None else "")
         fix = _FIX["mismatch"] if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
             _FIX["oom"].format(rank=oom) if oom is not None else _FIX.get(o.state, _FIX["failed"])
-        return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high")]
+        # A hang's victims: every other rank, the one whose watchdog fired first included.
+        victims = [r.rank for r in o.ranks if r.rank not in o.behind] if o.behind else []
+        return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high", victims=victims)]
 
 
 def _root_fix(o: Outcome) -> str:

@@ -25,6 +25,10 @@
 --       doing so, and the (excess) waiting it suffered in the step
 --   cp_roots(step, rank, created_ns, phase, step_ns, share_pct, victims)   one row per step
 --       with a root (none when no rank put a tenth of the step on the path)
+--   cp_composition(what, ns, pct)   what the paths are made of over all steps: the phases of
+--       cp_segment_phase and `other` (the rest of the segments' time), with their share
+--   cp_held_by(rank, steps, total_ns, per_held_ns, per_step_ns)   each root rank: the steps it
+--       held up, the excess it put on them, per step it held up and per analysed step
 CREATE OR REPLACE TABLE cp_steps AS
 SELECT o.step, arg_max(o.rank, (o."end", -o.rank)) AS rank, min(o.start) AS t0, max(o."end") AS t1
 FROM gpu_ops o JOIN first_step f USING (rank), params p
@@ -138,3 +142,20 @@ SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
                  WHERE v.step = r.step AND v.rank <> r.rank AND 4 * v.waited_excess_ns >= r.created_ns),
                 []) AS victims
 FROM r WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
+
+CREATE OR REPLACE TABLE cp_composition AS
+WITH seg AS (SELECT sum(e - s) AS ns FROM cp_segments WHERE e > s),
+ph AS (SELECT what, sum(ns) AS ns FROM cp_segment_phase GROUP BY what),
+parts AS (
+    SELECT what, ns FROM ph
+    UNION ALL
+    SELECT 'other', greatest((SELECT ns FROM seg) - coalesce((SELECT sum(ns) FROM ph), 0), 0)
+)
+SELECT what, ns, CASE WHEN sum(ns) OVER () > 0 THEN round(100.0 * ns / sum(ns) OVER (), 2) ELSE 0.0 END AS pct
+FROM parts WHERE ns IS NOT NULL;
+
+CREATE OR REPLACE TABLE cp_held_by AS
+SELECT rank, count(*) AS steps, sum(created_ns) AS total_ns, avg(created_ns) AS per_held_ns,
+       sum(created_ns) / (SELECT count(*) FROM cp_steps) AS per_step_ns
+FROM cp_roots GROUP BY rank
+ORDER BY total_ns DESC, rank;

@@ -26,7 +26,8 @@ def context(ranks: list[RankMetrics], tables: dict[str, list[dict[str, Any]]] | 
             opts: Options | None = None, findings: list[Finding] | None = None, **report: Any) -> Context:
     con = duckdb.connect()
     for name, rows in (tables or {}).items():
-        con.register(name, pa.Table.from_pylist(rows))
+        # An empty view still has a column: DuckDB registers no table without one.
+        con.register(name, pa.Table.from_pylist(rows) if rows else pa.table({"rank": pa.array([], pa.int64())}))
     fields: dict[str, Any] = dict(
         orch_version="test", store="mem", layout={"known": False}, ranks=ranks, steps=[], stages=[],
         imbalance=None, stragglers=[], missing_ranks=[], problems=[], cpu_phases=[], gpu_activity=True,

@@ -209,3 +209,41 @@ def test_the_rank_furthest_behind_is_the_root_and_the_ranks_between_are_victims(
             {"rank": 1, "last_step": 4, "furthest_offset_ns": 10, "furthest": "data_load"},
             {"rank": 2, "last_step": 4, "furthest_offset_ns": 20, "furthest": "forward"}]
     assert behind(same) == ([1], "forward of step 4")
+
+
+def _launched(export: Path, first: int, last: int) -> tuple[int, float]:
+    """Computing (non-NCCL) kernels the program launched in steps first..last (by the CUDA call's
+    time inside the NVTX `Step N Start` ranges) and their GPU time per step, plain sqlite3."""
+    import sqlite3
+
+    con = sqlite3.connect(export)
+    try:
+        def start(n: int) -> int:
+            return con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+                               "WHERE coalesce(n.text, s.value) = ?", (f"Step {n} Start",)).fetchone()[0]
+
+        n, d = con.execute(
+            "SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+            "JOIN StringIds s ON s.id = k.shortName WHERE s.value NOT LIKE 'nccl%' AND r.start >= ? AND r.start < ?",
+            (start(first), start(last + 1))).fetchone()
+        return n, d / 1e6 / (last - first + 1)
+    finally:
+        con.close()
+
+
+def test_a_root_whose_kernels_are_no_longer_than_the_others_starts_its_gpu_work_late(runs) -> None:
+    """The oom run's steps before the fault are healthy DDP: both ranks launch the same kernels
+    (plain sqlite3: as many, their GPU time a step within 10 %), yet the critical path puts one
+    rank's GPU last in most steps. That is no GPU computing more: the finding says its work
+    starts late, with each rank's kernel time a step against the median rank's."""
+    run, rep, _ = runs["oom"]
+    got = {int(f.name.split("_r")[1].split("_")[0]): _launched(f, 1, 10) for f in (run / "exports").glob("*.sqlite")}
+    assert got[0][0] == got[1][0] and abs(got[0][1] - got[1][1]) < 0.1 * got[1][1], got
+    found = [f for f in rep["findings"] if f["kind"] == "straggler"]
+    assert found and all(f["title"].endswith("(GPU work starting late)") for f in found), [f["title"] for f in found]
+    for f in found:
+        (line,) = [e for e in f["evidence"] if "computing kernels take" in e]
+        ms = float(line.split("computing kernels take ")[1].split(" ms")[0])
+        assert abs(ms - got[f["ranks"][0]][1]) < 0.1 * ms, (line, got)
+        assert f["fix"].startswith(f"Rank {f['ranks'][0]}'s kernels take no longer than the median rank's")

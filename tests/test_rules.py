@@ -112,7 +112,8 @@ def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int
     return {"cp_steps": [{"step": i, "rank": 0, "t0": i * 100_000_000, "t1": (i + 1) * 100_000_000}
                          for i in range(1, n_steps + 1)],
             "cp_roots": [{"step": st, "rank": rk, "created_ns": ms * 1e6, "phase": ph, "step_ns": 100_000_000,
-                          "share_pct": ms, "victims": v} for st, rk, ms, ph, v in roots]}
+                          "share_pct": ms, "victims": v} for st, rk, ms, ph, v in roots],
+            "kernel_excess": [], "kernel_excess_rank": []}
 
 
 def test_straggler_root_phase_victims_cost() -> None:
@@ -133,6 +134,27 @@ def test_straggler_quiet_on_small_or_single_skews() -> None:
     assert _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 90.0, None, [1])]))) == []
     (f,) = _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 20.0, None, [1]), (2, 0, 30.0, None, [1])])))
     assert f.ranks == [0] and f.cost_ms == 50.0 and f.title == "rank 0 holds up rank(s) 1 (GPU computing)"
+
+
+def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -> None:
+    """A root whose GPU was computing: the kernels it runs beyond the median rank's name the cause
+    (8 extra GEMMs a step, 9 ms); kernels no longer than the others' say its work starts late."""
+    tables = _cp([(1, 0, 20.0, None, [1]), (2, 0, 30.0, None, [1])])
+    tables["kernel_excess_rank"] = [{"rank": 0, "ns_per_step": 59e6, "median_ns_per_step": 50e6,
+                                     "excess_ns_per_step": 9e6}]
+    tables["kernel_excess"] = [{"rank": 0, "short_name": "sm90_xmma_gemm", "n_per_step": 8.0, "median_n_per_step": 0.0,
+                                "ns_per_step": 9e6, "median_ns_per_step": 0.0, "excess_ns_per_step": 9e6}]
+    (f,) = _run("straggler", context([rank(0), rank(1)], tables))
+    assert f.title == "rank 0 holds up rank(s) 1 (GPU computing)"
+    assert ("rank 0's computing kernels take 59.0 ms a step against 50.0 ms on the median rank (+9.0 ms; it holds a "
+            "step it is the root of up by a median 30.0 ms); most above the median rank's: `sm90_xmma_gemm` 8 a step "
+            "against 0, +9.0 ms") in f.evidence
+    assert f.fix.startswith("Rank 0's GPU computes more a step than the median rank's (`sm90_xmma_gemm` 8 a step")
+    tables["kernel_excess_rank"][0].update(ns_per_step=50.5e6, excess_ns_per_step=0.5e6)  # 0.5 ms < 25 % of 30 ms
+    tables["kernel_excess"] = []
+    (g,) = _run("straggler", context([rank(0), rank(1)], tables))
+    assert g.title == "rank 0 holds up rank(s) 1 (GPU work starting late)"
+    assert g.fix.startswith("Rank 0's kernels take no longer than the median rank's: its GPU work starts late")
 
 
 def test_straggler_shared_cause_ranks_below() -> None:

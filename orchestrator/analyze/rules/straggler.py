@@ -34,7 +34,7 @@ class Straggler(Rule):
     kind = "straggler"
     explains_idle = True
     root = True
-    reads = ("cp_roots", "cp_steps")
+    reads = ("cp_roots", "cp_steps", "kernel_excess", "kernel_excess_rank")
     # A root is reported when it is late in collectives far more often than chance (the
     # `stragglers` view); or when in at least `min_outlier_steps` steps it put this share of a
     # median step on the path; or when it is the root of at least half the steps, holding each
@@ -51,6 +51,12 @@ class Straggler(Rule):
     cause_share: float = 0.3
     # Victims that the collectives' statistics call late get a line each, up to this many.
     shown_late_victims: int = 8
+    # A root "computing on the GPU" whose kernels take less than this share of the excess it puts
+    # on a step longer than the median rank's computes no more than the others: its GPU work
+    # starts late. Kernels exceeding the median rank's by less than `shown_kernel_ms` a step are
+    # not named.
+    kernel_share: float = 0.25
+    shown_kernel_ms: float = 0.05
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         roots = ctx.views.rows("cp_roots")
@@ -89,6 +95,10 @@ class Straggler(Rule):
                 "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
+            longer = ""
+            if phase == COMPUTE:
+                lines, longer = self._kernels(ctx, rk, typical)
+                evidence += lines
             s = stats.get(rk)
             if s:
                 evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
@@ -101,10 +111,11 @@ class Straggler(Rule):
                 evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
-            where = f" (in `{phase}`)" if phase != COMPUTE else " (GPU computing)"
+            where = (f" (in `{phase}`)" if phase != COMPUTE else
+                     " (GPU work starting late)" if longer == "-" else " (GPU computing)")
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
-            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase), ns_to_ms(created),
+            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer), ns_to_ms(created),
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
                 by_shared[phase].append(out[-1])
@@ -150,14 +161,42 @@ class Straggler(Rule):
         ok = all(idle[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
         return idle if ok and len(idle) > 1 else {}
 
+    def _kernels(self, ctx: Context, rk: int, typical_ns: int) -> tuple[list[str], str]:
+        """What the root's GPU computes more than the median rank's, per step (kernel_excess):
+        evidence lines, and for the fix the kernels that make it longer ("" when its kernels take
+        no longer than the others': then its GPU work starts late, and "-" says so)."""
+        tot = next((r for r in ctx.views.rows("kernel_excess_rank") if r["rank"] == rk), None)
+        if tot is None:
+            return [], ""
+        ks = [k for k in ctx.views.rows("kernel_excess")
+              if k["rank"] == rk and ns_to_ms(k["excess_ns_per_step"]) >= self.shown_kernel_ms]
+        named = "; ".join(f"`{k['short_name']}` {k['n_per_step']:.3g} a step against {k['median_n_per_step']:.3g}, "
+                          f"+{ns_to_ms(k['excess_ns_per_step'])} ms" for k in ks)
+        lines = [f"rank {rk}'s computing kernels take {ns_to_ms(tot['ns_per_step'])} ms a step against "
+                 f"{ns_to_ms(tot['median_ns_per_step'])} ms on the median rank "
+                 f"({ns_to_ms(tot['excess_ns_per_step']):+} ms; it holds a step it is the root of up by a median "
+                 f"{ns_to_ms(typical_ns)} ms)" + (f"; most above the median rank's: {named}" if named else "")]
+        if tot["excess_ns_per_step"] < self.kernel_share * typical_ns:
+            return lines, "-"
+        return lines, named or f"+{ns_to_ms(tot['excess_ns_per_step'])} ms of kernels a step"
+
     @staticmethod
-    def _fix(ctx: Context, rk: int, phase: str) -> str:
+    def _fix(ctx: Context, rk: int, phase: str, longer: str = "") -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if DATA_RANGE.search(phase):
             return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
+        if longer == "-":
+            return (f"Rank {rk}'s kernels take no longer than the median rank's: its GPU work starts late rather than "
+                    f"runs long. Look at the CPU thread that launches it on rank {rk} (host contention, NUMA, its data "
+                    "loading workers, Python work between launches); if its launches keep pace, compare its GPU "
+                    "clocks (nvidia-smi -q -d CLOCK,PERFORMANCE) and links (PCIe/NVLink) with the others'.")
+        if longer:
+            return (f"Rank {rk}'s GPU computes more a step than the median rank's ({longer}): find why rank {rk} runs "
+                    "these kernels more often or longer (work only it does, other input shapes, another kernel "
+                    "choice). " + NO_CAUSE_FIX.format(rk=rk))
         return NO_CAUSE_FIX.format(rk=rk)
 
 

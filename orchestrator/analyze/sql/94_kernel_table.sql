@@ -11,6 +11,15 @@
 --       one row per rank and kernel (demangled name, as nsys groups it; nsys also
 --       splits by grid/block) started inside stats_gpu; pct = share of the rank's kernel time;
 --       the cross-rank columns compare the per-step total (total without steps)
+--   kernel_excess(rank, short_name, n_per_step, median_n_per_step, ns_per_step,
+--       median_ns_per_step, excess_ns_per_step)
+--       per rank its (up to 3) computing kernels whose time per step most exceeds the median
+--       rank's (a rank that does not run a kernel counts as 0 of it), with the counts per step
+--   kernel_excess_rank(rank, ns_per_step, median_ns_per_step, excess_ns_per_step)
+--       per rank its computing kernels' time per step against the median rank's: what a
+--       straggler "computing on the GPU" computes more than the others
+--   _kernel_per_step(rank, name, short_name, n_per_step, ns_per_step)   every rank x computing
+--       kernel, 0 where the rank does not run it
 CREATE OR REPLACE MACRO kernel_class(short_name) AS CASE
     WHEN is_comm(short_name) THEN 'communication'
     WHEN coalesce(regexp_matches(short_name, '(?i)memcpy|memset|copy|fill|catarray|cat_|transpose'), false)
@@ -44,3 +53,29 @@ SELECT t.*, 100.0 * t.total_ns / sum(t.total_ns) OVER (PARTITION BY t.rank) AS p
        c.median_total_ns, c.min_total_ns, c.max_total_ns, c.n_ranks,
        is_outlier(coalesce(t.per_step_ns, t.total_ns), r.ref_med, r.ref_mad) AS outlier
 FROM t JOIN c USING (name) LEFT JOIN r ON r.rank = t.rank AND r.key = t.name;
+
+-- Every rank x computing kernel, per step (0 where the rank does not run it).
+CREATE OR REPLACE TABLE _kernel_per_step AS
+WITH k AS (
+    SELECT rank, name, min(short_name) AS short_name, sum(n) AS n, sum(total_ns) AS total_ns
+    FROM kernel_table WHERE cls <> 'communication' GROUP BY rank, name
+), rk AS (SELECT rank, max(n_steps) AS n_steps FROM kernel_table GROUP BY rank HAVING max(n_steps) > 0),
+nm AS (SELECT name, min(short_name) AS short_name FROM k GROUP BY name)
+SELECT rk.rank, nm.name, nm.short_name, coalesce(k.n, 0) / rk.n_steps AS n_per_step,
+       coalesce(k.total_ns, 0) / rk.n_steps AS ns_per_step
+FROM rk CROSS JOIN nm LEFT JOIN k ON k.rank = rk.rank AND k.name = nm.name;
+
+CREATE OR REPLACE TABLE kernel_excess AS
+WITH m AS (SELECT name, median(n_per_step) AS median_n, median(ns_per_step) AS median_ns
+           FROM _kernel_per_step GROUP BY name)
+SELECT g.rank, g.short_name, g.n_per_step, m.median_n AS median_n_per_step, g.ns_per_step,
+       m.median_ns AS median_ns_per_step, g.ns_per_step - m.median_ns AS excess_ns_per_step
+FROM _kernel_per_step g JOIN m USING (name)
+WHERE g.ns_per_step > m.median_ns
+QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns_per_step - m.median_ns DESC, g.name) <= 3;
+
+CREATE OR REPLACE TABLE kernel_excess_rank AS
+WITH r AS (SELECT rank, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank)
+SELECT rank, ns_per_step, (SELECT median(ns_per_step) FROM r) AS median_ns_per_step,
+       ns_per_step - (SELECT median(ns_per_step) FROM r) AS excess_ns_per_step
+FROM r;

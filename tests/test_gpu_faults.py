@@ -87,6 +87,7 @@ def test_memory_per_rank_from_its_own_gpu_and_at_the_out_of_memory_failure(runs)
     assert mem[0]["capture_peak_bytes"] == truth[0][1]
     o = rep["outcome"]
     assert o["state"] == "failed" and "rank 0 failed first" in o["line"] and "OutOfMemoryError" in o["line"]
+    assert o["ran_out"] == 0
     # The rank that ran out, how much it held and when, and the other rank then.
     assert f"rank 0 held {truth[0][1] / 2**30:.2f} GiB of its GPU's 139.8 GiB at its highest, in step 12" in o["line"]
     assert f"the others then: rank 1 {truth[1][1] / 2**30:.2f} GiB" in o["line"]

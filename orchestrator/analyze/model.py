@@ -187,6 +187,8 @@ class Outcome(Strict):
                                                                "to the run directory (stack dumps, Flight Recorder)")
     flight_recorder: list[str] = Field(default_factory=list, description="what PyTorch's Flight Recorder dumps "
                                        "say: ranks that never entered a collective, collectives that differ")
+    ran_out: int | None = Field(None, description="the rank that failed first, when it failed on running out of "
+                                "GPU memory")
     gpu_lost: list[int] = Field(default_factory=list, description="ranks whose GPU trace was lost (no kernel "
                                 "kept while they launched GPU work or their peers kept theirs: gpu_lost)")
 

@@ -104,6 +104,7 @@ def build_outcome(v: Views) -> Outcome | None:
     if split:
         fr_late, odd, fr_lines = [], split, split_lines
     parts = []
+    ran_out = None
     first = first_failure(ev.tasks)
     # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
     # a closed connection) hung first: the rank to blame is the one the recorder shows never
@@ -144,6 +145,7 @@ def build_outcome(v: Views) -> Outcome | None:
             step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
             parts.append(f"{said}{step}")
         if _OOM.search(first.error):
+            ran_out = first.failed_rank
             parts.append(_memory_at_failure(v, first.failed_rank))
     why_lost: dict[str, list[int]] = {}
     for r, why in sorted(ev.reports_lost.items()):
@@ -160,7 +162,7 @@ def build_outcome(v: Views) -> Outcome | None:
         parts.append(f"orch stopped the captures at {why} after {after} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
-                   dumps=ev.dumps, flight_recorder=fr_lines, gpu_lost=lost)
+                   dumps=ev.dumps, flight_recorder=fr_lines, ran_out=ran_out, gpu_lost=lost)
 
 
 def _memory_at_failure(v: Views, rank: int) -> str:

@@ -8,13 +8,11 @@ and each rank's last finished step and the ranges it was in when the job ended.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding, Outcome
 from orchestrator.analyze.rules.base import Context, Rule, finding
 
-_RAN_OUT = re.compile(r"rank (\d+) failed first\b[^;]*OutOfMemoryError")
 _FIX = {
     "hung": "Look at what the ranks behind were doing (their open ranges above, the stack dumps and Flight Recorder "
             "files in the run's dumps/ folder): the other ranks only waited for them.",
@@ -57,8 +55,7 @@ class JobOutcome(Rule):
         evidence += [f"hang evidence: {d}" for d in o.dumps][:8]
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
         who = ", ".join(map(str, o.behind))
-        ran_out = _RAN_OUT.search(o.line)
-        oom = int(ran_out.group(1)) if ran_out else None
+        oom = o.ran_out
         title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
             f": rank(s) {who} called a collective the others did not" if o.behind and mismatch else
             f": rank(s) {who} never got as far as the others" if o.behind else

@@ -95,9 +95,9 @@ class Straggler(Rule):
                 "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
-            longer = ""
+            longer, late_start = "", False
             if phase == COMPUTE:
-                lines, longer = self._kernels(ctx, rk, typical)
+                lines, longer, late_start = self._kernels(ctx, rk, typical)
                 evidence += lines
             s = stats.get(rk)
             if s:
@@ -112,10 +112,11 @@ class Straggler(Rule):
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
             where = (f" (in `{phase}`)" if phase != COMPUTE else
-                     " (GPU work starting late)" if longer == "-" else " (GPU computing)")
+                     " (GPU work starting late)" if late_start else " (GPU computing)")
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
-            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer), ns_to_ms(created),
+            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer, late_start),
+                               ns_to_ms(created),
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
                 by_shared[phase].append(out[-1])
@@ -161,13 +162,13 @@ class Straggler(Rule):
         ok = all(idle[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
         return idle if ok and len(idle) > 1 else {}
 
-    def _kernels(self, ctx: Context, rk: int, typical_ns: int) -> tuple[list[str], str]:
+    def _kernels(self, ctx: Context, rk: int, typical_ns: int) -> tuple[list[str], str, bool]:
         """What the root's GPU computes more than the median rank's, per step (kernel_excess):
-        evidence lines, and for the fix the kernels that make it longer ("" when its kernels take
-        no longer than the others': then its GPU work starts late, and "-" says so)."""
+        evidence lines, the kernels that make it longer in words (for the fix), and whether its
+        kernels take no longer than the others' (then its GPU work starts late)."""
         tot = next((r for r in ctx.views.rows("kernel_excess_rank") if r["rank"] == rk), None)
         if tot is None:
-            return [], ""
+            return [], "", False
         ks = [k for k in ctx.views.rows("kernel_excess")
               if k["rank"] == rk and ns_to_ms(k["excess_ns_per_step"]) >= self.shown_kernel_ms]
         named = "; ".join(f"`{k['short_name']}` {k['n_per_step']:.3g} a step against {k['median_n_per_step']:.3g}, "
@@ -176,19 +177,18 @@ class Straggler(Rule):
                  f"{ns_to_ms(tot['median_ns_per_step'])} ms on the median rank "
                  f"({ns_to_ms(tot['excess_ns_per_step']):+} ms; it holds a step it is the root of up by a median "
                  f"{ns_to_ms(typical_ns)} ms)" + (f"; most above the median rank's: {named}" if named else "")]
-        if tot["excess_ns_per_step"] < self.kernel_share * typical_ns:
-            return lines, "-"
-        return lines, named or f"+{ns_to_ms(tot['excess_ns_per_step'])} ms of kernels a step"
+        late_start = tot["excess_ns_per_step"] < self.kernel_share * typical_ns
+        return lines, named or f"+{ns_to_ms(tot['excess_ns_per_step'])} ms of kernels a step", late_start
 
     @staticmethod
-    def _fix(ctx: Context, rk: int, phase: str, longer: str = "") -> str:
+    def _fix(ctx: Context, rk: int, phase: str, longer: str = "", late_start: bool = False) -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if DATA_RANGE.search(phase):
             return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
-        if longer == "-":
+        if late_start:
             return (f"Rank {rk}'s kernels take no longer than the median rank's: its GPU work starts late rather than "
                     f"runs long. Look at the CPU thread that launches it on rank {rk} (host contention, NUMA, its data "
                     "loading workers, Python work between launches); if its launches keep pace, compare its GPU "

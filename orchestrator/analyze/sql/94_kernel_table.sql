@@ -75,7 +75,7 @@ WHERE g.ns_per_step > m.median_ns
 QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns_per_step - m.median_ns DESC, g.name) <= 3;
 
 CREATE OR REPLACE TABLE kernel_excess_rank AS
-WITH r AS (SELECT rank, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank)
-SELECT rank, ns_per_step, (SELECT median(ns_per_step) FROM r) AS median_ns_per_step,
-       ns_per_step - (SELECT median(ns_per_step) FROM r) AS excess_ns_per_step
-FROM r;
+WITH r AS (SELECT rank, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank),
+m AS (SELECT median(ns_per_step) AS median_ns_per_step FROM r)
+SELECT r.rank, r.ns_per_step, m.median_ns_per_step, r.ns_per_step - m.median_ns_per_step AS excess_ns_per_step
+FROM r, m;

@@ -40,22 +40,22 @@ scenario() {
     timeout-unreleased) echo "2|ORCH_STOP_RELEASE: none, TORCH_NCCL_ASYNC_ERROR_HANDLING: '3'|||--fault stuck-loader --fault-rank 1 --fault-step 8" ;;
     watchdog) echo "3||||--fault stuck-loader --fault-rank 0 --fault-step 8 --nccl-timeout 25" ;;
     extra-collective) echo "5||||--fault extra-collective --fault-rank 1 --fault-step 8 --nccl-timeout 25" ;;
-    cancel) echo "10||||--steps 2000" ;;
+    cancel) echo "10||||--steps 2000 --log-every 10" ;;
     oom) echo "5||||--fault oom --fault-rank 0 --fault-step 8" ;;
     leak) echo "5||||--fault leak --fault-rank 0 --fault-step 0 --steps 100" ;;
     raise) echo "5||||--fault raise --fault-rank 1 --fault-step 8" ;;
     sigkill) echo "5||||--fault sigkill --fault-rank 1 --fault-step 8" ;;
-    healthy) echo "5||||--steps 60" ;;
-    gpu-straggler) echo "5||||--steps 60 --fault gpu-straggler --fault-rank 1 --fault-step 0" ;;
-    cpu-straggler) echo "5||||--steps 60 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
-    slow-input) echo "5||||--steps 60 --num-workers 0" ;;
+    healthy) echo "5||||--steps 20 --batch 96 --num-workers 8" ;;
+    gpu-straggler) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault gpu-straggler --fault-rank 1 --fault-step 0" ;;
+    cpu-straggler) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
+    slow-input) echo "5||||--steps 30 --num-workers 0" ;;
     pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule gpipe --steps 12" ;;
-    tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 12" ;;
+    tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 4" ;;
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }
 
-run_one() {  # run_one NAME: submit, wait (cancel: cancel after 75 s), export, pack
+run_one() {  # run_one NAME: submit, wait (cancel: cancel once rank 0 logs step 10), export, pack
   local name=$1 def time envs workload layout args job run t0=$SECONDS
   def=$(scenario "$name")
   IFS='|' read -r time envs workload layout args <<<"$def"
@@ -85,11 +85,15 @@ profile:
 EOF
   if [ "$name" = cancel ]; then
     orch submit "$work/$name.yaml" >"$work/$name.submit.log" 2>&1
-    sleep 75
     job=$(sed -n 's/^submitted .* as job \([^ ]*\) .*/\1/p' "$work/$name.submit.log" | head -n 1)
-    orch cancel "$job" >>"$work/$name.submit.log" 2>&1 || true
+    run=$(dirname "$(grep -l "\"job_id\": \"$job\"" "$ORCH_RUNS"/*/manifest.json | head -n 1)")
     local until=$((SECONDS + 300))
-    while [ "$SECONDS" -lt "$until" ] && ! orch status "$job" 2>/dev/null | grep -qE 'CANCELLED|COMPLETED|FAILED|TIMEOUT'
+    while [ "$SECONDS" -lt "$until" ] && ! grep -qs '^step 10$' "$run"/submitit/*_log.out; do sleep 0.5; done
+    orch cancel "$job" >>"$work/$name.submit.log" 2>&1 || true
+    until=$((SECONDS + 300))
+    # (the state read whole first: under pipefail, grep -q closing the pipe early fails the test)
+    while [ "$SECONDS" -lt "$until" ] && ! grep -qE 'CANCELLED|COMPLETED|FAILED|TIMEOUT' \
+      <<<"$(orch status "$job" 2>/dev/null || true)"
     do sleep 2; done
   else
     orch submit "$work/$name.yaml" --wait --timeout 900 >"$work/$name.submit.log" 2>&1 || true

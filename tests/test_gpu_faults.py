@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -174,6 +176,10 @@ def test_a_collective_only_one_rank_called_is_the_root_where_the_ranks_first_par
     top = rep["findings"][0]
     assert (top["kind"], top["ranks"], top["victims"]) == ("job_outcome", [1], [0, 2, 3])
     assert top["title"] == "the job hung (TIMEOUT): rank(s) 1 called a collective the others did not"
+    # The step it called it in, from the recorder's time in the rank's own step ranges: the
+    # program printed its mean loss right after that all-reduce.
+    (logged,) = re.findall(r"^step (\d+): mean loss", _log(run), re.M)
+    assert f"called a collective the others never called in step {logged} (" in o["line"], o["line"]
     assert "every rank must call the same collectives in the same order" in top["fix"]
 
 
@@ -212,6 +218,27 @@ def test_the_rank_furthest_behind_is_the_root_and_the_ranks_between_are_victims(
     assert behind(same) == ([1], "forward of step 4")
 
 
+def test_a_stop_of_a_moving_loop_is_no_hang_whether_or_not_its_time_was_recorded() -> None:
+    """Where each rank's loop thread stood still when its capture ended, from two real 4x H200
+    stores (rank_end: still_ns, step_ns). A cancel 75 s into a healthy job, before orch recorded
+    the stop's time: every rank stood still 1.13-1.43 s (the stop's dumps and release), ranks 0
+    and 1 a step behind, 0.13 s and 0.30 s before rank 2 stopped: moving. The watchdog run: every
+    rank still for 110 s: rank 0 hung. With the stop's own time the same ranks are judged by it."""
+    from orchestrator.analyze.outcome import running
+
+    def ends(still_s: list[float], step_s: float) -> list[dict]:
+        return [{"rank": r, "still_ns": int(s * 1e9), "step_ns": int(step_s * 1e9), "end_ns": 20 * 10**9}
+                for r, s in enumerate(still_s)]
+
+    cancel = ends([1.2557, 1.4258, 1.1287, 1.1895], 0.0556)
+    assert running(cancel, [0, 1]).startswith("rank 0 began its last range 0.13 s before the stop")
+    hang = ends([110.23, 110.48, 110.06, 110.15], 0.0514)
+    assert running(hang, [0]) == ""
+    # Recorded: the stop came 1.2 s before the captures ended; rank 1 had stood still 0.23 s by then.
+    assert "rank 1 began its last range 0.23 s" in running(cancel, [1], stop_ns=20 * 10**9 - int(1.2e9))
+    assert running(cancel, [1], stop_ns=20 * 10**9 - int(0.5e9)) == ""  # still 0.93 s before it: no
+
+
 def _launched(export: Path, first: int, last: int) -> tuple[int, float]:
     """Computing (non-NCCL) kernels the program launched in steps first..last (by the CUDA call's
     time inside the NVTX `Step N Start` ranges) and their GPU time per step, plain sqlite3."""
@@ -248,3 +275,42 @@ def test_a_root_whose_kernels_are_no_longer_than_the_others_starts_its_gpu_work_
         ms = float(line.split("computing kernels take ")[1].split(" ms")[0])
         assert abs(ms - got[f["ranks"][0]][1]) < 0.1 * ms, (line, got)
         assert f["fix"].startswith(f"Rank {f['ranks'][0]}'s kernels take no longer than the median rank's")
+
+
+def _log(run: Path) -> str:
+    """The job's own standard output (torchrun's, with every rank's prints)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((run / "submitit").glob("*_log.out")))
+
+
+def _last_steps(run: Path) -> dict[int, int]:
+    """Per rank the last `Step N Start` range its export holds (plain sqlite3)."""
+    out = {}
+    for f in (run / "exports").glob("*.sqlite"):
+        con = sqlite3.connect(f)
+        try:
+            (n,) = con.execute("SELECT max(CAST(substr(coalesce(e.text, s.value), 6) AS INT)) FROM NVTX_EVENTS e "
+                               "LEFT JOIN StringIds s ON s.id = e.textId "
+                               "WHERE coalesce(e.text, s.value) LIKE 'Step % Start'").fetchone()
+        finally:
+            con.close()
+        out[int(f.name.split("_r")[1].split("_")[0])] = n
+    return out
+
+
+def test_a_cancel_of_a_running_job_says_no_rank_hung_and_every_rank_keeps_its_kernels(runs) -> None:
+    """4x H200: a healthy job cancelled with `orch cancel` once rank 0 logged step 10. The stop
+    caught the ranks one step apart (their last step ranges, plain sqlite3), as any stop of a
+    running loop does: the ranks a step behind were moving, not hung, and the report says so
+    instead of blaming them; every rank keeps its kernels up to the stop."""
+    run, rep, _ = runs["cancel"]
+    kernels = _kernels(run)
+    assert sorted(kernels) == [0, 1, 2, 3] and all(n > 20_000 for n in kernels.values()), kernels
+    assert _store_kernels(run) == kernels
+    last = _last_steps(run)
+    assert max(last.values()) - min(last.values()) == 1, last  # caught mid-loop, one step apart
+    assert re.search(r"^step 30$", _log(run), re.M)  # the program was past step 30: it ran on
+    o = rep["outcome"]
+    assert (o["state"], o["scheduler_state"], o["behind"], o["gpu_lost"]) == ("cancelled", "CANCELLED", [], [])
+    assert "no rank hung: the stop found the ranks at different points of a running loop" in o["line"], o["line"]
+    top = rep["findings"][0]
+    assert (top["kind"], top["title"]) == ("job_outcome", "the job was cancelled (CANCELLED)")

@@ -107,12 +107,15 @@ def test_launch_bound() -> None:
     assert "already replays" in f.fix and "reduce-overhead" not in f.fix
 
 
-def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int = 4) -> dict[str, list[dict]]:
-    """cp_steps of 100 ms each and cp_roots rows (step, rank, created ms, phase, victims)."""
+def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int = 4,
+        saving: float = 1.0) -> dict[str, list[dict]]:
+    """cp_steps of 100 ms each and cp_roots rows (step, rank, created ms, phase, victims), each
+    step saving `saving` of what its root created."""
     return {"cp_steps": [{"step": i, "rank": 0, "t0": i * 100_000_000, "t1": (i + 1) * 100_000_000}
                          for i in range(1, n_steps + 1)],
             "cp_roots": [{"step": st, "rank": rk, "created_ns": ms * 1e6, "phase": ph, "step_ns": 100_000_000,
-                          "share_pct": ms, "victims": v} for st, rk, ms, ph, v in roots],
+                          "share_pct": ms, "victims": v, "saving_ns": saving * ms * 1e6}
+                         for st, rk, ms, ph, v in roots],
             "kernel_excess": [], "kernel_excess_rank": []}
 
 
@@ -125,6 +128,18 @@ def test_straggler_root_phase_victims_cost() -> None:
     assert f.ranks == [1] and f.victims == [0, 2] and f.severity == "high" and f.cost_ms == 120.0
     assert f.title == "rank 1 holds up rank(s) 0, 2 (in `data_load`)"
     assert f.evidence[0].startswith("rank 1 is the root of the critical path in 2 of 4 steps: it put 120.0 ms")
+
+
+def test_straggler_costs_what_its_steps_would_save() -> None:
+    """A DDP root whose victims' buckets waited 40 ms a step in all (what it put on the path) but
+    whose GPUs lost 8 ms a step to it: the finding costs the 8 ms (16 ms of 400: low), and a root
+    whose victims lost under 5 ms a step in half the steps is no finding."""
+    (f,) = _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 40.0, None, [1]), (2, 0, 40.0, None, [1])],
+                                                             saving=0.2)))
+    assert f.cost_ms == 16.0 and f.severity == "low"
+    assert "at the others' pace those steps would take 16.0 ms less (4.0% of the steps' time" in f.evidence[0]
+    assert _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 40.0, None, [1]), (2, 0, 40.0, None, [1])],
+                                                             saving=0.1))) == []
 
 
 def test_straggler_quiet_on_small_or_single_skews() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.analyze import flight
 from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model import Outcome, RankOutcome
-from orchestrator.collect.evidence import JobEvidence, TaskEnd
+from orchestrator.collect.evidence import JobEvidence, LastCollective, TaskEnd
 from orchestrator.submit.failure import first_words
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
@@ -54,18 +54,54 @@ def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
     return late, f"{nxt['furthest']} of step {low}"
 
 
-def running(ends: list[dict[str, Any]], late: list[int]) -> str:
-    """Why the ranks behind were still running when their captures ended, or "" (a hang, or no
-    trace to tell): each began a range less than 3 of its steps (or 0.5 s) before its end."""
+# A stop takes up to this long to reach the ranks (stack dumps, then the release): where the
+# stop's own time is unknown, the rank that stopped last-moving is taken as stopped by it when
+# it stood still for less than this before its capture ended.
+STOP_LATENCY_NS = 10 * 10**9
+
+
+def running(ends: list[dict[str, Any]], late: list[int], stop_ns: int | None = None) -> str:
+    """Why the ranks behind were still running when the stop came, or "" (a hang, or no trace to
+    tell): each began a range less than 3 of its steps (or 0.5 s) before the stop. The stop is
+    `stop_ns` on the store's clock when orch recorded it; else the moment the rank that moved last
+    stood still, when that is within STOP_LATENCY_NS of its capture's end (a stop's dumps and
+    release take that long, so every rank of a healthy loop stands still for a second or more)."""
     by = {e["rank"]: e for e in ends}
+    known = [e for e in ends if e["still_ns"] is not None]
+    if stop_ns is None and known:
+        least = min(e["still_ns"] for e in known)
+        latency = {e["rank"]: least if least < STOP_LATENCY_NS else 0 for e in known}
+    else:
+        latency = {e["rank"]: e["end_ns"] - stop_ns for e in known if stop_ns is not None}
     said = []
     for r in late:
         e = by.get(r)
-        if not e or e["still_ns"] is None or not e["step_ns"] or e["still_ns"] >= max(3 * e["step_ns"], 5 * 10**8):
+        if not e or e["still_ns"] is None or not e["step_ns"]:
             return ""
-        said.append(f"rank {r} began its last range {e['still_ns'] / 1e9:.2f} s before its capture ended, "
+        still = e["still_ns"] - max(latency.get(r, 0), 0)
+        if still >= max(3 * e["step_ns"], 5 * 10**8):
+            return ""
+        said.append(f"rank {r} began its last range {max(still, 0) / 1e9:.2f} s before the stop, "
                     f"its steps take {e['step_ns'] / 1e9:.2f} s")
     return "; ".join(said[:4])
+
+
+def stop_ns(v: Views, ev: JobEvidence) -> int | None:
+    """When orch's stop began, on the store's clock (None when not recorded)."""
+    if ev.stop is None or ev.stop.at_utc_ns is None:
+        return None
+    base = v.scalar("SELECT max(CAST(value AS BIGINT)) FROM meta WHERE key = 'clock_base_utc_ns'")
+    return None if base is None else ev.stop.at_utc_ns - int(base)
+
+
+def call_step(v: Views, c: LastCollective) -> int | None:
+    """The step in which the rank called the collective (its recorder's time, on the store's
+    clock, within the rank's step ranges); None when the trace has no step there."""
+    if c.created_utc_ns is None:
+        return None
+    return v.scalar("SELECT max(s.step) FROM every_step s, (SELECT max(CAST(value AS BIGINT)) AS base FROM meta "
+                    "WHERE key = 'clock_base_utc_ns') m WHERE s.rank = ? AND s.start <= ? - m.base "
+                    "AND s.\"end\" >= ? - m.base", [c.rank, c.created_utc_ns, c.created_utc_ns])
 
 
 def first_failure(tasks: list[TaskEnd]) -> TaskEnd | None:
@@ -118,7 +154,7 @@ def build_outcome(v: Views) -> Outcome | None:
     called_other = bool((stopped or waited_out) and odd and (not late or split))
     if called_other:
         late = odd
-    moving = running(ends, late)
+    moving = running(ends, late, stop_ns(v, ev))
     if moving:
         # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
         parts.append(f"no rank hung: the stop found the ranks at different points of a running loop ({moving})")
@@ -127,8 +163,10 @@ def build_outcome(v: Views) -> Outcome | None:
         state = "hung"
         known = {e["rank"] for e in ends} | {r.rank for r in ev.flight_recorder}
         waiting = sorted(known - set(late))
-        parts.append((f"rank(s) {_list(late)} called a collective the others never called (the Flight Recorder "
-                      "line below)" if called_other else f"rank(s) {_list(late)} never reached {where}")
+        step = next((call_step(v, c) for c in ev.flight_diverged if c.rank in late), None) if called_other else None
+        parts.append((f"rank(s) {_list(late)} called a collective the others never called"
+                      + (f" in step {step}" if step is not None else "") + " (the Flight Recorder line below)"
+                      if called_other else f"rank(s) {_list(late)} never reached {where}")
                      + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]

@@ -51,6 +51,7 @@ class LastCollective(_Kept):
     state: str = ""
     frame: str = ""  # where the program called it (file:line (function)), "" without a Python stack
     thread: str = ""  # the thread that issued it (DDP's gradient all-reduce: the autograd thread)
+    created_utc_ns: int | None = None  # when the rank called it (the recorder's time_created_ns, UTC)
 
 
 class TaskEnd(_Kept):
@@ -71,6 +72,7 @@ class StopRecord(_Kept):
     reason: str | None = None  # timeout, cancelled, step_ended
     signal: str | None = None
     after_s: float | None = None
+    at_utc_ns: int | None = None  # when the stop began (UTC): the ranks' progress is judged up to it
 
 
 class JobEvidence(_Kept):
@@ -204,7 +206,8 @@ def _collectives(folder: Path) -> dict[int, dict[str, dict[int, LastCollective]]
                 rank=int(m.group(1)), pg=key, pg_desc=desc, seq=e["collective_seq_id"],
                 op=str(e.get("profiling_name", "?")), sizes=str(e.get("input_sizes", "")),
                 state=str(e.get("state", "")), frame=_frame(e.get("frames")),
-                thread=str(e.get("thread_name") or ""))
+                thread=str(e.get("thread_name") or ""),
+                created_utc_ns=e["time_created_ns"] if isinstance(e.get("time_created_ns"), int) else None)
     return out
 
 

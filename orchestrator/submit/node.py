@@ -152,7 +152,8 @@ class NodeCommand:
             if requests and not stop:
                 why, sig = requests[0]
                 stop = {"reason": "timeout" if sig == signal.SIGUSR2 else "cancelled",
-                        "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1)}
+                        "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1),
+                        "at_utc_ns": time.time_ns()}
                 self._say(f"{why} ({signal.Signals(sig).name}): asking launch.sh to stop the captures"
                           + (" - this job is timed-out" if stop["reason"] == "timeout" else ""))
                 stop_file(folder, job, node).write_text(json.dumps(stop))

@@ -86,6 +86,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=10**9)
     p.add_argument("--nccl-timeout", type=float, default=600.0)
+    p.add_argument("--log-every", type=int, default=0, help="rank 0 prints `step N` every N steps")
     a = p.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -106,6 +107,8 @@ def main() -> None:
     nvtx.range_push("Entire training")
     for step, (source, targets) in enumerate(loader):
         nvtx.range_push(f"Step {step} Start")
+        if a.log_every and rank == 0 and step % a.log_every == 0:
+            print(f"step {step}", flush=True)
         source, targets = source.to(local_rank, non_blocking=True), targets.to(local_rank, non_blocking=True)
         if mine and step >= a.fault_step and a.fault == "oom":
             source, targets = source.repeat(64, 1, 1, 1), targets.repeat(64)

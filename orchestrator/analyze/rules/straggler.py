@@ -2,8 +2,9 @@
 (59_critical_path.sql): the walk back from the step's end through the waits stops at work
 nobody waited for, and a rank whose lateness is explained by its own earlier wait (a stage-1
 rank that reaches its all-reduce last because its activations came late) is a victim, whatever
-it does later. The finding costs what the root put on the critical path, not the sum of its
-victims' waiting (two victims of one delay are one delay)."""
+it does later. The finding costs what the steps would lose with the root at the others' pace
+(cp_roots.saving_ns), not the sum of its victims' waiting (two victims of one delay are one
+delay, and a DDP bucket waiting in the queue behind the one before is no new delay)."""
 
 from __future__ import annotations
 
@@ -73,11 +74,12 @@ class Straggler(Rule):
         ranks = {r.rank: r for r in ctx.report.ranks}
         out: list[Finding] = []
         by_shared: dict[str, list[Finding]] = defaultdict(list)
-        for rk, rows in sorted(per.items(), key=lambda kv: -sum(r["created_ns"] for r in kv[1])):
+        for rk, rows in sorted(per.items(), key=lambda kv: (-sum(r["saving_ns"] for r in kv[1]), kv[0])):
             created = sum(r["created_ns"] for r in rows)
-            pct = round(100 * created / total_ns, 2)
-            outliers = [r for r in rows if r["created_ns"] >= self.outlier_share * median_ns]
-            typical = sorted(r["created_ns"] for r in rows)[len(rows) // 2]
+            saving = sum(r["saving_ns"] for r in rows)
+            pct = round(100 * saving / total_ns, 2)
+            outliers = [r for r in rows if r["saving_ns"] >= self.outlier_share * median_ns]
+            typical = sorted(r["saving_ns"] for r in rows)[len(rows) // 2]
             consistent = 2 * len(rows) >= len(steps) and ns_to_ms(typical) >= self.consistent_ms
             if rk not in stats and len(outliers) < self.min_outlier_steps and not consistent:
                 continue
@@ -88,10 +90,12 @@ class Straggler(Rule):
             top = max(named, key=lambda p: (by_phase[p], p)) if named else COMPUTE
             phase = top if by_phase[top] >= self.cause_share * created else COMPUTE
             victims = sorted({v for r in rows for v in r["victims"]})
+            share = sorted(r["share_pct"] for r in rows)[len(rows) // 2]
             evidence = [
                 f"rank {rk} is the root of the critical path in {len(rows)} of {len(steps)} steps: it put "
-                f"{ns_to_ms(created)} ms of waiting on it ({pct}% of the steps' time; median "
-                f"{sorted(r['share_pct'] for r in rows)[len(rows) // 2]}% of a step it holds up)",
+                f"{ns_to_ms(created)} ms of waiting on it (median {share}% of a step it holds up); at the "
+                f"others' pace those steps would take {ns_to_ms(saving)} ms less "
+                f"({pct}% of the steps' time; median {ns_to_ms(typical)} ms a step it holds up)",
                 "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
@@ -116,7 +120,7 @@ class Straggler(Rule):
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
             out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer, late_start),
-                               ns_to_ms(created),
+                               ns_to_ms(saving),
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
                 by_shared[phase].append(out[-1])

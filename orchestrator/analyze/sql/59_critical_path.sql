@@ -11,7 +11,7 @@
 -- PP and microbatches are all just waits here.
 -- Ties (two ranks ending a step, or putting the same excess on the path, at the same
 -- nanosecond) go to the lowest rank: the report must not depend on the order rows are read in.
--- Reads: wait_nodes, wait_edges, gpu_ops, first_step, params, gap_attr, islands,
+-- Reads: wait_nodes, wait_edges, gpu_ops, ranks, first_step, params, gap_attr, islands,
 -- in_selected, overlapping, union_intervals. Provides:
 --   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
 --   cp_path(step, hop, id, upto)                 the nodes on the path, hop 0 = the last
@@ -23,12 +23,14 @@
 --   cp_rank_step(step, rank, path_ns, created_ns, phase, phase_ns, waited_ns, waited_excess_ns)
 --       per step and rank: time on the path, excess it put there, its dominant cause while
 --       doing so, and the (excess) waiting it suffered in the step
---   cp_roots(step, rank, created_ns, phase, step_ns, share_pct, victims)   one row per step
---       with a root (none when no rank put a tenth of the step on the path)
+--   cp_roots(step, rank, created_ns, phase, step_ns, share_pct, victims, saving_ns)   one row per
+--       step with a root (none when no rank put a tenth of the step on the path); saving: what
+--       the step would lose with the root at the others' pace
 --   cp_composition(what, ns, pct)   what the paths are made of over all steps: the phases of
 --       cp_segment_phase and `other` (the rest of the segments' time), with their share
---   cp_held_by(rank, steps, total_ns, per_held_ns, per_step_ns)   each root rank: the steps it
---       held up, the excess it put on them, per step it held up and per analysed step
+--   cp_held_by(rank, steps, total_ns, per_held_ns, per_step_ns, saving_ns)   each root rank: the
+--       steps it held up, the excess it put on them, per step it held up and per analysed step,
+--       and what those steps would lose with it at the others' pace
 CREATE OR REPLACE TABLE cp_steps AS
 SELECT o.step, arg_max(o.rank, (o."end", -o.rank)) AS rank, min(o.start) AS t0, max(o."end") AS t1
 FROM gpu_ops o JOIN first_step f USING (rank), params p
@@ -130,18 +132,40 @@ FROM seg FULL JOIN waited USING (step, rank) LEFT JOIN top USING (step, rank);
 -- The step's root: the rank that put the most excess on the path, when that excess is at
 -- least a tenth of the step's span and 1 ms (the small waits of a healthy job stay below); its
 -- victims: every other rank that waited for a quarter of that excess or more in the step.
+-- saving: what the step would lose if the root kept the others' pace, its finding's cost. Where
+-- every rank takes part in the step's collectives (no pipeline stages), each other rank lost
+-- the time its GPU sat without compute while it waited for the root: a DDP bucket's all-reduce
+-- that waits while backward goes on computing delays nothing, the buffer broadcast that forward
+-- needs, or the last all-reduce the optimizer needs, does. With the root at their pace, the step
+-- shortens by the least any of them lost (the next one then sets the pace). With pipeline
+-- stages the step's end is a chain of sends and receives: the excess the root put on the path.
 CREATE OR REPLACE TABLE cp_roots AS
 WITH r AS (
     SELECT c.step, arg_max(c.rank, (c.created_ns, -c.rank)) AS rank, max(c.created_ns) AS created_ns,
            arg_max(c.phase, (c.created_ns, -c.rank)) AS phase, any_value(s.t1 - s.t0) AS step_ns
     FROM cp_rank_step c JOIN cp_steps s USING (step) GROUP BY c.step
-)
+), waits AS (  -- the others' waits for the step's root
+    SELECT w.step, w.rank, w.s AS start, w.e AS "end"
+    FROM wait_edges w JOIN r ON r.step = w.step AND w.waited_for = r.rank WHERE w.e > w.s
+), ci AS (SELECT rank, s, e FROM islands WHERE cls = 'compute'),
+busy AS (
+    SELECT step, rank, start, sum(least("end", d_e) - greatest(start, d_s)) AS ns
+    FROM overlapping('ci', 'waits') GROUP BY ALL
+), lost AS (  -- per step and other rank: its GPU without compute while it waited for the root
+    SELECT c.step, c.rank, sum(coalesce(w."end" - w.start - b.ns, w."end" - w.start, 0)) AS ns
+    FROM (SELECT DISTINCT step, rank FROM wait_nodes) c JOIN r ON r.step = c.step AND c.rank <> r.rank
+    LEFT JOIN waits w ON w.step = c.step AND w.rank = c.rank
+    LEFT JOIN busy b ON b.step = w.step AND b.rank = w.rank AND b.start = w.start
+    GROUP BY ALL
+), ends AS (SELECT step, min(ns) AS ns FROM lost GROUP BY step)
 SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
        round(100.0 * r.created_ns / r.step_ns, 2) AS share_pct,
        coalesce((SELECT list(v.rank ORDER BY v.rank) FROM cp_rank_step v
                  WHERE v.step = r.step AND v.rank <> r.rank AND 4 * v.waited_excess_ns >= r.created_ns),
-                []) AS victims
-FROM r WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
+                []) AS victims,
+       CASE WHEN (SELECT count(DISTINCT stage) FROM ranks) > 1 THEN r.created_ns
+            ELSE least(r.created_ns, coalesce(e.ns, 0)) END AS saving_ns
+FROM r LEFT JOIN ends e USING (step) WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
 
 CREATE OR REPLACE TABLE cp_composition AS
 WITH seg AS (SELECT sum(e - s) AS ns FROM cp_segments WHERE e > s),
@@ -156,6 +180,6 @@ FROM parts WHERE ns IS NOT NULL;
 
 CREATE OR REPLACE TABLE cp_held_by AS
 SELECT rank, count(*) AS steps, sum(created_ns) AS total_ns, avg(created_ns) AS per_held_ns,
-       sum(created_ns) / (SELECT count(*) FROM cp_steps) AS per_step_ns
+       sum(created_ns) / (SELECT count(*) FROM cp_steps) AS per_step_ns, sum(saving_ns) AS saving_ns
 FROM cp_roots GROUP BY rank
 ORDER BY total_ns DESC, rank;

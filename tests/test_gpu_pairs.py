@@ -1,0 +1,93 @@
+"""Pairs of real 4-GPU runs (tests/fixtures/pairs, README there): the tutorial's ResNet-50 DDP
+trainer on 4 H200s through `orch submit`, once healthy and once with one rank running 8 extra
+GEMMs a step. A finding costs what the steps would save with its cause fixed, so the healthy
+run has nothing above `info` worth more than 3 % of its steps, and the straggler's cost is the
+time its run took longer than the healthy one, both measured here with plain sqlite3."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import shutil
+import sqlite3
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_orch
+
+PAIRS = REPO / "tests" / "fixtures" / "pairs"
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """Each run copied, its exports unpacked, `orch collect` and `orch report --json`."""
+    out = {}
+    for src in sorted(p for p in PAIRS.iterdir() if p.is_dir()):
+        run = tmp_path_factory.mktemp("pairs") / src.name
+        shutil.copytree(src, run)
+        for gz in (run / "exports").glob("*.sqlite.gz"):
+            with gzip.open(gz, "rb") as fi, open(gz.with_suffix(""), "wb") as fo:
+                shutil.copyfileobj(fi, fo)
+            gz.unlink()
+        assert run_orch("collect", str(run)).returncode == 0
+        r = run_orch("report", str(run), "--json", str(run / "r.json"))
+        assert r.returncode == 0, r.stderr
+        out[src.name] = (run, json.loads((run / "r.json").read_text()))
+    return out
+
+
+def _sql(run: Path, sql: str) -> dict[int, list[tuple]]:
+    """Per rank (from the file name), the rows of `sql` over its export."""
+    out = {}
+    for f in sorted((run / "exports").glob("*.sqlite")):
+        con = sqlite3.connect(f)
+        try:
+            out[int(f.name.split("_r")[1].split("_")[0])] = con.execute(sql).fetchall()
+        finally:
+            con.close()
+    return out
+
+
+def _iterations(run: Path) -> dict[int, float]:
+    """Per step N, ms from the start of `Step N Start` to the start of the next one, the median
+    over the ranks (in synchronous DDP they agree)."""
+    starts = _sql(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                       "WHERE coalesce(e.text, s.value) LIKE 'Step % Start' ORDER BY e.start")
+    per: dict[int, list[float]] = {}
+    for rows in starts.values():
+        for n, (a, b) in enumerate(itertools.pairwise(rows)):
+            per.setdefault(n, []).append((b[0] - a[0]) / 1e6)
+    return {n: statistics.median(v) for n, v in per.items()}
+
+
+def test_the_healthy_run_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs) -> None:
+    run, rep = pairs["healthy"]
+    steps_ms = sum(ms for n, ms in _iterations(run).items() if n >= 1)  # after each rank's first, as analysed
+    loud = [(f["title"], f["cost_ms"]) for f in rep["findings"]
+            if f["severity"] != "info" and f["cost_ms"] > 0.03 * steps_ms]
+    assert loud == [], (loud, steps_ms)
+    assert not [f for f in rep["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
+
+
+def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_differ_by(pairs) -> None:
+    """The rank that runs one kernel far more often than the others is the root; its finding names
+    it (8 a step more)
+    and costs the difference of the two runs' step times over the analysed steps (within 30 %:
+    the healthy run's first ten steps vary by 20 ms between themselves)."""
+    run, rep = pairs["gpu-straggler"]
+    names = _sql(run, "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                      "JOIN StringIds s ON s.id = k.shortName GROUP BY s.value")
+    counts = {r: dict(rows) for r, rows in names.items()}
+    more = [(counts[r][n] - max(c.get(n, 0) for q, c in counts.items() if q != r), r, n)
+            for r in counts for n in counts[r]]
+    gap, odd, extra = max(more)
+    assert gap >= 8 * 19, more[:3]  # 8 a step over the 19 analysed steps at least
+    (f,) = [f for f in rep["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
+    assert f["ranks"] == [odd] and f["title"].endswith("(GPU computing)"), f["title"]
+    assert f"`{extra}` 8 a step against 0" in " ".join(f["evidence"])
+    healthy, slow = _iterations(pairs["healthy"][0]), _iterations(run)
+    measured = sum(slow[n] - healthy[n] for n in slow if n >= 1 and n in healthy)
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.3 * measured, (f["cost_ms"], measured)

@@ -314,3 +314,23 @@ def test_a_cancel_of_a_running_job_says_no_rank_hung_and_every_rank_keeps_its_ke
     assert "no rank hung: the stop found the ranks at different points of a running loop" in o["line"], o["line"]
     top = rep["findings"][0]
     assert (top["kind"], top["title"]) == ("job_outcome", "the job was cancelled (CANCELLED)")
+
+
+def test_a_rank_that_raises_is_named_with_its_error_and_the_step_its_capture_ends_in(runs) -> None:
+    """2x H200: one rank's dataset raises on a corrupt sample in step 12 (inside a DataLoader
+    worker); torchrun stops the other rank. The rank that raised is the one whose traceback the
+    job's log tags; the top finding names it, its error and the step its capture ends in (its last
+    `Step N Start` range, plain sqlite3), and both ranks keep their kernels."""
+    run, rep, _ = runs["raise"]
+    kernels = _kernels(run)
+    assert sorted(kernels) == [0, 1] and all(n > 5_000 for n in kernels.values()), kernels
+    assert _store_kernels(run) == kernels
+    err = "".join(p.read_text(errors="replace") for p in (run / "submitit").glob("*_log.err"))
+    (raised,) = {int(r) for r in re.findall(r"^\[rank(\d+)\]: ValueError: sample \d+: corrupt JPEG", err, re.M)}
+    step = _last_steps(run)[raised]
+    o = rep["outcome"]
+    assert (o["state"], o["failed_first"], o["failed_step"]) == ("failed", raised, step)
+    top = rep["findings"][0]
+    assert (top["kind"], top["ranks"]) == ("job_outcome", [raised])
+    assert top["title"].startswith(f"the job failed (FAILED): rank {raised} failed first (exit status 1): ValueError")
+    assert top["fix"].startswith(f"Rank {raised} failed first (its capture ends in step {step}): its error is above")

@@ -74,9 +74,9 @@ def test_the_healthy_run_has_no_finding_above_info_worth_3_percent_of_its_steps(
 
 def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_differ_by(pairs) -> None:
     """The rank that runs one kernel far more often than the others is the root; its finding names
-    it (8 a step more)
-    and costs the difference of the two runs' step times over the analysed steps (within 30 %:
-    the healthy run's first ten steps vary by 20 ms between themselves)."""
+    it (8 a step more) and costs what the run's steps took longer than the healthy run's: the
+    difference of their median step times over the analysed steps, within 25 % (the median, as
+    the healthy run's steps 2-10 took 63-71 ms and its later ones 50 ms: warm-up, not the cause)."""
     run, rep = pairs["gpu-straggler"]
     names = _sql(run, "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
                       "JOIN StringIds s ON s.id = k.shortName GROUP BY s.value")
@@ -89,5 +89,9 @@ def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_
     assert f["ranks"] == [odd] and f["title"].endswith("(GPU computing)"), f["title"]
     assert f"`{extra}` 8 a step against 0" in " ".join(f["evidence"])
     healthy, slow = _iterations(pairs["healthy"][0]), _iterations(run)
-    measured = sum(slow[n] - healthy[n] for n in slow if n >= 1 and n in healthy)
-    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.3 * measured, (f["cost_ms"], measured)
+    steps = [n for n in slow if n >= 1 and n in healthy]
+    measured = (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+    # One number: the critical path's table says the same saving as the finding's cost.
+    (held,) = [h for h in rep["critical_path"]["held_by"] if h["rank"] == odd]
+    assert abs(held["saving_ms"] - f["cost_ms"]) < 0.01, (held, f["cost_ms"])

@@ -29,11 +29,12 @@ def build_critical_path(v: Views) -> CriticalPath | None:
         if r:
             cs.root, cs.root_phase, cs.root_ms = r["rank"], r["phase"], ms(r["created_ns"])
             cs.root_share_pct, cs.victims = float(r["share_pct"]), list(r["victims"])
+            cs.root_saving_ms = ms(r["saving_ns"])
         out.append(cs)
     comp = v.query("SELECT what, ns, pct FROM cp_composition")
     by = v.query("SELECT * FROM cp_held_by ORDER BY total_ns DESC, rank")
     held = [CriticalRoot(rank=h["rank"], steps=h["steps"], ms_per_held_step=ms(h["per_held_ns"]),
-                         ms_per_step=ms(h["per_step_ns"])) for h in by]
+                         ms_per_step=ms(h["per_step_ns"]), saving_ms=ms(h["saving_ns"])) for h in by]
     return CriticalPath(steps=out, composition_ms={c["what"]: ms(c["ns"]) for c in comp},
                         composition_pct={c["what"]: c["pct"] for c in comp},
                         roots={h["rank"]: ms(h["total_ns"]) for h in sorted(by, key=lambda h: h["rank"])},

@@ -189,6 +189,10 @@ class Outcome(Strict):
                                        "say: ranks that never entered a collective, collectives that differ")
     ran_out: int | None = Field(None, description="the rank that failed first, when it failed on running out of "
                                 "GPU memory")
+    failed_first: int | None = Field(None, description="the rank that failed first by its own error (not a rank "
+                                     "that only lost its peer)")
+    failed_how: str = Field("", description="its error in words (the launcher's line, its exception)")
+    failed_step: int | None = Field(None, description="the step its capture ends in")
     gpu_lost: list[int] = Field(default_factory=list, description="ranks whose GPU trace was lost (no kernel "
                                 "kept while they launched GPU work or their peers kept theirs: gpu_lost)")
 

@@ -36,6 +36,8 @@ class CriticalStep(Strict):
                                                      "in, `between steps (other work)`, or `GPU compute`")
     root_ms: float = 0.0
     root_share_pct: float = Field(0.0, description="root_ms as a share of the step")
+    root_saving_ms: float = Field(0.0, description="what the step would take less with the root at the others' "
+                                                   "pace (cp_roots.saving_ns)")
     victims: list[int] = Field(default_factory=list, description="ranks that waited for the root's lateness")
     path: list[PathSegment] = Field(default_factory=list, description="in time order")
 
@@ -45,6 +47,8 @@ class CriticalRoot(Strict):
     steps: int = Field(description="the steps it held up (was their root)")
     ms_per_held_step: float = Field(description="the excess it put on the path, mean over the steps it held up")
     ms_per_step: float = Field(description="the excess it put on the paths, over all the analysed steps, per step")
+    saving_ms: float = Field(0.0, description="what the steps it held up would take less with it at the others' "
+                                              "pace: its straggler finding's cost")
 
 
 class CriticalPath(Strict):

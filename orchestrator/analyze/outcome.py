@@ -141,6 +141,7 @@ def build_outcome(v: Views) -> Outcome | None:
         fr_late, odd, fr_lines = [], split, split_lines
     parts = []
     ran_out = None
+    failed: tuple[int | None, str, int | None] = (None, "", None)
     first = first_failure(ev.tasks)
     # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
     # a closed connection) hung first: the rank to blame is the one the recorder shows never
@@ -180,6 +181,7 @@ def build_outcome(v: Views) -> Outcome | None:
             # Where its capture ends, not which step it finished: a SIGKILLed program loses the
             # ranges it was in, so its report ends with the step before the one it died in.
             ro = next((r for r in ranks if r.rank == first.failed_rank), None)
+            failed = (first.failed_rank, said, ro.last_step if ro else None)
             step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
             parts.append(f"{said}{step}")
         if _OOM.search(first.error):
@@ -200,7 +202,8 @@ def build_outcome(v: Views) -> Outcome | None:
         parts.append(f"orch stopped the captures at {why} after {after} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
-                   dumps=ev.dumps, flight_recorder=fr_lines, ran_out=ran_out, gpu_lost=lost)
+                   dumps=ev.dumps, flight_recorder=fr_lines, ran_out=ran_out, gpu_lost=lost,
+                   failed_first=failed[0], failed_how=failed[1], failed_step=failed[2])
 
 
 def _memory_at_failure(v: Views, rank: int) -> str:

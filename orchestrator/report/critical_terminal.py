@@ -21,7 +21,8 @@ def critical_lines(report: Report) -> list[str]:
         lines.append("  no rank held the steps up (no rank put >= 10 % of a step on its path)")
         return lines
     lines.append("  held up by " + "; ".join(
-        f"rank {h.rank} in {h.steps}/{len(cp.steps)} step(s), {h.ms_per_held_step:.1f} ms each" for h in cp.held_by[:4])
+        f"rank {h.rank} in {h.steps}/{len(cp.steps)} step(s), {h.ms_per_held_step:.1f} ms each, "
+        f"{h.saving_ms:.1f} ms saved at the others' pace" for h in cp.held_by[:4])
         + (f"; {len(cp.held_by) - 4} more rank(s)" if len(cp.held_by) > 4 else ""))
     for s in sorted(held, key=lambda s: (-s.root_ms, s.step))[:MAX_STEPS]:
         victims = ", ".join(map(str, s.victims[:6])) + (" …" if len(s.victims) > 6 else "")

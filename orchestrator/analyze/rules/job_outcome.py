@@ -59,12 +59,26 @@ class JobOutcome(Rule):
         title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
             f": rank(s) {who} called a collective the others did not" if o.behind and mismatch else
             f": rank(s) {who} never got as far as the others" if o.behind else
-            f": rank {oom} ran out of GPU memory" if oom is not None else "")
+            f": rank {oom} ran out of GPU memory" if oom is not None else
+            f": {_short(o.failed_how)}" if o.failed_first is not None else "")
         fix = _FIX["mismatch"] if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
-            _FIX["oom"].format(rank=oom) if oom is not None else _FIX.get(o.state, _FIX["failed"])
+            _FIX["oom"].format(rank=oom) if oom is not None else \
+            _failed_fix(o) if o.failed_first is not None else _FIX.get(o.state, _FIX["failed"])
         # A hang's victims: every other rank, the one whose watchdog fired first included.
         victims = [r.rank for r in o.ranks if r.rank not in o.behind] if o.behind else []
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high", victims=victims)]
+
+
+def _short(text: str, most: int = 160) -> str:
+    """A title's share of a long error line."""
+    return text if len(text) <= most else text[: most - 1].rstrip() + "…"
+
+
+def _failed_fix(o: Outcome) -> str:
+    """The first rank to fail by its own error: where its capture ends and what to read."""
+    step = f" (its capture ends in step {o.failed_step})" if o.failed_step is not None else ""
+    return (f"Rank {o.failed_first} failed first{step}: its error is above, its whole traceback in `orch status "
+            "<job>` and the task's log. Fix that error; the other ranks were stopped after it.")
 
 
 def _root_fix(o: Outcome) -> str:

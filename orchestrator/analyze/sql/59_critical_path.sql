@@ -137,8 +137,10 @@ FROM seg FULL JOIN waited USING (step, rank) LEFT JOIN top USING (step, rank);
 -- the time its GPU sat without compute while it waited for the root: a DDP bucket's all-reduce
 -- that waits while backward goes on computing delays nothing, the buffer broadcast that forward
 -- needs, or the last all-reduce the optimizer needs, does. With the root at their pace, the step
--- shortens by the least any of them lost (the next one then sets the pace). With pipeline
--- stages the step's end is a chain of sends and receives: the excess the root put on the path.
+-- shortens by what they lost: the median over them, as one rank's loss can fall outside its
+-- waits for the root (the source of a small broadcast, whose kernel ends without waiting for
+-- the receivers, goes on and loses its time later). With pipeline stages the step's end is a
+-- chain of sends and receives: the excess the root put on the path.
 CREATE OR REPLACE TABLE cp_roots AS
 WITH r AS (
     SELECT c.step, arg_max(c.rank, (c.created_ns, -c.rank)) AS rank, max(c.created_ns) AS created_ns,
@@ -157,7 +159,7 @@ busy AS (
     LEFT JOIN waits w ON w.step = c.step AND w.rank = c.rank
     LEFT JOIN busy b ON b.step = w.step AND b.rank = w.rank AND b.start = w.start
     GROUP BY ALL
-), ends AS (SELECT step, min(ns) AS ns FROM lost GROUP BY step)
+), ends AS (SELECT step, median(ns) AS ns FROM lost GROUP BY step)
 SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
        round(100.0 * r.created_ns / r.step_ns, 2) AS share_pct,
        coalesce((SELECT list(v.rank ORDER BY v.rank) FROM cp_rank_step v

@@ -55,8 +55,8 @@ def behind(ends: list[dict[str, Any]]) -> tuple[list[int], str]:
 
 
 # A stop takes up to this long to reach the ranks (stack dumps, then the release): where the
-# stop's own time is unknown, the rank that stopped last-moving is taken as stopped by it when
-# it stood still for less than this before its capture ended.
+# stop's own time is unknown, the least any rank stood still before its capture ended is taken
+# as the stop's own latency when it is under this.
 STOP_LATENCY_NS = 10 * 10**9
 
 
@@ -68,11 +68,11 @@ def running(ends: list[dict[str, Any]], late: list[int], stop_ns: int | None = N
     release take that long, so every rank of a healthy loop stands still for a second or more)."""
     by = {e["rank"]: e for e in ends}
     known = [e for e in ends if e["still_ns"] is not None]
-    if stop_ns is None and known:
-        least = min(e["still_ns"] for e in known)
-        latency = {e["rank"]: least if least < STOP_LATENCY_NS else 0 for e in known}
+    if stop_ns is not None:
+        latency = {e["rank"]: e["end_ns"] - stop_ns for e in known}
     else:
-        latency = {e["rank"]: e["end_ns"] - stop_ns for e in known if stop_ns is not None}
+        least = min((e["still_ns"] for e in known), default=0)
+        latency = {e["rank"]: least if least < STOP_LATENCY_NS else 0 for e in known}
     said = []
     for r in late:
         e = by.get(r)

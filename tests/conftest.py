@@ -120,6 +120,17 @@ def copies_with_env(files: list[Path], dest: Path, *env: str) -> Path:
     return dest
 
 
+def copy_run(src: Path, dest: Path) -> Path:
+    """A fixture run directory copied as a user would after moving it (exports only, no
+    .nsys-rep), its gzipped exports unpacked in place: the input of `orch collect RUN`."""
+    shutil.copytree(src, dest)
+    for gz in (dest / "exports").glob("*.sqlite.gz"):
+        with gzip.open(gz, "rb") as fi, open(gz.with_suffix(""), "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+        gz.unlink()
+    return dest
+
+
 def run_orch(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess, as a user runs it."""

@@ -8,17 +8,15 @@ how much memory the rank that ran out held are the questions."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests import independent
-from tests.conftest import REPO, run_orch
+from tests.conftest import REPO, copy_run, run_orch
 
 FAULTS = REPO / "tests" / "fixtures" / "faults"
 
@@ -29,12 +27,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
     `orch collect RUN` and `orch report RUN --json`: (run, report JSON, terminal text)."""
     out = {}
     for src in sorted(p for p in FAULTS.iterdir() if p.is_dir()):
-        run = tmp_path_factory.mktemp("faults") / src.name
-        shutil.copytree(src, run)
-        for gz in (run / "exports").glob("*.sqlite.gz"):
-            with gzip.open(gz, "rb") as fi, open(gz.with_suffix(""), "wb") as fo:
-                shutil.copyfileobj(fi, fo)
-            gz.unlink()
+        run = copy_run(src, tmp_path_factory.mktemp("faults") / src.name)
         c = run_orch("collect", str(run))
         assert c.returncode == 0, c.stderr
         r = run_orch("report", str(run), "--json", str(run / "r.json"), "--wide")

@@ -6,32 +6,25 @@ time its run took longer than the healthy one, both measured here with plain sql
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
-import shutil
 import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_orch
+from tests.conftest import REPO, copy_run, run_orch
 
 PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    """Each run copied, its exports unpacked, `orch collect` and `orch report --json`."""
+    """Each run copied (conftest.copy_run), `orch collect` and `orch report --json`."""
     out = {}
     for src in sorted(p for p in PAIRS.iterdir() if p.is_dir()):
-        run = tmp_path_factory.mktemp("pairs") / src.name
-        shutil.copytree(src, run)
-        for gz in (run / "exports").glob("*.sqlite.gz"):
-            with gzip.open(gz, "rb") as fi, open(gz.with_suffix(""), "wb") as fo:
-                shutil.copyfileobj(fi, fo)
-            gz.unlink()
+        run = copy_run(src, tmp_path_factory.mktemp("pairs") / src.name)
         assert run_orch("collect", str(run)).returncode == 0
         r = run_orch("report", str(run), "--json", str(run / "r.json"))
         assert r.returncode == 0, r.stderr

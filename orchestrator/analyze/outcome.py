@@ -86,22 +86,27 @@ def running(ends: list[dict[str, Any]], late: list[int], stop_ns: int | None = N
     return "; ".join(said[:4])
 
 
-def stop_ns(v: Views, ev: JobEvidence) -> int | None:
-    """When orch's stop began, on the store's clock (None when not recorded)."""
-    if ev.stop is None or ev.stop.at_utc_ns is None:
-        return None
+def clock_base(v: Views) -> int | None:
+    """The UTC time of the store's clock zero (collect's `clock_base_utc_ns`): a UTC time the job
+    recorded (a stop, a Flight Recorder entry) minus this is on the trace's clock."""
     base = v.scalar("SELECT max(CAST(value AS BIGINT)) FROM meta WHERE key = 'clock_base_utc_ns'")
-    return None if base is None else ev.stop.at_utc_ns - int(base)
+    return None if base is None else int(base)
 
 
-def call_step(v: Views, c: LastCollective) -> int | None:
+def stop_ns(ev: JobEvidence, base: int | None) -> int | None:
+    """When orch's stop began, on the store's clock (None when not recorded)."""
+    if ev.stop is None or ev.stop.at_utc_ns is None or base is None:
+        return None
+    return ev.stop.at_utc_ns - base
+
+
+def call_step(v: Views, c: LastCollective, base: int | None) -> int | None:
     """The step in which the rank called the collective (its recorder's time, on the store's
     clock, within the rank's step ranges); None when the trace has no step there."""
-    if c.created_utc_ns is None:
+    if c.created_utc_ns is None or base is None:
         return None
-    return v.scalar("SELECT max(s.step) FROM every_step s, (SELECT max(CAST(value AS BIGINT)) AS base FROM meta "
-                    "WHERE key = 'clock_base_utc_ns') m WHERE s.rank = ? AND s.start <= ? - m.base "
-                    "AND s.\"end\" >= ? - m.base", [c.rank, c.created_utc_ns, c.created_utc_ns])
+    t = c.created_utc_ns - base
+    return v.scalar('SELECT max(step) FROM every_step WHERE rank = ? AND start <= ? AND "end" >= ?', [c.rank, t, t])
 
 
 def first_failure(tasks: list[TaskEnd]) -> TaskEnd | None:
@@ -155,7 +160,8 @@ def build_outcome(v: Views) -> Outcome | None:
     called_other = bool((stopped or waited_out) and odd and (not late or split))
     if called_other:
         late = odd
-    moving = running(ends, late, stop_ns(v, ev))
+    base = clock_base(v)
+    moving = running(ends, late, stop_ns(ev, base))
     if moving:
         # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
         parts.append(f"no rank hung: the stop found the ranks at different points of a running loop ({moving})")
@@ -164,7 +170,8 @@ def build_outcome(v: Views) -> Outcome | None:
         state = "hung"
         known = {e["rank"] for e in ends} | {r.rank for r in ev.flight_recorder}
         waiting = sorted(known - set(late))
-        step = next((call_step(v, c) for c in ev.flight_diverged if c.rank in late), None) if called_other else None
+        step = next((call_step(v, c, base) for c in ev.flight_diverged if c.rank in late), None) if called_other \
+            else None
         parts.append((f"rank(s) {_list(late)} called a collective the others never called"
                       + (f" in step {step}" if step is not None else "") + " (the Flight Recorder line below)"
                       if called_other else f"rank(s) {_list(late)} never reached {where}")

@@ -95,6 +95,7 @@ def test_a_failed_file_stops_the_files_after_it() -> None:
         schedule.run(con, units, lambda cur: None, n_workers=2)
     except duckdb.CatalogException as e:
         assert "no_such_table" in str(e)  # the first failure, not a dependent's
+        assert schedule.failed_file(e) == "b.sql"
     else:
         raise AssertionError("the failed file was not reported")
     made = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}

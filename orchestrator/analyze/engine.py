@@ -239,21 +239,40 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
     the analysis runs on a cursor of it instead of opening the file. `only`: see run_sql.
     `threads`: DuckDB's threads and the files run at once (a map task's cores), instead of
     what the store's size asks for."""
-    con = open_store(store) if writer is None else on_writer(writer)
-    if threads is not None:
-        con.execute(f"SET threads = {max(1, threads)}")
     try:
+        try:
+            con = _analysed(store, opts, writer, only, threads)
+        except (duckdb.InternalException, duckdb.FatalException):
+            if writer is not None:  # the collect's database is invalidated with it: nothing to retry on
+                raise
+            # DuckDB's own assertion, seen to depend on its threads' timing (a parallel window's
+            # finalize): the analysis runs once more on a fresh in-memory database.
+            con = _analysed(store, opts, writer, only, threads)
+    except duckdb.Error as e:
+        where = schedule.failed_file(e)
+        first = f"{where}: {str(e).splitlines()[0]}" if where else str(e).splitlines()[0]
+        if isinstance(e, duckdb.InternalException | duckdb.FatalException):
+            raise OrchError(f"analysis of {store} hit an internal DuckDB error ({first}); run the "
+                            "command again, and if it repeats report it with the store") from None
+        raise out_of_memory(e, f"analysis of {store}") or OrchError(
+            f"analysis failed on {store} ({first}); re-run `orch collect` to rebuild the store") from None
+    return con, Views(con)
+
+
+def _analysed(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None,
+              only: Sequence[str] | None, threads: int | None) -> duckdb.DuckDBPyConnection:
+    """One analysis attempt (see `analysis`): the connection with every table made, or the
+    DuckDB error with the connection closed."""
+    con = open_store(store) if writer is None else on_writer(writer)
+    try:
+        if threads is not None:
+            con.execute(f"SET threads = {max(1, threads)}")
         check_store_version(con, store)
         run_sql(con, opts, only, workers=threads)
-    except duckdb.Error as e:
-        con.close()
-        raise out_of_memory(e, f"analysis of {store}") or OrchError(
-            f"analysis failed on {store}: {str(e).splitlines()[0]}; re-run `orch collect` to rebuild the store"
-        ) from None
     except BaseException:
         con.close()
         raise
-    return con, Views(con)
+    return con
 
 
 def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:

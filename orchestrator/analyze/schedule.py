@@ -74,6 +74,11 @@ def seen_by(m: sqlmodules.Module, seen: dict[str, set[str]]) -> set[str]:
     return set(m.reads).union(*(seen.get(r, set()) for r in m.reads))
 
 
+def failed_file(e: BaseException) -> str | None:
+    """The SQL file whose statement raised `e` in `run`, for the error the user sees."""
+    return getattr(e, "sql_file", None)
+
+
 def workers() -> int:
     """Concurrent files: half the cores, 2 to 8. More files than half the cores compete for
     them (on 2 cores 4 files are slower than 2), and past 8 there is little left to gain
@@ -99,7 +104,11 @@ def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
         for dep in u.after:
             futures[dep].result()  # re-raises a dependency's failure
         with phase(f"analyze: {u.name}"):
-            cursor().execute(u.sql)
+            try:
+                cursor().execute(u.sql)
+            except duckdb.Error as e:
+                e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
+                raise
 
     pool = ThreadPoolExecutor(max_workers=n_workers or workers())
     try:

@@ -54,7 +54,8 @@ FROM coll c LEFT JOIN caused cs USING (rank)
 GROUP BY c.rank;
 
 CREATE OR REPLACE VIEW stragglers AS
-WITH w AS (SELECT rank, (w1 - w0) AS win_ns, count(*) OVER () AS n_ranks, sum(w1 - w0) OVER () AS all_ns FROM win),
+WITH t AS (SELECT count(*) AS n_ranks, sum(w1 - w0) AS all_ns FROM win),
+w AS (SELECT win.rank, (win.w1 - win.w0) AS win_ns, t.n_ranks, t.all_ns FROM win, t),
 s AS (
     SELECT c.*, binom_tail(c.late_count, c.n_coll, 1.0 / c.group_size) AS p_value,
            CASE WHEN w.n_ranks > 1 THEN (w.all_ns - w.win_ns) / (w.n_ranks - 1) END AS others_mean_win_ns

@@ -176,9 +176,9 @@ parts AS (
     SELECT what, ns FROM ph
     UNION ALL
     SELECT 'other', greatest((SELECT ns FROM seg) - coalesce((SELECT sum(ns) FROM ph), 0), 0)
-)
-SELECT what, ns, CASE WHEN sum(ns) OVER () > 0 THEN round(100.0 * ns / sum(ns) OVER (), 2) ELSE 0.0 END AS pct
-FROM parts WHERE ns IS NOT NULL;
+), total AS (SELECT sum(ns) AS ns FROM parts)
+SELECT p.what, p.ns, CASE WHEN t.ns > 0 THEN round(100.0 * p.ns / t.ns, 2) ELSE 0.0 END AS pct
+FROM parts p, total t WHERE p.ns IS NOT NULL;
 
 CREATE OR REPLACE TABLE cp_held_by AS
 SELECT rank, count(*) AS steps, sum(created_ns) AS total_ns, avg(created_ns) AS per_held_ns,

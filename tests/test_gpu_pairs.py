@@ -88,3 +88,23 @@ def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_
     # One number: the critical path's table says the same saving as the finding's cost.
     (held,) = [h for h in rep["critical_path"]["held_by"] if h["rank"] == odd]
     assert abs(held["saving_ms"] - f["cost_ms"]) < 0.01, (held, f["cost_ms"])
+
+
+def test_the_terminal_and_the_html_show_each_findings_cost_from_the_report(pairs, tmp_path: Path) -> None:
+    """The straggler's saving, as the JSON has it, is what the terminal and the HTML say fixing
+    it saves, with its share of the steps' time (the share its severity comes from). That time
+    runs from the analysed steps' first GPU work to their last: no shorter than the NVTX
+    iterations after the first, and here less than two iterations longer (the last step's GPU
+    work ends after the last `Step N Start`)."""
+    run, rep = pairs["gpu-straggler"]
+    (f,) = [f for f in rep["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
+    its = _iterations(run)
+    steps_ms = sum(ms for n, ms in its.items() if n >= 1)
+    longest = steps_ms + 2 * statistics.median(its.values())
+    assert 100 * f["cost_ms"] / longest <= f["cost_pct"] <= 100 * f["cost_ms"] / steps_ms, (f, steps_ms)
+    r = run_orch("report", str(run), "--html", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    said = f"fixing it saves ~{f['cost_ms']:,.1f} ms, {f['cost_pct']:g}% of the steps' time"
+    assert said in " ".join(r.stdout.split()), r.stdout
+    html = (tmp_path / "r.html").read_text()
+    assert f'<td class="cost">{said}</td>' in html.replace("&#x27;", "'")

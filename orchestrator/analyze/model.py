@@ -158,7 +158,9 @@ class Finding(Strict):
     title: str
     evidence: list[str]
     fix: str
-    cost_ms: float
+    cost_ms: float = Field(description="the time the analysed steps would save with the cause fixed")
+    cost_pct: float | None = Field(None, description="cost_ms as a share of the window it sets the severity by "
+                                                     "(none where the rule gives the severity itself)")
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
 
 

@@ -20,7 +20,7 @@ from orchestrator.ranklist import ranges
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
-from orchestrator.report.wording import no_gpu_banner, split_problems
+from orchestrator.report.wording import cost, no_gpu_banner, split_problems
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
@@ -142,15 +142,15 @@ def _findings(report: Report) -> str:
         f'<tr><td class="sev-{_e(f.severity)}">{_e(f.severity)}</td><td>{_e(f.title)}</td>'
         f'<td>{_ranks(f.ranks)}'
         + (f"<br>victims: {_e(ranges(f.victims))}" if f.victims else "") + "</td><td>"
-        + _evidence(f.evidence) + f"</td><td>{_e(f.fix)}</td></tr>"
+        + _evidence(f.evidence) + f"</td><td>{_e(f.fix)}</td><td class=\"cost\">{_e(cost(f))}</td></tr>"
         for f in report.findings)
     top = ""
     if report.findings and report.findings[0].kind != "healthy":
         f = report.findings[0]
         top = (f'<div class="top" id="top-finding"><b class="sev-{_e(f.severity)}">{_e(f.severity)}</b> '
-               f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}</div>")
+               f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}" + (f"<br>{_e(cost(f))}" if cost(f) else "") + "</div>")
     return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'
-            f"<th>evidence</th><th>fix</th></tr>{rows}</table>")
+            f"<th>evidence</th><th>fix</th><th>cost</th></tr>{rows}</table>")
 
 
 def _ranks(ranks: list[int]) -> str:

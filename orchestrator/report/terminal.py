@@ -27,7 +27,7 @@ from orchestrator.report.critical_terminal import critical_lines
 from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
-from orchestrator.report.wording import no_gpu_banner, split_problems
+from orchestrator.report.wording import cost, no_gpu_banner, split_problems
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 MAX_ROWS = 16
@@ -93,6 +93,8 @@ def _findings(report: Report, console: Console, wide: bool) -> None:
         most = None if wide else 8
         console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks {ranges(f.ranks, most)}"
                       + (f"; victims {ranges(f.victims, most)}" if f.victims else "") + ")", highlight=False)
+        if cost(f):
+            _line(console, f"   {cost(f)}", wide)
         shown = f.evidence if wide else f.evidence[:EVIDENCE]
         for e in shown:
             _line(console, f"   - {plain(e)}", wide)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.analyze.model import Problem, Report
+from orchestrator.analyze.model import Finding, Problem, Report
 
 # A probe note that the CUDA/CUPTI tables are absent (nsys traced no CUDA).
 _UNTRACED = re.compile(r"no (CUPTI_\w+|TARGET_INFO_GPU\w*|GPU_METRICS\w*)(, \w+)* table\(s\): [^;]*")
@@ -46,3 +46,12 @@ def no_gpu_banner(report: Report) -> str:
         return (f"GPU trace lost on rank(s) {', '.join(map(str, lost))} (its kernels never reached nsys; "
                 "the job outcome says why)")
     return "CPU-only capture (no GPU activity traced: a CPU run, or CUDA tracing off)"
+
+
+def cost(f: Finding) -> str:
+    """A finding's cost as the terminal and the HTML word it ("" for one that costs nothing
+    measured: an outcome, a memory risk, a note), from the finding's own numbers."""
+    if f.cost_ms <= 0:
+        return ""
+    share = f", {f.cost_pct:g}% of the steps' time" if f.cost_pct is not None else ""
+    return f"fixing it saves ~{f.cost_ms:,.1f} ms{share}"

@@ -110,7 +110,8 @@ def finding(kind: str, ranks: Iterable[int], title: str, evidence: list[str], fi
     if severity is None:
         severity = severity_for(pct or 0.0)
     return Finding(kind=kind, severity=severity, ranks=sorted(set(ranks)), title=title, evidence=evidence,
-                   fix=fix, cost_ms=round(cost_ms, 3), victims=sorted(set(victims)))
+                   fix=fix, cost_ms=round(cost_ms, 3), cost_pct=None if pct is None else round(pct, 2),
+                   victims=sorted(set(victims)))
 
 
 class DeclaredViews(Views):

@@ -64,7 +64,9 @@ class Straggler(Rule):
         if not roots:
             return []
         steps = ctx.views.rows("cp_steps")
-        total_ns = sum(s["t1"] - s["t0"] for s in steps) or 1
+        # The steps' time is their wall time, first start to last end: a step's span (its first
+        # GPU work to its last on any rank) overlaps the next step's where ranks run apart.
+        total_ns = (max(s["t1"] for s in steps) - min(s["t0"] for s in steps)) or 1
         spans = sorted(s["t1"] - s["t0"] for s in steps)
         median_ns = spans[len(spans) // 2]
         stats = {s.rank: s for s in ctx.report.stragglers}
@@ -120,7 +122,7 @@ class Straggler(Rule):
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
             out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer, late_start),
-                               ns_to_ms(saving),
+                               ns_to_ms(saving), pct=pct,
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
                 by_shared[phase].append(out[-1])
@@ -156,6 +158,7 @@ class Straggler(Rule):
         order = ("high", "medium", "low", "info")
         return finding(self.kind, rks, f"ranks {names} take turns holding each other up (in `{phase}`, a cause "
                        "every rank shares)", evidence, fix, sum(f.cost_ms for f in fs),
+                       pct=sum(f.cost_pct or 0.0 for f in fs),
                        severity=min((f.severity for f in fs), key=order.index))
 
     def _shared(self, ctx: Context, phase: str) -> dict[int, float]:

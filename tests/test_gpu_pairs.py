@@ -56,6 +56,15 @@ def _iterations(run: Path) -> dict[int, float]:
     return {n: statistics.median(v) for n, v in per.items()}
 
 
+def _measured(run: Path, healthy_run: Path) -> float:
+    """What `run`'s analysed steps took longer than the healthy run's: the difference of their
+    median step times times the steps (the median, as the healthy run's steps 2-10 took 63-71 ms
+    and its later ones 50 ms: warm-up, not a cause)."""
+    healthy, slow = _iterations(healthy_run), _iterations(run)
+    steps = [n for n in slow if n >= 1 and n in healthy]
+    return (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
+
+
 def test_the_healthy_run_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs) -> None:
     run, rep = pairs["healthy"]
     steps_ms = sum(ms for n, ms in _iterations(run).items() if n >= 1)  # after each rank's first, as analysed
@@ -81,9 +90,7 @@ def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_
     (f,) = [f for f in rep["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
     assert f["ranks"] == [odd] and f["title"].endswith("(GPU computing)"), f["title"]
     assert f"`{extra}` 8 a step against 0" in " ".join(f["evidence"])
-    healthy, slow = _iterations(pairs["healthy"][0]), _iterations(run)
-    steps = [n for n in slow if n >= 1 and n in healthy]
-    measured = (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
+    measured = _measured(run, pairs["healthy"][0])
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
     # One number: the critical path's table says the same saving as the finding's cost.
     (held,) = [h for h in rep["critical_path"]["held_by"] if h["rank"] == odd]
@@ -108,3 +115,25 @@ def test_the_terminal_and_the_html_show_each_findings_cost_from_the_report(pairs
     assert said in " ".join(r.stdout.split()), r.stdout
     html = (tmp_path / "r.html").read_text()
     assert f'<td class="cost">{said}</td>' in html.replace("&#x27;", "'")
+
+
+def test_a_cpu_side_straggler_is_named_with_the_call_its_loop_thread_makes(pairs) -> None:
+    """The rank whose loop thread sleeps before its forward pass every step (the workload's
+    stand-in for a synchronous write to a slow filesystem) is the root; its GPU work starts late
+    and the finding names the call, at the time a call takes (one a step); its cost is what the
+    run's steps took longer than the healthy run's, within 25 %."""
+    run, rep = pairs["cpu-straggler"]
+    # Per rank, the main thread's clock_nanosleep calls (nsys' globalTid: pid << 24 | tid).
+    sleeps = _sql(run, "SELECT o.\"end\" - o.start FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId "
+                       "WHERE s.value = 'clock_nanosleep' "
+                       "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
+    (odd,) = [r for r, rows in sleeps.items() if rows]
+    per_call_ms = statistics.median(d for (d,) in sleeps[odd]) / 1e6
+    (f,) = [f for f in rep["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
+    assert f["ranks"] == [odd] and f["title"].endswith("(GPU work starting late: its loop thread in `clock_nanosleep`)")
+    (line,) = [e for e in f["evidence"] if "in `clock_nanosleep` against" in e]
+    said = float(line.split(" spends ")[1].split(" ms a step")[0])
+    assert abs(said - per_call_ms) <= 0.05 * per_call_ms, (said, per_call_ms)
+    assert "`clock_nanosleep` each step" in f["fix"]
+    measured = _measured(run, pairs["healthy"][0])
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)

@@ -116,7 +116,7 @@ def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int
             "cp_roots": [{"step": st, "rank": rk, "created_ns": ms * 1e6, "phase": ph, "step_ns": 100_000_000,
                           "share_pct": ms, "victims": v, "saving_ns": saving * ms * 1e6}
                          for st, rk, ms, ph, v in roots],
-            "kernel_excess": [], "kernel_excess_rank": []}
+            "kernel_excess": [], "kernel_excess_rank": [], "cpu_call_excess": []}
 
 
 def test_straggler_root_phase_victims_cost() -> None:
@@ -170,6 +170,18 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
     (g,) = _run("straggler", context([rank(0), rank(1)], tables))
     assert g.title == "rank 0 holds up rank(s) 1 (GPU work starting late)"
     assert g.fix.startswith("Rank 0's kernels take no longer than the median rank's: its GPU work starts late")
+    # An OS call its loop thread makes that the median rank does not, worth a quarter of the
+    # 30 ms it holds a step up, is named (one under that share is not).
+    call = {"rank": 0, "name": "write", "ns_per_step": 12e6, "median_ns_per_step": 0.0, "excess_ns_per_step": 12e6}
+    tables["cpu_call_excess"] = [call, {**call, "rank": 1, "name": "fsync"}]
+    (h,) = _run("straggler", context([rank(0), rank(1)], tables))
+    assert h.title == "rank 0 holds up rank(s) 1 (GPU work starting late: its loop thread in `write`)"
+    assert ("rank 0's loop thread spends 12.0 ms a step in `write` against 0.0 ms on the median rank (+12.0 ms a "
+            "step more than the others)") in h.evidence
+    assert h.fix.startswith("Rank 0's GPU work starts late because its loop thread is in `write` each step")
+    tables["cpu_call_excess"] = [{**call, "ns_per_step": 7e6, "excess_ns_per_step": 7e6}]  # 7 ms < 25 % of 30 ms
+    (k,) = _run("straggler", context([rank(0), rank(1)], tables))
+    assert k.title == g.title
 
 
 def test_straggler_shared_cause_ranks_below() -> None:

@@ -35,7 +35,7 @@ class Straggler(Rule):
     kind = "straggler"
     explains_idle = True
     root = True
-    reads = ("cp_roots", "cp_steps", "kernel_excess", "kernel_excess_rank")
+    reads = ("cp_roots", "cp_steps", "kernel_excess", "kernel_excess_rank", "cpu_call_excess")
     # A root is reported when it is late in collectives far more often than chance (the
     # `stragglers` view); or when in at least `min_outlier_steps` steps it put this share of a
     # median step on the path; or when it is the root of at least half the steps, holding each
@@ -101,10 +101,16 @@ class Straggler(Rule):
                 "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
-            longer, late_start = "", False
+            longer, late_start, call = "", False, None
             if phase == COMPUTE:
                 lines, longer, late_start = self._kernels(ctx, rk, typical)
                 evidence += lines
+                call = self._call(ctx, rk, typical) if late_start else None
+                if call:
+                    evidence.append(
+                        f"rank {rk}'s loop thread spends {ns_to_ms(call['ns_per_step'])} ms a step in "
+                        f"`{call['name']}` against {ns_to_ms(call['median_ns_per_step'])} ms on the median rank "
+                        f"(+{ns_to_ms(call['excess_ns_per_step'])} ms a step more than the others)")
             s = stats.get(rk)
             if s:
                 evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
@@ -118,10 +124,12 @@ class Straggler(Rule):
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
             where = (f" (in `{phase}`)" if phase != COMPUTE else
+                     f" (GPU work starting late: its loop thread in `{call['name']}`)" if call else
                      " (GPU work starting late)" if late_start else " (GPU computing)")
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
-            out.append(finding(self.kind, [rk], title, evidence, self._fix(ctx, rk, phase, longer, late_start),
+            out.append(finding(self.kind, [rk], title, evidence,
+                               self._fix(ctx, rk, phase, longer, late_start, call and call["name"]),
                                ns_to_ms(saving), pct=pct,
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
@@ -187,14 +195,27 @@ class Straggler(Rule):
         late_start = tot["excess_ns_per_step"] < self.kernel_share * typical_ns
         return lines, named or f"+{ns_to_ms(tot['excess_ns_per_step'])} ms of kernels a step", late_start
 
+    def _call(self, ctx: Context, rk: int, typical_ns: int) -> dict | None:
+        """The OS call the root's loop thread spends most time in beyond the median rank's
+        (cpu_call_excess), when that excess is at least `kernel_share` of a step it holds up."""
+        calls = [c for c in ctx.views.rows("cpu_call_excess") if c["rank"] == rk]
+        top = max(calls, key=lambda c: (c["excess_ns_per_step"], c["name"]), default=None)
+        return top if top and top["excess_ns_per_step"] >= self.kernel_share * typical_ns else None
+
     @staticmethod
-    def _fix(ctx: Context, rk: int, phase: str, longer: str = "", late_start: bool = False) -> str:
+    def _fix(ctx: Context, rk: int, phase: str, longer: str = "", late_start: bool = False,
+             call: str | None = None) -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if DATA_RANGE.search(phase):
             return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
+        if call:
+            return (f"Rank {rk}'s GPU work starts late because its loop thread is in `{call}` each step, which "
+                    f"the other ranks are not: find what makes that call on rank {rk} (a sleep, a synchronous "
+                    "write or log, a lock; `py-spy dump` or nsys' OS runtime backtraces show the caller) and take "
+                    "it out of the step or off the loop thread (a background thread, or every N steps).")
         if late_start:
             return (f"Rank {rk}'s kernels take no longer than the median rank's: its GPU work starts late rather than "
                     f"runs long. Look at the CPU thread that launches it on rank {rk} (host contention, NUMA, its data "

@@ -14,6 +14,10 @@
 --   api_table(rank, api, name, tid, thread, role, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
 --       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
 --       else per thread; pct = share of the rank's time in that api
+--   cpu_call_excess(rank, name, ns_per_step, median_ns_per_step, excess_ns_per_step)
+--       per rank its (up to 3) OS calls on the main thread whose time per step most exceeds the
+--       median rank's (a rank with OS calls traced that never makes one counts 0 of it): what
+--       the loop thread of a rank whose GPU work starts late does that the others do not
 --   thread_table(rank, tid, thread, role, span_ns, launch_ns, sync_ns, wait_ns, blocked_ns,
 --       n_steps, top_wait, blocked_per_step_ns, blocked_pct, launch_pct)  per thread with calls:
 --       launch_ns = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking
@@ -72,6 +76,17 @@ SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_n
 FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid
 UNION ALL BY NAME
 SELECT * FROM map_api_table SEMI JOIN map_ranks USING (rank);
+
+CREATE OR REPLACE TABLE cpu_call_excess AS
+WITH m AS (SELECT rank, name, sum(per_step_ns) AS ns FROM api_table WHERE api = 'osrt' AND role = 'main' GROUP BY ALL),
+rk AS (SELECT DISTINCT rank FROM api_table WHERE api = 'osrt'),
+g AS (SELECT rk.rank, nm.name, coalesce(m.ns, 0) AS ns
+      FROM rk CROSS JOIN (SELECT DISTINCT name FROM m) nm LEFT JOIN m ON m.rank = rk.rank AND m.name = nm.name),
+med AS (SELECT name, median(ns) AS ns FROM g GROUP BY name)
+SELECT g.rank, g.name, g.ns AS ns_per_step, med.ns AS median_ns_per_step, g.ns - med.ns AS excess_ns_per_step
+FROM g JOIN med USING (name)
+WHERE g.ns > med.ns
+QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns - med.ns DESC, g.name) <= 3;
 
 CREATE OR REPLACE TABLE _thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking

@@ -116,7 +116,7 @@ def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int
             "cp_roots": [{"step": st, "rank": rk, "created_ns": ms * 1e6, "phase": ph, "step_ns": 100_000_000,
                           "share_pct": ms, "victims": v, "saving_ns": saving * ms * 1e6}
                          for st, rk, ms, ph, v in roots],
-            "kernel_excess": [], "kernel_excess_rank": [], "cpu_call_excess": []}
+            "kernel_excess": [], "kernel_excess_rank": [], "cpu_call_excess": [], "small_gaps": []}
 
 
 def test_straggler_root_phase_victims_cost() -> None:
@@ -182,6 +182,19 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
     tables["cpu_call_excess"] = [{**call, "ns_per_step": 7e6, "excess_ns_per_step": 7e6}]  # 7 ms < 25 % of 30 ms
     (k,) = _run("straggler", context([rank(0), rank(1)], tables))
     assert k.title == g.title
+    # No such call, but its GPU waits between kernels 10 ms a step more than the median rank's
+    # (3 ranks, 4 steps): its CPU launches slower.
+    tables["cpu_call_excess"] = []
+    tables["small_gaps"] = [{"rank": 0, "n": 900, "ns": 4 * 12e6}, {"rank": 1, "n": 300, "ns": 4 * 2e6},
+                            {"rank": 2, "n": 300, "ns": 4 * 2e6}]
+    (m,) = _run("straggler", context([rank(0), rank(1), rank(2)], tables))
+    assert m.title == "rank 0 holds up rank(s) 1 (GPU work starting late: its kernel launches are slower)"
+    assert ("rank 0's GPU waits 12.0 ms a step between kernels (gaps under 1.0 ms) against 2.0 ms on the median "
+            "rank: its CPU launches the same kernels slower") in m.evidence
+    assert m.fix.startswith("Rank 0 launches the same kernels as the others, slower")
+    tables["small_gaps"][0]["ns"] = 4 * 8e6  # 6 ms more a step: under 25 % of the 30 ms it holds a step up
+    (q,) = _run("straggler", context([rank(0), rank(1), rank(2)], tables))
+    assert q.title == g.title
 
 
 def test_straggler_shared_cause_ranks_below() -> None:

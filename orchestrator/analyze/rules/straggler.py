@@ -35,7 +35,7 @@ class Straggler(Rule):
     kind = "straggler"
     explains_idle = True
     root = True
-    reads = ("cp_roots", "cp_steps", "kernel_excess", "kernel_excess_rank", "cpu_call_excess")
+    reads = ("cp_roots", "cp_steps", "kernel_excess", "kernel_excess_rank", "cpu_call_excess", "small_gaps")
     # A root is reported when it is late in collectives far more often than chance (the
     # `stragglers` view); or when in at least `min_outlier_steps` steps it put this share of a
     # median step on the path; or when it is the root of at least half the steps, holding each
@@ -101,16 +101,22 @@ class Straggler(Rule):
                 "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
-            longer, late_start, call = "", False, None
+            longer, late_start, call, launches = "", False, None, None
             if phase == COMPUTE:
                 lines, longer, late_start = self._kernels(ctx, rk, typical)
                 evidence += lines
                 call = self._call(ctx, rk, typical) if late_start else None
+                launches = self._launches(ctx, rk, typical, len(steps)) if late_start and not call else None
                 if call:
                     evidence.append(
                         f"rank {rk}'s loop thread spends {ns_to_ms(call['ns_per_step'])} ms a step in "
                         f"`{call['name']}` against {ns_to_ms(call['median_ns_per_step'])} ms on the median rank "
                         f"(+{ns_to_ms(call['excess_ns_per_step'])} ms a step more than the others)")
+                if launches:
+                    evidence.append(
+                        f"rank {rk}'s GPU waits {ns_to_ms(launches[0])} ms a step between kernels (gaps under "
+                        f"{ctx.opts.gap_ms} ms) against {ns_to_ms(launches[1])} ms on the median rank: its CPU "
+                        "launches the same kernels slower")
             s = stats.get(rk)
             if s:
                 evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
@@ -125,11 +131,13 @@ class Straggler(Rule):
                 severity = "medium" if severity == "high" else severity
             where = (f" (in `{phase}`)" if phase != COMPUTE else
                      f" (GPU work starting late: its loop thread in `{call['name']}`)" if call else
+                     " (GPU work starting late: its kernel launches are slower)" if launches else
                      " (GPU work starting late)" if late_start else " (GPU computing)")
             title = (f"rank {rk} is a straggler{where}" if s else
                      f"rank {rk} holds up rank(s) {ranges(victims, most=6)}{where}")
             out.append(finding(self.kind, [rk], title, evidence,
-                               self._fix(ctx, rk, phase, longer, late_start, call and call["name"]),
+                               self._fix(ctx, rk, phase, longer, late_start, call and call["name"],
+                                         launches is not None),
                                ns_to_ms(saving), pct=pct,
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
@@ -202,9 +210,19 @@ class Straggler(Rule):
         top = max(calls, key=lambda c: (c["excess_ns_per_step"], c["name"]), default=None)
         return top if top and top["excess_ns_per_step"] >= self.kernel_share * typical_ns else None
 
+    def _launches(self, ctx: Context, rk: int, typical_ns: int, n_steps: int) -> tuple[float, float] | None:
+        """The root's launch gaps (small_gaps) a step and the median rank's, when the root's
+        exceed the median's by `kernel_share` of a step it holds up: its CPU launches slower."""
+        gaps = ctx.views.by_rank("small_gaps")
+        per = sorted(gaps[r.rank]["ns"] / n_steps if r.rank in gaps else 0.0 for r in ctx.report.ranks)
+        if rk not in gaps or not per:
+            return None
+        own, median = gaps[rk]["ns"] / n_steps, per[len(per) // 2]
+        return (own, median) if own - median >= self.kernel_share * typical_ns else None
+
     @staticmethod
     def _fix(ctx: Context, rk: int, phase: str, longer: str = "", late_start: bool = False,
-             call: str | None = None) -> str:
+             call: str | None = None, launches: bool = False) -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if DATA_RANGE.search(phase):
@@ -216,6 +234,12 @@ class Straggler(Rule):
                     f"the other ranks are not: find what makes that call on rank {rk} (a sleep, a synchronous "
                     "write or log, a lock; `py-spy dump` or nsys' OS runtime backtraces show the caller) and take "
                     "it out of the step or off the loop thread (a background thread, or every N steps).")
+        if launches:
+            return (f"Rank {rk} launches the same kernels as the others, slower: its GPU waits between them. Look "
+                    f"at what shares rank {rk}'s CPU cores (other processes, its DataLoader workers, a noisy "
+                    "neighbour), its NUMA placement and CPU clocks; bind each rank and its workers to the cores "
+                    "of its GPU's NUMA node (srun --cpu-bind, numactl). nsys' own per-call cost can land "
+                    "unevenly too: time a few steps without the profiler before acting.")
         if late_start:
             return (f"Rank {rk}'s kernels take no longer than the median rank's: its GPU work starts late rather than "
                     f"runs long. Look at the CPU thread that launches it on rank {rk} (host contention, NUMA, its data "

@@ -101,7 +101,7 @@ def test_allocator_churn_cost_and_quiet_loop() -> None:
 
 
 def test_curves_kept_for_the_extremes_and_a_sample() -> None:
-    from orchestrator.analyze.memory import curve_ranks
+    from orchestrator.analyze.gpu_memory import curve_ranks
 
     peaks = {rk: (rk * 7919) % 41 for rk in range(40)}  # a permutation of 0..40 without one value
     kept = curve_ranks(peaks)

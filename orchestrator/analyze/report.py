@@ -17,7 +17,7 @@ from orchestrator import __version__
 from orchestrator.analyze.comm import build_comm
 from orchestrator.analyze.critical import build_critical_path
 from orchestrator.analyze.engine import Options, Views, analysis
-from orchestrator.analyze.memory import build_memory
+from orchestrator.analyze.gpu_memory import build_memory
 from orchestrator.analyze.model import (
     CpuPhase,
     Gap,
@@ -32,9 +32,9 @@ from orchestrator.analyze.model import (
     Window,
 )
 from orchestrator.analyze.model_columns import Column, columns
-from orchestrator.analyze.model_overhead import build_overhead
 from orchestrator.analyze.model_timeline import Extras
 from orchestrator.analyze.outcome import build_outcome
+from orchestrator.analyze.overhead import build_overhead
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context
 from orchestrator.analyze.tables import build_tables

@@ -18,8 +18,8 @@ from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, PathSeg, Seg, StepView, step_times
 from orchestrator.analyze.pick import pick_ranks
 from orchestrator.analyze.rules import registry
+from orchestrator.analyze.units import ms
 
-NS = 1e6
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
 NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autograd noise)
 
@@ -28,13 +28,13 @@ def extras_from_views(v: Views, report: Report) -> Extras:
     ex = Extras()
     steps = v.query('SELECT rank, tid, step, start, "end" FROM steps ORDER BY rank, step')
     for r in steps:
-        ex.cpu_step_ms.setdefault(r["rank"], {})[r["step"]] = round((r["end"] - r["start"]) / NS, 3)
+        ex.cpu_step_ms.setdefault(r["rank"], {})[r["step"]] = ms(r["end"] - r["start"])
     for rk, by in ex.cpu_step_ms.items():
         ex.first_step[rk] = min(by)
     for r in v.query("""SELECT w.rank, o.step, sum(w.e - w.s) AS ns FROM nccl_waits w
                         JOIN gpu_ops o ON o.rank = w.rank AND o.start = w.s AND o.is_comm
                         WHERE o.step IS NOT NULL GROUP BY ALL ORDER BY ALL"""):
-        ex.wait_ms.setdefault(r["rank"], {})[r["step"]] = round(r["ns"] / NS, 3)
+        ex.wait_ms.setdefault(r["rank"], {})[r["step"]] = ms(r["ns"])
     picks = pick_steps(report, ex)
     if not picks:
         ex.note = "no steps found: no timeline"
@@ -53,9 +53,9 @@ def pick_steps(report: Report, ex: Extras) -> list[tuple[str, int]]:
     per_step: dict[int, float] = defaultdict(float)
     for rk, by in times.items():
         first = ex.first_step.get(rk, min(by) if by else 0)
-        for st, ms in by.items():
+        for st, step_ms in by.items():
             if st != first:
-                per_step[st] = max(per_step[st], ms)
+                per_step[st] = max(per_step[st], step_ms)
     if not per_step:
         return []
     order = sorted(per_step, key=lambda s: (per_step[s], s))
@@ -94,11 +94,11 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
         return None
     t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
 
-    def ms(ns: int) -> float:
-        return round((ns - t0) / NS, 4)
+    def at(ns: int) -> float:
+        return ms(ns - t0, 4)
 
     def clip(s: int, e: int) -> tuple[float, float]:
-        return ms(max(s, t0)), ms(min(e, t1))
+        return at(max(s, t0)), at(min(e, t1))
 
     lanes = {rk: Lane(rank=rk, role=role) for rk, role in shown.items()}
     waits = v.query("SELECT rank, s, e, waited_for FROM nccl_waits WHERE list_contains(?, rank) AND e > ? AND s < ?",
@@ -110,7 +110,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
         lane, name = lanes[o["rank"]], o["name"] or "?"
         if not o["is_comm"]:
             kind = "compute" if o["kind"] in ("kernel", "graph") else "other GPU"  # graph: a CUDA graph replay
-            lane.gpu.append(Seg(s=ms(max(o["start"], t0)), e=ms(min(o["end"], t1)), kind=kind, name=name))
+            lane.gpu.append(Seg(s=at(max(o["start"], t0)), e=at(min(o["end"], t1)), kind=kind, name=name))
             continue
         w = wait_at.get((o["rank"], o["start"]))
         split = min(w["e"], o["end"]) if w else o["start"]
@@ -138,8 +138,8 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
             lanes[rk].cpu.append(Seg(s=s, e=e, kind="nvtx", name=n["text"] or "", depth=int(n["depth"] - d0)))
     # The step's critical path: each wait on it, and each wait for a rank while it held the path
     # (a DP peer held up off the path), is an arrow from the rank waited for to the waiter.
-    edges = [Edge(victim=b["rank"], via=b["waited_for"], root=b["waited_for"], s=ms(max(b["s"], t0)),
-                  e=ms(min(b["e"], t1)))
+    edges = [Edge(victim=b["rank"], via=b["waited_for"], root=b["waited_for"], s=at(max(b["s"], t0)),
+                  e=at(min(b["e"], t1)))
              for b in v.query("""SELECT DISTINCT rank, waited_for, s, e FROM (
                                     SELECT w.* FROM cp_path k JOIN wait_edges w ON w.id = k.id WHERE k.step = ?
                                     UNION ALL
@@ -147,11 +147,11 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                                      AND w.waited_for = g.rank AND w.e > g.s AND w.e <= g.e WHERE g.step = ?)
                                 WHERE e > ? AND s < ? ORDER BY e - s DESC, rank, s, waited_for LIMIT 200""",
                                [step, step, t0, t1])]
-    path = [PathSeg(rank=g["rank"], s=ms(max(g["s"], t0)), e=ms(min(g["e"], t1)),
-                    created=round(g["created_ns"] / NS, 3))
+    path = [PathSeg(rank=g["rank"], s=at(max(g["s"], t0)), e=at(min(g["e"], t1)),
+                    created=ms(g["created_ns"]))
             for g in v.query("SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",
                            [step])]
-    return StepView(label=label, step=step, t1=ms(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
+    return StepView(label=label, step=step, t1=at(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
                     path=path, hidden=_hidden(v, report, ranks, t0, t1))
 
 
@@ -159,11 +159,11 @@ def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hid
     rest = [r.rank for r in report.ranks if r.rank not in shown]
     if not rest:
         return None
-    busy = {r["rank"]: r["ns"] / NS for r in v.query(
+    busy = {r["rank"]: ms(r["ns"], 6) for r in v.query(
         """SELECT rank, sum(least("end", ?) - greatest(start, ?)) AS ns FROM gpu_ops
               WHERE list_contains(?, rank) AND "end" > ? AND start < ? AND NOT is_comm GROUP BY rank""",
         [t1, t0, rest, t0, t1])}
-    wait = {r["rank"]: r["ns"] / NS for r in v.query(
+    wait = {r["rank"]: ms(r["ns"], 6) for r in v.query(
         """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits
               WHERE list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""", [t1, t0, rest, t0, t1])}
     h = Hidden(n=len(rest))

@@ -48,7 +48,7 @@ class PipelineBubble(Rule):
         rows = {r["stage"]: r for r in ctx.views.rows("stage_metrics")}
         evidence = []
         for s in stages:
-            wait_ms = round((rows[s.stage]["p2p_wait_ns"] or 0) / 1e6, 3)
+            wait_ms = ns_to_ms(rows[s.stage]["p2p_wait_ns"])
             split = (f" = {theory}% theory + {s.excess_bubble_pct}% excess" if theory is not None else "")
             evidence.append(f"stage {s.stage} (ranks {ranges(s.ranks)}): no compute kernel running {s.bubble_pct}% of "
                             f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage")
@@ -60,7 +60,7 @@ class PipelineBubble(Rule):
                             "--microbatches M, to split the schedule's bubble from the excess)")
         worst = max(hit, key=lambda s: s.excess_bubble_pct if theory is not None else s.bubble_pct)
         lost = worst.excess_bubble_pct if theory is not None else worst.bubble_pct
-        cost = (lost or 0.0) / 100 * (rows[worst.stage]["window_ns"] or 0) / 1e6
+        cost = (lost or 0.0) / 100 * ns_to_ms(rows[worst.stage]["window_ns"], 6)
         fix, root = FIX, self._root(ctx)
         if root:
             rk, phase, created, n = root

@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.analyze import flight
 from orchestrator.analyze.engine import Views
-from orchestrator.analyze.model import Outcome, RankOutcome
+from orchestrator.analyze.model_outcome import Outcome, RankOutcome
 from orchestrator.collect.evidence import JobEvidence, LastCollective, TaskEnd
 from orchestrator.submit.failure import first_words
 

@@ -1,0 +1,43 @@
+"""How a job ended, as the report carries it (`Report.outcome`): built from the run directory
+by outcome.py, worded by the `job_outcome` rule."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from orchestrator.analyze.model_base import Strict
+
+
+class RankOutcome(Strict):
+    rank: int
+    last_step: int | None = Field(None, description="the last step the rank began")
+    last_done_step: int | None = Field(None, description="the last step it finished before the job ended")
+    open_ranges: list[str] = Field(default_factory=list, description="NVTX ranges it was in when its capture "
+                                                                      "ended, outermost first")
+    furthest: str | None = Field(None, description="the furthest phase of its last step it began")
+    exit: str | None = Field(None, description="how its process ended, in words, where the launcher said")
+    stack: list[str] = Field(default_factory=list, description="its main thread's Python stack when orch stopped "
+                             "it, innermost first (from the stack dump)")
+
+
+class Outcome(Strict):
+    """How the job ended, from its run directory (none for reports orch did not submit)."""
+
+    state: str = Field(description="completed, failed, timed out, hung, cancelled, running or unknown")
+    scheduler_state: str = Field(description="the scheduler's word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...")
+    line: str = Field(description="the outcome in one line")
+    behind: list[int] = Field(default_factory=list, description="ranks that never reached the step or phase "
+                                                                 "the others were waiting in")
+    ranks: list[RankOutcome] = Field(default_factory=list)
+    dumps: list[str] = Field(default_factory=list, description="hang evidence beside the reports, relative "
+                                                               "to the run directory (stack dumps, Flight Recorder)")
+    flight_recorder: list[str] = Field(default_factory=list, description="what PyTorch's Flight Recorder dumps "
+                                       "say: ranks that never entered a collective, collectives that differ")
+    ran_out: int | None = Field(None, description="the rank that failed first, when it failed on running out of "
+                                "GPU memory")
+    failed_first: int | None = Field(None, description="the rank that failed first by its own error (not a rank "
+                                     "that only lost its peer)")
+    failed_how: str = Field("", description="its error in words (the launcher's line, its exception)")
+    failed_step: int | None = Field(None, description="the step its capture ends in")
+    gpu_lost: list[int] = Field(default_factory=list, description="ranks whose GPU trace was lost (no kernel "
+                                "kept while they launched GPU work or their peers kept theirs: gpu_lost)")

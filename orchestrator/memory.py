@@ -21,7 +21,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import OrchError
-from orchestrator.sqltext import quote
+from orchestrator.sqltext import set_option
 
 if TYPE_CHECKING:
     import duckdb
@@ -51,5 +51,5 @@ def out_of_memory(e: BaseException, what: str) -> OrchError | None:
 def limit(con: duckdb.DuckDBPyConnection, spill: str | None = None) -> None:
     """Cap `con` at the memory limit and let it spill to `spill` (default: a fresh temp path)."""
     spill = spill or os.path.join(tempfile.gettempdir(), f"orch-spill-{os.getpid()}-{secrets.token_hex(4)}")
-    con.execute(f"SET memory_limit = '{quote(memory_limit())}'")
-    con.execute(f"SET temp_directory = '{quote(spill)}'")
+    set_option(con, "memory_limit", memory_limit())
+    set_option(con, "temp_directory", spill)

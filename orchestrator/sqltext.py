@@ -7,11 +7,14 @@ and `orch analyze`, more than the analysis SQL of a small job (docs/benchmarks-c
 `execute` keeps the query parameterized instead: the statement is PREPAREd with its
 `?` placeholders and EXECUTEd with the values as typed literals, so a value can never change
 the statement's shape. Only None, bool, int, float, str and lists of them are accepted.
+The statements DuckDB cannot prepare (SET, ATTACH, DETACH, LOAD) go through `set_option`,
+`attach`, `detach` and `load`: their values quoted here, their names checked.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -62,3 +65,37 @@ def execute(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[object] |
         return con.execute(sql)
     con.execute(f"PREPARE {_STMT} AS {sql}")
     return con.execute(f"EXECUTE {_STMT}({', '.join(map(literal, params))})")
+
+
+_OPTION = re.compile(r"[a-z_]+")
+_ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def set_option(con: duckdb.DuckDBPyConnection, name: str, value: int | str) -> None:
+    """`SET name = value` (SET takes no parameters): the value as a literal (a path as it is,
+    undecodable bytes included), the name one of DuckDB's option names."""
+    if not _OPTION.fullmatch(name):
+        raise ValueError(f"not a DuckDB option name: {name!r}")
+    con.execute(f"SET {name} = " + (f"'{quote(value)}'" if isinstance(value, str) else literal(value)))
+
+
+def attach(con: duckdb.DuckDBPyConnection, path: object, alias: str, *, sqlite: bool = False,
+           read_only: bool = False) -> None:
+    """`ATTACH 'path' AS alias`, a DuckDB file or (`sqlite`) an nsys export, read-only or not
+    (ATTACH takes no parameters: the path is a quoted literal, the alias a plain name)."""
+    if not _ALIAS.fullmatch(alias):
+        raise ValueError(f"not a database alias: {alias!r}")
+    opts = ", ".join((["TYPE sqlite"] if sqlite else []) + (["READ_ONLY"] if read_only else []))
+    con.execute(f"ATTACH '{quote(str(path))}' AS {alias}" + (f" ({opts})" if opts else ""))
+
+
+def detach(con: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """`DETACH DATABASE IF EXISTS alias`."""
+    if not _ALIAS.fullmatch(alias):
+        raise ValueError(f"not a database alias: {alias!r}")
+    con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+
+
+def load(con: duckdb.DuckDBPyConnection, path: object) -> None:
+    """`LOAD 'path'`: an extension from a file (LOAD takes no parameters)."""
+    con.execute(f"LOAD '{quote(str(path))}'")

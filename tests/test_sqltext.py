@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.sqltext import execute, literal
+from orchestrator.sqltext import attach, detach, execute, literal, set_option
 
 VALUES = [None, True, False, 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, 1e300, "", "it's", "a\x00b", "'; DROP TABLE x; --",
           "\\n", "ünïcødé ✓", "?", "$1", [1, 2, 3], ["a'b", None], []]
@@ -39,6 +39,32 @@ def test_execute_keeps_the_statement_shape() -> None:
     assert execute(con, "SELECT count(*) FROM t WHERE CAST(i AS VARCHAR) = ?", ["1' OR '1'='1"]).fetchone()[0] == 0
     with pytest.raises(TypeError):
         literal(object())
+
+
+
+def test_statements_without_parameters_take_paths_and_names_as_they_are(tmp_path: Path) -> None:
+    """ATTACH and SET take no parameters: a path with a quote and a space is attached and set
+    as it is; an alias or option that is not a plain name is refused before any SQL runs."""
+    d = tmp_path / "it's a dir"
+    d.mkdir()
+    with duckdb.connect(str(d / "x.duckdb")) as w:
+        w.execute("CREATE TABLE t AS SELECT 42 AS v")
+    con = duckdb.connect()
+    attach(con, d / "x.duckdb", "other", read_only=True)
+    assert con.execute("SELECT v FROM other.t").fetchone() == (42,)
+    with pytest.raises(duckdb.Error, match="read-only"):
+        con.execute("CREATE TABLE other.u AS SELECT 1")
+    detach(con, "other")
+    detach(con, "other")  # IF EXISTS: a second detach is no error
+    set_option(con, "temp_directory", str(d / "spill"))
+    assert con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == str(d / "spill")
+    set_option(con, "threads", 3)
+    assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 3
+    for bad in ("x; DROP TABLE t", "a b", ""):
+        with pytest.raises(ValueError):
+            attach(con, d / "x.duckdb", bad)
+        with pytest.raises(ValueError):
+            set_option(con, bad, 1)
 
 
 def test_report_imports_no_pandas(tmp_path: Path) -> None:

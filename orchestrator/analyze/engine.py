@@ -28,7 +28,7 @@ from orchestrator.collect.timings import phase
 from orchestrator.collect.views import relocate
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit, out_of_memory
-from orchestrator.sqltext import execute, literal
+from orchestrator.sqltext import attach, execute, literal, set_option
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
 # The store layout this analysis reads is the one collect writes (history: collect/tables.py).
@@ -89,8 +89,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         raise OrchError(f"{store} does not exist; run `orch collect` first")
     con = duckdb.connect()
     try:
-        # ATTACH takes no parameters: the path goes in as a quoted literal.
-        con.execute("ATTACH '" + str(store).replace("'", "''") + "' AS store (READ_ONLY)")
+        attach(con, store, "store", read_only=True)
     except duckdb.Error as e:
         con.close()
         reason = str(e).splitlines()[0]
@@ -106,7 +105,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         raise
     session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
-    con.execute(f"SET threads = {analysis_threads(store_rows(con, meta))}")
+    set_option(con, "threads", analysis_threads(store_rows(con, meta)))
     return con
 
 
@@ -266,7 +265,7 @@ def _analysed(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | No
     con = open_store(store) if writer is None else on_writer(writer)
     try:
         if threads is not None:
-            con.execute(f"SET threads = {max(1, threads)}")
+            set_option(con, "threads", max(1, threads))
         check_store_version(con, store)
         run_sql(con, opts, only, workers=threads)
     except BaseException:
@@ -283,5 +282,5 @@ def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     writes them, instead of after it, from a reopened file."""
     con = writer.cursor()
     session(con)
-    con.execute(f"SET threads = {analysis_threads(store_rows(con))}")
+    set_option(con, "threads", analysis_threads(store_rows(con)))
     return con

@@ -39,7 +39,7 @@ from orchestrator.collect.store import Checkpoint, first_line, new_store, store_
 from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.memory import limit
-from orchestrator.sqltext import quote
+from orchestrator.sqltext import attach, detach, load, set_option
 
 _FETCH_ROWS = 65536
 
@@ -67,7 +67,7 @@ def load_scanner(con: duckdb.DuckDBPyConnection) -> bool:
     if ext is None:
         return False
     try:
-        con.execute(f"LOAD '{quote(str(ext))}'")
+        load(con, ext)
         return True
     except duckdb.InterruptException:  # Ctrl-C during the load: stop, not a fallback engine
         raise KeyboardInterrupt from None
@@ -90,7 +90,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
     try:
         for (m, _), alias in zip(batch, aliases, strict=True):
             path = str(Path(m.report.sqlite).resolve())  # type: ignore[arg-type]
-            con.execute(f"ATTACH '{quote(path)}' AS {alias} (TYPE sqlite, READ_ONLY)")
+            attach(con, path, alias, sqlite=True, read_only=True)
         con.execute("BEGIN")
         try:
             for table in EVENT_SCHEMA:
@@ -106,7 +106,7 @@ def _ingest_scanner(con: duckdb.DuckDBPyConnection, batch: list[tuple[Member, in
     finally:
         for alias in aliases:
             with contextlib.suppress(duckdb.Error):
-                con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+                detach(con, alias)
 
 
 def arrow_batches(rows: sqlite3.Cursor, table: str) -> Iterator:
@@ -228,7 +228,7 @@ def _ingest_all(con: duckdb.DuckDBPyConnection, ok: list[Member], base: int, use
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(worker, range(workers)))
-    con.execute(f"SET threads = {threads}")  # `threads` is global: the workers changed it
+    set_option(con, "threads", threads)  # `threads` is global: the workers changed it
 
 
 # Rows waiting for the checkpoint stay in the writer's memory; an analysis that runs during a
@@ -258,7 +258,7 @@ def writing_store(
         con = duckdb.connect(config=SCANNER_CONFIG)
         try:
             with phase("store: create file"):
-                con.execute(f"ATTACH '{quote(str(tmp))}' AS store")
+                attach(con, tmp, "store")
                 con.execute("USE store")  # the build's tables; each cursor says so again (_ingest_all)
             used = _build(con, members, store, layout=layout, keep_env=keep_env, engine=engine, workers=workers,
                           align=align, expected=expected, extra_meta=extra_meta, on_rank=on_rank)
@@ -280,7 +280,7 @@ def _build(con: duckdb.DuckDBPyConnection, members: list[Member], store: Path, *
            keep_env: bool, engine: str, workers: int, align: bool, expected: list[int] | None,
            extra_meta: dict[str, object] | None, on_rank: Callable[[Member], None] | None) -> str:
     """Every table of the store, up to the checkpoint; returns the engine used."""
-    con.execute(f"SET threads = {max(1, workers)}")
+    set_option(con, "threads", max(1, workers))
     # The buffer pool (written blocks, the open transactions' rows) stays under this,
     # spilling to a temp directory past it instead of growing.
     limit(con, str(store.parent / ".duckdb-spill"))

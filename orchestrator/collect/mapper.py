@@ -47,7 +47,7 @@ from orchestrator.collect.probe import Probe, open_ro, probe
 from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
 from orchestrator.collect.tables import TABLES
 from orchestrator.fsutil import write_json_atomic
-from orchestrator.sqltext import file_literal, quote
+from orchestrator.sqltext import attach, file_literal, quote, set_option
 
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 COMPRESSION = "zstd"  # smallest parts for the CPU it costs (docs/scale.md)
@@ -118,7 +118,7 @@ def _scanner_con(threads: int) -> duckdb.DuckDBPyConnection:
         # with every report a worker maps (1,024 ranks: 125 MB against 69 MB without it).
         con.execute("SET enable_external_file_cache = false")
         _CON = con
-    _CON.execute(f"SET threads = {max(1, threads)}")
+    set_option(_CON, "threads", max(1, threads))
     return _CON
 
 
@@ -137,7 +137,7 @@ def _write_scanner(task: MapTask, p: Probe, rank: int, tmp_of: dict[str, Path]) 
     """DuckDB's sqlite scanner runs the registry's SELECT and writes Parquet directly."""
     con = _scanner_con(task.threads)
     path = str(Path(p.path).resolve())
-    con.execute(f"ATTACH '{quote(path)}' AS src (TYPE sqlite, READ_ONLY)")
+    attach(con, path, "src", sqlite=True, read_only=True)
     try:
         rows = {}
         for table, sql, out in _targets(p, rank, tmp_of, "src."):

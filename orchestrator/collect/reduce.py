@@ -39,6 +39,7 @@ from orchestrator.collect.views import (
     view_sql,
 )
 from orchestrator.memory import limit
+from orchestrator.sqltext import set_option
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -86,7 +87,7 @@ def build_store_from_parts(
     with new_store(store) as tmp:
         con = duckdb.connect(str(tmp))
         try:
-            con.execute(f"SET threads = {max(1, threads)}")
+            set_option(con, "threads", max(1, threads))
             limit(con, str(store.parent / ".duckdb-spill"))
             viewed = reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align,
                                  expected=expected, extra_meta=extra_meta, members=members, views=views,

@@ -22,7 +22,7 @@ from orchestrator.collect.identity import Layout
 from orchestrator.collect.parts import part_path, tmp_part
 from orchestrator.collect.reduce import reduce_into
 from orchestrator.memory import limit
-from orchestrator.sqltext import quote
+from orchestrator.sqltext import quote, set_option
 
 
 def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, threads: int = 1) -> dict[str, str]:
@@ -31,7 +31,7 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
     con = duckdb.connect()
     written: list[Path] = []
     try:
-        con.execute(f"SET threads = {max(1, threads)}")
+        set_option(con, "threads", max(1, threads))
         limit(con)  # spills under the system temp directory (the task's node)
         con.execute("ATTACH ':memory:' AS store")
         con.execute("USE store")

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.analyze.model import Finding, StepRow, StepTime
+from orchestrator.analyze.model import CpuPhase, Finding, StepRow, StepTime
 from orchestrator.analyze.model_timeline import Extras
 from orchestrator.errors import OrchError
 from orchestrator.report.html import render_html
@@ -151,6 +151,22 @@ def _big_report(n: int = 1024, steps: int = 20):
     ctx.report.findings = [f]
     wait = {r.rank: {s: (0.0 if r.rank == slow else 30.0) for s in range(1, steps)} for r in ranks}
     return ctx.report, Extras(wait_ms=wait), slow
+
+
+
+def test_cpu_phase_bars_at_1024_ranks_show_the_named_rank_and_the_extremes() -> None:
+    """The phase bars pick ranks as the other views do (pick.py): the rank a finding names (here
+    a middling one), the 8 with the most and the least CPU time a step, then an even sample."""
+    from orchestrator.report.cpu_html import phase_bars
+
+    report, _, slow = _big_report()
+    report.cpu_phases = [CpuPhase(rank=rk, range="forward", ms_per_step=10.0 + (rk * 37) % 1024 / 10, steps=19)
+                         for rk in range(1024)]
+    svg = phase_bars(report)
+    shown = [int(r) for r in re.findall(r'<text x="0" y="\d+">rank (\d+)</text>', svg)]
+    by_time = sorted(range(1024), key=lambda rk: ((rk * 37) % 1024, rk))
+    assert len(shown) == 48 and shown == sorted(shown)
+    assert slow in shown and set(by_time[:8] + by_time[-8:]) <= set(shown)
 
 
 def test_heatmaps_and_bars_scale_to_1024_ranks(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Which ranks to show when there are too many: one picker for the terminal's rank table, the
-HTML's rank bars, the timeline's lanes and the trace's rank budget.
+HTML's rank bars, CPU phase bars and memory bars, the timeline's lanes and the trace's rank
+budget.
 
 Every view keeps the ranks that explain the run first (those the findings name, their
 victims, the extremes the view cares about), then fills what room is left: an even sample of

@@ -12,6 +12,7 @@ from html import escape
 
 from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_timeline import Extras
+from orchestrator.analyze.pick import by_findings, pick_ranks
 from orchestrator.report.timeline_svg import nvtx_color
 
 MAX_BARS = 48
@@ -31,9 +32,11 @@ def phase_bars(report: Report) -> str:
     ranges, ranks, val = _phases(report)
     if not ranges:
         return "<p>No NVTX ranges inside the steps: no CPU phases to compare.</p>"
-    if len(ranks) > MAX_BARS:  # the ranks with the longest steps, then the shortest
-        tot = sorted(ranks, key=lambda rk: -sum(val.get((rk, r), 0.0) for r in ranges))
-        ranks = sorted(tot[: MAX_BARS // 2] + tot[-(MAX_BARS // 2):])
+    # At most MAX_BARS ranks (pick.py): those findings name, the 8 with the most CPU time per
+    # step in ranges and the 8 with the least, then an even sample of the others.
+    tot = sorted(ranks, key=lambda rk: (-sum(val.get((rk, r), 0.0) for r in ranges), rk))
+    ranks = list(pick_ranks(ranks, [*by_findings(report, 8, among=set(ranks)),
+                                    *((rk, "extreme") for rk in tot[:8] + tot[-8:])], MAX_BARS))
     width, bar_h, left = 640, 18, 70
     top = max(sum(val.get((rk, r), 0.0) for r in ranges) for rk in ranks) or 1
     rows = []

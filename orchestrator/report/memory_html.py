@@ -8,6 +8,7 @@ from html import escape
 
 from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_memory import MemoryReport, RankMemory
+from orchestrator.analyze.pick import by_findings, pick_ranks
 
 GIB = 2**30
 MAX_BARS = 48
@@ -22,17 +23,18 @@ def _gib(b: float | None) -> str:
     return "?" if b is None else f"{b / GIB:.2f}"
 
 
-def _bar_ranks(m: MemoryReport) -> list[RankMemory]:
-    ranks = [r for r in m.ranks if r.peak_bytes is not None]
-    if len(ranks) <= MAX_BARS:
-        return ranks
-    by_peak = sorted(ranks, key=lambda r: (-(r.peak_bytes or 0), r.rank))
-    keep = by_peak[:MAX_BARS // 2] + by_peak[-(MAX_BARS // 2):]
-    return sorted(keep, key=lambda r: r.rank)
+def _bar_ranks(report: Report, m: MemoryReport) -> list[RankMemory]:
+    """At most MAX_BARS ranks (pick.py): those findings name, the 8 highest and 8 lowest peaks,
+    then an even sample of the others."""
+    ranks = {r.rank: r for r in m.ranks if r.peak_bytes is not None}
+    by_peak = sorted(ranks.values(), key=lambda r: (-(r.peak_bytes or 0), r.rank))
+    extremes = [(r.rank, "extreme") for r in by_peak[:8] + by_peak[-8:]]
+    return [ranks[rk] for rk in pick_ranks(sorted(ranks), [*by_findings(report, 8, among=ranks), *extremes],
+                                           MAX_BARS)]
 
 
-def _bars(m: MemoryReport) -> str:
-    ranks = _bar_ranks(m)
+def _bars(report: Report, m: MemoryReport) -> str:
+    ranks = _bar_ranks(report, m)
     if not ranks:
         return ""
     width, bar_h, left, right = 520, 16, 70, 460
@@ -100,4 +102,4 @@ def memory_section(report: Report) -> str:
     if len(m.ranks) > 1 and m.peak_rank is not None:
         spread = (f"<p>Highest peak: rank {_e(m.peak_rank)} ({_gib(m.max_peak_bytes)} GiB); peaks across "
                   f"{len(m.ranks)} ranks span {_gib(m.spread_bytes)} GiB (median {_gib(m.median_peak_bytes)} GiB).</p>")
-    return f'{head}{spread}{_bars(m)}{_curves(m)}<p class="note">{_e(m.baseline)}</p>'
+    return f'{head}{spread}{_bars(report, m)}{_curves(m)}<p class="note">{_e(m.baseline)}</p>'

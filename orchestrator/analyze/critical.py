@@ -33,9 +33,9 @@ def build_critical_path(v: Views) -> CriticalPath | None:
         out.append(cs)
     comp = v.query("SELECT what, ns, pct FROM cp_composition")
     by = v.query("SELECT * FROM cp_held_by ORDER BY total_ns DESC, rank")
-    held = [CriticalRoot(rank=h["rank"], steps=h["steps"], ms_per_held_step=ms(h["per_held_ns"]),
+    held = [CriticalRoot(rank=h["rank"], steps=h["steps"], total_ms=ms(h["total_ns"]),
+                         ms_per_held_step=ms(h["per_held_ns"]),
                          ms_per_step=ms(h["per_step_ns"]), saving_ms=ms(h["saving_ns"])) for h in by]
     return CriticalPath(steps=out, composition_ms={c["what"]: ms(c["ns"]) for c in comp},
                         composition_pct={c["what"]: c["pct"] for c in comp},
-                        roots={h["rank"]: ms(h["total_ns"]) for h in sorted(by, key=lambda h: h["rank"])},
                         held_by=held)

@@ -24,7 +24,7 @@ from orchestrator.analyze.model_overhead import CaptureOverhead
 from orchestrator.analyze.model_tables import StatsTables
 from orchestrator.errors import OrchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Severity = Literal["high", "medium", "low", "info"]
 SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2, "info": 3}
 

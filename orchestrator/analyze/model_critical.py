@@ -45,6 +45,7 @@ class CriticalStep(Strict):
 class CriticalRoot(Strict):
     rank: int
     steps: int = Field(description="the steps it held up (was their root)")
+    total_ms: float = Field(description="the excess it put on the paths of those steps, in all")
     ms_per_held_step: float = Field(description="the excess it put on the path, mean over the steps it held up")
     ms_per_step: float = Field(description="the excess it put on the paths, over all the analysed steps, per step")
     saving_ms: float = Field(0.0, description="what the steps it held up would take less with it at the others' "
@@ -58,6 +59,5 @@ class CriticalPath(Strict):
                                           "range, and `other` (transfers, other GPU work, CPU time)")
     composition_pct: dict[str, float] = Field(default_factory=dict, description="composition_ms as shares of the "
                                               "path (%)")
-    roots: dict[int, float] = Field(default_factory=dict, description="rank -> excess it put on the paths (ms)")
     held_by: list[CriticalRoot] = Field(default_factory=list, description="the ranks that held steps up, the most "
                                         "excess first")

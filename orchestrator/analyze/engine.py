@@ -2,7 +2,7 @@
 
 All row-level work (interval unions, gap attribution, collective matching, step detection)
 is SQL in `analyze/sql/NN_*.sql`, executed in an in-memory DuckDB that attaches the store
-read-only (independent files at the same time: schedule.py). Each file's header says what it
+read-only (independent files at the same time: sqlrun.py). Each file's header says what it
 reads and which tables/views it provides; shared idioms are macros in `00_macros.sql`.
 Python only reads the small result views.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import schedule, summaries
+from orchestrator.analyze import sqlrun, summaries
 from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
@@ -121,7 +121,7 @@ def store_rows(con: duckdb.DuckDBPyConnection, meta: dict[str, str] | None = Non
 def analysis_threads(store_rows: int, cores: int | None = None) -> int:
     """DuckDB threads for one analysis: one per 100k store rows, at least 4, at most the cores.
     A small store's statements are too small to share out; files run side by side anyway
-    (schedule.py). Rows, not the file's size, measure the work: compression hides it, and a
+    (sqlrun.py). Rows, not the file's size, measure the work: compression hides it, and a
     rule by file size keeps a large store at too few threads (docs/benchmarks-code.md)."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(cores, max(4, int(store_rows) // 100_000)))
@@ -142,12 +142,12 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None,
             workers: int | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
-    files at the same time (schedule.py). `only`: these files and what they depend on (the
-    map's per-rank tables, summaries.py); `workers`: files at once (default schedule.workers)."""
+    files at the same time (sqlrun.py). `only`: these files and what they depend on (the
+    map's per-rank tables, summaries.py); `workers`: files at once (default sqlrun.workers)."""
     prepare(con, opts)
-    units = _plan() if only is None else schedule.needed(_plan(), only)
+    units = _plan() if only is None else sqlrun.needed(_plan(), only)
     with phase("analyze: SQL (wall)"):
-        schedule.run(con, units, session, workers)
+        sqlrun.run(con, units, session, workers)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
@@ -185,16 +185,16 @@ def map_sql() -> str:
     """A digest of the SQL that computes the map's per-rank tables (the files they need, in plan
     order) and of their declared columns: rows a map made with other SQL are never taken."""
     h = hashlib.sha256()
-    for u in schedule.needed(_plan(), summaries.SQL_FILES):
+    for u in sqlrun.needed(_plan(), summaries.SQL_FILES):
         h.update(u.sql.encode())
     h.update(repr(summaries.SUMMARIES).encode())
     return h.hexdigest()[:16]
 
 
 @functools.cache
-def _plan() -> list[schedule.Unit]:
+def _plan() -> list[sqlrun.Unit]:
     files = sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql"))
-    return schedule.plan([(f.name, f.read_text()) for f in files])
+    return sqlrun.plan([(f.name, f.read_text()) for f in files])
 
 
 class Views:
@@ -248,7 +248,7 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
             # finalize): the analysis runs once more on a fresh in-memory database.
             con = _analysed(store, opts, writer, only, threads)
     except duckdb.Error as e:
-        where = schedule.failed_file(e)
+        where = sqlrun.failed_file(e)
         first = f"{where}: {str(e).splitlines()[0]}" if where else str(e).splitlines()[0]
         if isinstance(e, duckdb.InternalException | duckdb.FatalException):
             raise OrchError(f"analysis of {store} hit an internal DuckDB error ({first}); run the "

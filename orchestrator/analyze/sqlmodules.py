@@ -13,7 +13,7 @@ Each `analyze/sql/NN_*.sql` opens with a comment block; three of its lines are m
 next comment lines and ends with a period. A `Provides` entry starts at three spaces after
 `--`; its parentheses hold the columns of a table or view, or the parameters of a macro. The
 block ends at the first line indented less. The scheduler builds its DAG from these
-declarations (schedule.py), tests/test_sql_modules.py checks them against what DuckDB runs,
+declarations (sqlrun.py), tests/test_sql_modules.py checks them against what DuckDB runs,
 and scripts/gen_metrics_doc.py turns them into docs/metrics.md.
 """
 

@@ -1,6 +1,6 @@
 -- The nsys-stats tables across ranks, part 0: their scope and the cross-rank outlier test,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
--- Its own file so that those tables need not wait for the phase table (schedule.py).
+-- Its own file so that those tables need not wait for the phase table (sqlrun.py).
 -- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps

@@ -1,4 +1,4 @@
-"""The analysis SQL run concurrently (analyze/schedule.py): the dependencies it takes from the
+"""The analysis SQL run concurrently (analyze/sqlrun.py): the dependencies it takes from the
 files' declared headers, and the same tables as a plain run of every file in order, on a real capture."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from orchestrator.analyze import schedule
+from orchestrator.analyze import sqlrun
 from orchestrator.analyze.engine import (
     SQL_DIR,
     Options,
@@ -41,7 +41,7 @@ def test_dependencies_from_the_declared_headers() -> None:
         ("g.sql", _head("v", "g1(x)", writes="u")),  # f reads u: first
         ("h.sql", _head("nothing", "h1(x)", writes="t")),  # f and g read t through v: first
     ]
-    after = {u.name: set(u.after) for u in schedule.plan(files)}
+    after = {u.name: set(u.after) for u in sqlrun.plan(files)}
     assert after == {"a.sql": set(), "b.sql": set(), "c.sql": {"a.sql"}, "d.sql": set(),
                      "e.sql": {"a.sql", "c.sql"}, "f.sql": {"b.sql", "c.sql", "d.sql"},
                      "g.sql": {"b.sql", "c.sql", "f.sql"},
@@ -85,17 +85,17 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
 
 def test_a_failed_file_stops_the_files_after_it() -> None:
     con = duckdb.connect()
-    units = schedule.plan([
+    units = sqlrun.plan([
         ("a.sql", _head("nothing", "a(x)") + "CREATE TABLE a AS SELECT 1 AS x;"),
         ("b.sql", _head("no_such_table", "b(x)") + "CREATE TABLE b AS SELECT * FROM no_such_table;"),
         ("c.sql", _head("b", "c(x)") + "CREATE TABLE c AS SELECT * FROM b;"),
         ("d.sql", _head("c", "d(x)") + "CREATE TABLE d AS SELECT * FROM c;"),
     ])
     try:
-        schedule.run(con, units, lambda cur: None, n_workers=2)
+        sqlrun.run(con, units, lambda cur: None, n_workers=2)
     except duckdb.CatalogException as e:
         assert "no_such_table" in str(e)  # the first failure, not a dependent's
-        assert schedule.failed_file(e) == "b.sql"
+        assert sqlrun.failed_file(e) == "b.sql"
     else:
         raise AssertionError("the failed file was not reported")
     made = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}

@@ -120,6 +120,23 @@ class Rank:
         return out
 
 
+def export_rank(path: Path) -> int:
+    """The rank an export's file name carries (`<job>_<id>_r<N>_<host>.<pid>.sqlite`)."""
+    return int(path.name.split("_r")[1].split("_")[0])
+
+
+def per_rank(run: Path, sql: str) -> dict[int, list[tuple]]:
+    """Per rank, the rows of `sql` over its export in `run`/exports."""
+    out = {}
+    for f in sorted((run / "exports").glob("*.sqlite")):
+        con = sqlite3.connect(f)
+        try:
+            out[export_rank(f)] = con.execute(sql).fetchall()
+        finally:
+            con.close()
+    return out
+
+
 def kernel_count(path: Path) -> int:
     """Kernels in one export (0 where nsys wrote no kernel table: none reached it)."""
     con = sqlite3.connect(path)

@@ -38,7 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
 
 def _kernels(run: Path) -> dict[int, int]:
     """Kernels per rank, counted in the exports with plain sqlite3 (rank from the file name)."""
-    return {int(f.name.split("_r")[1].split("_")[0]): independent.kernel_count(f)
+    return {independent.export_rank(f): independent.kernel_count(f)
             for f in sorted((run / "exports").glob("*.sqlite"))}
 
 
@@ -73,7 +73,7 @@ def test_a_rank_stuck_at_the_time_limit_is_the_root_and_every_rank_keeps_its_ker
 
 def test_memory_per_rank_from_its_own_gpu_and_at_the_out_of_memory_failure(runs) -> None:
     run, rep, _ = runs["oom"]
-    truth = {int(f.name.split("_r")[1].split("_")[0]): independent.gpu_memory_peak(f)
+    truth = {independent.export_rank(f): independent.gpu_memory_peak(f)
              for f in sorted((run / "exports").glob("*.sqlite"))}
     assert {r: d for r, (d, _) in truth.items()} == {0: 0, 1: 1}  # each rank on its own GPU
     mem = {r["rank"]: r for r in rep["memory"]["ranks"]}
@@ -235,7 +235,6 @@ def test_a_stop_of_a_moving_loop_is_no_hang_whether_or_not_its_time_was_recorded
 def _launched(export: Path, first: int, last: int) -> tuple[int, float]:
     """Computing (non-NCCL) kernels the program launched in steps first..last (by the CUDA call's
     time inside the NVTX `Step N Start` ranges) and their GPU time per step, plain sqlite3."""
-    import sqlite3
 
     con = sqlite3.connect(export)
     try:
@@ -259,7 +258,7 @@ def test_a_root_whose_kernels_are_no_longer_than_the_others_starts_its_gpu_work_
     rank's GPU last in most steps. That is no GPU computing more: the finding says its work
     starts late, with each rank's kernel time a step against the median rank's."""
     run, rep, _ = runs["oom"]
-    got = {int(f.name.split("_r")[1].split("_")[0]): _launched(f, 1, 10) for f in (run / "exports").glob("*.sqlite")}
+    got = {independent.export_rank(f): _launched(f, 1, 10) for f in (run / "exports").glob("*.sqlite")}
     assert got[0][0] == got[1][0] and abs(got[0][1] - got[1][1]) < 0.1 * got[1][1], got
     found = [f for f in rep["findings"] if f["kind"] == "straggler"]
     assert found and all(f["title"].endswith("(GPU work starting late)") for f in found), [f["title"] for f in found]
@@ -277,17 +276,10 @@ def _log(run: Path) -> str:
 
 def _last_steps(run: Path) -> dict[int, int]:
     """Per rank the last `Step N Start` range its export holds (plain sqlite3)."""
-    out = {}
-    for f in (run / "exports").glob("*.sqlite"):
-        con = sqlite3.connect(f)
-        try:
-            (n,) = con.execute("SELECT max(CAST(substr(coalesce(e.text, s.value), 6) AS INT)) FROM NVTX_EVENTS e "
-                               "LEFT JOIN StringIds s ON s.id = e.textId "
-                               "WHERE coalesce(e.text, s.value) LIKE 'Step % Start'").fetchone()
-        finally:
-            con.close()
-        out[int(f.name.split("_r")[1].split("_")[0])] = n
-    return out
+    rows = independent.per_rank(run, "SELECT max(CAST(substr(coalesce(e.text, s.value), 6) AS INT)) FROM NVTX_EVENTS e "
+                                     "LEFT JOIN StringIds s ON s.id = e.textId "
+                                     "WHERE coalesce(e.text, s.value) LIKE 'Step % Start'")
+    return {rk: r[0][0] for rk, r in rows.items()}
 
 
 def test_a_cancel_of_a_running_job_says_no_rank_hung_and_every_rank_keeps_its_kernels(runs) -> None:

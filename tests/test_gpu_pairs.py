@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, copy_run, run_orch
+from tests.independent import per_rank
 
 PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
@@ -32,22 +32,10 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dic
     return out
 
 
-def _sql(run: Path, sql: str) -> dict[int, list[tuple]]:
-    """Per rank (from the file name), the rows of `sql` over its export."""
-    out = {}
-    for f in sorted((run / "exports").glob("*.sqlite")):
-        con = sqlite3.connect(f)
-        try:
-            out[int(f.name.split("_r")[1].split("_")[0])] = con.execute(sql).fetchall()
-        finally:
-            con.close()
-    return out
-
-
 def _iterations(run: Path) -> dict[int, float]:
     """Per step N, ms from the start of `Step N Start` to the start of the next one, the median
     over the ranks (in synchronous DDP they agree)."""
-    starts = _sql(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+    starts = per_rank(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
                        "WHERE coalesce(e.text, s.value) LIKE 'Step % Start' ORDER BY e.start")
     per: dict[int, list[float]] = {}
     for rows in starts.values():
@@ -80,7 +68,7 @@ def test_a_gpu_side_straggler_is_named_with_its_kernels_and_costs_what_the_runs_
     difference of their median step times over the analysed steps, within 25 % (the median, as
     the healthy run's steps 2-10 took 63-71 ms and its later ones 50 ms: warm-up, not the cause)."""
     run, rep = pairs["gpu-straggler"]
-    names = _sql(run, "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+    names = per_rank(run, "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
                       "JOIN StringIds s ON s.id = k.shortName GROUP BY s.value")
     counts = {r: dict(rows) for r, rows in names.items()}
     more = [(counts[r][n] - max(c.get(n, 0) for q, c in counts.items() if q != r), r, n)
@@ -124,7 +112,7 @@ def test_a_cpu_side_straggler_is_named_with_the_call_its_loop_thread_makes(pairs
     run's steps took longer than the healthy run's, within 25 %."""
     run, rep = pairs["cpu-straggler"]
     # Per rank, the main thread's clock_nanosleep calls (nsys' globalTid: pid << 24 | tid).
-    sleeps = _sql(run, "SELECT o.\"end\" - o.start FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId "
+    sleeps = per_rank(run, "SELECT o.\"end\" - o.start FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId "
                        "WHERE s.value = 'clock_nanosleep' "
                        "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
     (odd,) = [r for r, rows in sleeps.items() if rows]

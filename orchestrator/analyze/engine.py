@@ -33,6 +33,8 @@ from orchestrator.sqltext import attach, execute, literal, set_option
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
 # The store layout this analysis reads is the one collect writes (history: collect/tables.py).
 STORE_VERSIONS = {str(STORE_VERSION)}
+# DuckDB's own assertion failures, and the invalidated database they leave (see `analysis`).
+INTERNAL = (duckdb.InternalException, duckdb.FatalException)
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
     try:
         try:
             con = _analysed(store, opts, writer, only, threads)
-        except (duckdb.InternalException, duckdb.FatalException):
+        except INTERNAL:
             if writer is not None:  # the collect's database is invalidated with it: nothing to retry on
                 raise
             # DuckDB's own assertion, seen to depend on its threads' timing (a parallel window's
@@ -250,7 +252,7 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
     except duckdb.Error as e:
         where = sqlrun.failed_file(e)
         first = f"{where}: {str(e).splitlines()[0]}" if where else str(e).splitlines()[0]
-        if isinstance(e, duckdb.InternalException | duckdb.FatalException):
+        if isinstance(e, INTERNAL):
             raise OrchError(f"analysis of {store} hit an internal DuckDB error ({first}); run the "
                             "command again, and if it repeats report it with the store") from None
         raise out_of_memory(e, f"analysis of {store}") or OrchError(

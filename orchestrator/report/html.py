@@ -148,7 +148,8 @@ def _findings(report: Report) -> str:
     if report.findings and report.findings[0].kind != "healthy":
         f = report.findings[0]
         top = (f'<div class="top" id="top-finding"><b class="sev-{_e(f.severity)}">{_e(f.severity)}</b> '
-               f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}" + (f"<br>{_e(cost(f))}" if cost(f) else "") + "</div>")
+               f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}" + (f"<br>{_e(saves)}" if (saves := cost(f)) else "")
+               + "</div>")
     return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'
             f"<th>evidence</th><th>fix</th><th>cost</th></tr>{rows}</table>")
 

@@ -93,8 +93,8 @@ def _findings(report: Report, console: Console, wide: bool) -> None:
         most = None if wide else 8
         console.print(f"{i}. [{_SEV[f.severity]}]{f.severity}[/] {cell(f.title)} (ranks {ranges(f.ranks, most)}"
                       + (f"; victims {ranges(f.victims, most)}" if f.victims else "") + ")", highlight=False)
-        if cost(f):
-            _line(console, f"   {cost(f)}", wide)
+        if saves := cost(f):
+            _line(console, f"   {saves}", wide)
         shown = f.evidence if wide else f.evidence[:EVIDENCE]
         for e in shown:
             _line(console, f"   - {plain(e)}", wide)

@@ -214,10 +214,10 @@ class Straggler(Rule):
         """The root's launch gaps (small_gaps) a step and the median rank's, when the root's
         exceed the median's by `kernel_share` of a step it holds up: its CPU launches slower."""
         gaps = ctx.views.by_rank("small_gaps")
-        per = sorted(gaps[r.rank]["ns"] / n_steps if r.rank in gaps else 0.0 for r in ctx.report.ranks)
-        if rk not in gaps or not per:
+        if rk not in gaps or not ctx.report.ranks:
             return None
-        own, median = gaps[rk]["ns"] / n_steps, per[len(per) // 2]
+        per = sorted(gaps[r.rank]["ns"] if r.rank in gaps else 0 for r in ctx.report.ranks)
+        own, median = gaps[rk]["ns"] / n_steps, per[len(per) // 2] / n_steps
         return (own, median) if own - median >= self.kernel_share * typical_ns else None
 
     @staticmethod

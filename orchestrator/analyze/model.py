@@ -160,8 +160,10 @@ class Finding(Strict):
     evidence: list[str]
     fix: str
     cost_ms: float = Field(description="the time the analysed steps would save with the cause fixed")
-    cost_pct: float | None = Field(None, description="cost_ms as a share of the window it sets the severity by "
-                                                     "(none where the rule gives the severity itself)")
+    cost_pct: float | None = Field(None, description="cost_ms as a share of the steps' time the rule measures "
+                                                     "against; the severity follows it unless the rule caps it "
+                                                     "(a symptom whose cause another finding names); none for a "
+                                                     "finding with no measured cost")
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
 
 

@@ -91,12 +91,20 @@ class Manifest(BaseModel):
 
     @field_serializer("layout")
     def _dump_layout(self, lay: Layout) -> dict[str, Any]:
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "known": lay.known}
+        # Every key of the job's layout (the schedule's vpp and microbatches too: the bubble's
+        # theory needs them), not the world size and node width that the manifest has beside it.
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "vpp": lay.vpp,
+                "microbatches": lay.microbatches, "known": lay.known}
 
     def job_layout(self) -> Layout:
-        """The layout with the job's world size and node width, as collect needs it."""
+        """The layout with the job's world size and node width, as collect needs it. The
+        schedule's keys (vpp, microbatches) and cp/ep come from the spec where the manifest's
+        layout lacks them (a manifest may record only tp, pp and dp)."""
+        spec = self.spec.get("layout") if isinstance(self.spec.get("layout"), dict) else {}
+        more = {k: v for k in ("cp", "ep", "vpp", "microbatches")
+                if getattr(self.layout, k) in (None, 1) and isinstance(v := spec.get(k), int) and v >= 1}
         return self.layout.model_copy(update={"world_size": self.world_size,
-                                              "nproc_per_node": self.nproc_per_node})
+                                              "nproc_per_node": self.nproc_per_node, **more})
 
     def write(self, run: Path) -> None:
         write_json_atomic(run / MANIFEST, self.model_dump(mode="json"))

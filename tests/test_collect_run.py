@@ -68,3 +68,27 @@ def test_collect_run_parts_route_writes_the_same_meta(tmp_path: Path) -> None:
     meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
     con.close()
     assert json.loads(meta["job"])["dumps"] == ["dumps/stacks.r1.txt"]
+
+
+def test_the_manifest_keeps_the_jobs_pipeline_schedule(tmp_path: Path) -> None:
+    """The layout a job was submitted with (pp, vpp, microbatches, cp, ep) reads back from its
+    manifest whole, so the bubble's theory needs no flag; a manifest whose layout has only tp,
+    pp and dp takes the rest from the spec it carries."""
+    from orchestrator.rundir import read_manifest
+
+    def manifest(layout: Layout, spec: dict) -> Manifest:
+        return Manifest(orch_version="0", name="pp", job_id="1", executor="local", cluster="local",
+                        submitted_at="2026-01-01T00:00:00+00:00", nodes=1, nproc_per_node=8, world_size=8,
+                        spec=spec, layout=layout, profiled_ranks=list(range(8)), output_name="pp",
+                        report_dir=str(tmp_path), report_pattern="pp_1_r%q{RANK}", expected_reports=[],
+                        submitit_folder=str(tmp_path / "submitit"))
+
+    manifest(Layout(pp=2, vpp=2, dp=2, cp=2, microbatches=4, known=True), {}).write(tmp_path)
+    lay = read_manifest(tmp_path).job_layout()
+    assert (lay.pp, lay.vpp, lay.dp, lay.cp, lay.microbatches, lay.world_size) == (2, 2, 2, 2, 4, 8)
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data["layout"] = {"tp": 1, "pp": 2, "dp": 4, "known": True}
+    data["spec"] = {"layout": {"pp": 2, "microbatches": 8}}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    lay = read_manifest(tmp_path).job_layout()
+    assert (lay.pp, lay.dp, lay.microbatches, lay.vpp) == (2, 4, 8, 1)

@@ -65,11 +65,27 @@ def test_exposed_communication_excludes_waiting_and_p2p() -> None:
 def test_stage_imbalance_names_victims() -> None:
     stages = [StageMetrics(stage=0, ranks=[0, 2, 4, 5, 6, 7], compute_ms=40.0, bubble_pct=60.0, gpu_idle_pct=1.0),
               StageMetrics(stage=1, ranks=[1], compute_ms=80.0, bubble_pct=20.0, gpu_idle_pct=1.0)]
-    ctx = context([rank(r) for r in range(8) if r != 3], stages=stages,
+    rows = [{"stage": 0, "window_ns": 200_000_000}, {"stage": 1, "window_ns": 200_000_000}]
+    ctx = context([rank(r) for r in range(8) if r != 3], {"stage_metrics": rows}, stages=stages,
                   imbalance=Imbalance(ratio=2.0, slowest_stage=1, fastest_stage=0))
     (f,) = _run("stage_imbalance", ctx)
     assert f.ranks == [1] and f.victims == [0, 2, 4, 5, 6, 7] and f.severity == "high" and "about 25%" in f.fix
     assert f.evidence[0].startswith("stage 0 (ranks 0, 2, 4-7): compute 40.0 ms")  # ranges, not a list
+    # Microbatches unknown: at least the 20 ms stage 1 computes above the mean (60 ms), 10% of its window.
+    assert f.cost_ms == 20.0 and f.cost_pct == 10.0
+
+
+def test_stage_imbalance_costs_what_balancing_saves() -> None:
+    """2 stages, 4 microbatches: the step is (m+p-1)/m = 1.25x the slowest stage's compute, so
+    balanced at the mean (60 ms) it loses 1.25 x (80 - 60) = 25 ms, not the 40 ms between them."""
+    stages = [StageMetrics(stage=i, ranks=[i], compute_ms=c, bubble_pct=b, gpu_idle_pct=1.0, theory_bubble_pct=20.0,
+                           microbatches=4) for i, (c, b) in enumerate(((40.0, 60.0), (80.0, 20.0)))]
+    rows = [{"stage": 0, "window_ns": 125_000_000}, {"stage": 1, "window_ns": 125_000_000}]
+    ctx = context([rank(0), rank(1)], {"stage_metrics": rows}, stages=stages,
+                  imbalance=Imbalance(ratio=2.0, slowest_stage=1, fastest_stage=0))
+    (f,) = _run("stage_imbalance", ctx)
+    assert f.cost_ms == 25.0 and f.cost_pct == 20.0
+    assert "1/(1 - 20.0%) = 1.25x" in f.evidence[-1]
 
 
 def test_launch_bound() -> None:
@@ -240,6 +256,27 @@ def test_pipeline_bubble_splits_theory_from_excess_and_names_the_root() -> None:
     heavy = context([rank(0), rank(1)], {"stage_metrics": rows, "cp_roots": roots}, stages=stages(35.0, 32.0),
                     imbalance=Imbalance(ratio=2.0, slowest_stage=1, fastest_stage=0))
     assert _run("pipeline_bubble", heavy) == []  # the imbalance is the cause: stage_imbalance says so
+
+
+def test_pipeline_bubble_is_the_wait_for_the_peer_stage() -> None:
+    """With NCCL send/recv kernels, the bubble the pipeline can remove is the wait for the peer
+    stage: stages idle 50% (theory 20%) but waiting for each other 23.8% and 14.9% of the window
+    (the rest is launch gaps) hold 3.8 points above theory, under the 5-point bar: no finding.
+    Waiting 45% makes the excess 25 points, and the finding says the rest is not the pipeline's."""
+    def stages(waits: tuple[float, float]) -> list[StageMetrics]:
+        return [StageMetrics(stage=i, ranks=[i], compute_ms=50.0, bubble_pct=50.0, gpu_idle_pct=30.0,
+                             peer_wait_pct=w, theory_bubble_pct=20.0, microbatches=4, excess_bubble_pct=30.0)
+                for i, w in enumerate(waits)]
+    rows = [{"stage": i, "p2p_wait_ns": 10_000_000, "window_ns": 100_000_000} for i in (0, 1)]
+    even = Imbalance(ratio=1.02, slowest_stage=0, fastest_stage=1)
+    launch_bound = context([rank(0), rank(1)], {"stage_metrics": rows, "cp_roots": []}, stages=stages((23.8, 14.9)),
+                           imbalance=even)
+    assert _run("pipeline_bubble", launch_bound) == []
+    waiting = context([rank(0), rank(1)], {"stage_metrics": rows, "cp_roots": []}, stages=stages((45.0, 14.9)),
+                      imbalance=even)
+    (f,) = _run("pipeline_bubble", waiting)
+    assert f.ranks == [0] and f.cost_ms == 25.0 and "25.0% above the schedule's 20.0%" in f.title
+    assert any("not the pipeline's" in e for e in f.evidence)
 
 
 def test_cpu_phase_outlier_data_range_cannot_be_waiting() -> None:

@@ -115,6 +115,8 @@ class StageMetrics(Strict):
     compute_ms: float
     bubble_pct: float = Field(description="mean share of the window with no compute kernel running")
     gpu_idle_pct: float
+    peer_wait_pct: float | None = Field(None, description="share of the window its NCCL send/recv kernels waited "
+                                        "for the peer stage (the bubble's part that is the pipeline's)")
     theory_bubble_pct: float | None = Field(None, description="(p-1)/(m+p-1) when microbatches are known")
     microbatches: int | None = None
     excess_bubble_pct: float | None = Field(None, description="bubble_pct above the schedule's theory")

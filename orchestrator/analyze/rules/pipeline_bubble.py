@@ -5,14 +5,17 @@ The schedule's own bubble, (p-1)/(m+p-1), is the price of the schedule (fixed by
 microbatches or another schedule); the excess above it is lost to something else, and the
 critical path (59_critical_path.sql) names the rank whose work made it. The finding costs the
 excess when the microbatch count is known (the theoretical part is a design choice, not a
-fault), the whole bubble otherwise."""
+fault), the whole bubble otherwise. Where the stages send and receive through NCCL kernels,
+those kernels span each wait for the peer stage: the excess is then at most the stage's peer
+wait above theory, since GPU idle outside them (launch gaps, host work) is no bubble that more
+microbatches or another schedule would remove (launch_bound and cpu_gap speak for it)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model import Finding, StageMetrics
 from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
 from orchestrator.ranklist import ranges
 
@@ -41,8 +44,9 @@ class PipelineBubble(Rule):
             return []
         hit = [s for s in stages if s.bubble_pct >= self.min_bubble_pct]
         theory = stages[0].theory_bubble_pct
+        peer = any(s.peer_wait_pct for s in stages)  # NCCL p2p kernels: they span the peer waits
         if theory is not None:
-            hit = [s for s in hit if (s.excess_bubble_pct or 0.0) >= self.min_excess_pct]
+            hit = [s for s in hit if self._excess(s, peer) >= self.min_excess_pct]
         if not hit:
             return []
         rows = {r["stage"]: r for r in ctx.views.rows("stage_metrics")}
@@ -51,15 +55,19 @@ class PipelineBubble(Rule):
             wait_ms = ns_to_ms(rows[s.stage]["p2p_wait_ns"])
             split = (f" = {theory}% theory + {s.excess_bubble_pct}% excess" if theory is not None else "")
             evidence.append(f"stage {s.stage} (ranks {ranges(s.ranks)}): no compute kernel running {s.bubble_pct}% of "
-                            f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage")
+                            f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage"
+                            + (f" ({s.peer_wait_pct}% of the window)" if peer else ""))
         if theory is not None:
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches: "
                             f"(p-1)/(m+p-1) = {theory}% (the schedule's own bubble)")
         else:
             evidence.append("microbatch count unknown (set layout.microbatches in the job spec, or pass "
                             "--microbatches M, to split the schedule's bubble from the excess)")
-        worst = max(hit, key=lambda s: s.excess_bubble_pct if theory is not None else s.bubble_pct)
-        lost = worst.excess_bubble_pct if theory is not None else worst.bubble_pct
+        worst = max(hit, key=lambda s: self._excess(s, peer) if theory is not None else s.bubble_pct)
+        lost = self._excess(worst, peer) if theory is not None else worst.bubble_pct
+        if theory is not None and peer and lost < (worst.excess_bubble_pct or 0.0):
+            evidence.append(f"of stage {worst.stage}'s excess, {lost}% is waiting for the peer stage above theory; "
+                            "the rest is GPU idle outside send/recv (launch gaps, host work), not the pipeline's")
         cost = (lost or 0.0) / 100 * ns_to_ms(rows[worst.stage]["window_ns"], 6)
         fix, root = FIX, self._root(ctx)
         if root:
@@ -67,11 +75,20 @@ class PipelineBubble(Rule):
             evidence.append(f"the excess comes from rank {rk}: the root of the critical path in {n} steps, "
                             f"{created} ms put on it while in `{phase}`")
             fix = ROOT_FIX.format(rk=rk, phase=phase) + " " + FIX
-        what = f"{worst.excess_bubble_pct}% above the schedule's {theory}%" if theory is not None else \
+        what = f"{lost}% above the schedule's {theory}%" if theory is not None else \
             f"{min(s.bubble_pct for s in hit)}-{worst.bubble_pct}%"
         title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
         return [finding(self.kind, [r for s in hit for r in s.ranks], title, evidence, fix, cost,
                         pct=lost)]
+
+    @staticmethod
+    def _excess(s: StageMetrics, peer: bool) -> float:
+        """The stage's bubble above theory that the pipeline causes: with NCCL p2p kernels, at
+        most its peer wait above theory."""
+        excess = s.excess_bubble_pct or 0.0
+        if peer and s.theory_bubble_pct is not None:
+            excess = min(excess, round((s.peer_wait_pct or 0.0) - s.theory_bubble_pct, 2))
+        return excess
 
     @staticmethod
     def _root(ctx: Context) -> tuple[int, str, float, int] | None:

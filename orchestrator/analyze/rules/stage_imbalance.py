@@ -1,11 +1,17 @@
-"""Pipeline stages with unequal compute: the lighter stages idle waiting for the heaviest."""
+"""Pipeline stages with unequal compute: the lighter stages idle waiting for the heaviest.
+
+Its cost is what balancing the stages saves. A GPipe or 1F1B step takes about (m+p-1) times the
+slowest stage's time per microbatch (p stages, m microbatches; (v*m+p-1) interleaved over v
+virtual stages), that is 1 / (1 - theory bubble) times the slowest stage's compute per step;
+with every stage at the mean compute the step shrinks by that factor times the heaviest stage's
+compute above the mean. Without the microbatch count the factor is left at 1 (a lower bound)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
 from orchestrator.ranklist import ranges
 
 FIX = ("Re-balance the pipeline: move layers from the slowest stage to the fastest (Megatron "
@@ -17,7 +23,7 @@ FIX = ("Re-balance the pipeline: move layers from the slowest stage to the faste
 class StageImbalance(Rule):
     kind = "stage_imbalance"
     explains_idle = True
-    reads = ()
+    reads = ("stage_metrics",)
     min_ratio: float = 1.25  # heaviest / lightest stage compute
     high_ratio: float = 1.5
 
@@ -27,15 +33,27 @@ class StageImbalance(Rule):
             return []
         stages = {s.stage: s for s in ctx.report.stages}
         hi, lo = stages[imb.slowest_stage], stages[imb.fastest_stage]
-        move = round(100 * (hi.compute_ms - lo.compute_ms) / (2 * hi.compute_ms))
+        mean = sum(s.compute_ms for s in stages.values()) / len(stages)
+        move = round(100 * (hi.compute_ms - mean) / hi.compute_ms)
+        theory = hi.theory_bubble_pct
+        factor = 1.0 / (1.0 - theory / 100) if theory is not None else 1.0
+        saving = factor * (hi.compute_ms - mean)
+        window = {r["stage"]: ns_to_ms(r["window_ns"], 6) for r in ctx.views.rows("stage_metrics")}.get(hi.stage)
+        evidence = [f"stage {s.stage} (ranks {ranges(s.ranks)}): compute {s.compute_ms} ms, "
+                    f"no-compute share (bubble) {s.bubble_pct}%"
+                    + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"
+                       if s.theory_bubble_pct is not None else "") for s in ctx.report.stages]
+        evidence.append(f"balanced, every stage would compute the mean {round(mean, 3)} ms: the step keeps "
+                        + (f"1/(1 - {theory}%) = {round(factor, 3)}x the slowest stage's compute, so "
+                           if theory is not None else "at least the slowest stage's compute (microbatch count "
+                           "unknown: set layout.microbatches for the schedule's factor), so ")
+                        + f"stage {hi.stage}'s {round(hi.compute_ms - mean, 3)} ms above the mean costs "
+                        f"{round(saving, 3)} ms")
         return [finding(
             self.kind, hi.ranks, f"pipeline stage {hi.stage} is {imb.ratio}x heavier than stage {lo.stage}",
-            [f"stage {s.stage} (ranks {ranges(s.ranks)}): compute {s.compute_ms} ms, "
-             f"no-compute share (bubble) {s.bubble_pct}%"
-             + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"
-                if s.theory_bubble_pct is not None else "") for s in ctx.report.stages],
-            FIX + f" Moving about {move}% of stage {hi.stage}'s compute to stage {lo.stage} evens them.",
-            hi.compute_ms - lo.compute_ms, severity="high" if imb.ratio >= self.high_ratio else "medium",
+            evidence, FIX + f" Moving about {move}% of stage {hi.stage}'s compute to the lighter stages evens them.",
+            saving, pct=100 * saving / window if window else None,
+            severity="high" if imb.ratio >= self.high_ratio else "medium",
             victims=[r for s in ctx.report.stages if s.stage != hi.stage for r in s.ranks])]
 
 

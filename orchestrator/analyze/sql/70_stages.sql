@@ -9,8 +9,10 @@
 -- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
 --   microbatches(m, source)  microbatches per step and where the number came from
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
---                 theory_bubble_pct, microbatches, excess_bubble_pct)
---       per pipeline stage: compute, bubble, theory and excess
+--                 peer_wait_pct, theory_bubble_pct, microbatches, excess_bubble_pct)
+--       per pipeline stage: compute, bubble, theory and excess; peer_wait_pct: the share of the
+--       window its NCCL send/recv kernels waited for the peer stage (the part of the bubble that
+--       is the pipeline's: the rest is the stage's own launch gaps and host work)
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
 --   layout_notes(note)   what a cp, ep or vpp layout names that the analysis does not look into
 CREATE OR REPLACE TABLE microbatches AS
@@ -41,7 +43,8 @@ WITH s AS (
       AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
     GROUP BY stage
 )
-SELECT s.*, round(100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches,
+SELECT s.*, CASE WHEN s.window_ns > 0 THEN round(100.0 * s.p2p_wait_ns / s.window_ns, 2) END AS peer_wait_pct,
+       round(100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches,
        round(s.bubble_pct - 100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS excess_bubble_pct
 FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true
 CROSS JOIN (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v

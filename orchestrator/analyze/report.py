@@ -111,6 +111,9 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
             label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
                      3: "repeated NVTX ranges"}[fam]
             step_source = f"{label} (e.g. `{pattern}`)"
+            acc = v.query("SELECT k FROM step_accum ORDER BY rank LIMIT 1")
+            if acc:  # gradient accumulation: k ranges (micro-batches) to an optimizer step
+                step_source += f", {acc[0]['k']} to an optimizer step (the optimizer runs in every {acc[0]['k']}th)"
     return Window(source=sources, steps=list(opts.steps) if opts.steps else None, gap_ms=opts.gap_ms, note=note,
                   step_source=step_source, per_rank=per_rank)
 
@@ -174,6 +177,7 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         ranks=ranks, steps=_steps(v),
         stages=[StageMetrics(stage=s["stage"], ranks=s["ranks"], compute_ms=ms(s["compute_ns"]),
                              bubble_pct=s["bubble_pct"], gpu_idle_pct=s["gpu_idle_pct"],
+                             peer_wait_pct=s["peer_wait_pct"],
                              theory_bubble_pct=s["theory_bubble_pct"], microbatches=s["microbatches"],
                              excess_bubble_pct=s["excess_bubble_pct"])
                 for s in v.rows("stage_metrics")],

@@ -1,8 +1,12 @@
 -- Steps: which NVTX ranges mark training iterations.
--- Reads: nvtx, params.
+-- Reads: nvtx, params, kernels, cuda_api, is_optimizer_kernel.
 -- Provides:
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
---   steps(rank, tid, start, end, step, family)       the chosen step ranges, numbered
+--   step_ranges(rank, tid, start, end, step, family, i, has_opt)  the chosen ranges, numbered;
+--       i: their order on the rank; has_opt: the optimizer launched a kernel inside
+--   step_accum(rank, k)   ranks whose ranges are micro-batches, k to an optimizer step
+--   steps(rank, tid, start, end, step, family)       the steps: the ranges, or with gradient
+--       accumulation the optimizer steps they make up
 --   step_source(family, pattern)                     which family was chosen (one row or none)
 --   open_steps(rank, tid, start, end, step, family)  when the job did not complete
 --       (params.ended_early), the step it was stopped in and any after it, on every rank: the
@@ -38,7 +42,7 @@ SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks
 WHERE family = (SELECT min(family) FROM (SELECT family FROM step_marks GROUP BY family HAVING count(*) >= 2))
 GROUP BY family;
 
-CREATE OR REPLACE TABLE steps AS
+CREATE OR REPLACE TABLE step_ranges AS
 WITH fam AS (
     SELECT m.* FROM step_marks m JOIN step_source s USING (family)
 ), thread AS (  -- the thread that drives the loop: the one with the most step ranges
@@ -51,10 +55,48 @@ WITH fam AS (
     FROM fam f JOIN thread t USING (rank, tid)
 ), uniq AS (
     SELECT rank, count(DISTINCT num) = count(*) AND count(num) = count(*) AS numbered FROM picked GROUP BY rank
+), opt AS (  -- the optimizer's kernels (and gradient clipping's), timed by their launch call
+    SELECT a.rank, a.start
+    FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id
+    WHERE k.short_name IN (SELECT short_name FROM (SELECT DISTINCT short_name FROM kernels)
+                           WHERE is_optimizer_kernel(short_name))
+      AND k.rank IN (SELECT rank FROM picked)
+), hit AS (
+    SELECT DISTINCT p.rank, p.ordinal FROM picked p JOIN opt o ON o.rank = p.rank AND o.start >= p.start AND o.start < p."end"
 )
 SELECT p.rank, p.tid, p.start, p."end", CASE WHEN u.numbered THEN p.num ELSE p.ordinal END AS step,
-       p.family
-FROM picked p JOIN uniq u USING (rank);
+       p.family, p.ordinal AS i, h.rank IS NOT NULL AS has_opt
+FROM picked p JOIN uniq u USING (rank) LEFT JOIN hit h USING (rank, ordinal);
+
+-- Gradient accumulation under NVTX steps: a loop that opens a step range per loader batch and
+-- steps the optimizer every k-th batch has k ranges to an optimizer step, as the user counts
+-- steps. A rank's ranges are micro-batches when its optimizer kernels fall in 3 or more of
+-- them, every k >= 2 ranges apart for at least 80 % of the intervals between them (the most
+-- common interval is k; ties: the smaller). Its steps are then the optimizer steps: from the
+-- range after one optimizer range through the next, numbered 0.. in order (the first takes the
+-- ranges from the start); ranges after the last optimizer range, an accumulation the capture
+-- did not finish, are no step.
+CREATE OR REPLACE TABLE step_accum AS
+WITH gaps AS (
+    SELECT rank, i - lag(i) OVER (PARTITION BY rank ORDER BY i) AS gap FROM step_ranges WHERE has_opt
+), counted AS (
+    SELECT rank, gap, count(*) AS n FROM gaps WHERE gap IS NOT NULL GROUP BY ALL
+)
+SELECT rank, arg_max(gap, (n, -gap)) AS k FROM counted GROUP BY rank
+HAVING arg_max(gap, (n, -gap)) >= 2 AND sum(n) >= 2 AND max(n) >= 0.8 * sum(n);
+
+CREATE OR REPLACE TABLE steps AS
+WITH g AS (
+    SELECT r.*, coalesce(sum(r.has_opt::INTEGER) OVER (PARTITION BY r.rank ORDER BY r.i
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS g,
+           sum(r.has_opt::INTEGER) OVER (PARTITION BY r.rank) AS n_opt
+    FROM step_ranges r WHERE r.rank IN (SELECT rank FROM step_accum)
+)
+SELECT rank, arg_min(tid, start) AS tid, min(start) AS start, max("end") AS "end", CAST(g AS INTEGER) AS step,
+       any_value(family) AS family
+FROM g WHERE g < n_opt GROUP BY rank, g
+UNION ALL
+SELECT rank, tid, start, "end", step, family FROM step_ranges WHERE rank NOT IN (SELECT rank FROM step_accum);
 
 CREATE OR REPLACE TABLE open_steps AS
 WITH cut AS (SELECT min(top) AS step FROM (SELECT max(step) AS top FROM steps GROUP BY rank))

@@ -32,11 +32,11 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dic
     return out
 
 
-def _iterations(run: Path) -> dict[int, float]:
-    """Per step N, ms from the start of `Step N Start` to the start of the next one, the median
-    over the ranks (in synchronous DDP they agree)."""
+def _iterations(run: Path, like: str = "Step % Start") -> dict[int, float]:
+    """Per step N, ms from the start of `Step N Start` (the NVTX ranges LIKE `like`) to the start
+    of the next one, the median over the ranks (in synchronous DDP they agree)."""
     starts = per_rank(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-                       "WHERE coalesce(e.text, s.value) LIKE 'Step % Start' ORDER BY e.start")
+                       "WHERE coalesce(e.text, s.value) LIKE ? ORDER BY e.start".replace("?", f"'{like}'"))
     per: dict[int, list[float]] = {}
     for rows in starts.values():
         for n, (a, b) in enumerate(itertools.pairwise(rows)):
@@ -44,11 +44,11 @@ def _iterations(run: Path) -> dict[int, float]:
     return {n: statistics.median(v) for n, v in per.items()}
 
 
-def _measured(run: Path, healthy_run: Path) -> float:
+def _measured(run: Path, healthy_run: Path, like: str = "Step % Start") -> float:
     """What `run`'s analysed steps took longer than the healthy run's: the difference of their
     median step times times the steps (the median, as the healthy run's steps 2-10 took 63-71 ms
     and its later ones 50 ms: warm-up, not a cause)."""
-    healthy, slow = _iterations(healthy_run), _iterations(run)
+    healthy, slow = _iterations(healthy_run, like), _iterations(run, like)
     steps = [n for n in slow if n >= 1 and n in healthy]
     return (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
 
@@ -125,3 +125,50 @@ def test_a_cpu_side_straggler_is_named_with_the_call_its_loop_thread_makes(pairs
     assert "`clock_nanosleep` each step" in f["fix"]
     measured = _measured(run, pairs["healthy"][0])
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+
+
+def test_an_uneven_pipeline_costs_what_balancing_its_stages_saves(pairs) -> None:
+    """ViT-B/16 in a 2-stage 1F1B pipeline, its 12 blocks split unevenly in one run and 6+6 in the
+    other. The heavier stage is the rank whose compute kernels (not NCCL) take longest in its
+    export; the finding names it first and costs what the even split's steps saved, within 25 %."""
+    run, rep = pairs["pp-uneven"]
+    busy = per_rank(run, "SELECT sum(k.\"end\" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                    "JOIN StringIds s ON s.id = k.shortName WHERE s.value NOT LIKE 'nccl%'")
+    heavy = max(busy, key=lambda r: busy[r][0][0])
+    f = rep["findings"][0]
+    assert f["kind"] == "stage_imbalance" and f["ranks"] == [heavy], f["title"]
+    measured = _measured(run, pairs["pp-even"][0], like="step %")
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+
+
+def test_the_even_pipeline_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs) -> None:
+    """The same pipeline split 6+6: its stages wait for each other about as long as the 1F1B
+    schedule's own bubble (20 % for 2 stages and 4 microbatches) and idle otherwise between
+    launches; neither is a pipeline bubble to fix."""
+    run, rep = pairs["pp-even"]
+    steps_ms = sum(ms for n, ms in _iterations(run, like="step %").items() if n >= 1)
+    loud = [(f["title"], f["cost_ms"]) for f in rep["findings"]
+            if f["severity"] != "info" and f["cost_ms"] > 0.03 * steps_ms]
+    assert loud == [], (loud, steps_ms)
+
+
+def test_gradient_accumulation_steps_are_the_optimizer_steps(pairs) -> None:
+    """2-GPU DDP with 4 micro-batches per optimizer step (no_sync() between), one NVTX range per
+    micro-batch: the steps are the ranges in which the optimizer launched its kernels (plain
+    sqlite3: the launch call of each `multi_tensor_apply_kernel` falls in one range), each with
+    the ranges before it; a step's time is from its first range's start to the next step's."""
+    run, rep = pairs["ddp-accum"]
+    ranges = per_rank(run, "SELECT e.start, e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                      "WHERE coalesce(e.text, s.value) LIKE 'Step % Start' ORDER BY e.start")
+    launches = per_rank(run, "SELECT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+                        "JOIN StringIds s ON s.id = k.shortName WHERE s.value = 'multi_tensor_apply_kernel'")
+    for rank, rows in ranges.items():
+        ends = [i for i, (a, b) in enumerate(rows) if any(a <= t < b for (t,) in launches[rank])]
+        assert len(rows) == 4 * len(ends) and ends == list(range(3, len(rows), 4)), ends
+        firsts = [0] + [i + 1 for i in ends[:-1]]
+        times = [(rows[b][0] - rows[a][0]) / 1e6 for a, b in itertools.pairwise(firsts)]
+        (r,) = [r for r in rep["ranks"] if r["rank"] == rank]
+        assert r["median_step_ms"] == pytest.approx(statistics.median(times[1:]), rel=0.01), (r, times)
+    assert len(rep["steps"]) == len(ends)
+    assert "4 to an optimizer step" in rep["window"]["step_source"]

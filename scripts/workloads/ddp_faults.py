@@ -18,11 +18,15 @@ And two slowdowns that stop nothing, for the cost of a straggler (`--fault-step 
 - cpu-straggler: one rank writes its metrics synchronously to a slow filesystem every step
   (15 ms on the host before its forward pass).
 A slow input pipeline is `--num-workers 0` (every rank decodes its own batches).
+Gradient accumulation is `--accum K`: each loader batch is a micro-batch in its own `Step N Start`
+range (the tutorial's loop, one range per batch), its gradients kept local with DDP's no_sync()
+until the K-th, whose backward all-reduces them before the optimizer step.
 
     torchrun --nproc_per_node 4 ddp_faults.py --steps 40 --fault stuck-loader --fault-rank 2 --fault-step 12
 """
 
 import argparse
+import contextlib
 import io
 import os
 import random
@@ -86,6 +90,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=10**9)
     p.add_argument("--nccl-timeout", type=float, default=600.0)
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--log-every", type=int, default=0, help="rank 0 prints `step N` every N steps")
     a = p.parse_args()
 
@@ -118,14 +123,18 @@ def main() -> None:
             with open(os.devnull, "w") as log:
                 time.sleep(0.015)  # the write to a slow filesystem
                 print(f"step {step}", file=log)
-        optimizer.zero_grad()
-        with nvtx.range("Forward Pass"):
-            output = model(source)
-        loss = F.cross_entropy(output, targets)
-        with nvtx.range("Backward Pass"):
-            loss.backward()
-        with nvtx.range("Optimizer Step"):
-            optimizer.step()
+        if step % a.accum == 0:
+            optimizer.zero_grad()
+        last_micro = (step + 1) % a.accum == 0
+        with contextlib.nullcontext() if last_micro else model.no_sync():
+            with nvtx.range("Forward Pass"):
+                output = model(source)
+            loss = F.cross_entropy(output, targets) / a.accum
+            with nvtx.range("Backward Pass"):
+                loss.backward()
+        if last_micro:
+            with nvtx.range("Optimizer Step"):
+                optimizer.step()
         if mine and step >= a.fault_step and a.fault == "gpu-straggler":
             with nvtx.range("Loss landscape probe"):
                 for _ in range(8):

@@ -109,6 +109,7 @@ def main():
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--stage-blocks", default="", help="encoder blocks per stage, e.g. 4,8 (default: even)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
 
@@ -125,8 +126,12 @@ def main():
 
     torch.manual_seed(0)  # same initial weights on every data-parallel replica
     vit = vit_b_16(image_size=args.image_size, num_classes=args.classes)
-    per_stage = len(vit.encoder.layers) // args.pp
-    lo, hi = stage_idx * per_stage, (stage_idx + 1) * per_stage
+    n_blocks = len(vit.encoder.layers)
+    blocks = [int(b) for b in args.stage_blocks.split(",")] if args.stage_blocks else [n_blocks // args.pp] * args.pp
+    if len(blocks) != args.pp or sum(blocks) != n_blocks:
+        p.error(f"--stage-blocks: {args.pp} counts adding up to {n_blocks}")
+    lo = sum(blocks[:stage_idx])
+    hi = lo + blocks[stage_idx]
     model = ViTStage(vit, lo, hi, first, last).to(device)
     del vit
     # Data parallel within the stage: FSDP2 over the "dp" mesh dimension (DDP inside a

@@ -125,13 +125,13 @@ def export_rank(path: Path) -> int:
     return int(path.name.split("_r")[1].split("_")[0])
 
 
-def per_rank(run: Path, sql: str) -> dict[int, list[tuple]]:
-    """Per rank, the rows of `sql` over its export in `run`/exports."""
+def per_rank(run: Path, sql: str, params: tuple = ()) -> dict[int, list[tuple]]:
+    """Per rank, the rows of `sql` (with `params`) over its export in `run`/exports."""
     out = {}
     for f in sorted((run / "exports").glob("*.sqlite")):
         con = sqlite3.connect(f)
         try:
-            out[export_rank(f)] = con.execute(sql).fetchall()
+            out[export_rank(f)] = con.execute(sql, params).fetchall()
         finally:
             con.close()
     return out

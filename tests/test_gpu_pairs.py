@@ -36,7 +36,7 @@ def _iterations(run: Path, like: str = "Step % Start") -> dict[int, float]:
     """Per step N, ms from the start of `Step N Start` (the NVTX ranges LIKE `like`) to the start
     of the next one, the median over the ranks (in synchronous DDP they agree)."""
     starts = per_rank(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
-                       "WHERE coalesce(e.text, s.value) LIKE ? ORDER BY e.start".replace("?", f"'{like}'"))
+                       "WHERE coalesce(e.text, s.value) LIKE ? ORDER BY e.start", (like,))
     per: dict[int, list[float]] = {}
     for rows in starts.values():
         for n, (a, b) in enumerate(itertools.pairwise(rows)):

@@ -425,8 +425,8 @@ def test_ranks_that_tie_are_one_wait_and_the_report_does_not_depend_on_row_order
             " (SELECT count(DISTINCT (rank, s)) FROM wait_nodes WHERE kind = 'collective'),"
             " (SELECT count(*) FROM coll c SEMI JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start"
             "      AND o.name = c.name AND o.step IS NOT NULL),"
-            " (SELECT count(DISTINCT (g1, g2, name, kth)) FROM coll),"
-            " (SELECT min(k) FROM (SELECT count(*) AS k FROM coll WHERE is_last GROUP BY g1, g2, name, kth))"
+            " (SELECT count(DISTINCT (grp, name, kth)) FROM coll),"
+            " (SELECT min(k) FROM (SELECT count(*) AS k FROM coll WHERE is_last GROUP BY grp, name, kth))"
         ).fetchone()
         waited_for = {r[0] for r in con.execute("SELECT DISTINCT waited_for FROM wait_edges").fetchall()}
         # the timeline's waits: one per rank and collective too; each wait is caused once

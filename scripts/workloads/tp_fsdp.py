@@ -88,6 +88,7 @@ def main():
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4, help="per data-parallel replica")
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--log-every", type=int, default=4, help="rank 0 prints the loss every N steps (0: never)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
 
@@ -131,8 +132,9 @@ def main():
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        if step % 4 == 3 and rank == 0:
-            print(f"step {step} loss {loss.item():.3f} {(time.perf_counter() - t0) * 250:.0f} ms/step", flush=True)
+        if args.log_every and step % args.log_every == args.log_every - 1 and rank == 0:
+            ms = (time.perf_counter() - t0) * 1000 / args.log_every
+            print(f"step {step} loss {loss.item():.3f} {ms:.0f} ms/step", flush=True)
             t0 = time.perf_counter()
     dist.barrier()
     dist.destroy_process_group()

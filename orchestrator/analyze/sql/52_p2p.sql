@@ -63,7 +63,7 @@ GROUP BY o.rank;
 
 CREATE OR REPLACE TABLE nccl_waits AS
 SELECT c.rank, c.start AS s, c.start + c.wait_ns AS e, l.rank AS waited_for, 'collective' AS kind
-FROM coll c JOIN coll_last l ON l.g1 = c.g1 AND l.g2 = c.g2 AND l.name = c.name AND l.kth = c.kth
+FROM coll c JOIN coll_last l ON l.grp = c.grp AND l.name = c.name AND l.kth = c.kth
 WHERE c.wait_ns > 0 AND c.rank <> l.rank
 UNION ALL
 SELECT rank, start, start + wait_ns, peer, 'p2p' FROM p2p_match WHERE wait_ns > 0;

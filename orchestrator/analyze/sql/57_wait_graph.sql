@@ -25,7 +25,7 @@ CREATE OR REPLACE TABLE wait_nodes AS
 WITH c AS (  -- every collective instance on every rank, waiting or not, with the group's last
     -- starter (one: coll_last), so one node per rank and instance
     SELECT c.rank, c.start, c.name, c.wait_ns, coalesce(l.rank, c.rank) AS waited_for, 'collective' AS kind
-    FROM coll c LEFT JOIN coll_last l USING (g1, g2, name, kth)
+    FROM coll c LEFT JOIN coll_last l USING (grp, name, kth)
 ), n AS (  -- the step of each: its kernel's (the step its launch happened in)
     SELECT c.*, o.step FROM c
     JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start AND o.name = c.name AND o.kind = 'kernel'

@@ -7,8 +7,8 @@
 -- what each rank's link carried, comparable across sizes and group sizes. GB/s = bytes/ns.
 -- Scope: `intra` when every rank of the group (or both p2p peers) is on one host, else `inter`.
 -- Reads: coll, p2p_match, comm_bytes, ranks, win, nccl_kind. Provides:
---   comm_groups(g1, g2, n_hosts, ranks)
---       communicator groups: their ranks and how many hosts they span
+--   comm_groups(grp, n_hosts, ranks)
+--       communicator groups (coll.grp): their ranks and how many hosts they span
 --   comm_inst(rank, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
 --       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  one row per rank and instance
 --   comm_kind_table(kind, bucket, scope, n, median_bytes, transfer_ns, median_algbw_gbps,
@@ -18,16 +18,15 @@
 --   comm_scope_table(scope, n, bytes, transfer_ns, wait_ns, share_of_window_pct, median_busbw_gbps)
 --       intra- vs inter-node: bytes, transfer and waiting, bandwidth
 CREATE OR REPLACE TABLE comm_groups AS
-SELECT coalesce(stage, 0) AS g1, coalesce(tp_index, 0) AS g2, count(DISTINCT host) AS n_hosts,
-       string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks
-FROM ranks WHERE rank IN (SELECT rank FROM win) GROUP BY ALL;
+SELECT g.grp, count(DISTINCT r.host) AS n_hosts, string_agg(CAST(r.rank AS VARCHAR), ',' ORDER BY r.rank) AS ranks
+FROM (SELECT DISTINCT grp, rank FROM coll) g JOIN ranks r USING (rank) GROUP BY g.grp;
 
 CREATE OR REPLACE TABLE comm_inst AS
 WITH c AS (
     SELECT c.rank, 'group ' || g.ranks AS unit, CASE WHEN g.n_hosts > 1 THEN 'inter' ELSE 'intra' END AS scope,
            nccl_kind(c.name) AS kind, c.start, c."end", c.wait_ns, c.group_size, b.msg_bytes,
            g.ranks AS unit_ranks
-    FROM coll c JOIN comm_groups g USING (g1, g2)
+    FROM coll c JOIN comm_groups g USING (grp)
     LEFT JOIN comm_bytes b ON b.rank = c.rank AND b.start = c.start
 ), p AS (
     SELECT m.rank, 'p2p ' || least(m.rank, m.peer) || '-' || greatest(m.rank, m.peer) AS unit,

@@ -1,0 +1,51 @@
+"""Real multi-GPU layouts (tests/fixtures/layouts, README there) through `orch collect` and
+`orch report`: the collectives are matched within the communicators they ran on, which NCCL's
+own NVTX payload names, checked against plain sqlite3 over the same exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, copy_run, run_orch
+from tests.independent import per_rank
+
+LAYOUTS = REPO / "tests" / "fixtures" / "layouts"
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    run = copy_run(LAYOUTS / "tp2", tmp_path_factory.mktemp("layouts") / "tp2")
+    assert run_orch("collect", str(run)).returncode == 0
+    r = run_orch("report", str(run), "--json", str(run / "r.json"))
+    assert r.returncode == 0, r.stderr
+    return run, json.loads((run / "r.json").read_text())
+
+
+def test_tensor_parallel_all_reduces_are_matched_within_their_group(tp2) -> None:
+    """tp=2, dp=1: the TP all-reduces run between ranks 0 and 1, a group the layout's data-parallel
+    groups (one rank each) would never match. Each rank's k-th all-reduce meets the other's k-th;
+    a rank waits from its start to the later start, at most its kernel's length (the steps after
+    the first: 42 a step), on the clock both share. Orch's waiting per rank is that sum."""
+    run, rep = tp2
+    launched = per_rank(run, "SELECT r.start, k.start, k.\"end\" FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+                        "JOIN StringIds s ON s.id = k.shortName "
+                        "WHERE s.value LIKE 'ncclDevKernel_AllReduce%bf16%' ORDER BY k.start")
+    step1 = per_rank(run, "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                     "WHERE coalesce(e.text, s.value) = 'step 1'")
+    # Each rank's nsys counts from its own session start: on one clock, the session's UTC start + t.
+    base = per_rank(run, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")
+    kernels = {r: [(base[r][0][0] + s, base[r][0][0] + e) for (at, s, e) in rows if at >= step1[r][0][0]]
+               for r, rows in launched.items()}
+    assert {len(k) for k in kernels.values()} == {42 * 7}
+    waits = {r: 0 for r in kernels}
+    for (s0, e0), (s1, e1) in zip(kernels[0], kernels[1], strict=True):
+        waits[0] += min(max(s1 - s0, 0), e0 - s0)
+        waits[1] += min(max(s0 - s1, 0), e1 - s1)
+    for r in rep["ranks"]:
+        assert r["collectives"] == 42 * 7, r
+        assert r["nccl_wait_ms"] == pytest.approx(waits[r["rank"]] / 1e6, rel=0.01), (r, waits)
+    assert max(waits.values()) > 50e6  # the ranks do wait for each other: a test that can fail

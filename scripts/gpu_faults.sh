@@ -50,11 +50,14 @@ scenario() {
     cpu-straggler) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
     slow-input) echo "5||||--steps 30 --num-workers 0" ;;
     accum) echo "5||||--steps 48 --accum 4 --batch 32 --num-workers 8" ;;
-    stage-[0-9]*-[0-9]*)  # a 1F1B pipeline of ViT-B/16, its 12 blocks split A+B (stage-A-B)
-      local split=${1#stage-}
-      echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule 1f1b --steps 16 --workers 8 --stage-blocks ${split/-/,}" ;;
+    stage-[0-9]*-[0-9]*)  # a 1F1B pipeline of ViT-B/16, its 12 blocks split A+B (stage-A-B), the
+      # first stage's DataLoader with 8 workers, or N (stage-A-B-wN)
+      local split=${1#stage-} workers=8
+      [[ $split == *-w* ]] && { workers=${split##*-w}; split=${split%-w*}; }
+      echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule 1f1b --steps 16 --workers $workers --stage-blocks ${split/-/,}" ;;
     pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule gpipe --steps 12" ;;
-    tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 4" ;;
+    tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8" ;;
+    tp-quiet) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8 --log-every 0" ;;
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }

@@ -172,3 +172,19 @@ def test_gradient_accumulation_steps_are_the_optimizer_steps(pairs) -> None:
         assert r["median_step_ms"] == pytest.approx(statistics.median(times[1:]), rel=0.01), (r, times)
     assert len(rep["steps"]) == len(ends)
     assert "4 to an optimizer step" in rep["window"]["step_source"]
+
+
+def test_a_stage_short_of_input_is_named_once_and_costs_what_its_loader_costs(pairs) -> None:
+    """The 6+6 pipeline with one DataLoader worker on the first stage (8 in its twin on the same
+    machine): the rank whose loop thread waits on the loader's queue (sem_clockwait, plain
+    sqlite3) is named first, costing what the twin's steps were faster, within 25 %; the other
+    stage's wait for it is that stall seen from downstream, not a second finding."""
+    run, rep = pairs["pp-slow-input"]
+    waits = per_rank(run, "SELECT sum(o.\"end\" - o.start) FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId "
+                     "WHERE s.value = 'sem_clockwait' AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
+    (odd,) = [r for r, rows in waits.items() if (rows[0][0] or 0) > 1e9]
+    f = rep["findings"][0]
+    assert f["kind"] == "data_loader_stall" and f["ranks"] == [odd], f["title"]
+    measured = _measured(run, pairs["pp-even-h200"][0], like="step %")
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+    assert not [g for g in rep["findings"] if g["kind"] == "pipeline_bubble"]

@@ -279,6 +279,27 @@ def test_pipeline_bubble_is_the_wait_for_the_peer_stage() -> None:
     assert any("not the pipeline's" in e for e in f.evidence)
 
 
+def test_a_pipeline_stage_short_of_input_saves_its_stall_less_the_bubble_it_would_wait_anyway() -> None:
+    """Stage 0 idles 40 ms of a 100 ms window for its input and now waits 2% for its peer; on
+    time, it would wait the schedule's 20% of the 60 ms left: 12 - 2 = 10 ms of the stall is
+    that bubble, so fixing the input saves 30 ms. Stage 1, waiting for stage 0 in send/recv,
+    is the same stall seen from downstream: no bubble finding beside it."""
+    stages = [StageMetrics(stage=0, ranks=[0], compute_ms=50.0, bubble_pct=45.0, gpu_idle_pct=40.0, peer_wait_pct=2.0,
+                           theory_bubble_pct=20.0, microbatches=4, excess_bubble_pct=25.0),
+              StageMetrics(stage=1, ranks=[1], compute_ms=50.0, bubble_pct=50.0, gpu_idle_pct=2.0, peer_wait_pct=48.0,
+                           theory_bubble_pct=20.0, microbatches=4, excess_bubble_pct=30.0)]
+    ranks = [rank(0, gaps_by_range_ms={"between steps (input pipeline)": 40.0}), rank(1)]
+    rows = [{"stage": 0, "p2p_wait_ns": 2e6, "window_ns": 100e6}, {"stage": 1, "p2p_wait_ns": 48e6, "window_ns": 100e6}]
+    ctx = context(ranks, {"gap_cpu": [], "stage_metrics": rows, "cp_roots": []}, stages=stages,
+                  imbalance=Imbalance(ratio=1.0, slowest_stage=0, fastest_stage=1))
+    (f,) = _run("data_loader_stall", ctx)
+    assert f.ranks == [0] and f.cost_ms == 30.0 and f.cost_pct == 30.0
+    assert "would wait for its peers 10.0 ms of it anyway" in f.evidence[1]
+    assert len(_run("pipeline_bubble", ctx)) == 1  # alone, stage 1's wait is a bubble 28 points above theory
+    ctx.findings.append(f)
+    assert _run("pipeline_bubble", ctx) == []  # beside the stall it explains: none
+
+
 def test_cpu_phase_outlier_data_range_cannot_be_waiting() -> None:
     """Rank 1 loads data 40 ms per step; rank 0 waits it out in `backward` (its DDP all-reduce),
     a slightly larger excess. A data range cannot absorb waiting: rank 1's data_load is the cause."""

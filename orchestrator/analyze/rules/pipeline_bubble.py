@@ -8,7 +8,10 @@ excess when the microbatch count is known (the theoretical part is a design choi
 fault), the whole bubble otherwise. Where the stages send and receive through NCCL kernels,
 those kernels span each wait for the peer stage: the excess is then at most the stage's peer
 wait above theory, since GPU idle outside them (launch gaps, host work) is no bubble that more
-microbatches or another schedule would remove (launch_bound and cpu_gap speak for it)."""
+microbatches or another schedule would remove (launch_bound and cpu_gap speak for it).
+A final rule: when the stages wait for a peer stage whose GPU idles for its input (a
+data_loader_stall finding on another stage's ranks costing at least half as much), the
+bubble is that stall seen from downstream, and its finding says so alone."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ ROOT_FIX = ("The excess over the schedule's bubble comes from rank {rk} (`{phase
 class PipelineBubble(Rule):
     kind = "pipeline_bubble"
     explains_idle = True
+    final = True  # sees the data_loader_stall findings that explain a peer wait
     reads = ("stage_metrics", "cp_roots")
     min_bubble_pct: float = 10.0  # a stage's no-compute share of the window
     # An imbalance above this ratio is the bubble's cause: stage_imbalance reports it instead.
@@ -69,6 +73,8 @@ class PipelineBubble(Rule):
             evidence.append(f"of stage {worst.stage}'s excess, {lost}% is waiting for the peer stage above theory; "
                             "the rest is GPU idle outside send/recv (launch gaps, host work), not the pipeline's")
         cost = (lost or 0.0) / 100 * ns_to_ms(rows[worst.stage]["window_ns"], 6)
+        if theory is not None and peer and self._upstream_stall(ctx, worst, cost):
+            return []
         fix, root = FIX, self._root(ctx)
         if root:
             rk, phase, created, n = root
@@ -80,6 +86,13 @@ class PipelineBubble(Rule):
         title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
         return [finding(self.kind, [r for s in hit for r in s.ranks], title, evidence, fix, cost,
                         pct=lost)]
+
+    @staticmethod
+    def _upstream_stall(ctx: Context, worst: StageMetrics, cost_ms: float) -> bool:
+        """A data_loader_stall finding on ranks outside the waiting stage, costing at least half
+        of the bubble's excess: the peer stage's input, not the pipeline, makes the wait."""
+        return any(f.kind == "data_loader_stall" and f.cost_ms >= 0.5 * cost_ms and not set(f.ranks) & set(worst.ranks)
+                   for f in ctx.findings)
 
     @staticmethod
     def _excess(s: StageMetrics, peer: bool) -> float:

@@ -52,6 +52,7 @@ class Straggler(Rule):
     cause_share: float = 0.3
     # Victims that the collectives' statistics call late get a line each, up to this many.
     shown_late_victims: int = 8
+    # "The median rank" is the other ranks' median (the views' loo_ref; of two ranks, the other).
     # A root "computing on the GPU" whose kernels take less than this share of the excess it puts
     # on a step longer than the median rank's computes no more than the others: its GPU work
     # starts late. Kernels exceeding the median rank's by less than `shown_kernel_ms` a step are
@@ -211,12 +212,13 @@ class Straggler(Rule):
         return top if top and top["excess_ns_per_step"] >= self.kernel_share * typical_ns else None
 
     def _launches(self, ctx: Context, rk: int, typical_ns: int, n_steps: int) -> tuple[float, float] | None:
-        """The root's launch gaps (small_gaps) a step and the median rank's, when the root's
-        exceed the median's by `kernel_share` of a step it holds up: its CPU launches slower."""
+        """The root's launch gaps (small_gaps) a step and the other ranks' median, when the root's
+        exceed that by `kernel_share` of a step it holds up: its CPU launches slower. The median
+        leaves the root out: of two ranks, it is the other one's."""
         gaps = ctx.views.by_rank("small_gaps")
-        if rk not in gaps or not ctx.report.ranks:
+        per = sorted(gaps[r.rank]["ns"] if r.rank in gaps else 0 for r in ctx.report.ranks if r.rank != rk)
+        if rk not in gaps or not per:
             return None
-        per = sorted(gaps[r.rank]["ns"] if r.rank in gaps else 0 for r in ctx.report.ranks)
         own, median = gaps[rk]["ns"] / n_steps, per[len(per) // 2] / n_steps
         return (own, median) if own - median >= self.kernel_share * typical_ns else None
 

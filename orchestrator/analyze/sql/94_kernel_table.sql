@@ -13,10 +13,11 @@
 --       the cross-rank columns compare the per-step total (total without steps)
 --   kernel_excess(rank, short_name, n_per_step, median_n_per_step, ns_per_step,
 --       median_ns_per_step, excess_ns_per_step)
---       per rank its (up to 3) computing kernels whose time per step most exceeds the median
---       rank's (a rank that does not run a kernel counts as 0 of it), with the counts per step
+--       per rank its (up to 3) computing kernels whose time per step most exceeds the other
+--       ranks' median (loo_ref; a rank that does not run a kernel counts as 0 of it), with the
+--       counts per step
 --   kernel_excess_rank(rank, ns_per_step, median_ns_per_step, excess_ns_per_step)
---       per rank its computing kernels' time per step against the median rank's: what a
+--       per rank its computing kernels' time per step against the other ranks' median: what a
 --       straggler "computing on the GPU" computes more than the others
 --   _kernel_per_step(rank, name, short_name, n_per_step, ns_per_step)   every rank x computing
 --       kernel, 0 where the rank does not run it
@@ -66,16 +67,19 @@ SELECT rk.rank, nm.name, nm.short_name, coalesce(k.n, 0) / rk.n_steps AS n_per_s
 FROM rk CROSS JOIN nm LEFT JOIN k ON k.rank = rk.rank AND k.name = nm.name;
 
 CREATE OR REPLACE TABLE kernel_excess AS
-WITH m AS (SELECT name, median(n_per_step) AS median_n, median(ns_per_step) AS median_ns
-           FROM _kernel_per_step GROUP BY name)
+WITH xn AS (SELECT rank, name AS key, n_per_step AS x FROM _kernel_per_step),
+xt AS (SELECT rank, name AS key, ns_per_step AS x FROM _kernel_per_step),
+m AS (SELECT n.rank, n.key AS name, n.ref_med AS median_n, t.ref_med AS median_ns
+      FROM loo_ref('xn') n JOIN loo_ref('xt') t USING (rank, key))
 SELECT g.rank, g.short_name, g.n_per_step, m.median_n AS median_n_per_step, g.ns_per_step,
        m.median_ns AS median_ns_per_step, g.ns_per_step - m.median_ns AS excess_ns_per_step
-FROM _kernel_per_step g JOIN m USING (name)
+FROM _kernel_per_step g JOIN m USING (rank, name)
 WHERE g.ns_per_step > m.median_ns
 QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns_per_step - m.median_ns DESC, g.name) <= 3;
 
 CREATE OR REPLACE TABLE kernel_excess_rank AS
 WITH r AS (SELECT rank, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank),
-m AS (SELECT median(ns_per_step) AS median_ns_per_step FROM r)
+x AS (SELECT rank, 'all' AS key, ns_per_step AS x FROM r),
+m AS (SELECT rank, ref_med AS median_ns_per_step FROM loo_ref('x'))
 SELECT r.rank, r.ns_per_step, m.median_ns_per_step, r.ns_per_step - m.median_ns_per_step AS excess_ns_per_step
-FROM r, m;
+FROM r JOIN m USING (rank);

@@ -1,7 +1,7 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step. The rows of the
 -- ranks in map_ranks are the map's (map_api_table, map_thread_table: analyze/summaries.py).
--- Reads: cuda_api, osrt, threads, stats_cpu, stats_cpu_todo, is_sync_api, union_length, rank_pid,
+-- Reads: cuda_api, osrt, threads, stats_cpu, stats_cpu_todo, is_sync_api, union_length, rank_pid, loo_ref,
 -- map_ranks, map_api_table, map_thread_table. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
@@ -16,8 +16,8 @@
 --       else per thread; pct = share of the rank's time in that api
 --   cpu_call_excess(rank, name, ns_per_step, median_ns_per_step, excess_ns_per_step)
 --       per rank its (up to 3) OS calls on the main thread whose time per step most exceeds the
---       median rank's (a rank with OS calls traced that never makes one counts 0 of it): what
---       the loop thread of a rank whose GPU work starts late does that the others do not
+--       other ranks' median (loo_ref; a rank with OS calls traced that never makes one counts 0
+--       of it): what the loop thread of a rank whose GPU work starts late does that the others do not
 --   thread_table(rank, tid, thread, role, span_ns, launch_ns, sync_ns, wait_ns, blocked_ns,
 --       n_steps, top_wait, blocked_per_step_ns, blocked_pct, launch_pct)  per thread with calls:
 --       launch_ns = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking
@@ -82,9 +82,10 @@ WITH m AS (SELECT rank, name, sum(per_step_ns) AS ns FROM api_table WHERE api = 
 rk AS (SELECT DISTINCT rank FROM api_table WHERE api = 'osrt'),
 g AS (SELECT rk.rank, nm.name, coalesce(m.ns, 0) AS ns
       FROM rk CROSS JOIN (SELECT DISTINCT name FROM m) nm LEFT JOIN m ON m.rank = rk.rank AND m.name = nm.name),
-med AS (SELECT name, median(ns) AS ns FROM g GROUP BY name)
+x AS (SELECT rank, name AS key, ns AS x FROM g),
+med AS (SELECT rank, key AS name, ref_med AS ns FROM loo_ref('x'))
 SELECT g.rank, g.name, g.ns AS ns_per_step, med.ns AS median_ns_per_step, g.ns - med.ns AS excess_ns_per_step
-FROM g JOIN med USING (name)
+FROM g JOIN med USING (rank, name)
 WHERE g.ns > med.ns
 QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns - med.ns DESC, g.name) <= 3;
 

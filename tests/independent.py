@@ -167,3 +167,23 @@ def gpu_memory_peak(path: Path) -> tuple[int, int]:
         con.close()
     levels = list(itertools.accumulate(per[t] for t in sorted(per)))
     return dev, max(levels) + max(0, -min(levels))
+
+
+def small_gaps_ms(export: Path, first: str, until: str) -> float:
+    """ms the GPU sat idle for under 1 ms between two of its ops (kernels, copies, memsets) that
+    start from the start of the NVTX range named `first` to that of the range named `until`."""
+    con = sqlite3.connect(export)
+    try:
+        a, b = (con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+                            "WHERE coalesce(n.text, s.value) = ?", (name,)).fetchone()[0] for name in (first, until))
+        ops = sorted(con.execute(" UNION ALL ".join(
+            f"SELECT start, \"end\" FROM {t} WHERE start >= ? AND start < ?" for t in
+            ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")), (a, b) * 3))
+    finally:
+        con.close()
+    small, busy_until = 0, ops[0][1]
+    for s, e in ops[1:]:
+        if 0 < s - busy_until < 1_000_000:
+            small += s - busy_until
+        busy_until = max(busy_until, e)
+    return small / 1e6

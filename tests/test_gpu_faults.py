@@ -252,27 +252,6 @@ def _launched(export: Path, first: int, last: int) -> tuple[int, float]:
         con.close()
 
 
-def _small_gaps(export: Path, first: int, last: int) -> float:
-    """ms a step the GPU sat idle between two of its ops (kernels, copies, memsets) for under 1
-    ms, from the start of `Step {first} Start` to that of `Step {last + 1} Start`, plain sqlite3."""
-    con = sqlite3.connect(export)
-    try:
-        a, b = (con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
-                            "WHERE coalesce(n.text, s.value) = ?", (f"Step {n} Start",)).fetchone()[0]
-                for n in (first, last + 1))
-        ops = sorted(con.execute(" UNION ALL ".join(
-            f"SELECT start, \"end\" FROM {t} WHERE start >= ? AND start < ?" for t in
-            ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")), (a, b) * 3))
-    finally:
-        con.close()
-    small, busy_until = 0, ops[0][1]
-    for s, e in ops[1:]:
-        if 0 < s - busy_until < 1_000_000:
-            small += s - busy_until
-        busy_until = max(busy_until, e)
-    return small / 1e6 / (last - first + 1)
-
-
 def test_a_root_whose_kernels_are_no_longer_than_the_others_starts_its_gpu_work_late(runs) -> None:
     """The oom run's steps before the fault are healthy DDP: both ranks launch the same kernels
     (plain sqlite3: as many, their GPU time a step within 10 %), yet the critical path puts one
@@ -284,7 +263,7 @@ def test_a_root_whose_kernels_are_no_longer_than_the_others_starts_its_gpu_work_
     exports = {independent.export_rank(f): f for f in (run / "exports").glob("*.sqlite")}
     got = {r: _launched(f, 1, 10) for r, f in exports.items()}
     assert got[0][0] == got[1][0] and abs(got[0][1] - got[1][1]) < 0.1 * got[1][1], got
-    gaps = {r: _small_gaps(f, 1, 7) for r, f in exports.items()}
+    gaps = {r: independent.small_gaps_ms(f, "Step 1 Start", "Step 8 Start") / 7 for r, f in exports.items()}
     slower = max(gaps, key=gaps.__getitem__)
     assert gaps[slower] > 1.5 * gaps[1 - slower], gaps
     found = [f for f in rep["findings"] if f["kind"] == "straggler"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, copy_run, run_orch
-from tests.independent import per_rank
+from tests.independent import export_rank, per_rank, small_gaps_ms
 
 PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
@@ -188,3 +188,24 @@ def test_a_stage_short_of_input_is_named_once_and_costs_what_its_loader_costs(pa
     measured = _measured(run, pairs["pp-even-h200"][0], like="step %")
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
     assert not [g for g in rep["findings"] if g["kind"] == "pipeline_bubble"]
+
+
+def test_a_launch_bound_jobs_slowest_launcher_ranks_below_the_shared_cause(pairs) -> None:
+    """The accumulation job twice on one machine: both ranks' GPUs wait between kernels (plain
+    sqlite3, optimizer steps 1-10), and which rank waits longest changed between the runs. orch
+    names that rank, as its launches are slower, but low and after the launch-bound finding:
+    the loop is launch-bound on every rank, and the slowest launcher is not a property of it."""
+    slowest = {}
+    for name in ("ddp-accum", "ddp-accum-rerun"):
+        run, rep = pairs[name]
+        gaps = {export_rank(f): small_gaps_ms(f, "Step 4 Start", "Step 44 Start")
+                for f in (run / "exports").glob("*.sqlite")}
+        assert min(gaps.values()) > 0.05 * 10 * 150, gaps  # every rank: over 5 % of 10 steps of ~150+ ms
+        slowest[name] = max(gaps, key=gaps.__getitem__)
+        (f,) = [f for f in rep["findings"] if f["kind"] == "straggler"]
+        assert f["ranks"] == [slowest[name]] and f["title"].endswith("(GPU work starting late: its kernel launches "
+                                                                      "are slower)"), (f["title"], gaps)
+        assert f["severity"] == "low"
+        kinds = [g["kind"] for g in rep["findings"]]
+        assert kinds.index("launch_bound") < kinds.index("straggler")
+    assert slowest["ddp-accum"] != slowest["ddp-accum-rerun"]

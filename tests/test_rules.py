@@ -212,6 +212,15 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
     # the upper median of two is the root's own 12 ms and nothing would stand out).
     (two,) = _run("straggler", context([rank(0), rank(1)], {**tables, "small_gaps": tables["small_gaps"][:2]}))
     assert two.title == m.title
+    # Every rank's GPU waits between kernels 5 % of its 100 ms window or more (8 ms in 4 steps):
+    # the loop is launch-bound everywhere and the slowest launcher is that at its worst (low);
+    # where the others barely wait (0.4 ms), the root's slower launches stand alone.
+    assert m.severity == "low" and any(e.startswith("every rank's GPU waits between its kernels (2.0-12.0 ms a step)")
+                                       for e in m.evidence)
+    quiet = [{**g, "ns": 4e5} if g["rank"] else g for g in tables["small_gaps"]]
+    (alone,) = _run("straggler", context([rank(0), rank(1), rank(2)], {**tables, "small_gaps": quiet}))
+    assert alone.title == m.title and alone.severity != "low"
+    assert not any(e.startswith("every rank's GPU waits") for e in alone.evidence)
     tables["small_gaps"][0]["ns"] = 4 * 8e6  # 6 ms more a step: under 25 % of the 30 ms it holds a step up
     (q,) = _run("straggler", context([rank(0), rank(1), rank(2)], tables))
     assert q.title == g.title

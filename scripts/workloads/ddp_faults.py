@@ -91,10 +91,16 @@ def main() -> None:
     p.add_argument("--fault-step", type=int, default=10**9)
     p.add_argument("--nccl-timeout", type=float, default=600.0)
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--bind-cpus", action="store_true",
+                   help="pin each rank (and its DataLoader workers) to an equal share of the machine's cores")
     p.add_argument("--log-every", type=int, default=0, help="rank 0 prints `step N` every N steps")
     a = p.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])
+    if a.bind_cpus:  # before the DataLoader forks its workers: they inherit the binding
+        cores = sorted(os.sched_getaffinity(0))
+        share = len(cores) // int(os.environ["LOCAL_WORLD_SIZE"])
+        os.sched_setaffinity(0, cores[local_rank * share:(local_rank + 1) * share])
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", timeout=timedelta(seconds=a.nccl_timeout))
     rank, world = dist.get_rank(), dist.get_world_size()

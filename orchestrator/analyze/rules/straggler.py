@@ -130,6 +130,14 @@ class Straggler(Rule):
                 evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
+            everywhere = self._launch_bound_everywhere(ctx, len(steps)) if launches else {}
+            if everywhere:
+                lo, hi = min(everywhere.values()), max(everywhere.values())
+                evidence.append(f"every rank's GPU waits between its kernels ({lo}-{hi} ms a step): the loop is "
+                                "launch-bound on every rank, and which rank launches slowest can change from run to "
+                                "run; make launching cheaper everywhere first (the launch-bound finding), and look at "
+                                f"rank {rk}'s placement if every run names it")
+                severity = "low" if severity in ("high", "medium") else severity
             where = (f" (in `{phase}`)" if phase != COMPUTE else
                      f" (GPU work starting late: its loop thread in `{call['name']}`)" if call else
                      " (GPU work starting late: its kernel launches are slower)" if launches else
@@ -185,6 +193,16 @@ class Straggler(Rule):
         idle = {r.rank: r.gaps_by_range_ms.get(phase, 0.0) for r in ctx.report.ranks}
         ok = all(idle[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
         return idle if ok and len(idle) > 1 else {}
+
+    def _launch_bound_everywhere(self, ctx: Context, n_steps: int) -> dict[int, float]:
+        """Every rank's GPU wait between kernels (small_gaps) in ms a step, when on every rank it
+        is `shared_share` of the window or more: slower launches on one rank are then the
+        shared launch-boundness at its worst (on a 2-GPU machine the slowest rank changed from
+        run to run of one job)."""
+        gaps = ctx.views.by_rank("small_gaps")
+        per = {r.rank: gaps[r.rank]["ns"] / 1e6 if r.rank in gaps else 0.0 for r in ctx.report.ranks}
+        ok = len(per) > 1 and all(per[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
+        return {rk: round(ms / n_steps, 3) for rk, ms in per.items()} if ok else {}
 
     def _kernels(self, ctx: Context, rk: int, typical_ns: int) -> tuple[list[str], str, bool]:
         """What the root's GPU computes more than the median rank's, per step (kernel_excess):

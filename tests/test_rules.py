@@ -224,6 +224,8 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
     tables["small_gaps"][0]["ns"] = 4 * 8e6  # 6 ms more a step: under 25 % of the 30 ms it holds a step up
     (q,) = _run("straggler", context([rank(0), rank(1), rank(2)], tables))
     assert q.title == g.title
+    # Late GPU work with no call to name, in a loop launch-bound on every rank: low as well.
+    assert q.severity == "low" and g.severity != "low"
 
 
 def test_straggler_shared_cause_ranks_below() -> None:

@@ -130,7 +130,8 @@ class Straggler(Rule):
                 evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
-            everywhere = self._launch_bound_everywhere(ctx, len(steps)) if launches else {}
+            # Late GPU work with no call of its own to name, in a loop launch-bound on every rank.
+            everywhere = self._launch_bound_everywhere(ctx, len(steps)) if late_start and not call else {}
             if everywhere:
                 lo, hi = min(everywhere.values()), max(everywhere.values())
                 evidence.append(f"every rank's GPU waits between its kernels ({lo}-{hi} ms a step): the loop is "

@@ -7,6 +7,7 @@
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
+--   is_thread_wait(name)  those of them by which a thread waits for another thread of its process
 --   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
 --   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu, of
 --       the ranks not in map_ranks; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
@@ -17,7 +18,9 @@
 --   cpu_call_excess(rank, name, ns_per_step, median_ns_per_step, excess_ns_per_step)
 --       per rank its (up to 3) OS calls on the main thread whose time per step most exceeds the
 --       other ranks' median (loo_ref; a rank with OS calls traced that never makes one counts 0
---       of it): what the loop thread of a rank whose GPU work starts late does that the others do not
+--       of it): what the loop thread of a rank whose GPU work starts late does that the others do
+--       not. Waits for its own threads (is_thread_wait) are left out: a loop thread in
+--       pthread_cond_wait during backward waits for the autograd thread's launches
 --   thread_table(rank, tid, thread, role, span_ns, launch_ns, sync_ns, wait_ns, blocked_ns,
 --       n_steps, top_wait, blocked_per_step_ns, blocked_pct, launch_pct)  per thread with calls:
 --       launch_ns = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking
@@ -35,6 +38,12 @@ CREATE OR REPLACE MACRO thread_role(name, is_main) AS CASE
     WHEN coalesce(regexp_matches(name, '(?i)^cuda'), false) THEN 'cuda'
     WHEN coalesce(regexp_matches(name, '(?i)data_worker|dataloader|loader'), false) THEN 'data worker'
     ELSE 'other' END;
+
+-- A thread waiting for another thread of its own process (the autograd engine's device thread
+-- running backward, the pin-memory thread, a queue): the wait says that it waited, not why.
+CREATE OR REPLACE MACRO is_thread_wait(name) AS coalesce(regexp_matches(name,
+    '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|futex)$'),
+    false);
 
 CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
@@ -78,7 +87,8 @@ UNION ALL BY NAME
 SELECT * FROM map_api_table SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE cpu_call_excess AS
-WITH m AS (SELECT rank, name, sum(per_step_ns) AS ns FROM api_table WHERE api = 'osrt' AND role = 'main' GROUP BY ALL),
+WITH m AS (SELECT rank, name, sum(per_step_ns) AS ns FROM api_table
+           WHERE api = 'osrt' AND role = 'main' AND NOT is_thread_wait(name) GROUP BY ALL),
 rk AS (SELECT DISTINCT rank FROM api_table WHERE api = 'osrt'),
 g AS (SELECT rk.rank, nm.name, coalesce(m.ns, 0) AS ns
       FROM rk CROSS JOIN (SELECT DISTINCT name FROM m) nm LEFT JOIN m ON m.rank = rk.rank AND m.name = nm.name),

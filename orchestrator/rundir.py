@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer, f
 
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_json_atomic
-from orchestrator.layout import Layout
+from orchestrator.layout import CLI_KEYS, Layout
 from orchestrator.runpaths import MANIFEST
 
 
@@ -93,8 +93,7 @@ class Manifest(BaseModel):
     def _dump_layout(self, lay: Layout) -> dict[str, Any]:
         # Every key of the job's layout (the schedule's vpp and microbatches too: the bubble's
         # theory needs them), not the world size and node width that the manifest has beside it.
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "vpp": lay.vpp,
-                "microbatches": lay.microbatches, "known": lay.known}
+        return {**{k: getattr(lay, k) for k in CLI_KEYS}, "known": lay.known}
 
     def job_layout(self) -> Layout:
         """The layout with the job's world size and node width, as collect needs it. The

@@ -169,13 +169,18 @@ def gpu_memory_peak(path: Path) -> tuple[int, int]:
     return dev, max(levels) + max(0, -min(levels))
 
 
+def range_start(con: sqlite3.Connection, name: str) -> int:
+    """The start of the (first) NVTX range named `name` in an export."""
+    return con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+                       "WHERE coalesce(n.text, s.value) = ?", (name,)).fetchone()[0]
+
+
 def small_gaps_ms(export: Path, first: str, until: str) -> float:
     """ms the GPU sat idle for under 1 ms between two of its ops (kernels, copies, memsets) that
     start from the start of the NVTX range named `first` to that of the range named `until`."""
     con = sqlite3.connect(export)
     try:
-        a, b = (con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
-                            "WHERE coalesce(n.text, s.value) = ?", (name,)).fetchone()[0] for name in (first, until))
+        a, b = range_start(con, first), range_start(con, until)
         ops = sorted(con.execute(" UNION ALL ".join(
             f"SELECT start, \"end\" FROM {t} WHERE start >= ? AND start < ?" for t in
             ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")), (a, b) * 3))

@@ -238,15 +238,12 @@ def _launched(export: Path, first: int, last: int) -> tuple[int, float]:
 
     con = sqlite3.connect(export)
     try:
-        def start(n: int) -> int:
-            return con.execute("SELECT n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
-                               "WHERE coalesce(n.text, s.value) = ?", (f"Step {n} Start",)).fetchone()[0]
-
+        span = tuple(independent.range_start(con, f"Step {n} Start") for n in (first, last + 1))
         n, d = con.execute(
             "SELECT count(*), sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
             "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
             "JOIN StringIds s ON s.id = k.shortName WHERE s.value NOT LIKE 'nccl%' AND r.start >= ? AND r.start < ?",
-            (start(first), start(last + 1))).fetchone()
+            span).fetchone()
         return n, d / 1e6 / (last - first + 1)
     finally:
         con.close()

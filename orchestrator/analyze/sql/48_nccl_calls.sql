@@ -54,7 +54,9 @@ ASOF JOIN (SELECT * FROM nccl_calls WHERE comm IS NOT NULL) c
     ON c.rank = l.rank AND c.tid = l.tid AND c.kind = l.kind AND l.l_start >= c.start;
 
 CREATE OR REPLACE TABLE nccl_comm_size AS
-SELECT json_extract_string(js, '$."NCCL communicator ID"') AS comm,
-       max(TRY_CAST(json_extract_string(js, '$."No. of ranks"') AS INTEGER)) AS n_ranks
-FROM _nccl_nvtx WHERE js LIKE '%"No. of ranks"%'
-GROUP BY ALL HAVING comm IS NOT NULL AND max(TRY_CAST(json_extract_string(js, '$."No. of ranks"') AS INTEGER)) IS NOT NULL;
+SELECT comm, max(n) AS n_ranks
+FROM (SELECT json_extract_string(js, '$."NCCL communicator ID"') AS comm,
+             TRY_CAST(json_extract_string(js, '$."No. of ranks"') AS INTEGER) AS n
+      FROM _nccl_nvtx WHERE js LIKE '%"No. of ranks"%')
+WHERE comm IS NOT NULL AND n IS NOT NULL
+GROUP BY comm;

@@ -30,13 +30,14 @@ WITH c0 AS (
     -- rank's export without NCCL's payload would otherwise match with nobody
     SELECT coalesce(bool_and(n_comm >= 0.9 * n), false) AS yes
     FROM (SELECT rank, count(comm) AS n_comm, count(*) AS n FROM c0 GROUP BY rank)
+), lg AS (  -- each rank's layout group
+    SELECT rank, 'stage ' || coalesce(stage, 0) || ' tp ' || coalesce(tp_index, 0) AS grp FROM ranks
 ), k0 AS (
     SELECT c.rank, CASE WHEN b.yes THEN c.comm END AS comm,
-           CASE WHEN b.yes AND c.comm IS NOT NULL THEN 'comm ' || c.comm
-                ELSE 'stage ' || coalesce(r.stage, 0) || ' tp ' || coalesce(r.tp_index, 0) END AS grp,
+           CASE WHEN b.yes AND c.comm IS NOT NULL THEN 'comm ' || c.comm ELSE g.grp END AS grp,
            c.name, c.start, c."end",
            CASE WHEN c.start >= w.w0 AND c.start < w.w1 THEN 1 ELSE 0 END AS in_win
-    FROM c0 c JOIN ranks r USING (rank) JOIN win w USING (rank), by_comm b
+    FROM c0 c JOIN lg g USING (rank) JOIN win w USING (rank), by_comm b
 ), k AS (
     SELECT rank, comm, grp, name, start, "end",
            row_number() OVER (PARTITION BY rank, grp, name ORDER BY start) AS kth, in_win
@@ -45,8 +46,7 @@ WITH c0 AS (
     SELECT k.grp, least(coalesce(max(s.n_ranks), count(DISTINCT k.rank)), (SELECT count(*) FROM win)) AS n
     FROM k LEFT JOIN nccl_comm_size s USING (comm) WHERE k.comm IS NOT NULL GROUP BY k.grp
     UNION ALL
-    SELECT 'stage ' || coalesce(stage, 0) || ' tp ' || coalesce(tp_index, 0), count(*)
-    FROM ranks WHERE rank IN (SELECT rank FROM win) GROUP BY ALL
+    SELECT grp, count(*) FROM lg WHERE rank IN (SELECT rank FROM win) GROUP BY grp
 ), m AS (
     SELECT k.*, max(k.start) OVER c AS latest, min(k.start) OVER c AS earliest,
            count(*) OVER c AS n_seen, min(k.in_win) OVER c AS all_in_win

@@ -45,8 +45,8 @@ CREATE OR REPLACE MACRO is_thread_wait(name) AS coalesce(regexp_matches(name,
     '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|futex)$'),
     false);
 
-CREATE OR REPLACE MACRO is_wait_call(name) AS coalesce(regexp_matches(name,
-    '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|futex|sched_yield|sigtimedwait|sigwaitinfo)$'),
+CREATE OR REPLACE MACRO is_wait_call(name) AS is_thread_wait(name) OR coalesce(regexp_matches(name,
+    '^(p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);
 
 -- Names are cleaned and classified once per distinct name (a few dozen), not per call.

@@ -65,7 +65,7 @@ def test_a_loop_thread_waiting_for_its_autograd_thread_is_not_named_as_the_cause
     `pthread_cond_wait` (plain sqlite3: every kernel launch of the `pt_autograd_*` threads falls
     inside such a wait of the main thread). That wait says the loop thread waited, not why: no
     finding names it, and the rank whose GPU work starts late in this launch-bound job (rank 0
-    in one run, rank 1 in the other) is low."""
+    in one run, rank 1 in the other) is `info`: run-to-run noise, not a cause."""
     run, rep = tp2_runs
     inside = per_rank(run, """
         WITH w AS (SELECT o.start, o."end" FROM OSRT_API o JOIN StringIds s ON s.id = o.nameId
@@ -80,4 +80,22 @@ def test_a_loop_thread_waiting_for_its_autograd_thread_is_not_named_as_the_cause
     for rank, [(launches, during_wait)] in inside.items():
         assert launches > 1000 and during_wait == launches, (rank, launches, during_wait)
     assert not [f for f in rep["findings"] if "pthread_cond_wait" in f["title"] + " ".join(f["evidence"])]
-    assert all(f["severity"] == "low" for f in rep["findings"] if f["kind"] == "straggler")
+    assert all(f["severity"] == "info" for f in rep["findings"] if f["kind"] == "straggler")
+
+
+def test_a_tensor_parallel_run_without_a_cause_has_no_finding_above_info_worth_3_percent(tp2_runs) -> None:
+    """Neither TP run has a planted cause. Their steps' time (plain sqlite3: from `step 1` to the
+    last `step N` range's end, the later rank) is the yardstick: no finding above `info` may claim
+    3 % of it. The GPU's low slices are launch gaps there (the symptom costs what no cause claims),
+    and the slower launcher changes from run to run."""
+    run, rep = tp2_runs
+    spans = per_rank(run, "SELECT min(e.start), max(e.\"end\") FROM NVTX_EVENTS e "
+                     "LEFT JOIN StringIds s ON s.id = e.textId WHERE coalesce(e.text, s.value) LIKE 'step %' "
+                     "AND coalesce(e.text, s.value) <> 'step 0'")
+    steps_ms = max((e - s) / 1e6 for [(s, e)] in spans.values())
+    assert steps_ms > 500
+    loud = [(f["title"], f["severity"], f["cost_ms"]) for f in rep["findings"]
+            if f["severity"] != "info" and f["cost_ms"] > 0.03 * steps_ms]
+    assert loud == [], (loud, steps_ms)
+    (low,) = [f for f in rep["findings"] if f["kind"] == "gpu_low_util"]
+    assert low["cost_ms"] == 0.0 and "launch gaps" in low["evidence"][-1]

@@ -193,8 +193,9 @@ def test_a_stage_short_of_input_is_named_once_and_costs_what_its_loader_costs(pa
 def test_a_launch_bound_jobs_slowest_launcher_ranks_below_the_shared_cause(pairs) -> None:
     """The accumulation job twice on one machine: both ranks' GPUs wait between kernels (plain
     sqlite3, optimizer steps 1-10), and which rank waits longest changed between the runs. orch
-    names that rank, as its launches are slower, but low and after the launch-bound finding:
-    the loop is launch-bound on every rank, and the slowest launcher is not a property of it."""
+    names that rank, as its launches are slower, but as `info` and after the launch-bound finding:
+    the loop is launch-bound on every rank, and the slowest launcher is run-to-run noise, not a
+    property of the rank."""
     slowest = {}
     for name in ("ddp-accum", "ddp-accum-rerun"):
         run, rep = pairs[name]
@@ -205,7 +206,7 @@ def test_a_launch_bound_jobs_slowest_launcher_ranks_below_the_shared_cause(pairs
         (f,) = [f for f in rep["findings"] if f["kind"] == "straggler"]
         assert f["ranks"] == [slowest[name]] and f["title"].endswith("(GPU work starting late: its kernel launches "
                                                                       "are slower)"), (f["title"], gaps)
-        assert f["severity"] == "low"
+        assert f["severity"] == "info"
         kinds = [g["kind"] for g in rep["findings"]]
         assert kinds.index("launch_bound") < kinds.index("straggler")
     assert slowest["ddp-accum"] != slowest["ddp-accum-rerun"]

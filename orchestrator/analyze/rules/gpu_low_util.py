@@ -1,9 +1,11 @@
 """Stretches of the step where the GPU is mostly idle (nsys analyze gpu-low-util), per rank.
 
 The rank's GPU span inside the window is cut into 30 equal slices (view `gpu_slices`); slices
-under `max_util_pct` busy are low. The cost is the idle time inside the low slices. It names
-WHEN the GPU starves; cpu_gap / data_loader_stall / host_sync say why, so this finding is
-capped at `low` when one of those already covers the rank (it runs with the final rules to see them).
+under `max_util_pct` busy are low. The finding names WHEN the GPU starves; the causes say why,
+and their findings carry what fixing them saves. So this symptom costs only the idle no cause
+claims: not the launch gaps under --gap-ms (launch_bound's, view `slice_idle`), and not the
+longer gaps of a rank that cpu_gap / data_loader_stall / host_sync / a straggler already covers
+(it runs with the final rules to see them). With nothing left it is `info`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ FIX = ("Find what the CPU does during the low slices (the phase table and the th
 @dataclass
 class GpuLowUtil(Rule):
     kind = "gpu_low_util"
-    reads = ("gpu_slices",)
+    reads = ("gpu_slices", "slice_idle")
     final = True  # sees the other findings (the ones that say why the GPU idles)
     symptom = True
     max_util_pct: float = 50.0  # nsys's default threshold
@@ -33,22 +35,34 @@ class GpuLowUtil(Rule):
         for s in ctx.views.rows("gpu_slices"):
             if s["util_pct"] < self.max_util_pct:
                 low[s["rank"]].append(s)
-        idle = {rk: ns_to_ms(sum((s["e"] - s["s"]) - s["busy_ns"] for s in ss))
-                for rk, ss in low.items() if len(ss) >= self.min_slices and win.get(rk)}
-        if not idle:
+        low = {rk: ss for rk, ss in low.items() if len(ss) >= self.min_slices and win.get(rk)}
+        if not low:
             return []
-        worst = max(idle, key=lambda rk: idle[rk] / win[rk])
+        split = {(r["rank"], r["slice"]): r for r in ctx.views.rows("slice_idle")}
+        idle = {rk: ns_to_ms(sum((s["e"] - s["s"]) - s["busy_ns"] for s in ss)) for rk, ss in low.items()}
+        short, long = ({rk: ns_to_ms(sum(split.get((rk, s["slice"]), {}).get(col, 0) for s in ss))
+                        for rk, ss in low.items()} for col in ("short_ns", "long_ns"))
         from orchestrator.analyze.rules import registry  # the package imports this module
 
-        why = {r.kind for r in registry() if r.explains_idle}
+        why = {r.kind for r in registry() if r.explains_idle and r.kind != "launch_bound"}
         covered = {rk for f in ctx.findings if f.kind in why for rk in f.ranks}
-        pct = 100 * idle[worst] / win[worst]
-        return [finding(
-            self.kind, idle, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 time slices",
-            [f"rank {rk}: {len(low[rk])} low slices, GPU idle {idle[rk]} ms in them "
-             f"(lowest {min(s['util_pct'] for s in low[rk]):.0f} % busy)"
-             for rk, _ in worst_first({k: idle[k] / win[k] for k in idle})],  # the title's rank first
-            FIX, idle[worst], pct=pct, severity="low" if set(idle) <= covered and pct >= 1 else None)]
+        unclaimed = {rk: 0.0 if rk in covered else long[rk] for rk in low}
+        worst = max(low, key=lambda rk: idle[rk] / win[rk])
+        costly = max(low, key=lambda rk: (unclaimed[rk] / win[rk], -rk))
+        pct = 100 * unclaimed[costly] / win[costly]
+        gap = f"{ctx.opts.gap_ms:g} ms"
+        evidence = [f"rank {rk}: {len(low[rk])} low slices, GPU idle {idle[rk]:.1f} ms in them (lowest "
+                    f"{min(s['util_pct'] for s in low[rk]):.0f} % busy): {short[rk]:.1f} ms between kernels under "
+                    f"{gap} apart (launch gaps), {long[rk]:.1f} ms in longer gaps"
+                    + (", which the cause found on this rank explains" if rk in covered and long[rk] else "")
+                    for rk, _ in worst_first({k: idle[k] / win[k] for k in idle})]  # the title's rank first
+        if unclaimed[costly]:
+            evidence.append(f"costs what no cause claims: {unclaimed[costly]:.1f} ms of longer gaps on rank {costly}")
+        else:
+            evidence.append("costs nothing of its own: its launch gaps are the launch-bound finding's"
+                            + (", its longer gaps the causes' found on the same ranks" if any(long.values()) else ""))
+        return [finding(self.kind, low, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 "
+                        "time slices", evidence, FIX, unclaimed[costly], pct=pct)]
 
 
 RULE = GpuLowUtil()

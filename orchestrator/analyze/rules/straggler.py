@@ -136,9 +136,9 @@ class Straggler(Rule):
                 lo, hi = min(everywhere.values()), max(everywhere.values())
                 evidence.append(f"every rank's GPU waits between its kernels ({lo}-{hi} ms a step): the loop is "
                                 "launch-bound on every rank, and which rank launches slowest can change from run to "
-                                "run; make launching cheaper everywhere first (the launch-bound finding), and look at "
+                                "run; make launching cheaper on every rank first (CUDA graphs, fused ops), and look at "
                                 f"rank {rk}'s placement if every run names it")
-                severity = "low" if severity in ("high", "medium") else severity
+                severity = "info"
             where = (f" (in `{phase}`)" if phase != COMPUTE else
                      f" (GPU work starting late: its loop thread in `{call['name']}`)" if call else
                      " (GPU work starting late: its kernel launches are slower)" if launches else

@@ -49,6 +49,8 @@ scenario() {
     gpu-straggler) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault gpu-straggler --fault-rank 1 --fault-step 0" ;;
     cpu-straggler) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault cpu-straggler --fault-rank 0 --fault-step 0" ;;
     slow-input) echo "5||||--steps 30 --num-workers 0" ;;
+    slow-loader) echo "5||||--steps 20 --batch 96 --num-workers 8 --fault slow-loader --fault-rank 1 --fault-step 0" ;;
+    input-bound) echo "5||||--steps 20 --batch 96 --num-workers 2" ;;  # healthy's job, every loader with 2 workers
     accum|accum-[0-9]) echo "5||||--steps 48 --accum 4 --batch 32 --num-workers 8" ;;  # accum-N: a rerun
     accum-bind|accum-bind-[0-9]) echo "5||||--steps 48 --accum 4 --batch 32 --num-workers 8 --bind-cpus" ;;
     stage-[0-9]*-[0-9]*)  # a 1F1B pipeline of ViT-B/16, its 12 blocks split A+B (stage-A-B), the

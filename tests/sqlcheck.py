@@ -12,9 +12,11 @@ Problems are returned as sentences, one per drift, so that a test shows every on
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -189,6 +191,13 @@ def reads_in(tree: ast.AST, helpers: dict[str, set[str]], where: str) -> tuple[s
                 found |= sql_tables(arg.value)
         elif isinstance(f, ast.Name) and f.id in helpers:
             found |= helpers[f.id]
+        elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "RULE"
+              and isinstance(f.value.value, ast.Name)):  # another rule's method: `straggler.RULE.reported(ctx)`
+            other = importlib.import_module(f"{rules_pkg.__name__}.{f.value.value.id}").RULE
+            src = textwrap.dedent(inspect.getsource(getattr(type(other), f.attr)))
+            sub, probs = reads_in(ast.parse(src), helpers, f"{where} (through {f.value.value.id}.{f.attr})")
+            found |= sub
+            problems += probs
     return found, problems
 
 

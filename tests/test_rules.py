@@ -32,7 +32,7 @@ def test_data_loader_stall_threshold_and_cpu_state() -> None:
                {"rank": 0, "range_group": "between steps (input pipeline)", "call": None, "ns": 2e6}]
     ctx = context([rank(0, gaps_by_range_ms={"between steps (input pipeline)": 6.0}),
                    rank(1, gaps_by_range_ms={"data_load": 4.0}), rank(2, gaps_by_range_ms={"data_load": 7.0})],
-                  {"gap_cpu": gap_cpu})
+                  {"gap_cpu": gap_cpu, "cp_roots": [], "cp_steps": []})
     (f,) = _run("data_loader_stall", ctx)
     assert f.ranks == [0, 2] and f.cost_ms == 7.0 and f.severity == "medium"
     assert f.evidence == [  # the worst rank first
@@ -230,20 +230,42 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
 
 
 def test_straggler_shared_cause_ranks_below() -> None:
-    """Every rank idles in the input pipeline; the root is only the worst of them: medium, and
-    the evidence says the shared cause comes first."""
-    gaps = {"between steps (input pipeline)": 30.0}
-    ctx = context([rank(0, gaps_by_range_ms=gaps), rank(1, gaps_by_range_ms={"between steps (input pipeline)": 50.0})],
-                  _cp([(s, 1, 60.0, "between steps (input pipeline)", [0]) for s in (1, 2, 3)]))
+    """Every rank idles in one CPU range; the root is only the worst of them: medium, and the
+    evidence says the shared cause comes first. Ranks that take turns there are one finding."""
+    ph = "all_gather_metrics"
+    ctx = context([rank(0, gaps_by_range_ms={ph: 30.0}), rank(1, gaps_by_range_ms={ph: 50.0})],
+                  _cp([(s, 1, 60.0, ph, [0]) for s in (1, 2, 3)]))
     (f,) = _run("straggler", ctx)
     assert f.severity == "medium" and f.ranks == [1]
-    assert any(e.startswith("every rank idles in `between steps (input pipeline)` (30.0-50.0 ms)") for e in f.evidence)
-    turns = context(ctx.report.ranks, _cp([(1, 1, 60.0, "between steps (input pipeline)", [0]),
-                                            (2, 1, 60.0, "between steps (input pipeline)", [0]),
-                                            (3, 0, 70.0, "between steps (input pipeline)", [1]),
-                                            (4, 0, 70.0, "between steps (input pipeline)", [1])]))
+    assert any(e.startswith(f"every rank idles in `{ph}` (30.0-50.0 ms)") for e in f.evidence)
+    turns = context(ctx.report.ranks, _cp([(1, 1, 60.0, ph, [0]), (2, 1, 60.0, ph, [0]),
+                                            (3, 0, 70.0, ph, [1]), (4, 0, 70.0, ph, [1])]))
     (t,) = _run("straggler", turns)  # ranks that take turns in the shared cause: one finding
     assert t.ranks == [0, 1] and t.cost_ms == 260.0 and t.severity == "medium" and "take turns" in t.title
+
+
+def test_one_input_pipeline_slowdown_is_counted_once() -> None:
+    """One rank late in its own input pipeline: the straggler names it and the rank it holds up
+    and carries the saving; the data-loader finding stays as `info` without a cost for it. Every
+    rank idling there (a shared cause): the data-loader finding carries it, and the ranks that
+    take turns as the root are `info` without a cost."""
+    inp = "between steps (input pipeline)"
+    one = context([rank(0, gaps_by_range_ms={inp: 1.0}), rank(1, gaps_by_range_ms={inp: 50.0})],
+                  {**_cp([(s, 1, 60.0, inp, [0]) for s in (1, 2, 3)]), "gap_cpu": []})
+    (f,) = _run("straggler", one)
+    assert f.ranks == [1] and f.severity != "info" and f.cost_ms == 180.0 and f.victims == [0]
+    (d,) = _run("data_loader_stall", one)
+    assert d.ranks == [1] and d.severity == "info" and d.cost_ms == 0.0
+    assert ("rank 1 holds the others up while it waits for its input: the straggler finding on it carries what "
+            "fixing it saves") in d.evidence
+    both = context([rank(0, gaps_by_range_ms={inp: 30.0}), rank(1, gaps_by_range_ms={inp: 50.0})],
+                   {**_cp([(1, 1, 60.0, inp, [0]), (2, 1, 60.0, inp, [0]), (3, 0, 70.0, inp, [1]),
+                           (4, 0, 70.0, inp, [1])]), "gap_cpu": []})
+    (t,) = _run("straggler", both)
+    assert "take turns" in t.title and t.severity == "info" and t.cost_ms == 0.0
+    assert t.evidence[0].endswith("rank 0 140.0 ms; rank 1 120.0 ms")
+    (e,) = _run("data_loader_stall", both)
+    assert e.ranks == [0, 1] and e.severity != "info" and e.cost_ms == 50.0
 
 
 def test_pipeline_bubble_splits_theory_from_excess_and_names_the_root() -> None:
@@ -306,7 +328,7 @@ def test_a_pipeline_stage_short_of_input_saves_its_stall_less_the_bubble_it_woul
                            theory_bubble_pct=20.0, microbatches=4, excess_bubble_pct=30.0)]
     ranks = [rank(0, gaps_by_range_ms={"between steps (input pipeline)": 40.0}), rank(1)]
     rows = [{"stage": 0, "p2p_wait_ns": 2e6, "window_ns": 100e6}, {"stage": 1, "p2p_wait_ns": 48e6, "window_ns": 100e6}]
-    ctx = context(ranks, {"gap_cpu": [], "stage_metrics": rows, "cp_roots": []}, stages=stages,
+    ctx = context(ranks, {"gap_cpu": [], "stage_metrics": rows, "cp_roots": [], "cp_steps": []}, stages=stages,
                   imbalance=Imbalance(ratio=1.0, slowest_stage=0, fastest_stage=1))
     (f,) = _run("data_loader_stall", ctx)
     assert f.ranks == [0] and f.cost_ms == 30.0 and f.cost_pct == 30.0

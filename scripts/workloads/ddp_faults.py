@@ -12,11 +12,13 @@ file) with the faults that stop real multi-GPU jobs, each where a user's code ha
 - raise: one rank's dataset raises on a corrupt sample.
 - sigkill: one rank is killed (as the kernel's OOM killer kills a process).
 
-And two slowdowns that stop nothing, for the cost of a straggler (`--fault-step 0`):
+And three slowdowns that stop nothing, for the cost of a straggler (`--fault-step 0`):
 - gpu-straggler: one rank probes its loss landscape every step, 8 extra 3072x3072 GEMMs on
   its GPU after the optimizer step.
 - cpu-straggler: one rank writes its metrics synchronously to a slow filesystem every step
   (15 ms on the host before its forward pass).
+- slow-loader: one rank's DataLoader has 2 workers instead of `--num-workers` (a node with
+  fewer free cores, a worker count computed from the wrong CPU count).
 A slow input pipeline is `--num-workers 0` (every rank decodes its own batches).
 Gradient accumulation is `--accum K`: each loader batch is a micro-batch in its own `Step N Start`
 range (the tutorial's loop, one range per batch), its gradients kept local with DDP's no_sync()
@@ -86,7 +88,7 @@ def main() -> None:
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--fault", default="none",
                    choices=["none", "stuck-loader", "oom", "leak", "extra-collective", "raise", "sigkill",
-                            "gpu-straggler", "cpu-straggler"])
+                            "gpu-straggler", "cpu-straggler", "slow-loader"])
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=10**9)
     p.add_argument("--nccl-timeout", type=float, default=600.0)
@@ -108,7 +110,8 @@ def main() -> None:
     # of rank r starts at sample (s * batch) * world + r.
     dataset = SyntheticDataset(a.steps * a.batch * world, a.fault, a.fault_rank, a.fault_step * a.batch * world)
     loader = DataLoader(dataset, batch_size=a.batch, sampler=DistributedSampler(dataset, shuffle=False),
-                        num_workers=a.num_workers, pin_memory=True)
+                        num_workers=2 if rank == a.fault_rank and a.fault == "slow-loader" else a.num_workers,
+                        pin_memory=True)
     model = DDP(models.resnet50(weights=None).to(local_rank), device_ids=[local_rank])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     mine = rank == a.fault_rank

@@ -3,7 +3,12 @@
 Its cost is the idle, less what a pipeline stage would wait for its peer stages anyway: with
 the input on time, a stage still waits the schedule's own bubble (the theory share of its
 steps without the stall); the part of that it no longer waits, because the stall covers it,
-is no saving."""
+is no saving.
+
+A rank that is the critical path's root while late in its input pipeline, where the other ranks
+do not share the stall, is the straggler finding's: it names the rank the others wait for, and
+its cost is what the steps would save at their pace. There this finding stays, as `info` without
+a cost for that rank, so one fix is counted once."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
+from orchestrator.analyze.rules import straggler
 from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state, finding, worst_first
 
 
@@ -18,28 +24,29 @@ from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state
 class DataLoaderStall(Rule):
     kind = "data_loader_stall"
     explains_idle = True
-    reads = ("gap_cpu",)
+    reads = ("gap_cpu", "cp_roots", "cp_steps")  # the critical path's, through straggler.reported
+    final = True  # after the straggler rule, whose roots it leaves their saving
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = 0.05
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
-        data: dict[int, float] = defaultdict(float)
-        for r in ctx.report.ranks:
-            for name, ms in r.gaps_by_range_ms.items():
-                if DATA_RANGE.search(name):
-                    data[r.rank] += ms
-        stall = {rk: ms for rk, ms in data.items() if win.get(rk) and ms >= self.min_share * win[rk]}
+        stall = self.stalled(ctx)
         if not stall:
             return []
         hidden = {rk: self._bubble_hidden(ctx, rk, ms, win[rk]) for rk, ms in stall.items()}
-        saving = {rk: ms - hidden[rk] for rk, ms in stall.items()}
+        roots = {r.rank for r in straggler.RULE.reported(ctx)
+                 if r.rank in stall and DATA_RANGE.search(r.phase) and not r.shared}
+        saving = {rk: 0.0 if rk in roots else ms - hidden[rk] for rk, ms in stall.items()}
         worst = max(100 * ms / win[rk] for rk, ms in saving.items())
         evidence = []
         for rk, ms in worst_first(stall):
             evidence.append(f"rank {rk}: GPU idle {round(ms, 3)} ms inside data-loading ranges or between steps "
                             f"({round(100 * ms / win[rk], 1)}% of its window)")
-            if hidden[rk] > 0:
+            if rk in roots:
+                evidence.append(f"rank {rk} holds the others up while it waits for its input: the straggler "
+                                "finding on it carries what fixing it saves")
+            elif hidden[rk] > 0:
                 evidence.append(f"rank {rk}'s pipeline stage would wait for its peers {round(hidden[rk], 3)} ms of "
                                 "it anyway (the schedule's bubble, which the stall now covers): fixing its input "
                                 f"saves {round(saving[rk], 3)} ms")
@@ -47,7 +54,20 @@ class DataLoaderStall(Rule):
             if state:
                 evidence.append(state)
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence,
-                        ctx.data_loader_fix(), max(saving.values()), pct=worst)]
+                        ctx.data_loader_fix(), max(saving.values()), pct=worst,
+                        severity="info" if set(stall) <= roots else None)]
+
+    def stalled(self, ctx: Context) -> dict[int, float]:
+        """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:
+        that idle in ms. The straggler rule asks it too: a root late in its input pipeline is this
+        finding's cause, and its saving is counted once, here."""
+        win = ctx.window_ms()
+        data: dict[int, float] = defaultdict(float)
+        for r in ctx.report.ranks:
+            for name, ms in r.gaps_by_range_ms.items():
+                if DATA_RANGE.search(name):
+                    data[r.rank] += ms
+        return {rk: ms for rk, ms in data.items() if win.get(rk) and ms >= self.min_share * win[rk]}
 
     @staticmethod
     def _bubble_hidden(ctx: Context, rk: int, stall_ms: float, window_ms: float) -> float:

@@ -30,6 +30,21 @@ NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare ra
 COMPUTE = "GPU compute"
 
 
+@dataclass(frozen=True)
+class Root:
+    """A reported root: its cp_roots rows, the phase it fell behind in and the excess it put on
+    the path by phase, its excess and median saving per step it holds up, and whether every
+    rank idles in that phase (a shared cause)."""
+
+    rank: int
+    rows: list[dict]
+    phase: str
+    by_phase: dict[str, int]
+    created_ns: int
+    typical_ns: int
+    shared: bool
+
+
 @dataclass
 class Straggler(Rule):
     kind = "straggler"
@@ -60,27 +75,22 @@ class Straggler(Rule):
     kernel_share: float = 0.25
     shown_kernel_ms: float = 0.05
 
-    def evaluate(self, ctx: Context) -> list[Finding]:
-        roots = ctx.views.rows("cp_roots")
-        if not roots:
+    def reported(self, ctx: Context) -> list[Root]:
+        """The roots this rule reports, the costliest first: the one decision of who is reported
+        and in which phase, which the data-loader finding asks too (a root late in its own input
+        pipeline is reported here, and that finding then leaves the saving to it)."""
+        roots, steps = ctx.views.rows("cp_roots"), ctx.views.rows("cp_steps")
+        if not roots or not steps:
             return []
-        steps = ctx.views.rows("cp_steps")
-        # The steps' time is their wall time, first start to last end: a step's span (its first
-        # GPU work to its last on any rank) overlaps the next step's where ranks run apart.
-        total_ns = (max(s["t1"] for s in steps) - min(s["t0"] for s in steps)) or 1
         spans = sorted(s["t1"] - s["t0"] for s in steps)
         median_ns = spans[len(spans) // 2]
-        stats = {s.rank: s for s in ctx.report.stragglers}
+        stats = {s.rank for s in ctx.report.stragglers}
         per: dict[int, list[dict]] = defaultdict(list)
         for r in roots:
             per[r["rank"]].append(r)
-        ranks = {r.rank: r for r in ctx.report.ranks}
-        out: list[Finding] = []
-        by_shared: dict[str, list[Finding]] = defaultdict(list)
+        out = []
         for rk, rows in sorted(per.items(), key=lambda kv: (-sum(r["saving_ns"] for r in kv[1]), kv[0])):
             created = sum(r["created_ns"] for r in rows)
-            saving = sum(r["saving_ns"] for r in rows)
-            pct = round(100 * saving / total_ns, 2)
             outliers = [r for r in rows if r["saving_ns"] >= self.outlier_share * median_ns]
             typical = sorted(r["saving_ns"] for r in rows)[len(rows) // 2]
             consistent = 2 * len(rows) >= len(steps) and ns_to_ms(typical) >= self.consistent_ms
@@ -92,6 +102,26 @@ class Straggler(Rule):
             named = [p for p in by_phase if p != COMPUTE]
             top = max(named, key=lambda p: (by_phase[p], p)) if named else COMPUTE
             phase = top if by_phase[top] >= self.cause_share * created else COMPUTE
+            out.append(Root(rk, rows, phase, dict(by_phase), created, typical, bool(self._shared(ctx, phase))))
+        return out
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        reported = self.reported(ctx)
+        if not reported:
+            return []
+        steps = ctx.views.rows("cp_steps")
+        # The steps' time is their wall time, first start to last end: a step's span (its first
+        # GPU work to its last on any rank) overlaps the next step's where ranks run apart.
+        total_ns = (max(s["t1"] for s in steps) - min(s["t0"] for s in steps)) or 1
+        stats = {s.rank: s for s in ctx.report.stragglers}
+        ranks = {r.rank: r for r in ctx.report.ranks}
+        out: list[Finding] = []
+        by_shared: dict[str, list[tuple[Finding, float]]] = defaultdict(list)
+        for root in reported:
+            rk, rows, phase, by_phase, created, typical = (root.rank, root.rows, root.phase, root.by_phase,
+                                                           root.created_ns, root.typical_ns)
+            saving = sum(r["saving_ns"] for r in rows)
+            pct = round(100 * saving / total_ns, 2)
             victims = sorted({v for r in rows for v in r["victims"]})
             share = sorted(r["share_pct"] for r in rows)[len(rows) // 2]
             evidence = [
@@ -139,6 +169,13 @@ class Straggler(Rule):
                                 "run; make launching cheaper on every rank first (CUDA graphs, fused ops), and look at "
                                 f"rank {rk}'s placement if every run names it")
                 severity = "info"
+            # Late in an input pipeline every rank idles in: the data-loader finding covers every rank
+            # and carries what fixing it saves, counted once (one rank's slow input stays this finding's).
+            folded = bool(shared) and bool(DATA_RANGE.search(phase))
+            if folded:
+                evidence.append("every rank's GPU waits for its input: the data-loader finding is this cause, and "
+                                "what fixing it saves is counted there")
+                severity = "info"
             where = (f" (in `{phase}`)" if phase != COMPUTE else
                      f" (GPU work starting late: its loop thread in `{call['name']}`)" if call else
                      " (GPU work starting late: its kernel launches are slower)" if launches else
@@ -148,13 +185,13 @@ class Straggler(Rule):
             out.append(finding(self.kind, [rk], title, evidence,
                                self._fix(ctx, rk, phase, longer, late_start, call and call["name"],
                                          launches is not None),
-                               ns_to_ms(saving), pct=pct,
+                               0.0 if folded else ns_to_ms(saving), pct=0.0 if folded else pct,
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
-                by_shared[phase].append(out[-1])
+                by_shared[phase].append((out[-1], ns_to_ms(saving)))
         for phase, fs in by_shared.items():  # ranks that take turns in a shared cause: one finding
             if len(fs) > 1:
-                out = [f for f in out if f not in fs] + [self._turns(ctx, phase, fs)]
+                out = [f for f in out if f not in [f for f, _ in fs]] + [self._turns(ctx, phase, fs)]
         return out
 
     def _victims(self, rk: int, victims: list[int], stats: dict) -> list[str]:
@@ -173,19 +210,22 @@ class Straggler(Rule):
                        "after waiting for a rank that waited for it): victims, not the cause")
         return out
 
-    def _turns(self, ctx: Context, phase: str, fs: list[Finding]) -> Finding:
-        rks = sorted(r for f in fs for r in f.ranks)
+    def _turns(self, ctx: Context, phase: str, fs: list[tuple[Finding, float]]) -> Finding:
+        """One finding for the ranks that take turns holding each other up in a shared cause;
+        its cost is theirs, none where each was folded into the data-loader finding."""
+        rks = sorted(r for f, _ in fs for r in f.ranks)
         names = ", ".join(map(str, rks))
         evidence = [f"ranks {names} take turns as the root of the critical path, each while in `{phase}`: "
-                    + "; ".join(f"rank {f.ranks[0]} {f.cost_ms} ms" for f in fs)]
-        evidence += [e for e in fs[0].evidence if e.startswith("every rank idles")]
+                    + "; ".join(f"rank {f.ranks[0]} {ms} ms" for f, ms in fs)]
+        evidence += [e for e in fs[0][0].evidence if e.startswith("every rank idles")]
+        evidence += [e for e in fs[0][0].evidence if e.startswith("every rank's GPU waits for its input")]
         fix = (ctx.data_loader_fix() if DATA_RANGE.search(phase) else
                f"Every rank is slow in `{phase}`: make it faster everywhere; then the slowest rank's share.")
         order = ("high", "medium", "low", "info")
         return finding(self.kind, rks, f"ranks {names} take turns holding each other up (in `{phase}`, a cause "
-                       "every rank shares)", evidence, fix, sum(f.cost_ms for f in fs),
-                       pct=sum(f.cost_pct or 0.0 for f in fs),
-                       severity=min((f.severity for f in fs), key=order.index))
+                       "every rank shares)", evidence, fix, sum(f.cost_ms for f, _ in fs),
+                       pct=sum(f.cost_pct or 0.0 for f, _ in fs),
+                       severity=min((f.severity for f, _ in fs), key=order.index))
 
     def _shared(self, ctx: Context, phase: str) -> dict[int, float]:
         """Every rank's GPU idle in `phase`, when every rank idles there for a share of its window."""

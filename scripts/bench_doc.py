@@ -94,4 +94,10 @@ timed side by side by `scripts/bench_recipe.sh` on the GPU machine: docs/benchma
 
 The same benchmark on the GPU machine's 16 CPU cores, with a `before` column, is
 docs/benchmarks-16core.md.
+
+## After the job: many real GPU ranks
+
+What a user waits for after a job of 256 real GPU ranks whose maps ran in the job (`orch collect`
+of fresh parts, then `orch report --json`), against the per-rank analysis moved into the map:
+`scripts/bench_real_ranks.py`, in docs/benchmarks-after-job.md.
 """

@@ -175,11 +175,11 @@ def _two_paths(case: str, tmp_path: Path, **kw: object) -> tuple[Path, Path]:
     return a.store, b.store
 
 
-@pytest.mark.parametrize("opts", [Options(steps=(3, 5)), Options(stats_scope="capture")],
-                         ids=["steps 3:5", "whole capture"])
+@pytest.mark.parametrize("opts", [Options(steps=(3, 5)), Options(stats_scope="capture"), Options(gap_ms=2.5)],
+                         ids=["steps 3:5", "whole capture", "gap-ms 2.5"])
 def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: Path) -> None:
-    """The map measured in the default scope; a report in another one computes every rank
-    itself, and says the same as the in-process store's."""
+    """The map measured in the default scope (and attributed gaps from 1 ms); a report in another
+    one computes every rank itself, and says the same as the in-process store's."""
     a, b = _two_paths("real/ddp_slowrank", tmp_path)
     assert mapped_ranks(b, Options()) == [0, 1]
     assert mapped_ranks(b, opts) == []

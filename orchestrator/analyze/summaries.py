@@ -1,8 +1,10 @@
 """Per-rank tables computed in the map, next to each rank's data, and read by the analysis.
 
-A statistic that needs one rank's events only (the phase table's per-rank rows of 92_phases.sql,
-the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze tables of
-99_nsys_rules.sql) costs the analysis a pass over every event of every rank: at 1,024 CPU ranks
+A statistic that needs one rank's events only (the GPU's busy intervals and time split of
+30_intervals.sql, the idle gaps by CPU range of 40_gaps.sql, the host syncs of 55_host_sync.sql,
+the phase table's per-rank rows of 92_phases.sql, the CUDA API / OS runtime and thread tables of
+98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql) costs the analysis a pass over every
+event of every rank: at 1,024 CPU ranks
 most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs the same SQL on
 its one rank with the default options and writes the small results as parts; the reduce stores
 them in the `map_*` tables below. The analysis takes a rank's mapped rows only where the map's
@@ -72,10 +74,29 @@ SUMMARIES = (
     # Slice bounds on the rank's own clock, shifted by the analysis.
     Summary("map_gpu_slices", "gpu_slices",
             (("rank", _I), ("slice", _B), ("s", _B), ("e", _B), ("busy_ns", _B), ("util_pct", _D))),
+    # The GPU's busy intervals by class (what the gaps, the critical path's phases and the time
+    # split read), on the rank's own clock, and their lengths.
+    Summary("map_islands", "islands", (("rank", _I), ("cls", _V), ("s", _B), ("e", _B))),
+    Summary("map_gpu_time", "gpu_time",
+            (("rank", _I), ("compute_ns", _B), ("comm_ns", _B), ("busy_ns", _B), ("p2p_ns", _B),
+             ("overlap_ns", _B))),
+    # The GPU's idle gaps of at least --gap-ms with the CPU range that explains each (the map's
+    # threshold is in its scope key), on the rank's own clock.
+    Summary("map_gap_attr", "gap_attr",
+            (("rank", _I), ("s", _B), ("e", _B), ("dur", _B), ("range_group", _V), ("range_text", _V))),
+    # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
+    Summary("map_host_syncs", "host_syncs",
+            (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("name", _V), ("step", _B))),
+    Summary("map_sync_idle", "sync_idle",
+            (("rank", _I), ("start", _B), ("end", _B), ("tid", _B), ("idle_ns", _B))),
+    Summary("map_sync_stats", "sync_stats",
+            (("rank", _I), ("n_syncs", _B), ("n_steps", _B), ("sync_per_step", _D), ("blocked_ns", _B),
+             ("idle_after_ns", _B), ("idle_after_ns_per_step", _D), ("top_name", _V), ("names", _V))),
 )
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")
+SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "55_host_sync.sql", "92_phases.sql", "98_api_osrt.sql",
+             "99_nsys_rules.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

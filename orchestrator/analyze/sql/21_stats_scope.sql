@@ -11,7 +11,8 @@
 --       ranks can come from a file name), else ranks.pid
 --   rank_scope(rank, s, e, n_steps, gs, ge, pid, sql)  what a rank's per-rank stats tables
 --       depend on besides its events: the CPU scope (s, e, n_steps), the GPU scope (gs, ge), the
---       process (names its main thread) and the SQL that computes them (params.map_sql); a map
+--       process (names its main thread) and the SQL that computes them (params.map_sql, and the
+--       gap threshold the gaps are attributed with: params.gap_ns); a map
 --       writes its own as map_scope, on the rank's own clock (analyze/summaries.py)
 --   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
 --       correction of the rank) is their rank_scope: the stats files take their rows from the map
@@ -43,7 +44,7 @@ SELECT r.rank, coalesce(any_value((s.tid >> 24) & 16777215), any_value(r.pid)) A
 FROM ranks r LEFT JOIN steps s USING (rank) GROUP BY r.rank;
 
 CREATE OR REPLACE TABLE rank_scope AS
-SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid, q.map_sql AS sql
+SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid, q.map_sql || ' gap_ns=' || q.gap_ns AS sql
 FROM stats_cpu c JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank) CROSS JOIN params q;
 
 CREATE OR REPLACE TABLE map_ranks AS

@@ -10,8 +10,10 @@
 -- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
 -- code: no call to wait in).
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params,
--- is_sync_api, overlapping, range_group. Provides:
+-- The ranks in map_ranks have their gap_attr from the map (map_gap_attr: analyze/summaries.py, on
+-- the rank's own clock, shifted by map_ranks.off): a rank's gaps need its own events only.
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks,
+-- map_gap_attr, is_sync_api, overlapping, range_group. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
@@ -60,9 +62,9 @@ WHERE iv.e > iv.s;
 
 CREATE OR REPLACE TABLE gap_attr AS
 WITH gaps AS (
-    SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
+    SELECT g.* FROM busy_gaps g ANTI JOIN map_ranks USING (rank), params p WHERE g.dur >= p.gap_ns
 ), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
-    SELECT c.*, n.text FROM cpu_ranges c JOIN nvtx n ON n.rowid = c.nvtx_row, params p
+    SELECT c.*, n.text FROM cpu_ranges c ANTI JOIN map_ranks USING (rank) JOIN nvtx n ON n.rowid = c.nvtx_row, params p
     WHERE 2 * (c."end" - c.start) >= p.gap_ns
 ), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
     SELECT c.rank, c.d_s AS s, c.text, c.depth,
@@ -76,7 +78,8 @@ WITH gaps AS (
 ), mid AS (SELECT rank, s, s + dur // 2 AS m FROM gaps),
 api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last one started before it)
     SELECT g.rank, g.s, regexp_replace(a.name, '_v\d+$', '') AS call FROM mid g
-    ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)) a
+    ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)
+               ANTI JOIN map_ranks USING (rank)) a
         ON a.rank = g.rank AND g.m >= a.start
     WHERE a."end" > g.m
 ), os AS (
@@ -96,7 +99,9 @@ SELECT g.rank, g.s, g.e, g.dur,
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
 LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s
 LEFT JOIN api a ON a.rank = g.rank AND a.s = g.s
-LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s;
+LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s
+UNION ALL BY NAME
+SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gap_attr m JOIN map_ranks k USING (rank);
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE VIEW small_gaps AS

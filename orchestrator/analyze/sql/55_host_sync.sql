@@ -1,7 +1,9 @@
 -- Host syncs: CPU calls that wait for the GPU (what `.item()`, `print(tensor)`, `.cpu()`,
--- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind.
--- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params,
--- is_sync_api, in_selected, overlapping, gap_attr.
+-- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind. The ranks
+-- in map_ranks are the map's (map_host_syncs, map_sync_idle, map_sync_stats: analyze/summaries.py;
+-- times on the rank's own clock, shifted by map_ranks.off): a rank's syncs need its own calls only.
+-- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params, map_ranks, map_host_syncs,
+-- map_sync_idle, map_sync_stats, is_sync_api, in_selected, overlapping, gap_attr.
 -- Provides:
 --   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
 --       is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy (same correlation_id)
@@ -22,7 +24,7 @@
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
 CREATE OR REPLACE TABLE host_syncs AS
 WITH calls AS (
-    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a
+    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a ANTI JOIN map_ranks USING (rank)
     WHERE is_sync_api(a.name)
        OR (starts_with(a.name, 'cudaMemcpy') AND EXISTS (
                SELECT 1 FROM memcpy m
@@ -32,7 +34,7 @@ WITH calls AS (
     SELECT c.* FROM calls c JOIN win w USING (rank) WHERE c.start >= w.w0 AND c.start < w.w1
 ), prev AS (  -- each sync's previous CUDA call on its thread
     SELECT c.*, p.correlation_id AS prev_corr FROM in_win c
-    ASOF LEFT JOIN (SELECT rank, tid, start, correlation_id FROM cuda_api) p
+    ASOF LEFT JOIN (SELECT rank, tid, start, correlation_id FROM cuda_api ANTI JOIN map_ranks USING (rank)) p
         ON p.rank = c.rank AND p.tid = c.tid AND p.start < c.start
 ), own AS (
     SELECT * FROM prev c WHERE NOT EXISTS (
@@ -43,17 +45,20 @@ WITH calls AS (
     FROM own h LEFT JOIN steps s ON s.rank = h.rank AND h.start >= s.start AND h.start < s."end"
     GROUP BY h.rank, h.tid, h.start, h."end", h.name
 )
-SELECT rank, tid, start, "end", regexp_replace(name, '_v\d+$', '') AS name, step FROM stepped;
+SELECT rank, tid, start, "end", regexp_replace(name, '_v\d+$', '') AS name, step FROM stepped
+UNION ALL BY NAME
+SELECT m.* REPLACE (m.start + k.off AS start, m."end" + k.off AS "end") FROM map_host_syncs m JOIN map_ranks k USING (rank);
 
 CREATE OR REPLACE TABLE sync_idle AS
 WITH ops AS (  -- the latest end of any GPU op started so far: is the GPU busy at time t?
     SELECT rank, start, max("end") OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS busy_until
-    FROM gpu_ops
+    FROM gpu_ops ANTI JOIN map_ranks USING (rank)
 ), s AS (
     SELECT h.*, lead(h."end") OVER (PARTITION BY h.rank ORDER BY h."end", h.start, h.tid) AS next_sync_end
-    FROM host_syncs h
+    FROM host_syncs h ANTI JOIN map_ranks USING (rank)
 ), nxt AS (
-    SELECT s.*, g.start AS next_op FROM s ASOF LEFT JOIN gpu_ops g ON g.rank = s.rank AND g.start >= s."end"
+    SELECT s.*, g.start AS next_op FROM s
+    ASOF LEFT JOIN (SELECT rank, start FROM gpu_ops ANTI JOIN map_ranks USING (rank)) g ON g.rank = s.rank AND g.start >= s."end"
 ), busy AS (
     SELECT n.*, o.busy_until FROM nxt n ASOF LEFT JOIN ops o ON o.rank = n.rank AND o.start < n."end"
 )
@@ -61,7 +66,9 @@ SELECT b.rank, b.start, b."end", b.tid,
        CASE WHEN coalesce(b.busy_until, 0) > b."end" THEN 0
             ELSE greatest(0, least(coalesce(b.next_op, w.w1), coalesce(b.next_sync_end, w.w1), w.w1) - b."end")
        END AS idle_ns
-FROM busy b JOIN win w USING (rank);
+FROM busy b JOIN win w USING (rank)
+UNION ALL BY NAME
+SELECT m.* REPLACE (m.start + k.off AS start, m."end" + k.off AS "end") FROM map_sync_idle m JOIN map_ranks k USING (rank);
 
 CREATE OR REPLACE TABLE sync_stats AS
 WITH n_steps AS (
@@ -81,7 +88,10 @@ SELECT w.rank, coalesce(a.n_syncs, 0) AS n_syncs, n.n_steps, coalesce(a.n_syncs,
        coalesce(a.blocked_ns, 0) AS blocked_ns, coalesce(i.idle_after_ns, 0) AS idle_after_ns,
        coalesce(i.idle_after_ns, 0) / n.n_steps AS idle_after_ns_per_step, t.top_name, t.names
 FROM win w LEFT JOIN agg a USING (rank) LEFT JOIN n_steps n USING (rank) LEFT JOIN idle i USING (rank)
-LEFT JOIN top t USING (rank);
+LEFT JOIN top t USING (rank)
+WHERE w.rank NOT IN (SELECT rank FROM map_ranks)
+UNION ALL BY NAME
+SELECT * FROM map_sync_stats SEMI JOIN map_ranks USING (rank);
 
 -- Where the CPU was while the GPU idled after a sync: the GPU gaps (gap_attr) inside each
 -- sync's idle interval, by CPU range. Idle spent in an input-pipeline range is reported as

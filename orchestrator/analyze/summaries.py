@@ -4,8 +4,7 @@ A statistic that needs one rank's events only (the GPU's busy intervals and time
 30_intervals.sql, the idle gaps by CPU range of 40_gaps.sql, the host syncs of 55_host_sync.sql,
 the phase table's per-rank rows of 92_phases.sql, the CUDA API / OS runtime and thread tables of
 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql) costs the analysis a pass over every
-event of every rank: at 1,024 CPU ranks
-most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs the same SQL on
+event of every rank: at 1,024 CPU ranks most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs the same SQL on
 its one rank with the default options and writes the small results as parts; the reduce stores
 them in the `map_*` tables below. The analysis takes a rank's mapped rows only where the map's
 scopes are the ones it would use itself (the same selected-steps window on the CPU and the GPU

@@ -1,18 +1,20 @@
 """Per-rank tables computed in the map, next to each rank's data, and read by the analysis.
 
 A statistic that needs one rank's events only (the GPU's busy intervals and time split of
-30_intervals.sql, the idle gaps by CPU range of 40_gaps.sql, the host syncs of 55_host_sync.sql,
-the phase table's per-rank rows of 92_phases.sql, the CUDA API / OS runtime and thread tables of
-98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql) costs the analysis a pass over every
-event of every rank: at 1,024 CPU ranks most of the report's SQL (docs/scale.md). The map (collect/summarize.py) runs the same SQL on
-its one rank with the default options and writes the small results as parts; the reduce stores
-them in the `map_*` tables below. The analysis takes a rank's mapped rows only where the map's
-scopes are the ones it would use itself (the same selected-steps window on the CPU and the GPU
-side, step count, process and SQL: map_ranks in 21_stats_scope.sql) and computes the other ranks
-itself: a report with other options (`--steps`, `--steps-from`, the whole capture), a job stopped
-early, a rank whose steps the job-wide detection chose differently, a store mapped by another
-version of these files, all fall back to the central SQL, so the report is the same either way
-(tests/test_parts.py on every real fixture).
+30_intervals.sql, the idle gaps by CPU range and the intervals between steps of 40_gaps.sql, the
+host syncs of 55_host_sync.sql, the phase table's per-rank rows of 92_phases.sql, the CUDA API / OS
+runtime and thread tables of 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql) costs
+the analysis a pass over every event of every rank: at 1,024 CPU ranks most of the report's SQL
+(docs/scale.md); at 256 real GPU ranks half of it (docs/benchmarks-after-job.md). The map
+(collect/summarize.py) runs the same SQL on its one rank with the default options and writes the
+small results as parts; the reduce stores them in the `map_*` tables below. The analysis takes a
+rank's mapped rows only where the map's scopes are the ones it would use itself (the same
+selected-steps window on the CPU and the GPU side, step count, process, gap threshold and SQL:
+map_ranks in 21_stats_scope.sql) and computes the other ranks itself: a report with other options
+(`--steps`, `--steps-from`, `--gap-ms`, the whole capture), a job stopped early, a rank whose steps
+the job-wide detection chose differently, a store mapped by another version of these files, all
+fall back to the central SQL, so the report is the same either way (tests/test_parts.py on every
+real fixture).
 
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
@@ -83,6 +85,7 @@ SUMMARIES = (
     # threshold is in its scope key), on the rank's own clock.
     Summary("map_gap_attr", "gap_attr",
             (("rank", _I), ("s", _B), ("e", _B), ("dur", _B), ("range_group", _V), ("range_text", _V))),
+    Summary("map_between_steps", "between_steps", (("rank", _I), ("s", _B), ("e", _B), ("other_work", "BOOLEAN"))),
     # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
     Summary("map_host_syncs", "host_syncs",
             (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("name", _V), ("step", _B))),

@@ -16,6 +16,8 @@
 --       writes its own as map_scope, on the rank's own clock (analyze/summaries.py)
 --   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
 --       correction of the rank) is their rank_scope: the stats files take their rows from the map
+--   map_todo(rank)  every other rank: the per-rank files compute these themselves (a SEMI JOIN with it
+--       reads nothing of the event tables when the map did every rank)
 --   stats_cpu_todo(rank, s, e, n_steps)  stats_cpu of the other ranks: what the stats files compute
 --   stats_gpu_todo(rank, s, e, n_steps)  stats_gpu of the same ranks
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
@@ -56,6 +58,9 @@ SELECT k.rank, k.off
 FROM k JOIN rank_scope c USING (rank)
 WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = c.gs AND k.ge + k.off = c.ge
   AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = c.pid AND k.sql = c.sql;
+
+CREATE OR REPLACE TABLE map_todo AS
+SELECT rank FROM ranks ANTI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE stats_cpu_todo AS
 SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);

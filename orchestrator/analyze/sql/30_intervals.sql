@@ -1,7 +1,7 @@
 -- GPU time per rank by class, as interval unions clipped to the window. The ranks in map_ranks
 -- are the map's (map_islands, map_gpu_time: analyze/summaries.py; their islands on the rank's own
 -- clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only.
--- Reads: gpu_ops, win, map_ranks, map_islands, map_gpu_time, is_p2p, is_comm, union_intervals,
+-- Reads: gpu_ops, win, map_ranks, map_todo, map_islands, map_gpu_time, is_p2p, is_comm, union_intervals,
 -- union_length. Provides:
 --   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels and CUDA graph
 --                             replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv)
@@ -10,7 +10,7 @@
 --   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
 CREATE OR REPLACE TABLE _clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
-FROM gpu_ops o JOIN (SELECT * FROM win ANTI JOIN map_ranks USING (rank)) w USING (rank)
+FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
 CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
 WHERE o."end" > w.w0 AND o.start < w.w1
   AND (c.cls = 'busy'
@@ -30,15 +30,15 @@ WITH u AS (
            sum(CASE WHEN cls = 'comm' THEN e - s ELSE 0 END) AS comm_ns,
            sum(CASE WHEN cls = 'busy' THEN e - s ELSE 0 END) AS busy_ns,
            sum(CASE WHEN cls = 'p2p' THEN e - s ELSE 0 END) AS p2p_ns
-    FROM islands ANTI JOIN map_ranks USING (rank) GROUP BY rank
+    FROM islands SEMI JOIN map_todo USING (rank) GROUP BY rank
 ), cc AS (  -- comm and compute islands together, for |comm AND compute| = |comm| + |compute| - |comm OR compute|
-    SELECT rank, 'cc' AS cls, s, e FROM islands ANTI JOIN map_ranks USING (rank) WHERE cls IN ('comm', 'compute')
+    SELECT rank, 'cc' AS cls, s, e FROM islands SEMI JOIN map_todo USING (rank) WHERE cls IN ('comm', 'compute')
 ), o AS (
     SELECT u.rank, u.compute_ns + u.comm_ns - x.ns AS ns FROM union_length('cc') x JOIN u USING (rank)
 )
 SELECT w.rank, coalesce(u.compute_ns, 0) AS compute_ns, coalesce(u.comm_ns, 0) AS comm_ns,
        coalesce(u.busy_ns, 0) AS busy_ns, coalesce(u.p2p_ns, 0) AS p2p_ns, coalesce(o.ns, 0) AS overlap_ns
 FROM win w LEFT JOIN u USING (rank) LEFT JOIN o USING (rank)
-WHERE w.rank NOT IN (SELECT rank FROM map_ranks)
+WHERE w.rank IN (SELECT rank FROM map_todo)
 UNION ALL BY NAME
 SELECT * FROM map_gpu_time SEMI JOIN map_ranks USING (rank);

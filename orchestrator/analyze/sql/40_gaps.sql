@@ -10,10 +10,11 @@
 -- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
 -- code: no call to wait in).
--- The ranks in map_ranks have their gap_attr from the map (map_gap_attr: analyze/summaries.py, on
--- the rank's own clock, shifted by map_ranks.off): a rank's gaps need its own events only.
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks,
--- map_gap_attr, is_sync_api, overlapping, range_group. Provides:
+-- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
+-- map_between_steps: analyze/summaries.py, on the rank's own clock, shifted by map_ranks.off): a
+-- rank's gaps need its own events only.
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
+-- map_gap_attr, map_between_steps, is_sync_api, overlapping, range_group. Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
@@ -45,10 +46,11 @@ WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
 -- thread synchronised with the GPU, copied to the host or launched kernels in them.
 CREATE OR REPLACE TABLE between_steps AS
 WITH iv AS (
-    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM steps WHERE family < 4
+    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e
+    FROM steps SEMI JOIN map_todo USING (rank) WHERE family < 4
 ), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
     SELECT a.rank, a.start, is_sync_api(a.name) OR m.kind = 'DtoH' AS sync_or_copy, a.name LIKE '%Launch%' AS launch
-    FROM cuda_api a JOIN loop_thread l USING (rank, tid)
+    FROM cuda_api a JOIN loop_thread l USING (rank, tid) SEMI JOIN map_todo USING (rank)
     LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE is_sync_api(a.name) OR a.name LIKE '%Launch%' OR a.name LIKE '%emcpy%'
 ), hits AS (  -- the intervals never overlap: the one a call starts in is the last starting at or before it
@@ -58,13 +60,15 @@ WITH iv AS (
 )
 SELECT iv.rank, iv.s, iv.e, coalesce(h.other_work, false) AS other_work
 FROM iv LEFT JOIN hits h USING (rank, s)
-WHERE iv.e > iv.s;
+WHERE iv.e > iv.s
+UNION ALL BY NAME
+SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_between_steps m JOIN map_ranks k USING (rank);
 
 CREATE OR REPLACE TABLE gap_attr AS
 WITH gaps AS (
-    SELECT g.* FROM busy_gaps g ANTI JOIN map_ranks USING (rank), params p WHERE g.dur >= p.gap_ns
+    SELECT g.* FROM busy_gaps g SEMI JOIN map_todo USING (rank), params p WHERE g.dur >= p.gap_ns
 ), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
-    SELECT c.*, n.text FROM cpu_ranges c ANTI JOIN map_ranks USING (rank) JOIN nvtx n ON n.rowid = c.nvtx_row, params p
+    SELECT c.*, n.text FROM cpu_ranges c SEMI JOIN map_todo USING (rank) JOIN nvtx n ON n.rowid = c.nvtx_row, params p
     WHERE 2 * (c."end" - c.start) >= p.gap_ns
 ), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
     SELECT c.rank, c.d_s AS s, c.text, c.depth,
@@ -79,7 +83,7 @@ WITH gaps AS (
 api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last one started before it)
     SELECT g.rank, g.s, regexp_replace(a.name, '_v\d+$', '') AS call FROM mid g
     ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)
-               ANTI JOIN map_ranks USING (rank)) a
+               SEMI JOIN map_todo USING (rank)) a
         ON a.rank = g.rank AND g.m >= a.start
     WHERE a."end" > g.m
 ), os AS (

@@ -2,7 +2,7 @@
 -- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind. The ranks
 -- in map_ranks are the map's (map_host_syncs, map_sync_idle, map_sync_stats: analyze/summaries.py;
 -- times on the rank's own clock, shifted by map_ranks.off): a rank's syncs need its own calls only.
--- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params, map_ranks, map_host_syncs,
+-- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params, map_ranks, map_todo, map_host_syncs,
 -- map_sync_idle, map_sync_stats, is_sync_api, in_selected, overlapping, gap_attr.
 -- Provides:
 --   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
@@ -24,7 +24,7 @@
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
 CREATE OR REPLACE TABLE host_syncs AS
 WITH calls AS (
-    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a ANTI JOIN map_ranks USING (rank)
+    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a SEMI JOIN map_todo USING (rank)
     WHERE is_sync_api(a.name)
        OR (starts_with(a.name, 'cudaMemcpy') AND EXISTS (
                SELECT 1 FROM memcpy m
@@ -34,7 +34,7 @@ WITH calls AS (
     SELECT c.* FROM calls c JOIN win w USING (rank) WHERE c.start >= w.w0 AND c.start < w.w1
 ), prev AS (  -- each sync's previous CUDA call on its thread
     SELECT c.*, p.correlation_id AS prev_corr FROM in_win c
-    ASOF LEFT JOIN (SELECT rank, tid, start, correlation_id FROM cuda_api ANTI JOIN map_ranks USING (rank)) p
+    ASOF LEFT JOIN (SELECT rank, tid, start, correlation_id FROM cuda_api SEMI JOIN map_todo USING (rank)) p
         ON p.rank = c.rank AND p.tid = c.tid AND p.start < c.start
 ), own AS (
     SELECT * FROM prev c WHERE NOT EXISTS (
@@ -52,13 +52,13 @@ SELECT m.* REPLACE (m.start + k.off AS start, m."end" + k.off AS "end") FROM map
 CREATE OR REPLACE TABLE sync_idle AS
 WITH ops AS (  -- the latest end of any GPU op started so far: is the GPU busy at time t?
     SELECT rank, start, max("end") OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS busy_until
-    FROM gpu_ops ANTI JOIN map_ranks USING (rank)
+    FROM gpu_ops SEMI JOIN map_todo USING (rank)
 ), s AS (
     SELECT h.*, lead(h."end") OVER (PARTITION BY h.rank ORDER BY h."end", h.start, h.tid) AS next_sync_end
-    FROM host_syncs h ANTI JOIN map_ranks USING (rank)
+    FROM host_syncs h SEMI JOIN map_todo USING (rank)
 ), nxt AS (
     SELECT s.*, g.start AS next_op FROM s
-    ASOF LEFT JOIN (SELECT rank, start FROM gpu_ops ANTI JOIN map_ranks USING (rank)) g ON g.rank = s.rank AND g.start >= s."end"
+    ASOF LEFT JOIN (SELECT rank, start FROM gpu_ops SEMI JOIN map_todo USING (rank)) g ON g.rank = s.rank AND g.start >= s."end"
 ), busy AS (
     SELECT n.*, o.busy_until FROM nxt n ASOF LEFT JOIN ops o ON o.rank = n.rank AND o.start < n."end"
 )
@@ -89,7 +89,7 @@ SELECT w.rank, coalesce(a.n_syncs, 0) AS n_syncs, n.n_steps, coalesce(a.n_syncs,
        coalesce(i.idle_after_ns, 0) / n.n_steps AS idle_after_ns_per_step, t.top_name, t.names
 FROM win w LEFT JOIN agg a USING (rank) LEFT JOIN n_steps n USING (rank) LEFT JOIN idle i USING (rank)
 LEFT JOIN top t USING (rank)
-WHERE w.rank NOT IN (SELECT rank FROM map_ranks)
+WHERE w.rank IN (SELECT rank FROM map_todo)
 UNION ALL BY NAME
 SELECT * FROM map_sync_stats SEMI JOIN map_ranks USING (rank);
 

@@ -84,7 +84,8 @@ FROM seg LEFT JOIN caused c USING (step, hop);
 -- between steps) is that work, not the step's: it counts as `between steps (other work)`.
 CREATE OR REPLACE TABLE cp_segment_phase AS
 WITH seg AS (SELECT step, hop, rank, s AS start, e AS "end" FROM cp_segments WHERE e > s),
-ci AS (SELECT rank, s, e FROM islands WHERE cls = 'compute'),
+ci AS (  -- the path's ranks only: a step's path crosses a few of the job's ranks
+    SELECT rank, s, e FROM islands WHERE cls = 'compute' AND rank IN (SELECT rank FROM seg)),
 bs_raw AS (SELECT rank, 'b' AS cls, start AS s, "end" AS e FROM gpu_ops
            WHERE kind = 'kernel' AND NOT is_comm AND step IS NULL AND rank IN (SELECT rank FROM seg)),
 bs AS (SELECT rank, s, e FROM union_intervals('bs_raw')),

@@ -52,9 +52,10 @@ def make_ranks(job: str, n: int, dest: Path) -> Path:
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:
-    """(wall s, peak RSS MB) of one command in its own process."""
+    """(wall s, peak RSS MB) of one command in its own process, run in this checkout: `python -m`
+    imports the package of its working directory first, so another directory would time another orch."""
     t = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, check=False)
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, check=False, cwd=REPO)
     wall = time.perf_counter() - t
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")

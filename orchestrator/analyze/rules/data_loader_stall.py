@@ -59,8 +59,7 @@ class DataLoaderStall(Rule):
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:
-        that idle in ms. The straggler rule asks it too: a root late in its input pipeline is this
-        finding's cause, and its saving is counted once, here."""
+        that idle in ms."""
         win = ctx.window_ms()
         data: dict[int, float] = defaultdict(float)
         for r in ctx.report.ranks:

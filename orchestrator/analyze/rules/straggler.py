@@ -33,8 +33,8 @@ COMPUTE = "GPU compute"
 @dataclass(frozen=True)
 class Root:
     """A reported root: its cp_roots rows, the phase it fell behind in and the excess it put on
-    the path by phase, its excess and median saving per step it holds up, and whether every
-    rank idles in that phase (a shared cause)."""
+    the path by phase, its excess and median saving per step it holds up, and every rank's idle
+    in that phase where every rank idles there (a shared cause; empty otherwise)."""
 
     rank: int
     rows: list[dict]
@@ -42,7 +42,7 @@ class Root:
     by_phase: dict[str, int]
     created_ns: int
     typical_ns: int
-    shared: bool
+    shared: dict[int, float]
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Straggler(Rule):
             named = [p for p in by_phase if p != COMPUTE]
             top = max(named, key=lambda p: (by_phase[p], p)) if named else COMPUTE
             phase = top if by_phase[top] >= self.cause_share * created else COMPUTE
-            out.append(Root(rk, rows, phase, dict(by_phase), created, typical, bool(self._shared(ctx, phase))))
+            out.append(Root(rk, rows, phase, dict(by_phase), created, typical, self._shared(ctx, phase)))
         return out
 
     def evaluate(self, ctx: Context) -> list[Finding]:
@@ -118,8 +118,8 @@ class Straggler(Rule):
         out: list[Finding] = []
         by_shared: dict[str, list[tuple[Finding, float]]] = defaultdict(list)
         for root in reported:
-            rk, rows, phase, by_phase, created, typical = (root.rank, root.rows, root.phase, root.by_phase,
-                                                           root.created_ns, root.typical_ns)
+            rk, rows, phase, by_phase, created, typical, shared = (
+                root.rank, root.rows, root.phase, root.by_phase, root.created_ns, root.typical_ns, root.shared)
             saving = sum(r["saving_ns"] for r in rows)
             pct = round(100 * saving / total_ns, 2)
             victims = sorted({v for r in rows for v in r["victims"]})
@@ -154,7 +154,6 @@ class Straggler(Rule):
                                 f"1 in {s.group_size}; p={s.p_value:.2g}), median {s.median_lateness_ms} ms late")
             evidence += self._victims(rk, victims, stats)
             severity: Severity = severity_for(pct)
-            shared = self._shared(ctx, phase)
             if shared:
                 lo, hi = min(shared.values()), max(shared.values())
                 evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "

@@ -63,10 +63,10 @@ CREATE OR REPLACE TABLE map_todo AS
 SELECT rank FROM ranks ANTI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE stats_cpu_todo AS
-SELECT * FROM stats_cpu ANTI JOIN map_ranks USING (rank);
+SELECT * FROM stats_cpu SEMI JOIN map_todo USING (rank);
 
 CREATE OR REPLACE TABLE stats_gpu_todo AS
-SELECT * FROM stats_gpu ANTI JOIN map_ranks USING (rank);
+SELECT * FROM stats_gpu SEMI JOIN map_todo USING (rank);
 
 CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

@@ -7,7 +7,10 @@
 # for `orch collect` elsewhere; OUTDIR/summary.txt has each rank's surviving rows counted with
 # plain sqlite3. ORCH_STOP_RELEASE (default abort,flush) goes to every rank's hook.
 # Usage: scripts/gpu_faults.sh OUTDIR SCENARIO...   (SCENARIO: a name below; `+` between two
-#        names runs them at the same time; the faults are on ranks 0 and 1). Needs 2 or more GPUs, torch, orch and nsys >= 2023 at $NSYS.
+#        names runs them at the same time; the faults are on ranks 0 and 1; NAME@SELECTOR profiles
+#        the ranks of that profile.ranks selector instead of all, NAME@metrics (or
+#        NAME@SELECTOR@metrics) also samples GPU metrics, one collector per node; the run is
+#        named with `-` for `@`). Needs 2 or more GPUs, torch, orch and nsys >= 2023 at $NSYS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$(realpath -m "${1:?usage: $0 OUTDIR SCENARIO...}")
@@ -58,6 +61,8 @@ scenario() {
       local split=${1#stage-} workers=8
       [[ $split == *-w* ]] && { workers=${split##*-w}; split=${split%-w*}; }
       echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule 1f1b --steps 16 --workers $workers --stage-blocks ${split/-/,}" ;;
+    pp-slow-loader)  # stage-6-6's job, first-stage rank 1's DataLoader with 1 worker
+      echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule 1f1b --steps 16 --workers 8 --stage-blocks 6,6 --slow-loader-rank 1 --slow-loader-workers 1" ;;
     pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule gpipe --steps 12" ;;
     tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8" ;;
     tp-quiet) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8 --log-every 0" ;;
@@ -65,9 +70,14 @@ scenario() {
   esac
 }
 
-run_one() {  # run_one NAME: submit, wait (cancel: cancel once rank 0 logs step 10), export, pack
-  local name=$1 def time envs workload layout args job run t0=$SECONDS
-  def=$(scenario "$name")
+run_one() {  # run_one NAME[@OPT...]: submit, wait (cancel: cancel once rank 0 logs step 10), export, pack
+  local name=${1//@/-} def time envs workload layout args job run t0=$SECONDS ranks=all metrics=false opt
+  local -a opts
+  IFS='@' read -r -a opts <<<"$1"
+  for opt in "${opts[@]:1}"; do
+    case $opt in metrics) metrics=true ;; *) ranks=$opt ;; esac
+  done
+  def=$(scenario "${opts[0]}")
   IFS='|' read -r time envs workload layout args <<<"$def"
   # shellcheck disable=SC2086 # the arguments are words
   set -- $args
@@ -86,7 +96,8 @@ launch:
   env: {${envs}}
 layout: $layout
 profile:
-  ranks: all
+  ranks: $ranks
+  gpu_metrics: {enabled: $metrics, frequency: 1000}
   trace: [cuda, nvtx, osrt]
   cuda_memory_usage: true
   map_in_job: false

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, copy_run, run_orch
-from tests.independent import export_rank, per_rank, small_gaps_ms
+from tests.independent import export_rank, gpu_memory_peak, per_rank, small_gaps_ms
 
 PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
@@ -62,7 +62,7 @@ def _measured(run: Path, healthy_run: Path, like: str = "Step % Start") -> float
     return (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
 
 
-@pytest.mark.parametrize("name", ["healthy", "ddp2-healthy"])
+@pytest.mark.parametrize("name", ["healthy", "ddp2-healthy", "ddp4-healthy", "ddp4-healthy-rerun"])
 def test_the_healthy_run_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs, name: str) -> None:
     run, rep = pairs[name]
     steps_ms = sum(ms for n, ms in _iterations(run).items() if n >= 1)  # after each rank's first, as analysed
@@ -151,11 +151,13 @@ def test_an_uneven_pipeline_costs_what_balancing_its_stages_saves(pairs) -> None
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
 
 
-def test_the_even_pipeline_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs) -> None:
+@pytest.mark.parametrize("name", ["pp-even", "pp4-even", "pp4-even-rerun"])
+def test_the_even_pipeline_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs, name: str) -> None:
     """The same pipeline split 6+6: its stages wait for each other about as long as the 1F1B
     schedule's own bubble (20 % for 2 stages and 4 microbatches) and idle otherwise between
-    launches; neither is a pipeline bubble to fix."""
-    run, rep = pairs["pp-even"]
+    launches; neither is a pipeline bubble to fix (on 4 GPUs, the bubble's excess is the
+    launch-slow rank's, which is info: see the next test)."""
+    run, rep = pairs[name]
     steps_ms = sum(ms for n, ms in _iterations(run, like="step %").items() if n >= 1)
     loud = [(f["title"], f["cost_ms"]) for f in rep["findings"]
             if f["severity"] != "info" and f["cost_ms"] > 0.03 * steps_ms]
@@ -252,3 +254,106 @@ def test_a_slow_input_pipeline_costs_what_the_runs_differ_by_and_is_counted_once
     (root,) = [f for f in rep["findings"] if f["kind"] == "straggler"]
     assert stall["ranks"] == root["ranks"] == [slow] and root["victims"] == [1 - slow]
     assert "input pipeline" in root["title"]
+
+
+def test_an_even_pipelines_launch_slow_rank_changes_between_runs_and_is_info(pairs) -> None:
+    """DP2 x PP2 on 4 H200s, split 6+6, twice: in each run one rank's GPU waits between kernels
+    (plain sqlite3, steps 1-14) several times longer than any other's, rank 0 in one run and rank 2
+    in the other; the same job ran 147 ms a step unprofiled and 170-180 ms profiled. orch names
+    that rank as the root whose launches are slower, as info: tracing can account for its lateness.
+    The bubble's excess, which comes from it, is counted in its finding, not again."""
+    slowest = {}
+    for name in ("pp4-even", "pp4-even-rerun"):
+        run, rep = pairs[name]
+        gaps = {export_rank(f): small_gaps_ms(f, "step 1", "step 15") for f in (run / "exports").glob("*.sqlite")}
+        top, *rest = sorted(gaps, key=gaps.__getitem__, reverse=True)
+        assert gaps[top] > 2 * max(gaps[r] for r in rest), gaps
+        slowest[name] = top
+        (f,) = [f for f in rep["findings"] if f["kind"] == "straggler"]
+        assert f["ranks"] == [top] and f["severity"] == "info", (f["title"], gaps)
+        assert f["title"].endswith("(GPU work starting late: its kernel launches are slower)")
+        assert any("the profiler can account for it" in e for e in f["evidence"])
+        bubble = [g for g in rep["findings"] if g["kind"] == "pipeline_bubble"]
+        assert all(g["severity"] == "info" and g["cost_ms"] == 0.0 for g in bubble), bubble
+    assert slowest["pp4-even"] != slowest["pp4-even-rerun"]
+
+
+def test_a_slow_loader_on_4_gpus_costs_what_the_runs_differ_by(pairs) -> None:
+    """4 H200s, the healthy job twice and once with one rank's DataLoader at 2 workers: the
+    straggler finding names the rank whose loop thread waits longest on its loader's queue
+    (`sem_clockwait` on the main thread, plain sqlite3) in its input pipeline, the other three
+    as its victims, and costs what the steps took longer than the healthy runs' (from `Step 1
+    Start` to the last step's start, their mean) within 25 %; the data-loader finding on it is
+    info, as one slowdown is counted once."""
+    healthy = statistics.mean(_span(pairs[n][0]) for n in ("ddp4-healthy", "ddp4-healthy-rerun"))
+    run, rep = pairs["ddp4-slow-loader"]
+    measured = _span(run) - healthy
+    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
+                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
+                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
+    slow = max(waits, key=lambda r: waits[r][0][0])
+    loud = [f for f in rep["findings"] if f["severity"] != "info"]
+    assert [f["kind"] for f in loud] == ["straggler"], [(f["kind"], f["cost_ms"]) for f in loud]
+    (root,) = loud
+    assert root["ranks"] == [slow] and root["victims"] == sorted(set(waits) - {slow})
+    assert "input pipeline" in root["title"]
+    assert abs(root["cost_ms"] - measured) <= 0.25 * measured, (root["cost_ms"], measured)
+    (stall,) = [f for f in rep["findings"] if f["kind"] == "data_loader_stall"]
+    assert stall["ranks"] == [slow] and stall["severity"] == "info" and stall["cost_ms"] == 0.0
+
+
+def test_a_heavier_stage_on_4_gpus_costs_what_balancing_saves(pairs) -> None:
+    """DP2 x PP2 split 4+8 against 6+6 on the same machine: the heavier stage is the two ranks
+    whose compute kernels (not NCCL) take longest (plain sqlite3); the imbalance finding names
+    them and costs what the even split's steps saved (median step difference times the steps),
+    within 25 %; no finding above info blames a rank of the lighter stage."""
+    run, rep = pairs["pp4-uneven"]
+    busy = per_rank(run, "SELECT sum(k.\"end\" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                    "JOIN StringIds s ON s.id = k.shortName WHERE s.value NOT LIKE 'nccl%'")
+    heavy = sorted(sorted(busy, key=lambda r: busy[r][0][0])[2:])
+    (f,) = [f for f in rep["findings"] if f["kind"] == "stage_imbalance"]
+    assert f["ranks"] == heavy and f["severity"] != "info", f["title"]
+    measured = _measured(run, pairs["pp4-even"][0], like="step %")
+    assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+    assert not [g for g in rep["findings"] if g["severity"] != "info" and set(g["ranks"]) - set(heavy)]
+
+
+def test_a_slow_loader_on_a_first_stage_rank_is_the_root_of_the_pipeline(pairs) -> None:
+    """DP2 x PP2, one first-stage rank's DataLoader with 1 worker (8 on the other): the root is
+    the rank whose loop thread waits on its loader's queue (plain sqlite3), in its input pipeline,
+    holding up its data-parallel peer and the next stage; the bubble it makes and the data-loader
+    finding are info, counted in it. Its cost is what the steps took longer than the even twin's
+    (from `step 1` to the last step's start), within 25 %, once the twin's own launch-slow rank is
+    taken out of the twin: the time its GPU waited between kernels beyond its stage peer's (plain
+    sqlite3). That rank is not launch-slow here: the GPUs wait alike between kernels but for the
+    slow loader's."""
+    run, rep = pairs["pp4-slow-loader"]
+    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
+                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
+                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
+    slow = max(waits, key=lambda r: waits[r][0][0])
+    loud = [f for f in rep["findings"] if f["severity"] != "info"]
+    assert [f["kind"] for f in loud] == ["straggler"], [(f["kind"], f["cost_ms"]) for f in loud]
+    (root,) = loud
+    assert root["ranks"] == [slow] and "input pipeline" in root["title"]
+    assert root["victims"] == sorted(set(waits) - {slow})
+    assert all(g["cost_ms"] == 0.0 for g in rep["findings"] if g["kind"] in ("pipeline_bubble", "data_loader_stall"))
+    twin = pairs["pp4-even"][0]
+    gaps = {export_rank(f): small_gaps_ms(f, "step 1", "step 15") for f in (twin / "exports").glob("*.sqlite")}
+    own = max(gaps, key=gaps.__getitem__)
+    peer = own ^ 1  # rank = stage * dp + dp_index: the other rank of its stage
+    measured = _span(run, like="step %") - (_span(twin, like="step %") - (gaps[own] - gaps[peer]))
+    assert abs(root["cost_ms"] - measured) <= 0.25 * measured, (root["cost_ms"], measured, gaps)
+
+
+@pytest.mark.parametrize("name", ["ddp4-healthy", "ddp4-slow-loader", "pp4-uneven", "pp4-slow-loader"])
+def test_every_ranks_memory_is_its_own_gpus(pairs, name: str) -> None:
+    """Each rank's peak GPU memory is the sum over the allocation events on the device its kernels
+    ran on (plain sqlite3), within 5 %, on that device, for every rank of the 4-GPU runs."""
+    run, rep = pairs[name]
+    truth = {export_rank(f): gpu_memory_peak(f) for f in (run / "exports").glob("*.sqlite")}
+    mem = {m["rank"]: m for m in rep["memory"]["ranks"]}
+    assert sorted(mem) == sorted(truth) == [0, 1, 2, 3]
+    for r, (device, peak) in truth.items():
+        assert device == r and mem[r]["device"] == device
+        assert peak > 2**30 and abs(mem[r]["capture_peak_bytes"] - peak) <= 0.05 * peak, (r, mem[r], peak)

@@ -9,6 +9,7 @@ import pkgutil
 import orchestrator.analyze.rules as rules_pkg
 from orchestrator.analyze.model import Finding, Imbalance, StageMetrics
 from orchestrator.analyze.rules import registry
+from orchestrator.analyze.rules.base import finding
 from orchestrator.ranklist import ranges
 from tests.rulekit import context, rank
 
@@ -132,7 +133,8 @@ def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int
             "cp_roots": [{"step": st, "rank": rk, "created_ns": ms * 1e6, "phase": ph, "step_ns": 100_000_000,
                           "share_pct": ms, "victims": v, "saving_ns": saving * ms * 1e6}
                          for st, rk, ms, ph, v in roots],
-            "kernel_excess": [], "kernel_excess_rank": [], "cpu_call_excess": [], "small_gaps": []}
+            "kernel_excess": [], "kernel_excess_rank": [], "cpu_call_excess": [], "small_gaps": [],
+            "capture_overhead": []}
 
 
 def test_straggler_root_phase_victims_cost() -> None:
@@ -229,6 +231,28 @@ def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -
     assert q.severity == "info" and g.severity != "info"
 
 
+def test_a_root_the_profiler_can_account_for_is_info() -> None:
+    """A root with no cause of its own (its kernels no longer than the others', no OS call) that
+    holds a step up by a median 30 ms: where tracing cost it 36 ms of a 100 ms step (nsys' own
+    estimate, capture_overhead), the profiler can account for it and the finding is info; at 24
+    ms it cannot, and the finding keeps its severity."""
+    tables = _cp([(1, 0, 20.0, None, [1]), (2, 0, 30.0, None, [1]), (3, 0, 40.0, None, [1])])
+    tables["kernel_excess_rank"] = [{"rank": 0, "ns_per_step": 50e6, "median_ns_per_step": 50e6,
+                                     "excess_ns_per_step": 0.0}]
+    over = {"rank": 0, "window_ns": 400e6, "est_ns": 144e6}
+    (f,) = _run("straggler", context([rank(0), rank(1)], {**tables, "capture_overhead": [over]}))
+    assert f.severity == "info" and f.cost_ms == 90.0
+    assert ("a step it holds up is 30.0 ms late, within what tracing cost rank 0 a step (~36.0 ms: nsys' per-call "
+            "cost of its CUDA calls, as far as its launch gaps show it): the profiler can account for it, and where "
+            "its cost lands changes from run to run; time the job without it before acting") in f.evidence
+    (g,) = _run("straggler", context([rank(0), rank(1)], {**tables, "capture_overhead": [{**over, "est_ns": 96e6}]}))
+    assert g.severity == "high" and not any("the profiler can account" in e for e in g.evidence)
+    # A root whose kernels take longer is no profiler artefact, whatever tracing cost it.
+    tables["kernel_excess_rank"][0].update(ns_per_step=59e6, excess_ns_per_step=9e6)
+    (h,) = _run("straggler", context([rank(0), rank(1)], {**tables, "capture_overhead": [over]}))
+    assert h.severity == "high"
+
+
 def test_straggler_shared_cause_ranks_below() -> None:
     """Every rank idles in one CPU range; the root is only the worst of them: medium, and the
     evidence says the shared cause comes first. Ranks that take turns there are one finding."""
@@ -294,6 +318,17 @@ def test_pipeline_bubble_splits_theory_from_excess_and_names_the_root() -> None:
     heavy = context([rank(0), rank(1)], {"stage_metrics": rows, "cp_roots": roots}, stages=stages(35.0, 32.0),
                     imbalance=Imbalance(ratio=2.0, slowest_stage=1, fastest_stage=0))
     assert _run("pipeline_bubble", heavy) == []  # the imbalance is the cause: stage_imbalance says so
+    # The root has a straggler finding, which costs what fixing it saves (the bubble's excess
+    # with it): the bubble costs what exceeds that, and is info when nothing does.
+    root = finding("straggler", [1], "rank 1 holds up rank(s) 0", [], "", 12.0, pct=12.0)
+    ctx.findings.append(root)
+    (g,) = _run("pipeline_bubble", ctx)
+    assert g.cost_ms == 3.0 and g.cost_pct == 3.0 and g.severity == "low"
+    assert g.evidence[-1] == ("rank 1's straggler finding (medium) costs what the steps would lose with it at its "
+                              "peers' pace, 12.0 ms, this excess included; 3.0 ms of the excess is beyond it")
+    ctx.findings[-1] = root.model_copy(update={"cost_ms": 20.0, "severity": "info"})
+    (h,) = _run("pipeline_bubble", ctx)
+    assert h.cost_ms == 0.0 and h.severity == "info" and h.evidence[-1].endswith(": it is counted there")
 
 
 def test_pipeline_bubble_is_the_wait_for_the_peer_stage() -> None:
@@ -492,3 +527,26 @@ def test_rank_ranges() -> None:
     assert [ranges([]), ranges([5]), ranges([4, 0, 2, 1, 2])] == ["", "5", "0-2, 4"]
     assert ranges(range(0, 40, 2), most=3) == "0, 2, 4, … (20 ranks)"
     assert ranges(range(0, 40, 2), most=None).count(",") == 19
+
+
+def test_healthy_runs_after_every_other_final_rule(monkeypatch) -> None:
+    """`healthy` summarises every other finding, the final rules' too: a final rule listed after it
+    (as `pipeline_bubble` comes after `healthy` by module name) that finds a medium cause leaves
+    no "no significant bottleneck found" beside it."""
+    from dataclasses import dataclass
+
+    import orchestrator.analyze.rules as rules
+    from orchestrator.analyze.rules.base import Rule
+    from orchestrator.analyze.rules.healthy import RULE as HEALTHY
+
+    @dataclass
+    class LateCause(Rule):
+        kind = "z_late_cause"
+        final = True
+
+        def evaluate(self, ctx) -> list[Finding]:
+            return [finding(self.kind, [0], "a cause found late", [], "", 20.0, pct=20.0)]
+
+    monkeypatch.setattr(rules, "registry", lambda: [HEALTHY, LateCause()])
+    found = rules.find_all(context([rank(0), rank(1)]))
+    assert [f.kind for f in found] == ["z_late_cause"]

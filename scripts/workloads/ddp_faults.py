@@ -119,7 +119,9 @@ def main() -> None:
     probe = torch.randn(3072, 3072, device=local_rank)
 
     nvtx.range_push("Entire training")
+    starts = []  # each step's start, for the time printed at the end (unprofiled runs too)
     for step, (source, targets) in enumerate(loader):
+        starts.append(time.perf_counter())
         nvtx.range_push(f"Step {step} Start")
         if a.log_every and rank == 0 and step % a.log_every == 0:
             print(f"step {step}", flush=True)
@@ -157,6 +159,9 @@ def main() -> None:
         nvtx.range_pop()
     nvtx.range_pop()
     torch.cuda.synchronize()
+    if len(starts) > 2:
+        print(f"rank {rank}: steps 1-{len(starts) - 1} from start to start {1000 * (starts[-1] - starts[1]):.1f} ms",
+              flush=True)
     dist.destroy_process_group()
 
 

@@ -7,6 +7,7 @@ set stored pre-resized at 256x256 and a web-crawled set of full-size photos. The
 decodes and augments images in a DataLoader (2 workers); the last stage only needs the labels
 and reads them from the same index order. The DistributedSampler keeps the stored order
 (shuffle=False) so that every stage of a pipeline sees the same samples.
+`--slow-loader-rank R` gives first-stage rank R's DataLoader fewer workers (`--slow-loader-workers`).
 One NVTX range `step N` per training step.
 
     torchrun --nproc_per_node 4 vit_pp_dp.py --pp 2 --dp 2 --batch 64 --microbatches 4
@@ -110,6 +111,9 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--stage-blocks", default="", help="encoder blocks per stage, e.g. 4,8 (default: even)")
+    p.add_argument("--slow-loader-rank", type=int, default=-1,
+                   help="this first-stage rank's DataLoader has --slow-loader-workers workers (fewer cores)")
+    p.add_argument("--slow-loader-workers", type=int, default=1)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
 
@@ -148,7 +152,8 @@ def main():
     dataset = MixedImageSet(args.batch * args.dp * args.steps, args.classes, crop=args.image_size)
     sampler = DistributedSampler(dataset, num_replicas=args.dp, rank=dp_idx, shuffle=False)
     if first:
-        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers,
+        workers = args.slow_loader_workers if rank == args.slow_loader_rank else args.workers
+        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=workers,
                             pin_memory=args.device == "cuda", drop_last=True)
     else:
         loader = DataLoader(Labels(dataset.targets), batch_size=args.batch, sampler=sampler, drop_last=True)

@@ -2,7 +2,7 @@
 
 Adding a finding is one new file in this package plus its test; nothing else changes.
 `find_all` runs the ordinary rules, orders their findings by severity and cost, then runs
-the final rules (which see the others' findings).
+the final rules (which see the others' findings), the summaries among them last.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def find_all(ctx: Context) -> list[Finding]:
     for rule in (r for r in rules if not r.final):
         ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
     ctx.findings = rank_findings(ctx.findings)
-    for rule in (r for r in rules if r.final):
+    for rule in sorted((r for r in rules if r.final), key=lambda r: r.summarises):
         ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
-    # Final rules' findings take their place by severity and cost too; `healthy` (info, no
-    # cost) stays after everything it summarises.
-    ctx.findings = sorted(rank_findings(ctx.findings), key=lambda f: f.kind == "healthy")
+    # Final rules' findings take their place by severity and cost too; a summary (`healthy`:
+    # info, no cost) stays after everything it summarises.
+    last = {r.kind for r in rules if r.summarises}
+    ctx.findings = sorted(rank_findings(ctx.findings), key=lambda f: f.kind in last)
     return ctx.findings

@@ -141,6 +141,14 @@ class Context:
     def window_ms(self) -> dict[int, float]:
         return {r.rank: r.window_ms for r in self.report.ranks}
 
+    def unprofiled(self) -> list[int]:
+        """The ranks of the job's world with no report here (profile.ranks chose a few, or
+        only some were collected): their peers' collectives have no last starter to wait for."""
+        world = self.report.layout.get("world_size")
+        if not self.report.layout.get("known") or not isinstance(world, int):
+            return []
+        return sorted(set(range(world)) - {r.rank for r in self.report.ranks})
+
     def worded(self, gpu: str, cpu: str) -> str:
         """`gpu` for a capture with GPU work, else its CPU-only wording `cpu`."""
         return gpu if self.report.gpu_activity else cpu
@@ -164,6 +172,7 @@ class Rule:
     explains_idle: ClassVar[bool] = False  # says why a rank's GPU idles (gpu_low_util defers to it)
     root: ClassVar[bool] = False  # its findings' ranks hold the others up; `victims` waited for them
     leads: ClassVar[bool] = False  # its findings come before every other (how the job ended)
+    summarises: ClassVar[bool] = False  # final, after the other final rules; its findings come last
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         raise NotImplementedError

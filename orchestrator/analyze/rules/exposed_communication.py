@@ -1,5 +1,7 @@
 """Collective communication not hidden behind compute, beyond waiting for late ranks and
-pipeline send/recv (those are stragglers and the bubble, reported by their own rules)."""
+pipeline send/recv (those are stragglers and the bubble, reported by their own rules). Where
+some of the job's ranks were not profiled, a collective's wait for them cannot be told from its
+transfer: the finding says so, as info without a cost, and how to split them."""
 
 from __future__ import annotations
 
@@ -7,10 +9,14 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.ranklist import ranges
 
 FIX = ("Overlap gradient all-reduce with backward: tune DDP bucket_cap_mb (smaller buckets start "
        "earlier), avoid sync points in backward, consider gradient accumulation with no_sync(), "
        "or FSDP/ZeRO prefetching; check NCCL uses the fast fabric (NCCL_DEBUG=INFO).")
+
+UNPROFILED_FIX = ("Profile every rank of a communicator group (profile.ranks: all, or whole groups) to split the "
+                  "collectives' time into waiting for late ranks and transfer; then " + FIX[0].lower() + FIX[1:])
 
 
 @dataclass
@@ -33,12 +39,17 @@ class ExposedCommunication(Rule):
                 hit[r.rank] = (r, transfer)
         if not hit:
             return []
-        return [finding(
-            self.kind, hit, "communication is not overlapped with compute",
-            [f"rank {rk}: {r.comm_overlap_pct}% of {r.comm_ms} ms NCCL time overlaps compute; "
-             f"{round(t, 3)} ms exposed beyond waiting for other ranks and pipeline send/recv"
-             for rk, (r, t) in sorted(hit.items())],
-            FIX, max(t for _, t in hit.values()), pct=max(100 * t / r.window_ms for r, t in hit.values()))]
+        evidence = [f"rank {rk}: {r.comm_overlap_pct}% of {r.comm_ms} ms NCCL time overlaps compute; "
+                    f"{round(t, 3)} ms exposed beyond waiting for other ranks and pipeline send/recv"
+                    for rk, (r, t) in sorted(hit.items())]
+        unprofiled = ctx.unprofiled()
+        if unprofiled:
+            evidence.append(f"ranks {ranges(unprofiled)} were not profiled: the time these ranks' collectives "
+                            "waited for them reads as exposed here")
+            return [finding(self.kind, hit, "communication not overlapped, or waiting for ranks not profiled",
+                            evidence, UNPROFILED_FIX, 0.0, pct=0.0, severity="info")]
+        return [finding(self.kind, hit, "communication is not overlapped with compute", evidence,
+                        FIX, max(t for _, t in hit.values()), pct=max(100 * t / r.window_ms for r, t in hit.values()))]
 
 
 RULE = ExposedCommunication()

@@ -12,7 +12,8 @@ from orchestrator.analyze.rules.base import Context, Rule, finding
 class Healthy(Rule):
     kind = "healthy"
     reads = ()
-    final = True  # runs after every other rule and reads their findings
+    final = True
+    summarises = True  # runs after every other rule, the final ones too, and reads their findings
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         if any(f.severity in ("high", "medium") for f in ctx.findings):

@@ -11,7 +11,10 @@ wait above theory, since GPU idle outside them (launch gaps, host work) is no bu
 microbatches or another schedule would remove (launch_bound and cpu_gap speak for it).
 A final rule: when the stages wait for a peer stage whose GPU idles for its input (a
 data_loader_stall finding on another stage's ranks costing at least half as much), the
-bubble is that stall seen from downstream, and its finding says so alone."""
+bubble is that stall seen from downstream, and its finding says so alone. Where the excess
+comes from a root rank that has a straggler finding, that finding costs what fixing the root
+saves, the bubble's excess included: the bubble costs only what exceeds it (one delay is
+counted once), and is info when nothing does."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ FIX = ("Shrink the pipeline bubble: more microbatches per step (the bubble is (p
        "GPipe/1F1B with p stages and m microbatches), an interleaved or zero-bubble schedule "
        "(torch.distributed.pipelining ScheduleInterleaved1F1B / ScheduleInterleavedZeroBubble, Megatron "
        "--num-layers-per-virtual-pipeline-stage), and stages of equal cost.")
+UNPROFILED_FIX = ("Profile every rank of the stages (profile.ranks: all) to find the rank the excess comes from; "
+                  "fix that first.")
 ROOT_FIX = ("The excess over the schedule's bubble comes from rank {rk} (`{phase}`): fix that first (see the "
             "straggler finding); more microbatches only shrink the theoretical part.")
 
@@ -75,8 +80,14 @@ class PipelineBubble(Rule):
         cost = (lost or 0.0) / 100 * ns_to_ms(rows[worst.stage]["window_ns"], 6)
         if theory is not None and peer and self._upstream_stall(ctx, worst, cost):
             return []
-        fix, root = FIX, self._root(ctx)
-        if root:
+        fix, root, unprofiled = FIX, self._root(ctx), ctx.unprofiled()
+        if root and unprofiled:  # the path crosses only the profiled ranks: its root may be a victim
+            rk, phase, created, n = root
+            evidence.append(f"among the profiled ranks the critical path starts at rank {rk} ({n} steps, {created} ms "
+                            f"while in `{phase}`), but ranks {ranges(unprofiled)} were not profiled: a rank that waits "
+                            "for one of them in a collective looks busy here, and the excess may be theirs")
+            fix, root = UNPROFILED_FIX + " " + FIX, None
+        elif root:
             rk, phase, created, n = root
             evidence.append(f"the excess comes from rank {rk}: the root of the critical path in {n} steps, "
                             f"{created} ms put on it while in `{phase}`")
@@ -84,8 +95,22 @@ class PipelineBubble(Rule):
         what = f"{lost}% above the schedule's {theory}%" if theory is not None else \
             f"{min(s.bubble_pct for s in hit)}-{worst.bubble_pct}%"
         title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
-        return [finding(self.kind, [r for s in hit for r in s.ranks], title, evidence, fix, cost,
-                        pct=lost)]
+        ranks = [r for s in hit for r in s.ranks]
+        claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
+        if claimed is None:
+            return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]
+        left = max(cost - claimed.cost_ms, 0.0)
+        evidence.append(f"rank {root[0]}'s straggler finding ({claimed.severity}) costs what the steps would lose "
+                        f"with it at its peers' pace, {claimed.cost_ms} ms, this excess included"
+                        + (f"; {round(left, 3)} ms of the excess is beyond it" if left else ": it is counted there"))
+        pct = round(lost * left / cost, 2) if cost else 0.0
+        return [finding(self.kind, ranks, title, evidence, fix, left, pct=pct,
+                        severity=None if left else "info")]
+
+    @staticmethod
+    def _claimed(ctx: Context, rank: int) -> Finding | None:
+        """The straggler finding that names `rank` as the root, if any."""
+        return next((f for f in ctx.findings if f.kind == "straggler" and rank in f.ranks), None)
 
     @staticmethod
     def _upstream_stall(ctx: Context, worst: StageMetrics, cost_ms: float) -> bool:

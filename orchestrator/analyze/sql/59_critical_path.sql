@@ -69,10 +69,14 @@ WITH seg AS (
     WHERE w.pred IS NULL AND x.at_t > s.t0
 ), caused AS (  -- the segment's rank made others wait in it (it never waits inside a segment); a
     -- waiter is back in step after each wait, so its waits add up; two waiters held up by the
-    -- same lateness (a DP peer and the next stage) are one delay: the worst waiter counts
+    -- same lateness (a DP peer and the next stage) are one delay: the worst waiter counts. A
+    -- wait's excess is its last excess_ns, and only the part of it inside the segment is the
+    -- segment's: a wait that began while the rank was in an earlier segment (late for its input)
+    -- and ends in this one (after it waited for a third rank) was made in the earlier one
     SELECT step, hop, max(ns) AS ns FROM (
-        SELECT seg.step, seg.hop, w.rank, sum(w.excess_ns) AS ns
-        FROM seg JOIN wait_edges w ON w.step = seg.step AND w.waited_for = seg.rank AND w.e > seg.s AND w.e <= seg.e
+        SELECT seg.step, seg.hop, w.rank, sum(least(w.e, seg.e) - greatest(w.e - w.excess_ns, seg.s)) AS ns
+        FROM seg JOIN wait_edges w ON w.step = seg.step AND w.waited_for = seg.rank AND w.e > seg.s
+            AND w.e - w.excess_ns < seg.e
         GROUP BY ALL)
     GROUP BY ALL
 )
@@ -133,15 +137,18 @@ FROM seg FULL JOIN waited USING (step, rank) LEFT JOIN top USING (step, rank);
 -- The step's root: the rank that put the most excess on the path, when that excess is at
 -- least a tenth of the step's span and 1 ms (the small waits of a healthy job stay below); its
 -- victims: every other rank that waited for a quarter of that excess or more in the step.
--- saving: what the step would lose if the root kept the others' pace, its finding's cost. Where
--- every rank takes part in the step's collectives (no pipeline stages), each other rank lost
--- the time its GPU sat without compute while it waited for the root: a DDP bucket's all-reduce
--- that waits while backward goes on computing delays nothing, the buffer broadcast that forward
--- needs, or the last all-reduce the optimizer needs, does. With the root at their pace, the step
--- shortens by what they lost: the median over them, as one rank's loss can fall outside its
+-- saving: what the step would lose if the root kept the others' pace, its finding's cost. "The
+-- others" are the other ranks of the root's pipeline stage (every rank without stages), which
+-- do the same work: each lost the time its GPU sat without compute while it waited for the
+-- root. A DDP bucket's all-reduce that waits while backward goes on computing delays nothing,
+-- the buffer broadcast that forward needs, or the last all-reduce the optimizer needs, does.
+-- With the root at their pace, its stage and the stages that wait on it run at theirs: the step
+-- shortens by what they lost, the median over them, as one rank's loss can fall outside its
 -- waits for the root (the source of a small broadcast, whose kernel ends without waiting for
--- the receivers, goes on and loses its time later). With pipeline stages the step's end is a
--- chain of sends and receives: the excess the root put on the path.
+-- the receivers, goes on and loses its time later). With stages, the peers are those that
+-- waited for the root in the step (their collectives); where none did (a stage of one rank, or
+-- no collective within the stage) there is no pace to compare with: the step's end is a chain
+-- of sends and receives, and the saving the excess the root put on the path.
 CREATE OR REPLACE TABLE cp_roots AS
 WITH r AS (
     SELECT c.step, arg_max(c.rank, (c.created_ns, -c.rank)) AS rank, max(c.created_ns) AS created_ns,
@@ -154,9 +161,15 @@ WITH r AS (
 busy AS (
     SELECT step, rank, start, sum(least("end", d_e) - greatest(start, d_s)) AS ns
     FROM overlapping('ci', 'waits') GROUP BY ALL
-), lost AS (  -- per step and other rank: its GPU without compute while it waited for the root
+), peers AS (  -- per step, the other ranks of the root's stage; with stages, those that waited for it
+    SELECT c.step, c.rank FROM (SELECT DISTINCT step, rank FROM wait_nodes) c
+    JOIN r ON r.step = c.step AND c.rank <> r.rank
+    JOIN ranks a ON a.rank = r.rank JOIN ranks b ON b.rank = c.rank AND b.stage IS NOT DISTINCT FROM a.stage
+    WHERE (SELECT count(DISTINCT stage) FROM ranks) < 2
+       OR EXISTS (SELECT 1 FROM waits w WHERE w.step = c.step AND w.rank = c.rank)
+), lost AS (  -- per step and peer: its GPU without compute while it waited for the root
     SELECT c.step, c.rank, sum(coalesce(w."end" - w.start - b.ns, w."end" - w.start, 0)) AS ns
-    FROM (SELECT DISTINCT step, rank FROM wait_nodes) c JOIN r ON r.step = c.step AND c.rank <> r.rank
+    FROM peers c
     LEFT JOIN waits w ON w.step = c.step AND w.rank = c.rank
     LEFT JOIN busy b ON b.step = w.step AND b.rank = w.rank AND b.start = w.start
     GROUP BY ALL
@@ -166,8 +179,7 @@ SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
        coalesce((SELECT list(v.rank ORDER BY v.rank) FROM cp_rank_step v
                  WHERE v.step = r.step AND v.rank <> r.rank AND 4 * v.waited_excess_ns >= r.created_ns),
                 []) AS victims,
-       CASE WHEN (SELECT count(DISTINCT stage) FROM ranks) > 1 THEN r.created_ns
-            ELSE least(r.created_ns, coalesce(e.ns, 0)) END AS saving_ns
+       CASE WHEN e.step IS NULL THEN r.created_ns ELSE least(r.created_ns, e.ns) END AS saving_ns
 FROM r LEFT JOIN ends e USING (step) WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
 
 CREATE OR REPLACE TABLE cp_composition AS

@@ -1,5 +1,5 @@
 -- Kernels across ranks (`nsys stats -r cuda_gpu_kern_sum` per rank, side by side).
--- Reads: kernels, graph_execs, stats_gpu, loo_ref, is_outlier, is_comm. Provides:
+-- Reads: kernels, graph_execs, stats_gpu, ranks, loo_ref, is_outlier, is_comm. Provides:
 --   kernel_class(short_name)  communication (is_comm) / memory (copy, fill, cat, transpose
 --       kernels: data movement the copy engines could not do) / compute
 --   kernel_origin(short_name)  generated (Triton kernels, as torch.compile/Inductor names them:
@@ -15,12 +15,14 @@
 --       median_ns_per_step, excess_ns_per_step)
 --       per rank its (up to 3) computing kernels whose time per step most exceeds the other
 --       ranks' median (loo_ref; a rank that does not run a kernel counts as 0 of it), with the
---       counts per step
+--       counts per step. "The other ranks" are those of its pipeline stage where the stage has
+--       other profiled ranks (another stage runs other layers: no pace to compare with)
 --   kernel_excess_rank(rank, ns_per_step, median_ns_per_step, excess_ns_per_step)
 --       per rank its computing kernels' time per step against the other ranks' median: what a
 --       straggler "computing on the GPU" computes more than the others
---   _kernel_per_step(rank, name, short_name, n_per_step, ns_per_step)   every rank x computing
---       kernel, 0 where the rank does not run it
+--   _kernel_per_step(rank, peers, name, short_name, n_per_step, ns_per_step)   every rank x
+--       computing kernel, 0 where the rank does not run it; peers: the rank's stage where that
+--       has other profiled ranks, else -1 (every rank)
 CREATE OR REPLACE MACRO kernel_class(short_name) AS CASE
     WHEN is_comm(short_name) THEN 'communication'
     WHEN coalesce(regexp_matches(short_name, '(?i)memcpy|memset|copy|fill|catarray|cat_|transpose'), false)
@@ -61,25 +63,28 @@ WITH k AS (
     SELECT rank, name, min(short_name) AS short_name, sum(n) AS n, sum(total_ns) AS total_ns
     FROM kernel_table WHERE cls <> 'communication' GROUP BY rank, name
 ), rk AS (SELECT rank, max(n_steps) AS n_steps FROM kernel_table GROUP BY rank HAVING max(n_steps) > 0),
-nm AS (SELECT name, min(short_name) AS short_name FROM k GROUP BY name)
-SELECT rk.rank, nm.name, nm.short_name, coalesce(k.n, 0) / rk.n_steps AS n_per_step,
+nm AS (SELECT name, min(short_name) AS short_name FROM k GROUP BY name),
+pg AS (
+    SELECT rk.rank, CASE WHEN count(*) OVER (PARTITION BY r.stage) > 1 THEN coalesce(r.stage, -1) ELSE -1 END AS peers
+    FROM rk LEFT JOIN ranks r USING (rank))
+SELECT rk.rank, pg.peers, nm.name, nm.short_name, coalesce(k.n, 0) / rk.n_steps AS n_per_step,
        coalesce(k.total_ns, 0) / rk.n_steps AS ns_per_step
-FROM rk CROSS JOIN nm LEFT JOIN k ON k.rank = rk.rank AND k.name = nm.name;
+FROM rk JOIN pg USING (rank) CROSS JOIN nm LEFT JOIN k ON k.rank = rk.rank AND k.name = nm.name;
 
 CREATE OR REPLACE TABLE kernel_excess AS
-WITH xn AS (SELECT rank, name AS key, n_per_step AS x FROM _kernel_per_step),
-xt AS (SELECT rank, name AS key, ns_per_step AS x FROM _kernel_per_step),
-m AS (SELECT n.rank, n.key AS name, n.ref_med AS median_n, t.ref_med AS median_ns
+WITH xn AS (SELECT rank, peers || '/' || name AS key, n_per_step AS x FROM _kernel_per_step),
+xt AS (SELECT rank, peers || '/' || name AS key, ns_per_step AS x FROM _kernel_per_step),
+m AS (SELECT n.rank, n.key AS key, n.ref_med AS median_n, t.ref_med AS median_ns
       FROM loo_ref('xn') n JOIN loo_ref('xt') t USING (rank, key))
 SELECT g.rank, g.short_name, g.n_per_step, m.median_n AS median_n_per_step, g.ns_per_step,
        m.median_ns AS median_ns_per_step, g.ns_per_step - m.median_ns AS excess_ns_per_step
-FROM _kernel_per_step g JOIN m USING (rank, name)
+FROM _kernel_per_step g JOIN m ON m.rank = g.rank AND m.key = g.peers || '/' || g.name
 WHERE g.ns_per_step > m.median_ns
 QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns_per_step - m.median_ns DESC, g.name) <= 3;
 
 CREATE OR REPLACE TABLE kernel_excess_rank AS
-WITH r AS (SELECT rank, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank),
-x AS (SELECT rank, 'all' AS key, ns_per_step AS x FROM r),
+WITH r AS (SELECT rank, peers, sum(ns_per_step) AS ns_per_step FROM _kernel_per_step GROUP BY rank, peers),
+x AS (SELECT rank, peers AS key, ns_per_step AS x FROM r),
 m AS (SELECT rank, ref_med AS median_ns_per_step FROM loo_ref('x'))
 SELECT r.rank, r.ns_per_step, m.median_ns_per_step, r.ns_per_step - m.median_ns_per_step AS excess_ns_per_step
 FROM r JOIN m USING (rank);

@@ -306,7 +306,9 @@ def test_a_heavier_stage_on_4_gpus_costs_what_balancing_saves(pairs) -> None:
     """DP2 x PP2 split 4+8 against 6+6 on the same machine: the heavier stage is the two ranks
     whose compute kernels (not NCCL) take longest (plain sqlite3); the imbalance finding names
     them and costs what the even split's steps saved (median step difference times the steps),
-    within 25 %; no finding above info blames a rank of the lighter stage."""
+    within 25 %, and no other finding is above info: the heavier stage's launch-slow rank (rank 2
+    here: its GPU waits between kernels 828 ms against 326 ms on its stage peer, plain sqlite3)
+    is within what tracing cost it, as the even pipeline's is."""
     run, rep = pairs["pp4-uneven"]
     busy = per_rank(run, "SELECT sum(k.\"end\" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
                     "JOIN StringIds s ON s.id = k.shortName WHERE s.value NOT LIKE 'nccl%'")
@@ -315,7 +317,7 @@ def test_a_heavier_stage_on_4_gpus_costs_what_balancing_saves(pairs) -> None:
     assert f["ranks"] == heavy and f["severity"] != "info", f["title"]
     measured = _measured(run, pairs["pp4-even"][0], like="step %")
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
-    assert not [g for g in rep["findings"] if g["severity"] != "info" and set(g["ranks"]) - set(heavy)]
+    assert [g["kind"] for g in rep["findings"] if g["severity"] != "info"] == ["stage_imbalance"]
 
 
 def test_a_slow_loader_on_a_first_stage_rank_is_the_root_of_the_pipeline(pairs) -> None:

@@ -162,12 +162,12 @@ class Straggler(Rule):
                 severity = "medium" if severity == "high" else severity
             # Late GPU work with no call of its own to name, in a loop launch-bound on every rank.
             everywhere = self._launch_bound_everywhere(ctx, len(steps)) if late_start and not call else {}
-            profiler = self._profiler(ctx, rk, typical, steps) if late_start and not call and not everywhere else None
+            profiler = self._profiler(ctx, rk, saving, total_ns) if late_start and not call and not everywhere else None
             if profiler:
-                evidence.append(f"a step it holds up is {ns_to_ms(typical)} ms late, within what tracing cost rank "
-                                f"{rk} a step (~{ns_to_ms(profiler)} ms: nsys' per-call cost of its CUDA calls, as far "
-                                "as its launch gaps show it): the profiler can account for it, and where its cost "
-                                "lands changes from run to run; time the job without it before acting")
+                evidence.append(f"what fixing it saves, {ns_to_ms(saving)} ms, is within what tracing cost rank {rk} "
+                                f"over these steps (~{ns_to_ms(profiler)} ms: nsys' per-call cost of its CUDA calls, "
+                                "as far as its launch gaps show it): the profiler can account for it, and where its "
+                                "cost lands changes from run to run; time the job without it before acting")
                 severity = "info"
             if everywhere:
                 lo, hi = min(everywhere.values()), max(everywhere.values())
@@ -253,18 +253,17 @@ class Straggler(Rule):
         return {rk: round(ms / n_steps, 3) for rk, ms in per.items()} if ok else {}
 
     @staticmethod
-    def _profiler(ctx: Context, rk: int, typical_ns: int, steps: list[dict]) -> int | None:
-        """What tracing cost the root in a median step (capture_overhead's estimate: nsys' own
-        time and per-call cost, at most its launch gaps), when a step it holds up is no later
-        than that: a root with no cause of its own whose lateness the profiler can account for
-        (on 4 GPUs the even pipeline's launch-slow rank was another rank in a rerun, and the
-        job ran 147 ms a step unprofiled against 170-180 ms profiled)."""
+    def _profiler(ctx: Context, rk: int, saving_ns: int, total_ns: int) -> int | None:
+        """What tracing cost the root over the steps' time (capture_overhead's estimate, nsys' own
+        time and per-call cost, at most its launch gaps, as a share of its window), when fixing
+        it would save no more than that: a root with no cause of its own whose lateness the
+        profiler can account for (on 4 GPUs the even pipeline's launch-slow rank was another
+        rank in a rerun, and the job ran 147 ms a step unprofiled against 170-180 ms profiled)."""
         over = ctx.views.by_rank("capture_overhead").get(rk)
         if not over or not over["window_ns"]:
             return None
-        spans = sorted(s["t1"] - s["t0"] for s in steps)
-        per_step = int(over["est_ns"] / over["window_ns"] * spans[len(spans) // 2])
-        return per_step if typical_ns <= per_step else None
+        cost = int(over["est_ns"] / over["window_ns"] * total_ns)
+        return cost if saving_ns <= cost else None
 
     def _kernels(self, ctx: Context, rk: int, typical_ns: int) -> tuple[list[str], str, bool]:
         """What the root's GPU computes more than the median rank's, per step (kernel_excess):

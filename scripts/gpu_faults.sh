@@ -10,7 +10,8 @@
 #        names runs them at the same time; the faults are on ranks 0 and 1; NAME@SELECTOR profiles
 #        the ranks of that profile.ranks selector instead of all, NAME@metrics (or
 #        NAME@SELECTOR@metrics) also samples GPU metrics, one collector per node; the run is
-#        named with `-` for `@`). Needs 2 or more GPUs, torch, orch and nsys >= 2023 at $NSYS.
+#        named with `-` for `@`; MAP_IN_JOB=true maps each rank's export in the job). Needs 2 or
+#        more GPUs, torch, orch and nsys >= 2023 at $NSYS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$(realpath -m "${1:?usage: $0 OUTDIR SCENARIO...}")
@@ -100,7 +101,7 @@ profile:
   gpu_metrics: {enabled: $metrics, frequency: 1000}
   trace: [cuda, nvtx, osrt]
   cuda_memory_usage: true
-  map_in_job: false
+  map_in_job: ${MAP_IN_JOB:-false}
   stop_grace_s: 40
   warn_lead_s: 50
 EOF

@@ -62,6 +62,14 @@ def _measured(run: Path, healthy_run: Path, like: str = "Step % Start") -> float
     return (statistics.median(slow[n] for n in steps) - statistics.median(healthy[n] for n in steps)) * len(steps)
 
 
+def _loader_waits(run: Path) -> dict[int, int]:
+    """Per rank, ns its main thread spent in `sem_clockwait`: a DataLoader's queue, waited on."""
+    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
+                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
+                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
+    return {r: rows[0][0] for r, rows in waits.items()}
+
+
 @pytest.mark.parametrize("name", ["healthy", "ddp2-healthy", "ddp4-healthy", "ddp4-healthy-rerun"])
 def test_the_healthy_run_has_no_finding_above_info_worth_3_percent_of_its_steps(pairs, name: str) -> None:
     run, rep = pairs[name]
@@ -245,11 +253,9 @@ def test_a_slow_input_pipeline_costs_what_the_runs_differ_by_and_is_counted_once
         (other,) = [f for f in rep["findings"] if f["kind"] in lead.values() and f["kind"] != kind]
         assert other["severity"] == "info" and other["cost_ms"] == 0.0, other
     run, rep = pairs["ddp2-slow-loader"]
-    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
-                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
-                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
-    slow = max(waits, key=lambda r: waits[r][0][0])
-    assert waits[slow][0][0] > 3 * min(w[0][0] for w in waits.values()), waits
+    waits = _loader_waits(run)
+    slow = max(waits, key=waits.__getitem__)
+    assert waits[slow] > 3 * min(waits.values()), waits
     (stall,) = [f for f in rep["findings"] if f["kind"] == "data_loader_stall"]
     (root,) = [f for f in rep["findings"] if f["kind"] == "straggler"]
     assert stall["ranks"] == root["ranks"] == [slow] and root["victims"] == [1 - slow]
@@ -288,10 +294,8 @@ def test_a_slow_loader_on_4_gpus_costs_what_the_runs_differ_by(pairs) -> None:
     healthy = statistics.mean(_span(pairs[n][0]) for n in ("ddp4-healthy", "ddp4-healthy-rerun"))
     run, rep = pairs["ddp4-slow-loader"]
     measured = _span(run) - healthy
-    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
-                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
-                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
-    slow = max(waits, key=lambda r: waits[r][0][0])
+    waits = _loader_waits(run)
+    slow = max(waits, key=waits.__getitem__)
     loud = [f for f in rep["findings"] if f["severity"] != "info"]
     assert [f["kind"] for f in loud] == ["straggler"], [(f["kind"], f["cost_ms"]) for f in loud]
     (root,) = loud
@@ -330,10 +334,8 @@ def test_a_slow_loader_on_a_first_stage_rank_is_the_root_of_the_pipeline(pairs) 
     sqlite3). That rank is not launch-slow here: the GPUs wait alike between kernels but for the
     slow loader's."""
     run, rep = pairs["pp4-slow-loader"]
-    waits = per_rank(run, "SELECT coalesce(sum(o.\"end\" - o.start), 0) FROM OSRT_API o "
-                     "JOIN StringIds s ON s.id = o.nameId WHERE s.value = 'sem_clockwait' "
-                     "AND o.globalTid % 16777216 = (o.globalTid / 16777216) % 16777216")
-    slow = max(waits, key=lambda r: waits[r][0][0])
+    waits = _loader_waits(run)
+    slow = max(waits, key=waits.__getitem__)
     loud = [f for f in rep["findings"] if f["severity"] != "info"]
     assert [f["kind"] for f in loud] == ["straggler"], [(f["kind"], f["cost_ms"]) for f in loud]
     (root,) = loud

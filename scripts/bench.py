@@ -129,17 +129,20 @@ def measure(d: Path, runs: int, pandas: bool, baseline: Path | None = None) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128, 512])
+    ap.add_argument("--ranks", type=int, nargs="*", default=[8, 32, 128, 512],
+                    help="synthetic datasets (none: the real ones only)")
     ap.add_argument("--runs", type=int, default=3, help="alternating runs per phase (medians)")
     ap.add_argument("--repeat", type=int, default=1, help="repeat each synthetic rank's steps to grow it")
     ap.add_argument("--source", type=Path, default=bd.default_source())
     ap.add_argument("--pandas-max", type=int, default=128, help="skip the (slow) pandas baseline above this")
     ap.add_argument("--no-real", action="store_true", help="skip the real-export datasets")
+    ap.add_argument("--real", nargs="+", default=["all", "pp_imbalance", "resnet_nw2", "resnet_ddp4"],
+                    help="real datasets: all (every export as one job's ranks), or a job's name")
     ap.add_argument("--baseline", type=Path, help="another orch tree (e.g. `git archive main`) timed as `before`")
     ap.add_argument("--baseline-label", default="", help="what --baseline is, for the document (e.g. main at abc1234)")
     ap.add_argument("--out", type=Path, default=bd.REPO / "docs")
     a = ap.parse_args()
-    if a.pandas_max >= min(a.ranks) and importlib.util.find_spec("pandas") is None:
+    if a.ranks and a.pandas_max >= min(a.ranks) and importlib.util.find_spec("pandas") is None:
         # Found now, not after minutes of other phases.
         raise SystemExit("bench: the pandas baseline needs pandas: pip install -e '.[bench]' "
                          "(or --pandas-max 0 to skip it)")
@@ -148,7 +151,8 @@ def main() -> None:
             _bytecode(tree)
     sets: list[tuple[str, Path, int]] = []
     if not a.no_real:
-        for job in (None, "pp_imbalance", "resnet_nw2"):
+        for name in a.real:
+            job = None if name == "all" else name
             d = bd.real_dataset(job)
             if d is not None:
                 n = len(list(d.glob("*.sqlite")))

@@ -40,10 +40,18 @@ def _unpack(src: Path, dest: Path) -> None:
         shutil.copy(src, dest)
 
 
+# Real jobs of their own folder: the 4-GPU ResNet-50 DDP run (tutorial trainer, 4 H200s).
+REAL_JOB_DIRS = {"resnet_ddp4": REPO / "tests" / "fixtures" / "pairs" / "ddp4-healthy" / "exports"}
+
+
 def real_dataset(job: str | None = None) -> Path | None:
-    """All real exports as the ranks of one job (job=None), or one real job's own ranks."""
-    files = sorted(f for d in REAL_DIRS if d.is_dir() for f in d.rglob("*.sqlite.gz"))
-    if job:
+    """All real exports as the ranks of one job (job=None), or one real job's own ranks (a job
+    of REAL_JOB_DIRS: every export of its folder)."""
+    if job in REAL_JOB_DIRS:
+        files = sorted(REAL_JOB_DIRS[job].glob("*.sqlite.gz"))
+    else:
+        files = sorted(f for d in REAL_DIRS if d.is_dir() for f in d.rglob("*.sqlite.gz"))
+    if job and job not in REAL_JOB_DIRS:
         files = [f for f in files if f.name.startswith(f"{job}_r")]
     if not files:
         return None

@@ -20,7 +20,8 @@ def render(results: list[dict], meta: dict) -> str:
         "(per-rank clock skew, time shift, jitter); `real:` rows are the H200 exports themselves "
         "(tests/fixtures/h200, tests/fixtures/gpu_e2e and the ResNet-50/GPT-2/pipelining "
         "captures of tests/fixtures/real; `all N` renames them as ranks 0..N-1 of one job; `resnet_nw2` is "
-        "the seed tutorial's ResNet-50 DDP with 2 DataLoader workers). "
+        "the seed tutorial's ResNet-50 DDP with 2 DataLoader workers, `resnet_ddp4` its 4-GPU run of "
+        "tests/fixtures/pairs/ddp4-healthy). "
         "Each phase runs in its own child process (imports included, from bytecode compiled "
         "beforehand as `pip install` does; RSS is that "
         "child's peak); phases run alternately, medians of the runs are shown (512 ranks: 2 runs).", "",
@@ -99,5 +100,6 @@ docs/benchmarks-16core.md.
 
 What a user waits for after a job of 256 real GPU ranks whose maps ran in the job (`orch collect`
 of fresh parts, then `orch report --json`), against the per-rank analysis moved into the map:
-`scripts/bench_real_ranks.py`, in docs/benchmarks-after-job.md.
+`scripts/bench_real_ranks.py`, in docs/benchmarks-after-job.md, beside `orch analyze` of 4 real
+ResNet-50 ranks (`scripts/bench.py --ranks --real resnet_ddp4 resnet_nw2`).
 """

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -31,7 +31,9 @@ from orchestrator.collect.reduce import build_store_from_parts, members_from_met
 from orchestrator.collect.views import VIEW_MIN_ROWS, VIEWABLE
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
-from orchestrator.submit.array import TaskOutcome, run_array
+
+if TYPE_CHECKING:
+    from orchestrator.submit.array import TaskOutcome
 
 
 def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str, str]:
@@ -91,6 +93,10 @@ class PartsRows:
         lost: dict[str, str] = {}
         failed: list[TaskOutcome] = []
         if todo and array is not None:
+            # Here, not at the top: submitit, the job spec and its renderer are what a map
+            # array needs, and a local collect or `orch analyze` would pay their import.
+            from orchestrator.submit.array import run_array
+
             outcomes = run_array(map_chunk_strict, todo, RunPaths(self.run).submitit_collect, array, self.console,
                                  label=lambda t: t.report.origin)
             failed = [x for x in outcomes if x.state != "COMPLETED"]

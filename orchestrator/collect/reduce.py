@@ -29,6 +29,7 @@ from orchestrator.collect.parts import probe_from_json, report_from_json
 from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.store import append_rows, new_store, write_meta
 from orchestrator.collect.tables import TABLES
+from orchestrator.collect.timings import phase
 from orchestrator.collect.views import (
     EVENT_PARTS_DDL,
     VIEW_MIN_ROWS,
@@ -92,7 +93,8 @@ def build_store_from_parts(
             viewed = reduce_into(con, metas, parts, layout=layout, keep_env=keep_env, align=align,
                                  expected=expected, extra_meta=extra_meta, members=members, views=views,
                                  view_min_rows=view_min_rows, store=store)
-            con.execute("CHECKPOINT")
+            with phase("reduce: checkpoint"):
+                con.execute("CHECKPOINT")
         finally:
             con.close()
     return viewed
@@ -149,8 +151,11 @@ def reduce_into(
             con.execute(view_sql(table, root, files[table], name=unfiltered(table), temp=True))
     for table, cols in EVENT_SCHEMA.items():
         if table not in viewed:
-            con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root, files[table])))
-    stats = _insert_summaries(con, root, files)
+            with phase(f"reduce: copy {table}"):
+                con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root,
+                                                                  files[table])))
+    with phase("reduce: map statistics"):
+        stats = _insert_summaries(con, root, files)
     impossible = finalize_store(con, members, base, layout, keep_env, expected,
                                 unfiltered={t: None if counted else unfiltered(t) for t in viewed},
                                 known=known if counted else [])

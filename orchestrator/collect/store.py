@@ -9,8 +9,10 @@ start on the rows while the checkpoint writes them (collect.collecting).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,14 +86,36 @@ def write_meta(con: duckdb.DuckDBPyConnection, *, engine: str, base: int, layout
 
 
 def append_rows(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ...], rows: list[tuple]) -> None:
-    """Insert the small tables (ranks, env, sources, meta) as SQL VALUES literals, by column
-    name: no pyarrow import (a fixed cost on every collect) and no bound parameters (DuckDB
-    binds thousands of `?` far slower than it parses literals; docs/benchmarks-code.md).
-    Strings pass through `numbers.text`: a file name in another encoding never fails it."""
-    quoted = ", ".join(f'"{n}"' for n in names)
-    for i in range(0, len(rows), 1000):
-        values = ", ".join("(" + ", ".join(map(literal, r)) + ")" for r in rows[i: i + 1000])
-        con.execute(f"INSERT INTO {table} ({quoted}) VALUES {values}")
+    """Insert the small tables (ranks, env, sources, meta, the parts' index) by column name,
+    from a temporary JSON-lines file that DuckDB reads as the table's own column types: no
+    pyarrow import (a fixed cost on every collect), no bound Python lists and no VALUES
+    literals, both far slower past a few thousand rows (the parts' index of 2,048 ranks holds
+    55k rows; docs/benchmarks-after-job.md). Strings pass through `numbers.text`: a file name
+    in another encoding never fails it."""
+    if not rows:
+        return
+    types = {name: kind for name, kind, *_ in con.execute(f"DESCRIBE {table}").fetchall()}
+    fd, path = tempfile.mkstemp(prefix="orch-rows-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(dict(zip(names, map(_json_value, r), strict=True))) + "\n" for r in rows)
+        quoted = ", ".join(f'"{n}"' for n in names)
+        columns = "{" + ", ".join(f"{literal(n)}: {literal(types[n])}" for n in names) + "}"
+        con.execute(f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM read_json({literal(path)}, "
+                    f"format = 'newline_delimited', columns = {columns})")
+    finally:
+        os.unlink(path)
+
+
+def _json_value(v: object) -> object:
+    """A value as JSON writes it for DuckDB: repaired text, no NaN or infinity (NULL)."""
+    if isinstance(v, str):
+        return numbers.text(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    return v
 
 
 class Checkpoint:

@@ -55,8 +55,8 @@
 CREATE OR REPLACE TABLE beat_occ AS
 WITH todo AS (
     SELECT DISTINCT rank FROM cuda_api WHERE rank NOT IN (SELECT rank FROM steps)
-), sync_names AS (  -- the regex once per distinct name, not once per call
-    SELECT name FROM (SELECT DISTINCT name FROM cuda_api) WHERE is_sync_api(name)
+), sync_names AS (  -- the regex once per distinct name, not once per call; none read where every rank has steps
+    SELECT name FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN todo USING (rank)) WHERE is_sync_api(name)
 ), occ AS (
     SELECT a.rank, 'kernel' AS src, k.short_name AS name, a.tid, a.start AS ts
     FROM kernels k JOIN cuda_api a ON a.rank = k.rank AND a.correlation_id = k.correlation_id

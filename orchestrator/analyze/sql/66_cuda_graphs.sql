@@ -17,6 +17,7 @@
 --       other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in backward()
 --       for the autograd engine)
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
+--   _graph_launches(rank, start, end)  the graph launch calls in the window, on the ranks with graph work
 --   _graph_launch_gaps(rank, s, e)  from the end of each graph launch to the next
 --   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
 CREATE OR REPLACE TABLE _graph_clipped AS
@@ -24,12 +25,16 @@ SELECT o.rank, 'graph' AS cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1
 FROM gpu_ops o JOIN win w USING (rank)
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
+CREATE OR REPLACE TABLE _graph_launches AS  -- the CUDA calls are read once, and only on ranks with graphs
+SELECT a.rank, a.start, a."end"
+FROM cuda_api a JOIN win w USING (rank)
+WHERE a.rank IN (SELECT rank FROM _graph_clipped)
+  AND (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
+  AND a.start >= w.w0 AND a.start < w.w1;
+
 CREATE OR REPLACE TABLE _graph_launch_gaps AS  -- from the end of each graph launch to the next
 SELECT rank, s, e FROM (
-    SELECT a.rank, a."end" AS s, lead(a.start) OVER (PARTITION BY a.rank ORDER BY a.start) AS e
-    FROM cuda_api a JOIN win w USING (rank)
-    WHERE (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
-      AND a.start >= w.w0 AND a.start < w.w1)
+    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM _graph_launches)
 WHERE e > s;
 
 CREATE OR REPLACE TABLE _graph_loop_calls AS  -- the loop thread's CUDA calls between graph launches
@@ -46,10 +51,7 @@ WITH g AS (
     SELECT u.rank, u.ns AS graph_busy_ns, l.graph_level FROM union_length('_graph_clipped') u
     JOIN (SELECT rank, bool_or(kind = 'graph') AS graph_level FROM _graph_clipped GROUP BY rank) l USING (rank)
 ), replays AS (
-    SELECT a.rank, count(*) AS replays FROM cuda_api a JOIN win w USING (rank)
-    WHERE (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
-      AND a.start >= w.w0 AND a.start < w.w1
-    GROUP BY a.rank
+    SELECT rank, count(*) AS replays FROM _graph_launches GROUP BY rank
 ), n_steps AS (
     SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
     WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
@@ -60,6 +62,7 @@ WITH g AS (
         SELECT o.rank, o.name, count(*) AS n, sum(least(o."end", w.w1) - greatest(o.start, w.w0)) AS ns
         FROM gpu_ops o JOIN win w USING (rank)
         WHERE o.kind = 'kernel' AND NOT o.graph AND o."end" > w.w0 AND o.start < w.w1
+          AND o.rank IN (SELECT rank FROM _graph_clipped)
         GROUP BY o.rank, o.name))
     GROUP BY rank
 ), between AS (

@@ -51,8 +51,8 @@ def real_dataset(job: str | None = None) -> Path | None:
         files = sorted(REAL_JOB_DIRS[job].glob("*.sqlite.gz"))
     else:
         files = sorted(f for d in REAL_DIRS if d.is_dir() for f in d.rglob("*.sqlite.gz"))
-    if job and job not in REAL_JOB_DIRS:
-        files = [f for f in files if f.name.startswith(f"{job}_r")]
+        if job:
+            files = [f for f in files if f.name.startswith(f"{job}_r")]
     if not files:
         return None
     d = CACHE / f"real-{job or 'all'}-{len(files)}"

@@ -72,13 +72,14 @@ SELECT rk.rank, pg.peers, nm.name, nm.short_name, coalesce(k.n, 0) / rk.n_steps 
 FROM rk JOIN pg USING (rank) CROSS JOIN nm LEFT JOIN k ON k.rank = rk.rank AND k.name = nm.name;
 
 CREATE OR REPLACE TABLE kernel_excess AS
-WITH xn AS (SELECT rank, peers || '/' || name AS key, n_per_step AS x FROM _kernel_per_step),
-xt AS (SELECT rank, peers || '/' || name AS key, ns_per_step AS x FROM _kernel_per_step),
-m AS (SELECT n.rank, n.key AS key, n.ref_med AS median_n, t.ref_med AS median_ns
+WITH g AS (SELECT *, peers || '/' || name AS key FROM _kernel_per_step),  -- a kernel among the rank's peers
+xn AS (SELECT rank, key, n_per_step AS x FROM g),
+xt AS (SELECT rank, key, ns_per_step AS x FROM g),
+m AS (SELECT n.rank, n.key, n.ref_med AS median_n, t.ref_med AS median_ns
       FROM loo_ref('xn') n JOIN loo_ref('xt') t USING (rank, key))
 SELECT g.rank, g.short_name, g.n_per_step, m.median_n AS median_n_per_step, g.ns_per_step,
        m.median_ns AS median_ns_per_step, g.ns_per_step - m.median_ns AS excess_ns_per_step
-FROM _kernel_per_step g JOIN m ON m.rank = g.rank AND m.key = g.peers || '/' || g.name
+FROM g JOIN m USING (rank, key)
 WHERE g.ns_per_step > m.median_ns
 QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns_per_step - m.median_ns DESC, g.name) <= 3;
 

@@ -245,7 +245,7 @@ FAST_MODULES = frozenset({
     "test_analyze", "test_comm", "test_export_tables", "test_gpu_e2e", "test_host_sync", "test_memory_rules",
     "test_nvtx_depth", "test_overhead_sql", "test_phase_ops", "test_probe", "test_repo", "test_root_cause",
     "test_rules", "test_sqlrun", "test_spec", "test_sql_macros", "test_sql_modules", "test_sqltext",
-    "test_stats_tables", "test_store_rows", "test_timings", "test_wheel",
+    "test_stats_tables", "test_store_rows", "test_timeline_data", "test_timings", "test_wheel",
 })
 
 

@@ -11,6 +11,7 @@ import duckdb
 
 from orchestrator.analyze.model_overhead import RankOverhead
 from orchestrator.analyze.overhead import overhead_line
+from orchestrator.analyze.summaries import SUMMARIES
 
 SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql"
 SQL = SQL_DIR / "67_capture_overhead.sql"
@@ -18,8 +19,16 @@ CALL_NS = 7600
 WINDOW_NS = 1_000_000_000
 
 
-def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[int, int]) -> dict[int, dict]:
+def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[int, int],
+              mapped: dict[int, tuple[int, int]] | None = None) -> dict[int, dict]:
+    """`mapped`: ranks whose window's calls and launches a map counted (map_capture_api); their
+    own CUDA calls are then not read."""
     con = duckdb.connect()
+    con.execute("CREATE TABLE map_ranks(rank INT, off BIGINT)")
+    con.execute(next(s for s in SUMMARIES if s.table == "map_capture_api").ddl())
+    for rk, (n, launches) in (mapped or {}).items():
+        con.execute("INSERT INTO map_ranks VALUES (?, 0)", [rk])
+        con.execute("INSERT INTO map_capture_api VALUES (?, ?, ?)", [rk, n, launches])
     con.execute("CREATE TABLE win(rank INT, w0 BIGINT, w1 BIGINT)")
     con.execute("CREATE TABLE cuda_api(rank INT, start BIGINT, name VARCHAR)")
     con.execute('CREATE TABLE profiler_overhead(rank INT, start BIGINT, "end" BIGINT)')
@@ -34,10 +43,17 @@ def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[
             con.execute("INSERT INTO profiler_overhead VALUES (?, ?, ?)",
                         [rk, WINDOW_NS - profiler_ns[rk], WINDOW_NS + 7_000_000])
         con.execute("INSERT INTO small_gaps VALUES (?, 10, ?)", [rk, gaps_ns[rk]])
+    con.execute("CREATE TABLE map_todo AS SELECT rank FROM win ANTI JOIN map_ranks USING (rank)")
     con.execute((SQL_DIR / "00_macros.sql").read_text())  # loo_ref
     con.execute(SQL.read_text())
     return {r[0]: dict(zip([d[0] for d in con.description], r, strict=True))
             for r in con.execute("SELECT * FROM capture_overhead ORDER BY rank").fetchall()}
+
+
+def test_a_mapped_rank_counts_the_maps_calls_not_its_own() -> None:
+    got = _overhead({0: 1000, 1: 1000}, {}, {0: 100_000_000, 1: 100_000_000}, mapped={1: (400, 150)})
+    assert (got[0]["api_calls"], got[0]["launches"]) == (1000, 500)
+    assert (got[1]["api_calls"], got[1]["launches"]) == (400, 150) and got[1]["est_ns"] == 400 * CALL_NS
 
 
 def test_estimate_is_profiler_time_plus_capped_call_cost() -> None:

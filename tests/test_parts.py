@@ -16,7 +16,7 @@ from orchestrator.analyze.report import build_report
 from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
-from orchestrator.collect.views import VIEWABLE
+from orchestrator.collect.views import IF_MAPPED, VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import REPO, h200_fixtures, run_orch
 
@@ -26,20 +26,29 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 def _groups() -> list[tuple[str, list[Path]]]:
     """One case per captured job: <set>/<case>_r<N>_*.sqlite.gz of every real fixture set
-    (tests/fixtures/{real,gpu_e2e,comm,stats,modern} and the shared H200 captures)."""
+    (tests/fixtures/{real,gpu_e2e,comm,stats,modern} and the shared H200 captures), and two of the
+    4-GPU runs of tests/fixtures/pairs and layouts."""
     out: dict[str, list[Path]] = {}
     sets = [FIXTURES / d for d in ("real", "gpu_e2e", "comm", "stats", "modern")]
     files = [f for d in sets for f in d.glob("*.sqlite.gz")] + list(h200_fixtures().glob("*/*.sqlite.gz"))
     for f in sorted(files):
         out.setdefault(f"{f.parent.name}/{f.name.rsplit('_r', 1)[0]}", []).append(f)
+    for run in ("pairs/pp4-slow-loader", "layouts/tp2dp2"):  # 4 GPUs: a 1F1B pipeline x DP, TP x FSDP
+        out[run] = sorted((FIXTURES / run / "exports").glob("*.sqlite.gz"))
     return sorted(out.items())
 
 
-def mapped_ranks(store: Path, opts: Options) -> list[int]:
-    """The ranks whose per-rank stats tables the analysis took from the map (summaries.py)."""
+def mapped_ranks(store: Path, opts: Options, table: str = "map_ranks") -> list[int]:
+    """The ranks whose per-rank stats tables the analysis took from the map (summaries.py); or
+    the ranks of another of the analysis' rank lists (`table`)."""
+    return [r for (r,) in analysed(store, opts, f"SELECT DISTINCT rank FROM {table} ORDER BY rank")]
+
+
+def analysed(store: Path, opts: Options, sql: str) -> list[tuple]:
+    """The rows `sql` reads after the analysis of `store`."""
     con, _ = analysis(store, opts)
     try:
-        return [r for (r,) in con.execute("SELECT rank FROM map_ranks ORDER BY rank").fetchall()]
+        return con.execute(sql).fetchall()
     finally:
         con.close()
 
@@ -107,7 +116,7 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
                       view_min_rows=0)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
-    assert b.views == [t for t in VIEWABLE if _has_rows(b.store, t)]
+    assert b.views == [t for t in (*VIEWABLE, *IF_MAPPED) if _has_rows(b.store, t)]  # every rank mapped
     assert table_types(b.store) == dict.fromkeys(b.views, "VIEW")
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
@@ -183,6 +192,8 @@ def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: 
     a, b = _two_paths("real/ddp_slowrank", tmp_path)
     assert mapped_ranks(b, Options()) == [0, 1]
     assert mapped_ranks(b, opts) == []
+    # Their steps are still the map's, but every op is read again (22_gpu_ops_rest.sql).
+    assert mapped_ranks(b, opts, "ops_late") == [0, 1]
     assert_same_report(a, b, opts)
 
 
@@ -201,6 +212,8 @@ def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Pa
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     assert mapped_ranks(b, Options()) == [0]
+    # The CUDA calls stay in the parts only where every rank's map ran this SQL (views.IF_MAPPED).
+    assert ("cuda_api" in b2.views) == (change == "n_steps + 1 AS n_steps")
     assert_same_report(a, b)
 
 
@@ -237,4 +250,31 @@ def test_store_with_map_tables_of_another_shape(tmp_path: Path) -> None:
     con.execute("ALTER TABLE map_scope DROP COLUMN sql")
     con.close()
     assert mapped_ranks(b, Options()) == []
+    assert_same_report(a, b)
+
+
+def _op_kinds(store: Path) -> set[tuple]:
+    return set(analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops"))
+
+
+def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
+    """Where a rank's steps are its map's, the report takes the map's GPU ops per step, NCCL
+    kernels and compute between steps, and reads none of its other ops; a rank whose map found
+    other steps (here one step ending 1 ns later) is computed from its events. Either way the
+    report is the in-process one."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    assert mapped_ranks(b, Options(), "ops_partial") == [0, 1]
+    assert _op_kinds(b) == {(0, "kernel", True), (1, "kernel", True)}
+    assert_same_report(a, b)
+    steps = next((tmp_path / "b" / "parts" / "table=map_steps" / "rank=1").glob("*.parquet"))
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT * REPLACE (CASE WHEN step = (SELECT max(step) FROM '{steps}') THEN "end" + 1
+                                               ELSE "end" END AS "end") FROM '{steps}')
+                    TO '{steps}.new' (FORMAT parquet)""")
+    con.close()
+    Path(f"{steps}.new").replace(steps)
+    b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert b2.reused == 2 and b2.store == b
+    assert mapped_ranks(b, Options(), "ops_partial") == [0] and mapped_ranks(b, Options(), "ops_todo") == [1]
+    assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
     assert_same_report(a, b)

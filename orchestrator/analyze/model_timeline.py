@@ -59,6 +59,8 @@ class Hidden(Strict):
     """The ranks not drawn, summarised."""
 
     n: int
+    # GPU compute inside the step's span (the union of compute kernels and graph replays), the
+    # median over the ranks not drawn.
     busy_ms_median: float | None = None
     waiting_ms_median: float | None = None
     waiting_ms_max: float | None = None

@@ -16,6 +16,20 @@ the job-wide detection chose differently, a store mapped by another version of t
 fall back to the central SQL, so the report is the same either way (tests/test_parts.py on every
 real fixture).
 
+Three keys, from the loosest to the strictest, each checked by the analysis itself:
+- the SQL (map_done, 05_mapped.sql): what needs the rank's events alone, whatever the job and the
+  options (the optimizer's launches, the CUDA calls' counts, busiest thread and allocator calls);
+- the steps (ops_mapped, 14_gpu_ops.sql): what needs the rank's events and its steps (the GPU ops
+  per step that the window is made of, the NCCL kernels the collectives are matched from, the
+  compute launched between steps). For these ranks `gpu_ops` holds the NCCL kernels only, and
+  every file that needs more of their ops takes the map's rows or, outside map_ranks, waits for
+  22_gpu_ops_rest.sql to add them;
+- the scopes (map_ranks): the window statistics.
+With the three, the report reads a mapped rank's CUDA calls and GPU ops only for the ranks it
+draws in the timeline, and the reduce leaves the CUDA calls in the parts (collect/views.py,
+IF_MAPPED). Its kernels, copies, NVTX ranges and OS-runtime calls are still read by some files
+(docs/benchmarks-after-job.md lists them).
+
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
 A change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that
@@ -94,11 +108,36 @@ SUMMARIES = (
     Summary("map_sync_stats", "sync_stats",
             (("rank", _I), ("n_syncs", _B), ("n_steps", _B), ("sync_per_step", _D), ("blocked_ns", _B),
              ("idle_after_ns", _B), ("idle_after_ns_per_step", _D), ("top_name", _V), ("names", _V))),
+    # What derives from the rank's own events and steps alone (05_mapped.sql, 14_gpu_ops.sql):
+    # taken wherever the map ran this SQL (the optimizer's launches) and its steps are the
+    # report's (the GPU ops per step, the NCCL kernels, the compute between steps), whatever
+    # the options; on the rank's own clock.
+    Summary("map_opt_launch", "opt_launch", (("rank", _I), ("start", _B))),
+    Summary("map_steps", "steps",
+            (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("step", _I), ("family", _I))),
+    Summary("map_step_ops", "step_ops", (("rank", _I), ("step", _I), ("n", _B), ("s", _B), ("e", _B))),
+    Summary("map_comm_ops", "comm_ops",
+            (("rank", _I), ("kind", _V), ("is_comm", "BOOLEAN"), ("start", _B), ("end", _B), ("correlation_id", _B),
+             ("name", _V), ("step", _I), ("tid", _B), ("launch", _B), ("graph", "BOOLEAN"))),
+    Summary("map_offstep", "offstep_islands", (("rank", _I), ("s", _B), ("e", _B))),
+    # The rank's CUDA calls, counted and picked (11_cuda_calls.sql): taken wherever the map ran
+    # this SQL, so that the calls themselves stay in the parts.
+    Summary("map_cuda_calls", "cuda_calls", (("rank", _I), ("calls", _B), ("launches", _B))),
+    Summary("map_busy_thread", "busy_thread", (("rank", _I), ("tid", _B))),
+    Summary("map_alloc_api", "alloc_api", (("rank", _I), ("start", _B), ("end", _B), ("base", _V))),
+    # Window statistics of the GPU ops the report reads per rank (map_ranks, as above).
+    Summary("map_capture_api", "capture_api", (("rank", _I), ("api_calls", _B), ("launches", _B))),
+    Summary("map_kernel_stats", "kernel_stats", (("rank", _I), ("n", _B), ("median_ns", _D), ("n_steps", _B))),
+    Summary("map_graph_usage", "graph_usage",
+            (("rank", _I), ("replays", _B), ("n_steps", _B), ("graph_level", "BOOLEAN"), ("graph_busy_ns", _B),
+             ("busy_ns", _B), ("graph_share_pct", _D), ("eager_kernels", _B), ("eager_kernel_ns", _B),
+             ("top_eager", _V), ("between_ns", _B), ("launch_ns", _B), ("sync_ns", _B), ("copy_ns", _B),
+             ("other_api_ns", _B), ("python_ns", _B))),
 )
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "55_host_sync.sql", "92_phases.sql", "98_api_osrt.sql",
-             "99_nsys_rules.sql")
+SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "55_host_sync.sql", "66_cuda_graphs.sql", "67_capture_overhead.sql",
+             "90_gpu_work.sql", "92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

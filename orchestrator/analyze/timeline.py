@@ -1,7 +1,8 @@
 """The timeline's data (analyze/model_timeline.py), read from the analysis views in the same
 pass as the report: the per-step times of a CPU-only capture (its steps are NVTX ranges), NCCL
 waiting per step, and for two steps the individual kernels, waits and NVTX ranges of a few
-ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `gpu_ops`,
+ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `gpu_ops` (NCCL
+kernels), the drawn ranks' GPU work from the event tables (`gpu_work_of`), `islands`,
 `nccl_waits` (waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical
 path (`cp_path`, `wait_edges`, `cp_segments`), `nvtx`. A view that is missing is an error: a
 renamed view must fail a test, never draw an empty picture.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.analyze.engine import Views
@@ -40,11 +42,52 @@ def extras_from_views(v: Views, report: Report) -> Extras:
         ex.note = "no steps found: no timeline"
         return ex
     main_tid = {r["rank"]: r["tid"] for r in steps}
-    for label, step in picks:
-        view = _step_view(v, report, ex, label, step, steps, main_tid)
-        if view:
-            ex.views.append(view)
+    frames = [f for f in (_frame(v, report, ex, label, step, steps) for label, step in picks) if f]
+    ops = _drawn_ops(v, frames)
+    ex.views.extend(_step_view(v, report, f, ops.get(i, []), main_tid) for i, f in enumerate(frames))
     return ex
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """One step drawn: its label, the ranks drawn (with why) and the span [t0, t1]."""
+
+    label: str
+    step: int
+    shown: dict[int, str]
+    t0: int
+    t1: int
+
+
+def _frame(v: Views, report: Report, ex: Extras, label: str, step: int,
+           steps: list[dict[str, Any]]) -> _Frame | None:
+    shown = _shown_ranks(report, step, step_times(report, ex))
+    if not shown:
+        return None
+    spans = [(r["start"], r["end"]) for r in steps if r["step"] == step and r["rank"] in shown]
+    spans += [(r["s"], r["e"]) for r in v.query(
+        "SELECT s, e FROM step_gpu WHERE step = ? AND list_contains(?, rank) AND s IS NOT NULL", [step, list(shown)])]
+    if not spans:
+        return None
+    return _Frame(label, step, shown, min(s for s, _ in spans), max(e for _, e in spans))
+
+
+def _drawn_ops(v: Views, frames: list[_Frame]) -> dict[int, list[dict[str, Any]]]:
+    """The GPU ops of the drawn ranks inside each frame (by its index), from the event tables in
+    one read for every frame: gpu_ops holds the NCCL kernels only of the ranks the map did."""
+    if not frames:
+        return {}
+    out: dict[int, list[dict[str, Any]]] = {}
+    for o in v.query("""SELECT f.i, o.rank, o.kind, o.is_comm, o.name, o.start, o."end"
+                        FROM gpu_work_of(?) o
+                        JOIN (SELECT unnest(?) AS i, unnest(?) AS t0, unnest(?) AS t1) f
+                          ON o."end" > f.t0 AND o.start < f.t1
+                        ORDER BY f.i, o.rank, o.start, o."end", o.kind, o.name""",
+                     [sorted({rk for f in frames for rk in f.shown}), list(range(len(frames))),
+                      [f.t0 for f in frames], [f.t1 for f in frames]]):
+        if o["rank"] in frames[o["i"]].shown:
+            out.setdefault(o["i"], []).append(o)
+    return out
 
 
 def pick_steps(report: Report, ex: Extras) -> list[tuple[str, int]]:
@@ -80,19 +123,10 @@ def _shown_ranks(report: Report, step: int, times: dict[int, dict[int, float]]) 
     return pick_ranks(have, first, MAX_LANES, fill="stride", whole=False)
 
 
-def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, steps: list[dict[str, Any]],
-               main_tid: dict[int, int]) -> StepView | None:
-    times = step_times(report, ex)
-    shown = _shown_ranks(report, step, times)
-    if not shown:
-        return None
+def _step_view(v: Views, report: Report, f: _Frame, ops: list[dict[str, Any]],
+               main_tid: dict[int, int]) -> StepView:
+    step, shown, t0, t1 = f.step, f.shown, f.t0, f.t1
     ranks = list(shown)
-    spans = [(r["start"], r["end"]) for r in steps if r["step"] == step and r["rank"] in shown]
-    spans += [(r["s"], r["e"]) for r in v.query(
-        "SELECT s, e FROM step_gpu WHERE step = ? AND list_contains(?, rank) AND s IS NOT NULL", [step, ranks])]
-    if not spans:
-        return None
-    t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
 
     def at(ns: int) -> float:
         return ms(ns - t0, 4)
@@ -104,9 +138,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
     waits = v.query("SELECT rank, s, e, waited_for FROM nccl_waits WHERE list_contains(?, rank) AND e > ? AND s < ?",
                   [ranks, t0, t1])
     wait_at = {(w["rank"], w["s"]): w for w in waits}
-    for o in v.query("""SELECT rank, kind, is_comm, name, start, "end" FROM gpu_ops
-                        WHERE list_contains(?, rank) AND "end" > ? AND start < ? ORDER BY rank, start""",
-                   [ranks, t0, t1]):
+    for o in ops:
         lane, name = lanes[o["rank"]], o["name"] or "?"
         if not o["is_comm"]:
             kind = "compute" if o["kind"] in ("kernel", "graph") else "other GPU"  # graph: a CUDA graph replay
@@ -121,7 +153,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
             s, e = clip(split, o["end"])
             lane.gpu.append(Seg(s=s, e=e, kind="comm transfer", name=name))
     for h in v.query("""SELECT rank, start, "end", name FROM host_syncs
-                        WHERE list_contains(?, rank) AND "end" > ? AND start < ?""", [ranks, t0, t1]):
+                        WHERE list_contains(?, rank) AND "end" > ? AND start < ? ORDER BY ALL""", [ranks, t0, t1]):
         s, e = clip(h["start"], h["end"])
         lanes[h["rank"]].syncs.append(Seg(s=s, e=e, kind="sync", name=h["name"] or "sync"))
     step_depth = {r["rank"]: r["d"] for r in v.query(
@@ -151,7 +183,7 @@ def _step_view(v: Views, report: Report, ex: Extras, label: str, step: int, step
                     created=ms(g["created_ns"]))
             for g in v.query("SELECT rank, s, e, created_ns FROM cp_segments WHERE step = ? AND e > s ORDER BY s",
                            [step])]
-    return StepView(label=label, step=step, t1=at(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
+    return StepView(label=f.label, step=step, t1=at(t1), t0_ns=int(t0), lanes=list(lanes.values()), edges=edges,
                     path=path, hidden=_hidden(v, report, ranks, t0, t1))
 
 
@@ -160,8 +192,8 @@ def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hid
     if not rest:
         return None
     busy = {r["rank"]: ms(r["ns"], 6) for r in v.query(
-        """SELECT rank, sum(least("end", ?) - greatest(start, ?)) AS ns FROM gpu_ops
-              WHERE list_contains(?, rank) AND "end" > ? AND start < ? AND NOT is_comm GROUP BY rank""",
+        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM islands
+              WHERE cls = 'compute' AND list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""",
         [t1, t0, rest, t0, t1])}
     wait = {r["rank"]: ms(r["ns"], 6) for r in v.query(
         """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits

@@ -28,7 +28,7 @@ from orchestrator.collect.parts import PART_TMP, probe_to_json, read_meta, repor
 from orchestrator.collect.pipeline import Written, progress
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
-from orchestrator.collect.views import VIEW_MIN_ROWS, VIEWABLE
+from orchestrator.collect.views import IF_MAPPED, VIEW_MIN_ROWS, VIEWABLE
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
 
@@ -136,6 +136,6 @@ class PartsRows:
             views = build_store_from_parts(
                 self.metas, self.parts, store, layout=layout, keep_env=o.keep_env, align=o.align,
                 expected=o.expected, extra_meta=o.extra_meta, threads=self.workers, members=members,
-                views=[] if o.copy_events else VIEWABLE,
+                views=[] if o.copy_events else (*VIEWABLE, *IF_MAPPED),
                 view_min_rows=VIEW_MIN_ROWS if o.view_min_rows is None else o.view_min_rows)
         yield Written(None, "parts", {**self.counts, "views": views})

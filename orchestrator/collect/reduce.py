@@ -21,6 +21,7 @@ from typing import Any
 
 import duckdb
 
+from orchestrator.analyze.engine import map_sql
 from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
@@ -72,6 +73,17 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
             con.execute(f"DELETE FROM {s.table}")
         return f"not used ({str(e).splitlines()[0]})"
     return None
+
+
+def _mapped_by_this_sql(con: duckdb.DuckDBPyConnection, ranks: list[int]) -> bool:
+    """Whether every one of `ranks` has map statistics made by this orch's analysis SQL, as the
+    analysis will check them (05_mapped.sql): only then does it leave every rank's CUDA calls
+    unread, and may they stay in the parts (views.IF_MAPPED)."""
+    if not ranks:
+        return False
+    n = con.execute("SELECT count(DISTINCT rank) FROM map_scope WHERE split_part(sql, ' ', 1) = ? "
+                    "AND list_contains(?, rank)", [map_sql(), ranks]).fetchone()[0]
+    return n == len(set(ranks))
 
 
 def build_store_from_parts(
@@ -137,10 +149,13 @@ def reduce_into(
             listed = files.setdefault(table, [])
             index.append((table, len(listed), rel, m.rank, off, _size(root / rel)))  # type: ignore[arg-type]
             listed.append(rel)
-    viewed = choose(views, rows, {t: len(f) for t, f in files.items()}, view_min_rows)
     con.execute(RANKS_DDL)
     con.execute(EVENT_PARTS_DDL)
     append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off", "bytes"), index)
+    with phase("reduce: map statistics"):
+        stats = _insert_summaries(con, root, files)
+    mapped = stats is None and _mapped_by_this_sql(con, [m.rank for m, meta in ok if not meta["error"]])
+    viewed = choose(views, rows, {t: len(f) for t, f in files.items()}, view_min_rows, mapped=mapped)
     con.execute(create_event_tables_sql(skip=viewed))
     # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
     # an orch that did not are read again, through the views' unfiltered twins.
@@ -154,8 +169,6 @@ def reduce_into(
             with phase(f"reduce: copy {table}"):
                 con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root,
                                                                   files[table])))
-    with phase("reduce: map statistics"):
-        stats = _insert_summaries(con, root, files)
     impossible = finalize_store(con, members, base, layout, keep_env, expected,
                                 unfiltered={t: None if counted else unfiltered(t) for t in viewed},
                                 known=known if counted else [])

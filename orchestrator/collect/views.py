@@ -30,9 +30,12 @@ from orchestrator.sqltext import file_literal, quote
 # name back by its rowid (40_gaps.sql), which a view has not. So are the CUDA calls: most
 # analysis files read them (launches, syncs, allocations, graph launches, the capture's
 # overhead), and a view decodes its parts again at each of those reads, which costs the report
-# more than the copy costs the reduce (docs/scale.md, "Real GPU ranks").
+# more than the copy costs the reduce (docs/scale.md, "Real GPU ranks"); unless every report's
+# map computed what the analysis reads of them (analyze/summaries.py): then the analysis reads
+# them only for the ranks no map did, and they stay in the parts (IF_MAPPED).
 COPIED = ("nvtx", "cuda_api")
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
+IF_MAPPED = ("cuda_api",)
 
 # A table stays in the parts where its files hold at least this many rows each on average: a
 # view opens and decodes its files at every query that reads it, a copy writes every row once,
@@ -70,11 +73,14 @@ def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None =
     return f"CREATE OR REPLACE {'TEMP ' if temp else ''}VIEW {name or table} AS {body}"
 
 
-def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int], min_rows: int) -> list[str]:
-    """The `candidates` worth a view: VIEWABLE tables with parts holding `min_rows` rows a file
-    on average (`rows` and `files`: per table, over the reports reduced)."""
+def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int], min_rows: int,
+           mapped: bool = False) -> list[str]:
+    """The `candidates` worth a view: VIEWABLE tables (and IF_MAPPED ones where every report was
+    `mapped` with its statistics) with parts holding `min_rows` rows a file on average (`rows`
+    and `files`: per table, over the reports reduced)."""
     wanted = set(candidates)
-    return [t for t in VIEWABLE if t in wanted and files.get(t) and rows.get(t, 0) >= min_rows * files[t]]
+    return [t for t in (*VIEWABLE, *(IF_MAPPED if mapped else ())) if t in wanted and files.get(t)
+            and rows.get(t, 0) >= min_rows * files[t]]
 
 
 def unfiltered(table: str) -> str:

@@ -1,5 +1,5 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
--- Reads: steps, step_source, kernels, graph_execs, cuda_api, is_sync_api, is_optimizer_kernel.
+-- Reads: steps, step_source, kernels, graph_execs, cuda_api, cuda_calls, is_sync_api, is_optimizer_kernel.
 -- Writes: steps, step_source. Rows of family 4, when no rank had NVTX steps: steps
 -- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (4, beat name).
 -- Provides:
@@ -54,7 +54,7 @@
 -- the kernel names themselves made each window several times slower).
 CREATE OR REPLACE TABLE beat_occ AS
 WITH todo AS (
-    SELECT DISTINCT rank FROM cuda_api WHERE rank NOT IN (SELECT rank FROM steps)
+    SELECT rank FROM cuda_calls WHERE rank NOT IN (SELECT rank FROM steps)
 ), sync_names AS (  -- the regex once per distinct name, not once per call; none read where every rank has steps
     SELECT name FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN todo USING (rank)) WHERE is_sync_api(name)
 ), occ AS (

@@ -4,15 +4,13 @@
 -- SIGABRT of NCCL's watchdog) or stopped while one of its kernels still ran keeps its CPU side
 -- (NVTX ranges, some CUDA calls) and loses its GPU side. Such a rank is no CPU-only capture,
 -- and its peers' waits for it cannot be told from transfers.
--- Reads: ranks, gpu_ops, cuda_api. Provides:
+-- Reads: ranks, step_ops, cuda_calls. Provides:
 --   gpu_lost(rank, launches)  per such rank, the kernel launches its kept CUDA calls show
 CREATE OR REPLACE TABLE gpu_lost AS
 WITH launched AS (
-    SELECT rank, count(*) AS launches FROM cuda_api
-    WHERE name LIKE 'cudaLaunch%' OR name LIKE 'cuLaunch%' OR name LIKE 'cudaGraphLaunch%'
-    GROUP BY rank
+    SELECT rank, launches FROM cuda_calls
 ), gpu AS (
-    SELECT DISTINCT rank FROM gpu_ops
+    SELECT DISTINCT rank FROM step_ops
 )
 SELECT r.rank, coalesce(l.launches, 0) AS launches
 FROM ranks r LEFT JOIN launched l USING (rank)

@@ -3,8 +3,8 @@
 -- calls of every thread can be the largest table of a CPU-heavy capture (then a view over the
 -- Parquet parts, read at every query: collect/views.py). Only ranks with GPU work can have GPU
 -- idle gaps: a CPU-only capture's calls are not read here at all.
--- Reads: osrt, loop_thread, gpu_ops. Provides:
+-- Reads: osrt, loop_thread, step_ops. Provides:
 --   loop_osrt(rank, start, end, name)  the loop thread's OS-runtime calls, on ranks with GPU work
 CREATE OR REPLACE TABLE loop_osrt AS
 SELECT o.rank, o.start, o."end", o.name FROM osrt o JOIN loop_thread USING (rank, tid)
-WHERE o.rank IN (SELECT DISTINCT rank FROM gpu_ops);
+WHERE o.rank IN (SELECT DISTINCT rank FROM step_ops);

@@ -3,13 +3,13 @@
 -- the last step ends at its range end or its GPU work's end, whichever is later (`complete` is
 -- false: what followed it is unknown, so it stays out of the statistics). Every step, the
 -- first one included (marked warm-up). s/e: the span of the step's GPU work.
--- Reads: steps, gpu_ops, first_step, params, in_selected. Provides:
+-- Reads: steps, step_ops, first_step, params, in_selected. Provides:
 --   step_gpu(rank, step, s, e, ns, warmup, complete)
 --       per rank and step: the GPU span of the ops its CUDA calls launched
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
 CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
-    SELECT rank, step, min(start) AS s, max("end") AS e FROM gpu_ops WHERE step IS NOT NULL GROUP BY rank, step
+    SELECT rank, step, s, e FROM step_ops WHERE step IS NOT NULL
 ), st AS (
     SELECT rank, step, start, "end", lead(start) OVER (PARTITION BY rank ORDER BY start) AS next_start FROM steps
 )

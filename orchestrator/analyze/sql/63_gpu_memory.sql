@@ -1,6 +1,6 @@
 -- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), across ranks, and
 -- allocator churn (cudaMalloc/cudaFree calls inside the steps).
--- Reads: gpu_memory, gpu_info, steps, every_step, first_step, win, params, cuda_api, in_selected. Provides:
+-- Reads: gpu_memory, gpu_info, steps, every_step, first_step, win, params, alloc_api, in_selected. Provides:
 --   mem_level(rank, device, t, level, baseline)  bytes in use after every instant with allocations
 --       or frees on the rank's GPU: a running sum of allocations minus frees, plus the baseline
 --   mem_rank(rank, device, capacity, baseline, start_bytes, peak_bytes, peak_t, end_bytes,
@@ -149,20 +149,14 @@ FROM at_b a LEFT JOIN inb i USING (rank, b);
 -- device synchronisation in the loop. cuMemCreate/cuMemRelease are the expandable-segments
 -- allocator's calls. Host (pinned) allocations are not counted.
 CREATE OR REPLACE TABLE alloc_calls AS
-WITH names AS (
-    SELECT name, regexp_replace(name, '_v\d+$', '') AS base FROM (SELECT DISTINCT name FROM cuda_api)
-    WHERE regexp_matches(regexp_replace(name, '_v\d+$', ''),
-        '^(cudaMalloc|cudaMallocAsync|cudaMallocFromPoolAsync|cudaMallocManaged|cudaMallocPitch|cudaMalloc3D|'
-        'cuMemAlloc|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemAllocManaged|cuMemAllocPitch|cuMemCreate|'
-        'cudaFree|cudaFreeAsync|cuMemFree|cuMemFreeAsync|cuMemRelease)$')
-), it AS (  -- selected iterations: from a step's start to the next one's (the last: its range end)
+WITH it AS (  -- selected iterations: from a step's start to the next one's (the last: its range end)
     SELECT s.rank, s.start AS s, coalesce(lead(s.start) OVER (PARTITION BY s.rank ORDER BY s.start), s."end") AS e,
            s.step, f.first_step
     FROM steps s JOIN first_step f USING (rank)
 ), sel AS (
     SELECT it.* FROM it, params p WHERE in_selected(it.step, it.first_step, p.step_lo, p.step_hi)
 ), calls AS (
-    SELECT a.rank, a.start, a."end", n.base FROM cuda_api a JOIN names n USING (name)
+    SELECT rank, start, "end", base FROM alloc_api
 ), placed AS (  -- each call in the iteration it starts in (ASOF: no steps x calls join)
     SELECT c.* FROM calls c ASOF JOIN sel ON sel.rank = c.rank AND c.start >= sel.s WHERE c.start < sel.e
 ), per AS (

@@ -4,7 +4,7 @@
 -- includes the idle between its nodes, so its GPU time reads a little higher than the sum of
 -- its kernels that node-level tracing (--cuda-graph-trace=node) shows.
 -- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params,
--- is_sync_api, union_length, in_selected, overlapping. Provides:
+-- is_sync_api, union_length, in_selected, overlapping, map_ranks, map_todo, map_graph_usage. Provides:
 --   graph_usage(rank, replays, n_steps, graph_level, graph_busy_ns, busy_ns, graph_share_pct, eager_kernels,
 --       eager_kernel_ns, top_eager, between_ns, launch_ns, sync_ns, copy_ns, other_api_ns, python_ns)
 --       per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
@@ -15,14 +15,15 @@
 --       time); between_ns = the time from the end of one graph launch to the next (any
 --       thread), split by what the loop thread was in: kernel launches, host syncs, copies,
 --       other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in backward()
---       for the autograd engine)
+--       for the autograd engine); the map's (map_graph_usage) for map_ranks
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
+--       (the map_todo ranks': the helpers below compute those only)
 --   _graph_launches(rank, start, end)  the graph launch calls in the window, on the ranks with graph work
 --   _graph_launch_gaps(rank, s, e)  from the end of each graph launch to the next
 --   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
 CREATE OR REPLACE TABLE _graph_clipped AS
 SELECT o.rank, 'graph' AS cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e, o.kind
-FROM gpu_ops o JOIN win w USING (rank)
+FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
 CREATE OR REPLACE TABLE _graph_launches AS  -- the CUDA calls are read once, and only on ranks with graphs
@@ -85,4 +86,6 @@ SELECT g.rank, coalesce(r.replays, 0) AS replays, n.n_steps, g.graph_level, g.gr
        greatest(coalesce(b.between_ns, 0) - coalesce(c.api_ns, 0), 0) AS python_ns
 FROM g JOIN gpu_time t USING (rank) LEFT JOIN replays r USING (rank) LEFT JOIN n_steps n USING (rank)
 LEFT JOIN eager e USING (rank) LEFT JOIN between b USING (rank) LEFT JOIN by_what c USING (rank)
-WHERE g.graph_busy_ns > 0;
+WHERE g.graph_busy_ns > 0
+UNION ALL BY NAME
+SELECT * FROM map_graph_usage SEMI JOIN map_ranks USING (rank);

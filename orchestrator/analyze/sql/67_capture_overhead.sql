@@ -9,8 +9,11 @@
 -- are about half the calls, so the fit cannot tell them apart. The added CPU time only
 -- lengthens the window where the GPU waited on the CPU, so the call term is capped by the
 -- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it.
--- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref. Provides:
+-- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref, map_ranks, map_todo, map_capture_api.
+-- Provides:
 --   overhead_call_ns()  nsys's cost per traced CUDA call, ns (the calibrated constant)
+--   capture_api(rank, api_calls, launches)  per rank, the CUDA calls starting in its window and the
+--       kernel and graph launches among them (the map's for map_ranks)
 --   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, share,
 --       distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
 --       api_calls = CUDA calls starting in it (any thread), launches = the kernel and graph
@@ -19,14 +22,18 @@
 --       other ranks' median share (and above 2 %; past 16 ranks the median of all: loo_ref)
 CREATE OR REPLACE MACRO overhead_call_ns() AS 7600;
 
+CREATE OR REPLACE TABLE capture_api AS
+SELECT w.rank, count(*) AS api_calls,
+       count(*) FILTER (WHERE a.name LIKE 'cudaLaunchKernel%' OR a.name LIKE 'cuLaunchKernel%'
+                        OR a.name LIKE 'cudaGraphLaunch%' OR a.name LIKE 'cuGraphLaunch%') AS launches
+FROM (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w
+JOIN cuda_api a ON a.rank = w.rank AND a.start >= w.w0 AND a.start < w.w1
+GROUP BY w.rank
+UNION ALL
+SELECT * FROM map_capture_api SEMI JOIN map_ranks USING (rank);
+
 CREATE OR REPLACE TABLE capture_overhead AS
-WITH api AS (
-    SELECT w.rank, count(*) AS api_calls,
-           count(*) FILTER (WHERE a.name LIKE 'cudaLaunchKernel%' OR a.name LIKE 'cuLaunchKernel%'
-                            OR a.name LIKE 'cudaGraphLaunch%' OR a.name LIKE 'cuGraphLaunch%') AS launches
-    FROM win w JOIN cuda_api a ON a.rank = w.rank AND a.start >= w.w0 AND a.start < w.w1
-    GROUP BY w.rank
-), prof AS (
+WITH prof AS (
     SELECT w.rank, sum(least(p."end", w.w1) - greatest(p.start, w.w0)) AS profiler_ns
     FROM win w JOIN profiler_overhead p ON p.rank = w.rank AND p."end" > w.w0 AND p.start < w.w1
     GROUP BY w.rank
@@ -36,7 +43,7 @@ WITH api AS (
            coalesce(g.ns, 0) AS launch_gap_ns,
            coalesce(p.profiler_ns, 0)
              + least(coalesce(a.api_calls, 0) * overhead_call_ns(), coalesce(g.ns, 0)) AS est_ns
-    FROM win w LEFT JOIN api a USING (rank) LEFT JOIN prof p USING (rank) LEFT JOIN small_gaps g USING (rank)
+    FROM win w LEFT JOIN capture_api a USING (rank) LEFT JOIN prof p USING (rank) LEFT JOIN small_gaps g USING (rank)
     WHERE w.w1 > w.w0
 ), shared AS (
     SELECT *, est_ns / window_ns AS share FROM est

@@ -1,14 +1,17 @@
 -- GPU work tables the rules read: memory copies and kernel statistics inside the window.
--- Reads: memcpy, gpu_ops, win. Provides:
+-- Reads: memcpy, gpu_ops, win, map_ranks, map_todo, map_kernel_stats. Provides:
 --   memcpy_window(rank, kind, src_kind, n, bytes, ns)  copies by direction and host memory kind
---   kernel_stats(rank, n, median_ns, n_steps)          kernels inside the window
+--   kernel_stats(rank, n, median_ns, n_steps)          kernels inside the window (the map's for
+--       map_ranks)
 CREATE OR REPLACE VIEW memcpy_window AS
 SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,
        sum(least(m."end", w.w1) - greatest(m.start, w.w0)) AS ns
 FROM memcpy m JOIN win w USING (rank)
 WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL;
 
-CREATE OR REPLACE VIEW kernel_stats AS
+CREATE OR REPLACE TABLE kernel_stats AS
 SELECT o.rank, count(*) AS n, median(o."end" - o.start) AS median_ns, count(DISTINCT o.step) AS n_steps
-FROM gpu_ops o JOIN win w USING (rank)
-WHERE o.kind IN ('kernel', 'graph') AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank;
+FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
+WHERE o.kind IN ('kernel', 'graph') AND o.start >= w.w0 AND o."end" <= w.w1 GROUP BY o.rank
+UNION ALL BY NAME
+SELECT * FROM map_kernel_stats SEMI JOIN map_ranks USING (rank);

@@ -125,7 +125,8 @@ SUMMARIES = (
     Summary("map_cuda_calls", "cuda_calls", (("rank", _I), ("calls", _B), ("launches", _B))),
     Summary("map_busy_thread", "busy_thread", (("rank", _I), ("tid", _B))),
     Summary("map_alloc_api", "alloc_api", (("rank", _I), ("start", _B), ("end", _B), ("base", _V))),
-    # Window statistics of the GPU ops the report reads per rank (map_ranks, as above).
+    # Window statistics (map_ranks, as above): the CUDA calls in the window, the kernels', the
+    # CUDA graphs'.
     Summary("map_capture_api", "capture_api", (("rank", _I), ("api_calls", _B), ("launches", _B))),
     Summary("map_kernel_stats", "kernel_stats", (("rank", _I), ("n", _B), ("median_ns", _D), ("n_steps", _B))),
     Summary("map_graph_usage", "graph_usage",

@@ -80,13 +80,12 @@ def _drawn_ops(v: Views, frames: list[_Frame]) -> dict[int, list[dict[str, Any]]
     out: dict[int, list[dict[str, Any]]] = {}
     for o in v.query("""SELECT f.i, o.rank, o.kind, o.is_comm, o.name, o.start, o."end"
                         FROM gpu_work_of(?) o
-                        JOIN (SELECT unnest(?) AS i, unnest(?) AS t0, unnest(?) AS t1) f
-                          ON o."end" > f.t0 AND o.start < f.t1
+                        JOIN (SELECT unnest(?) AS i, unnest(?) AS ranks, unnest(?) AS t0, unnest(?) AS t1) f
+                          ON list_contains(f.ranks, o.rank) AND o."end" > f.t0 AND o.start < f.t1
                         ORDER BY f.i, o.rank, o.start, o."end", o.kind, o.name""",
                      [sorted({rk for f in frames for rk in f.shown}), list(range(len(frames))),
-                      [f.t0 for f in frames], [f.t1 for f in frames]]):
-        if o["rank"] in frames[o["i"]].shown:
-            out.setdefault(o["i"], []).append(o)
+                      [list(f.shown) for f in frames], [f.t0 for f in frames], [f.t1 for f in frames]]):
+        out.setdefault(o["i"], []).append(o)
     return out
 
 

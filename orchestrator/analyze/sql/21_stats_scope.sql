@@ -1,7 +1,7 @@
 -- The nsys-stats tables across ranks, part 0: their scope and the cross-rank outlier test,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
 -- Its own file so that those tables need not wait for the phase table (sqlrun.py).
--- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope.
+-- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope, map_done.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
 --       and the window `win` without steps); params.stats_scope = 'capture': everything (what
@@ -50,10 +50,7 @@ SELECT c.rank, c.s, c.e, c.n_steps, g.s AS gs, g.e AS ge, p.pid, q.map_sql || ' 
 FROM stats_cpu c JOIN stats_gpu g USING (rank) JOIN rank_pid p USING (rank) CROSS JOIN params q;
 
 CREATE OR REPLACE TABLE map_ranks AS
-WITH k AS (
-    SELECT m.*, r.clock_offset_ns + coalesce(r.clock_correction_ns, 0) AS off
-    FROM map_scope m JOIN ranks r USING (rank)
-)
+WITH k AS (SELECT m.*, d.off FROM map_scope m JOIN map_done d USING (rank))
 SELECT k.rank, k.off
 FROM k JOIN rank_scope c USING (rank)
 WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = c.gs AND k.ge + k.off = c.ge

@@ -5,6 +5,7 @@ marked while the others are collected; a re-run maps only what is missing or rep
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -13,9 +14,10 @@ from rich.console import Console
 
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.report import build_report
-from orchestrator.analyze.summaries import SUMMARIES
+from orchestrator.analyze.summaries import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
+from orchestrator.collect.tables import TABLES
 from orchestrator.collect.views import IF_MAPPED, VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import REPO, h200_fixtures, run_orch
@@ -51,6 +53,23 @@ def analysed(store: Path, opts: Options, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
     finally:
         con.close()
+
+
+def edit_map_table(parts: Path, rank: int, table: str, change: str) -> None:
+    """Rewrite the rows of the map's `table` in `rank`'s stacked part with `change` (the list of
+    a SELECT * REPLACE over them; `t` names them), as another map would have written them."""
+    s = next(x for x in SUMMARIES if x.table == table)
+    f = next((parts / f"table={STACK}" / f"rank={rank}").glob("*.parquet"))
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE stack AS FROM '{f}'")
+    con.execute(f"CREATE TABLE t AS {s.unstacked('stack')}")
+    con.execute(f"CREATE TABLE edited AS SELECT * REPLACE ({change}) FROM t")
+    cols = ", ".join(f'"{c}"' for c, _ in stack_columns())
+    con.execute(f"""COPY (SELECT {cols} FROM (SELECT * FROM stack WHERE tbl <> '{table}'
+                                              UNION ALL BY NAME ({replace(s, source='edited').stacked()})))
+                    TO '{f}.new' (FORMAT parquet)""")
+    con.close()
+    Path(f"{f}.new").replace(f)
 
 
 def _has_rows(store: Path, table: str) -> bool:
@@ -116,7 +135,7 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
                       view_min_rows=0)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
-    assert b.views == [t for t in (*VIEWABLE, *IF_MAPPED) if _has_rows(b.store, t)]  # every rank mapped
+    assert b.views == [t for t in TABLES if t in (*VIEWABLE, *IF_MAPPED) and _has_rows(b.store, t)]  # all mapped
     assert table_types(b.store) == dict.fromkeys(b.views, "VIEW")
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
@@ -125,7 +144,7 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     parts = tmp_path / "b" / "parts"
     for rank in a.ok_ranks:  # the documented layout
         assert any((parts / f"table={t}" / f"rank={rank}").is_dir() for t in EVENT_SCHEMA)
-        assert (parts / "table=map_scope" / f"rank={rank}").is_dir()
+        assert (parts / f"table={STACK}" / f"rank={rank}").is_dir()
     assert len(list((parts / "reports").glob("*.json"))) == len(a.members)
 
 
@@ -204,11 +223,7 @@ def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Pa
     differs from the rank's own), or ran another version of the SQL, is computed centrally;
     the other rank's rows are taken."""
     a, b = _two_paths("real/ddp_slowrank", tmp_path)
-    scope = next((tmp_path / "b" / "parts" / "table=map_scope" / "rank=1").glob("*.parquet"))
-    con = duckdb.connect()
-    con.execute(f"COPY (SELECT * REPLACE ({change}) FROM '{scope}') TO '{scope}.new' (FORMAT parquet)")
-    con.close()
-    Path(f"{scope}.new").replace(scope)
+    edit_map_table(tmp_path / "b" / "parts", 1, "map_scope", change)
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     assert mapped_ranks(b, Options()) == [0]
@@ -266,13 +281,8 @@ def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
     assert mapped_ranks(b, Options(), "ops_partial") == [0, 1]
     assert _op_kinds(b) == {(0, "kernel", True), (1, "kernel", True)}
     assert_same_report(a, b)
-    steps = next((tmp_path / "b" / "parts" / "table=map_steps" / "rank=1").glob("*.parquet"))
-    con = duckdb.connect()
-    con.execute(f"""COPY (SELECT * REPLACE (CASE WHEN step = (SELECT max(step) FROM '{steps}') THEN "end" + 1
-                                               ELSE "end" END AS "end") FROM '{steps}')
-                    TO '{steps}.new' (FORMAT parquet)""")
-    con.close()
-    Path(f"{steps}.new").replace(steps)
+    edit_map_table(tmp_path / "b" / "parts", 1, "map_steps",
+                   'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"')
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     assert mapped_ranks(b, Options(), "ops_partial") == [0] and mapped_ranks(b, Options(), "ops_todo") == [1]

@@ -1,9 +1,11 @@
 """Per-rank tables computed in the map, next to each rank's data, and read by the analysis.
 
 A statistic that needs one rank's events only (the GPU's busy intervals and time split of
-30_intervals.sql, the idle gaps by CPU range and the intervals between steps of 40_gaps.sql, the
-host syncs of 55_host_sync.sql, the phase table's per-rank rows of 92_phases.sql, the CUDA API / OS
-runtime and thread tables of 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql) costs
+30_intervals.sql, the idle gaps by CPU range, the short gaps and the intervals between steps of
+40_gaps.sql, what the loop thread did in the gaps of 45_cpu_state.sql, the host syncs of
+55_host_sync.sql, the copies in the window of 90_gpu_work.sql, the per-rank rows of the phase,
+kernel and memory-operation tables of 92, 94 and 96, the CUDA API / OS runtime and thread tables
+of 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
 the analysis a pass over every event of every rank: at 1,024 CPU ranks most of the report's SQL
 (docs/scale.md); at 256 real GPU ranks half of it (docs/benchmarks-after-job.md). The map
 (collect/summarize.py) runs the same SQL on its one rank with the default options and writes the
@@ -25,10 +27,12 @@ Three keys, from the loosest to the strictest, each checked by the analysis itse
   every file that needs more of their ops takes the map's rows or, outside map_ranks, waits for
   22_gpu_ops_rest.sql to add them;
 - the scopes (map_ranks): the window statistics.
-With the three, the report reads a mapped rank's CUDA calls and GPU ops only for the ranks it
-draws in the timeline, and the reduce leaves the CUDA calls in the parts (collect/views.py,
-IF_MAPPED). Its kernels, copies, NVTX ranges and OS-runtime calls are still read by some files
-(docs/benchmarks-after-job.md lists them).
+With the three, the report reads a mapped rank's CUDA calls, kernels, copies, memsets and
+OS-runtime calls only for the ranks it draws in the timeline, and the reduce leaves them in the
+parts (collect/views.py, IF_MAPPED). Its NVTX ranges are still read (steps, NCCL's byte counts,
+the stages, where a stopped rank ended), and its compute islands by the critical path.
+
+The small tables travel stacked in one part per rank (STACK), the compute islands in their own.
 
 The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
@@ -42,14 +46,20 @@ from dataclasses import dataclass
 
 import duckdb
 
+# The slot type of each declared column type in the stacked part (below): integers share BIGINT
+# slots, the other types have their own.
+_SLOT = {"INTEGER": "BIGINT", "BIGINT": "BIGINT", "DOUBLE": "DOUBLE", "VARCHAR": "VARCHAR", "BOOLEAN": "BOOLEAN"}
+
 
 @dataclass(frozen=True)
 class Summary:
-    """One mapped table: its store name, the analysis query that fills it, its columns."""
+    """One mapped table: its store name, the analysis query that fills it, its columns; `own`:
+    written as a part of its own (a large table) rather than in the rank's stacked part."""
 
     table: str
     source: str
     columns: tuple[tuple[str, str], ...]
+    own: bool = False
 
     def ddl(self, schema: str = "") -> str:
         cols = ", ".join(f'"{c}" {t}' for c, t in self.columns)
@@ -59,6 +69,27 @@ class Summary:
         """The analysis rows cast to the declared types (what the map writes)."""
         cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in self.columns)
         return f"SELECT {cols} FROM {self.source}"
+
+    def slots(self) -> list[tuple[str, str, str]]:
+        """(column, declared type, slot) of each column but the rank, in order: the n-th column of
+        a slot type goes to that type's n-th slot (`BIGINT_0`, `VARCHAR_1`, ...)."""
+        seen: dict[str, int] = {}
+        out = []
+        for c, t in self.columns[1:]:
+            k = _SLOT[t]
+            out.append((c, t, f"{k}_{seen.get(k, 0)}"))
+            seen[k] = seen.get(k, 0) + 1
+        return out
+
+    def stacked(self) -> str:
+        """The analysis rows as rows of the stacked part: the table's name, the rank, the slots."""
+        cols = "".join(f', CAST("{c}" AS {_SLOT[t]}) AS {slot}' for c, t, slot in self.slots())
+        return f"SELECT '{self.table}' AS tbl, CAST(\"rank\" AS INTEGER) AS \"rank\"{cols} FROM {self.source}"
+
+    def unstacked(self, stack: str) -> str:
+        """This table's rows of `stack` (a relation of the stacked part's columns), as declared."""
+        cols = "".join(f', CAST({slot} AS {t}) AS "{c}"' for c, t, slot in self.slots())
+        return f"SELECT \"rank\"{cols} FROM {stack} WHERE tbl = '{self.table}'"
 
 
 _I, _B, _D, _V = "INTEGER", "BIGINT", "DOUBLE", "VARCHAR"
@@ -89,9 +120,9 @@ SUMMARIES = (
     # Slice bounds on the rank's own clock, shifted by the analysis.
     Summary("map_gpu_slices", "gpu_slices",
             (("rank", _I), ("slice", _B), ("s", _B), ("e", _B), ("busy_ns", _B), ("util_pct", _D))),
-    # The GPU's busy intervals by class (what the gaps, the critical path's phases and the time
-    # split read), on the rank's own clock, and their lengths.
-    Summary("map_islands", "islands", (("rank", _I), ("cls", _V), ("s", _B), ("e", _B))),
+    # The GPU's compute intervals (what the critical path reads across ranks), on the rank's own
+    # clock, with their running total (upto); then each class's time in the window.
+    Summary("map_compute_islands", "compute_islands", (("rank", _I), ("s", _B), ("e", _B), ("upto", _B)), own=True),
     Summary("map_gpu_time", "gpu_time",
             (("rank", _I), ("compute_ns", _B), ("comm_ns", _B), ("busy_ns", _B), ("p2p_ns", _B),
              ("overlap_ns", _B))),
@@ -100,6 +131,12 @@ SUMMARIES = (
     Summary("map_gap_attr", "gap_attr",
             (("rank", _I), ("s", _B), ("e", _B), ("dur", _B), ("range_group", _V), ("range_text", _V))),
     Summary("map_between_steps", "between_steps", (("rank", _I), ("s", _B), ("e", _B), ("other_work", "BOOLEAN"))),
+    # What the gaps are made of (40_gaps.sql, 45_cpu_state.sql, 99_slice_idle.sql): the short ones,
+    # the OS calls the loop thread was in during the long ones, the idle of each slice.
+    Summary("map_small_gaps", "small_gaps", (("rank", _I), ("n", _B), ("ns", _B))),
+    Summary("map_osrt_traced", "osrt_traced", (("rank", _I),)),
+    Summary("map_gap_cpu", "gap_cpu", (("rank", _I), ("range_group", _V), ("call", _V), ("ns", _B))),
+    Summary("map_slice_idle", "slice_idle", (("rank", _I), ("slice", _B), ("short_ns", _B), ("long_ns", _B))),
     # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
     Summary("map_host_syncs", "host_syncs",
             (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("name", _V), ("step", _B))),
@@ -125,20 +162,56 @@ SUMMARIES = (
     Summary("map_cuda_calls", "cuda_calls", (("rank", _I), ("calls", _B), ("launches", _B))),
     Summary("map_busy_thread", "busy_thread", (("rank", _I), ("tid", _B))),
     Summary("map_alloc_api", "alloc_api", (("rank", _I), ("start", _B), ("end", _B), ("base", _V))),
-    # Window statistics (map_ranks, as above): the CUDA calls in the window, the kernels', the
-    # CUDA graphs'.
+    # Window statistics (map_ranks, as above): the CUDA calls in the window, the copies', the
+    # kernels' and memory operations' tables, the CUDA graphs'.
     Summary("map_capture_api", "capture_api", (("rank", _I), ("api_calls", _B), ("launches", _B))),
     Summary("map_kernel_stats", "kernel_stats", (("rank", _I), ("n", _B), ("median_ns", _D), ("n_steps", _B))),
+    Summary("map_memcpy_window", "memcpy_window",
+            (("rank", _I), ("kind", _V), ("src_kind", _V), ("n", _B), ("bytes", _B), ("ns", _B))),
+    Summary("map_mem_rows", "mem_rows",
+            (("rank", _I), ("op", _V), ("host_kind", _V), ("n", _B), ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D),
+             ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("bytes", _B), ("mean_bytes", _D), ("med_bytes", _D),
+             ("min_bytes", _B), ("max_bytes", _B), ("n_steps", _B), ("per_step_ns", _D), ("is_total", _B))),
+    Summary("map_kernel_rows", "kernel_rows",
+            (("rank", _I), ("name", _V), ("short_name", _V), ("cls", _V), ("origin", _V), ("n", _B), ("total_ns", _B),
+             ("mean_ns", _D), ("med_ns", _D), ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("n_steps", _B),
+             ("per_step_ns", _D))),
     Summary("map_graph_usage", "graph_usage",
             (("rank", _I), ("replays", _B), ("n_steps", _B), ("graph_level", "BOOLEAN"), ("graph_busy_ns", _B),
              ("busy_ns", _B), ("graph_share_pct", _D), ("eager_kernels", _B), ("eager_kernel_ns", _B),
              ("top_eager", _V), ("between_ns", _B), ("launch_ns", _B), ("sync_ns", _B), ("copy_ns", _B),
              ("other_api_ns", _B), ("python_ns", _B))),
 )
+# A rank's small tables travel as one part, stacked: one row per table row, the table's name,
+# the rank and typed slots that each table maps its columns onto (Summary.slots). Reading a
+# part costs per file and per column more than per row, and the small tables are most of a
+# map's tables and few of its rows (docs/scale.md, "One stacked part per rank").
+STACK = "map_stack"
+
+
+def stack_columns() -> list[tuple[str, str]]:
+    """The stacked part's columns: tbl, rank and as many slots of each type as a table needs."""
+    need: dict[str, int] = {}
+    for s in SUMMARIES:
+        if not s.own:
+            for _, _, slot in s.slots():
+                k, n = slot.rsplit("_", 1)
+                need[k] = max(need.get(k, 0), int(n) + 1)
+    return [("tbl", _V), ("rank", _I), *((f"{k}_{i}", k) for k, n in need.items() for i in range(n))]
+
+
+def stacked_select() -> str:
+    """Every small table's rows as the stacked part's rows (what the map writes)."""
+    body = " UNION ALL BY NAME ".join(f"({s.stacked()})" for s in SUMMARIES if not s.own)
+    cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in stack_columns())
+    return f"SELECT {cols} FROM ({body})"
+
+
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "55_host_sync.sql", "66_cuda_graphs.sql", "67_capture_overhead.sql",
-             "90_gpu_work.sql", "92_phases.sql", "98_api_osrt.sql", "99_nsys_rules.sql")
+SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql", "66_cuda_graphs.sql",
+             "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql", "94_kernel_table.sql",
+             "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

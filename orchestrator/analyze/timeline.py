@@ -2,7 +2,7 @@
 pass as the report: the per-step times of a CPU-only capture (its steps are NVTX ranges), NCCL
 waiting per step, and for two steps the individual kernels, waits and NVTX ranges of a few
 ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `gpu_ops` (NCCL
-kernels), the drawn ranks' GPU work from the event tables (`gpu_work_of`), `islands`,
+kernels), the drawn ranks' GPU work from the event tables (`gpu_work_of`), `compute_islands`,
 `nccl_waits` (waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical
 path (`cp_path`, `wait_edges`, `cp_segments`), `nvtx`. A view that is missing is an error: a
 renamed view must fail a test, never draw an empty picture.
@@ -78,13 +78,13 @@ def _drawn_ops(v: Views, frames: list[_Frame]) -> dict[int, list[dict[str, Any]]
     if not frames:
         return {}
     out: dict[int, list[dict[str, Any]]] = {}
+    drawn = [(i, rk, f.t0, f.t1) for i, f in enumerate(frames) for rk in f.shown]
     for o in v.query("""SELECT f.i, o.rank, o.kind, o.is_comm, o.name, o.start, o."end"
                         FROM gpu_work_of(?) o
-                        JOIN (SELECT unnest(?) AS i, unnest(?) AS ranks, unnest(?) AS t0, unnest(?) AS t1) f
-                          ON list_contains(f.ranks, o.rank) AND o."end" > f.t0 AND o.start < f.t1
+                        JOIN (SELECT unnest(?) AS i, unnest(?) AS rank, unnest(?) AS t0, unnest(?) AS t1) f
+                          ON f.rank = o.rank AND o."end" > f.t0 AND o.start < f.t1
                         ORDER BY f.i, o.rank, o.start, o."end", o.kind, o.name""",
-                     [sorted({rk for f in frames for rk in f.shown}), list(range(len(frames))),
-                      [list(f.shown) for f in frames], [f.t0 for f in frames], [f.t1 for f in frames]]):
+                     [sorted({rk for f in frames for rk in f.shown}), *(list(c) for c in zip(*drawn, strict=True))]):
         out.setdefault(o["i"], []).append(o)
     return out
 
@@ -191,12 +191,12 @@ def _hidden(v: Views, report: Report, shown: list[int], t0: int, t1: int) -> Hid
     if not rest:
         return None
     busy = {r["rank"]: ms(r["ns"], 6) for r in v.query(
-        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM islands
-              WHERE cls = 'compute' AND list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""",
+        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM compute_islands
+              SEMI JOIN (SELECT unnest(?) AS rank) USING (rank) WHERE e > ? AND s < ? GROUP BY rank""",
         [t1, t0, rest, t0, t1])}
     wait = {r["rank"]: ms(r["ns"], 6) for r in v.query(
-        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits
-              WHERE list_contains(?, rank) AND e > ? AND s < ? GROUP BY rank""", [t1, t0, rest, t0, t1])}
+        """SELECT rank, sum(least(e, ?) - greatest(s, ?)) AS ns FROM nccl_waits SEMI JOIN (SELECT unnest(?) AS rank)
+              USING (rank) WHERE e > ? AND s < ? GROUP BY rank""", [t1, t0, rest, t0, t1])}
     h = Hidden(n=len(rest))
     if busy:
         h.busy_ms_median = round(statistics.median(busy.get(rk, 0.0) for rk in rest), 3)

@@ -2,8 +2,10 @@
 
     <run>/parts/
         table=<table>/rank=<N>/<id>.parquet       one file per report and event table
-        table=map_<name>/rank=<N>/<id>.parquet    the rank's statistics computed in the map
-                                                   (analyze/summaries.py; on the rank's clock)
+        table=map_stack/rank=<N>/<id>.parquet     the rank's statistics computed in the map, its
+                                                   small tables stacked in one file
+        table=map_<name>/rank=<N>/<id>.parquet    a large one in its own (analyze/summaries.py;
+                                                   on the rank's clock)
         reports/<id>.json                          one per report: probe, identity, files, costs
 
 Hive-partitioned (`table=`, `rank=`) so DuckDB, Spark, Dask, Arrow and pandas can read it
@@ -39,7 +41,7 @@ from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import ENV_ALLOW, Probe
 
 # Bumped when the map's output changes meaning: older metas are redone, never misread.
-MAP_VERSION = 4
+MAP_VERSION = 7
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

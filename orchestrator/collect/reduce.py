@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import map_sql
-from orchestrator.analyze.summaries import SUMMARIES
+from orchestrator.analyze.summaries import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
@@ -66,19 +66,26 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
     for s in SUMMARIES:
         con.execute(s.ddl())
     try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS "
+                    + parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])))
         for s in SUMMARIES:
-            con.execute(f"INSERT INTO {s.table} " + parts_select(s.table, s.columns, (), root, files.get(s.table, [])))
+            con.execute(f"INSERT INTO {s.table} " + (
+                parts_select(s.table, s.columns, (), root, files.get(s.table, [])) if s.own
+                else s.unstacked("_map_stack")))
     except duckdb.Error as e:
         for s in SUMMARIES:
             con.execute(f"DELETE FROM {s.table}")
         return f"not used ({str(e).splitlines()[0]})"
+    finally:
+        con.execute("DROP TABLE IF EXISTS _map_stack")
     return None
 
 
 def _mapped_by_this_sql(con: duckdb.DuckDBPyConnection, ranks: list[int]) -> bool:
     """Whether every one of `ranks` has map statistics made by this orch's analysis SQL, as the
     analysis will check them (05_mapped.sql): only then does it leave every rank's CUDA calls
-    unread, and may they stay in the parts (views.IF_MAPPED)."""
+    unread (and, with the map's options, its copies, memsets and OS-runtime calls), and may they
+    stay in the parts (views.IF_MAPPED)."""
     if not ranks:
         return False
     n = con.execute("SELECT count(DISTINCT rank) FROM map_scope WHERE split_part(sql, ' ', 1) = ? "

@@ -5,8 +5,9 @@ says which tables, and when the analysis takes them).
 The rank's parts become a one-rank store in memory through the reduce's own code (the same
 identity, finalize and impossible-row deletion as in the job's store), under the memory limit
 and with the task's threads; the analysis then runs only the files the summaries need (their
-steps, window and scope included) with the default options, and each summary is copied to
-Parquet. Nothing here fails the map: a rank without summaries is computed by the analysis.
+steps, window and scope included) with the default options, and the summaries are copied to
+Parquet: the small ones stacked in one part, a large one in its own (summaries.STACK).
+Nothing here fails the map: a rank without summaries is computed by the analysis.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.summaries import SQL_FILES, SUMMARIES
+from orchestrator.analyze.summaries import SQL_FILES, STACK, SUMMARIES, stacked_select
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.parts import part_path, tmp_part
 from orchestrator.collect.reduce import reduce_into
@@ -39,15 +40,15 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
         con.execute("USE memory")
         cur, _ = analysis(Path("<map>"), Options(), writer=con, only=SQL_FILES, threads=threads)
         files = {}
-        for s in SUMMARIES:
-            final = part_path(parts, s.table, rank, rid)
+        for table, query in [(STACK, stacked_select()), *((s.table, s.select()) for s in SUMMARIES if s.own)]:
+            final = part_path(parts, table, rank, rid)
             final.parent.mkdir(parents=True, exist_ok=True)
             tmp = tmp_part(final)
             written.append(tmp)
-            n = cur.execute(f"COPY ({s.select()}) TO '{quote(str(tmp))}' (FORMAT parquet)").fetchone()[0]
+            n = cur.execute(f"COPY ({query}) TO '{quote(str(tmp))}' (FORMAT parquet)").fetchone()[0]
             if n:
                 tmp.replace(final)
-                files[s.table] = str(final.relative_to(parts))
+                files[table] = str(final.relative_to(parts))
                 written.append(final)
             else:
                 final.unlink(missing_ok=True)

@@ -32,10 +32,12 @@ from orchestrator.sqltext import file_literal, quote
 # overhead), and a view decodes its parts again at each of those reads, which costs the report
 # more than the copy costs the reduce (docs/scale.md, "Real GPU ranks"); unless every report's
 # map computed what the analysis reads of them (analyze/summaries.py): then the analysis reads
-# them only for the ranks no map did, and they stay in the parts (IF_MAPPED).
+# them only for the ranks no map did, and they stay in the parts, however small their files
+# (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets and OS
+# runtime calls, which the analysis reads little of but whose many small files a copy pays for.
 COPIED = ("nvtx", "cuda_api")
+IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt")
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
-IF_MAPPED = ("cuda_api",)
 
 # A table stays in the parts where its files hold at least this many rows each on average: a
 # view opens and decodes its files at every query that reads it, a copy writes every row once,
@@ -75,12 +77,13 @@ def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None =
 
 def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int], min_rows: int,
            mapped: bool = False) -> list[str]:
-    """The `candidates` worth a view: VIEWABLE tables (and IF_MAPPED ones where every report was
-    `mapped` with its statistics) with parts holding `min_rows` rows a file on average (`rows`
-    and `files`: per table, over the reports reduced)."""
+    """The `candidates` worth a view: VIEWABLE tables with parts holding `min_rows` rows a file
+    on average (`rows` and `files`: per table, over the reports reduced), and where every report
+    was `mapped` with its statistics the IF_MAPPED ones that have rows."""
     wanted = set(candidates)
-    return [t for t in (*VIEWABLE, *(IF_MAPPED if mapped else ())) if t in wanted and files.get(t)
-            and rows.get(t, 0) >= min_rows * files[t]]
+    if_mapped = [t for t in IF_MAPPED if mapped and rows.get(t, 0) > 0]
+    return [t for t in TABLES if t in wanted and files.get(t) and (
+        t in if_mapped or (t in VIEWABLE and rows.get(t, 0) >= min_rows * files[t]))]
 
 
 def unfiltered(table: str) -> str:

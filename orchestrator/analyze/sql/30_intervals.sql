@@ -1,10 +1,15 @@
 -- GPU time per rank by class, as interval unions clipped to the window. The ranks in map_ranks
--- are the map's (map_islands, map_gpu_time: analyze/summaries.py; their islands on the rank's own
--- clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only.
--- Reads: gpu_ops, win, map_ranks, map_todo, map_islands, map_gpu_time, is_p2p, is_comm, union_intervals,
--- union_length. Provides:
---   islands(rank, cls, s, e)  unions per class: compute (non-NCCL kernels and CUDA graph
---                             replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv)
+-- are the map's (map_compute_islands, map_gpu_time: analyze/summaries.py; their islands on the
+-- rank's own clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only. Of their
+-- islands only the compute ones are kept, which the critical path reads across ranks: what the
+-- other classes are read for (the gaps, the slices, the time split) is the map's too.
+-- Reads: gpu_ops, win, map_ranks, map_todo, map_compute_islands, map_gpu_time, is_p2p, is_comm,
+-- union_intervals, union_length. Provides:
+--   islands(rank, cls, s, e, upto)  unions per class: compute (non-NCCL kernels and CUDA graph
+--       replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv); upto: the
+--       class's time on the rank up to the island's end (what any span holds of the class is
+--       two lookups: the last island starting before each end); of the map_ranks, compute only
+--   compute_islands(rank, s, e, upto)  the compute class (what a map writes)
 --   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
 --       per rank, each class's union inside the window; overlap = compute and comm at once
 --   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
@@ -18,10 +23,17 @@ WHERE o."end" > w.w0 AND o.start < w.w1
        OR (c.cls = 'comm' AND o.is_comm)
        OR (c.cls = 'p2p' AND is_p2p(o.name)));
 
+-- upto is summed as DOUBLE, exact for integer sums below 2^53 ns (104 days), and much cheaper
+-- than a running sum of HUGEINT.
 CREATE OR REPLACE TABLE islands AS
-SELECT * FROM union_intervals('_clipped')
+SELECT *, CAST(sum(CAST(e - s AS DOUBLE)) OVER (PARTITION BY rank, cls ORDER BY s ROWS UNBOUNDED PRECEDING)
+               AS BIGINT) AS upto
+FROM union_intervals('_clipped')
 UNION ALL BY NAME
-SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_islands m JOIN map_ranks k USING (rank);
+SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e), 'compute' AS cls
+FROM map_compute_islands m JOIN map_ranks k USING (rank);
+
+CREATE OR REPLACE VIEW compute_islands AS SELECT rank, s, e, upto FROM islands WHERE cls = 'compute';
 
 CREATE OR REPLACE TABLE gpu_time AS
 WITH u AS (

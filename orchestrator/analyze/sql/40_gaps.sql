@@ -14,18 +14,20 @@
 -- map_between_steps: analyze/summaries.py, on the rank's own clock, shifted by map_ranks.off): a
 -- rank's gaps need its own events only.
 -- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
--- map_gap_attr, map_between_steps, is_sync_api, overlapping, range_group. Provides:
---   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length)
+-- map_gap_attr, map_between_steps, map_small_gaps, is_sync_api, overlapping, range_group. Provides:
+--   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the map_todo ranks
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
 --       are not steps; nvtx_row = the range's rowid in nvtx: its name is read back only for the few
 --       ranges a result names (a million names copied here took 40 % of this table's time)
 --   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
 --   small_gaps(rank, n, ns)
---       per rank, the count and time of gaps shorter than gap_ns (the launch-bound signature)
+--       per rank, the count and time of gaps shorter than gap_ns (the launch-bound signature;
+--       the map's for map_ranks)
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
-    SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s FROM islands WHERE cls = 'busy'
+    SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s
+    FROM islands SEMI JOIN map_todo USING (rank) WHERE cls = 'busy'
 )
 SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT NULL;
 
@@ -51,7 +53,8 @@ WITH iv AS (
 ), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
     SELECT a.rank, a.start, is_sync_api(a.name) OR m.kind = 'DtoH' AS sync_or_copy, a.name LIKE '%Launch%' AS launch
     FROM cuda_api a JOIN loop_thread l USING (rank, tid) SEMI JOIN map_todo USING (rank)
-    LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    LEFT JOIN (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
+        ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE is_sync_api(a.name) OR a.name LIKE '%Launch%' OR a.name LIKE '%emcpy%'
 ), hits AS (  -- the intervals never overlap: the one a call starts in is the last starting at or before it
     SELECT c.rank, i.s, count(*) FILTER (WHERE c.sync_or_copy) > 0 OR count(*) FILTER (WHERE c.launch) >= 3 AS other_work
@@ -108,6 +111,8 @@ UNION ALL BY NAME
 SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gap_attr m JOIN map_ranks k USING (rank);
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
-CREATE OR REPLACE VIEW small_gaps AS
+CREATE OR REPLACE TABLE small_gaps AS
 SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
-WHERE g.dur < p.gap_ns GROUP BY g.rank;
+WHERE g.dur < p.gap_ns GROUP BY g.rank
+UNION ALL BY NAME
+SELECT * FROM map_small_gaps SEMI JOIN map_ranks USING (rank);

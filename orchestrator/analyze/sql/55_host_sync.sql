@@ -24,10 +24,12 @@
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
 CREATE OR REPLACE TABLE host_syncs AS
 WITH calls AS (
-    SELECT a.rank, a.tid, a.start, a."end", a.name FROM cuda_api a SEMI JOIN map_todo USING (rank)
+    -- (the other ranks' calls in a subquery: a filter beside the SEMI JOIN is pushed into the
+    -- scan, which then reads every rank's calls even where map_todo is empty)
+    SELECT a.rank, a.tid, a.start, a."end", a.name FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a
     WHERE is_sync_api(a.name)
        OR (starts_with(a.name, 'cudaMemcpy') AND EXISTS (
-               SELECT 1 FROM memcpy m
+               SELECT 1 FROM (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
                WHERE m.rank = a.rank AND m.correlation_id = a.correlation_id
                  AND m.kind = 'DtoH' AND m.dst_kind = 'pageable'))
 ), in_win AS (
@@ -38,7 +40,8 @@ WITH calls AS (
         ON p.rank = c.rank AND p.tid = c.tid AND p.start < c.start
 ), own AS (
     SELECT * FROM prev c WHERE NOT EXISTS (
-        SELECT 1 FROM memcpy m WHERE m.rank = c.rank AND m.correlation_id = c.prev_corr
+        SELECT 1 FROM (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
+        WHERE m.rank = c.rank AND m.correlation_id = c.prev_corr
                                  AND m.kind = 'HtoD' AND m.src_kind = 'pageable')
 ), stepped AS (
     SELECT h.rank, h.tid, h.start, h."end", h.name, max(s.step) AS step

@@ -160,10 +160,16 @@ WITH r AS (
 ), waits AS (  -- the others' waits for the step's root
     SELECT w.step, w.rank, w.s AS start, w.e AS "end"
     FROM wait_edges w JOIN r ON r.step = w.step AND w.waited_for = r.rank WHERE w.e > w.s
-), ci AS (SELECT rank, s, e FROM islands WHERE cls = 'compute'),
-busy AS (
-    SELECT step, rank, start, sum(least("end", d_e) - greatest(start, d_s)) AS ns
-    FROM overlapping('ci', 'waits') GROUP BY ALL
+), ci AS (SELECT rank, s, e, upto FROM islands WHERE cls = 'compute'),
+busy AS (  -- the compute inside each wait: up to its end less up to its start, where up to t is
+    -- the last island starting at or before t up to its end, less its part after t
+    SELECT w.step, w.rank, w.start,
+           sum(coalesce(b.upto - greatest(b.e - w."end", 0), 0) - coalesce(a.upto - greatest(a.e - w.start, 0), 0))
+               AS ns
+    FROM waits w
+    ASOF LEFT JOIN ci a ON a.rank = w.rank AND w.start >= a.s
+    ASOF LEFT JOIN ci b ON b.rank = w.rank AND w."end" >= b.s
+    GROUP BY ALL
 ), peers AS (  -- per step, the other ranks of the root's stage; with stages, those that waited for it
     SELECT c.step, c.rank FROM (SELECT DISTINCT step, rank FROM wait_nodes) c
     JOIN r ON r.step = c.step AND c.rank <> r.rank

@@ -1,13 +1,16 @@
 -- GPU work tables the rules read: memory copies and kernel statistics inside the window.
--- Reads: memcpy, gpu_ops, win, map_ranks, map_todo, map_kernel_stats. Provides:
+-- Reads: memcpy, gpu_ops, win, map_ranks, map_todo, map_memcpy_window, map_kernel_stats. Provides:
 --   memcpy_window(rank, kind, src_kind, n, bytes, ns)  copies by direction and host memory kind
+--       (the map's for map_ranks)
 --   kernel_stats(rank, n, median_ns, n_steps)          kernels inside the window (the map's for
 --       map_ranks)
-CREATE OR REPLACE VIEW memcpy_window AS
+CREATE OR REPLACE TABLE memcpy_window AS
 SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,
        sum(least(m."end", w.w1) - greatest(m.start, w.w0)) AS ns
-FROM memcpy m JOIN win w USING (rank)
-WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL;
+FROM (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m JOIN win w USING (rank)
+WHERE m."end" > w.w0 AND m.start < w.w1 GROUP BY ALL
+UNION ALL BY NAME
+SELECT * FROM map_memcpy_window SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE kernel_stats AS
 SELECT o.rank, count(*) AS n, median(o."end" - o.start) AS median_ns, count(DISTINCT o.step) AS n_steps

@@ -3,7 +3,7 @@
 -- the ranks in map_ranks are the map's (map_sync_copies, map_sync_api_calls, map_gpu_slices:
 -- analyze/summaries.py; slice bounds there are on the rank's own clock, shifted by map_ranks.off).
 -- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, stats_cpu_todo, stats_gpu_todo,
--- is_sync_api, union_intervals, map_ranks, map_sync_copies, map_sync_api_calls, map_gpu_slices.
+-- is_sync_api, union_intervals, map_ranks, map_todo, map_sync_copies, map_sync_api_calls, map_gpu_slices.
 -- Provides:
 --   sync_copies(rank, what, n, api_ns, gpu_ns, bytes, n_steps, top_api)  per rank, what =
 --       `memcpy`: cudaMemcpy* calls without Async whose copy is not a small (<= 64000 B) HtoD and
@@ -21,14 +21,14 @@ CREATE OR REPLACE TABLE sync_copies AS
 WITH c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
            m."end" - m.start AS gpu_ns, m.bytes
-    FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
-    JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
+    JOIN (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemcpy%' AND a.name NOT LIKE '%Async%'
       AND NOT (m.bytes <= 64000 AND m.kind = 'HtoD') AND m.kind <> 'DtoD'
     UNION ALL
     SELECT a.rank, 'memset', a.correlation_id, a.name, a."end" - a.start, m."end" - m.start, m.bytes
-    FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
-    JOIN memset m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
+    JOIN (SELECT * FROM memset SEMI JOIN map_todo USING (rank)) m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemset%' AND lower(a.name) NOT LIKE '%async%'
 )
 SELECT c.rank, c.what, count(*) AS n, sum(c.api_ns) AS api_ns, sum(c.gpu_ns) AS gpu_ns, sum(c.bytes) AS bytes,
@@ -40,7 +40,7 @@ SELECT * FROM map_sync_copies SEMI JOIN map_ranks USING (rank);
 CREATE OR REPLACE TABLE sync_api_calls AS
 SELECT a.rank, regexp_replace(a.name, '_v\d+$', '') AS name, count(*) AS n, sum(a."end" - a.start) AS ns,
        max(a."end" - a.start) AS max_ns, any_value(s.n_steps) AS n_steps
-FROM cuda_api a JOIN stats_cpu_todo s USING (rank)
+FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
 WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_with(a.name, 'cudaMemcpy')
   AND NOT starts_with(a.name, 'cuMemcpy')
 GROUP BY ALL

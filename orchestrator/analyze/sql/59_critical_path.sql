@@ -12,7 +12,7 @@
 -- Ties (two ranks ending a step, or putting the same excess on the path, at the same
 -- nanosecond) go to the lowest rank: the report must not depend on the order rows are read in.
 -- Reads: wait_nodes, wait_edges, step_ops, offstep_raw, ops_partial, map_offstep, ranks, first_step,
--- params, gap_attr, islands, in_selected, overlapping, union_intervals. Provides:
+-- params, gap_attr, compute_islands, in_selected, overlapping, union_intervals. Provides:
 --   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
 --   cp_path(step, hop, id, upto)                 the nodes on the path, hop 0 = the last
 --   cp_segments(step, hop, rank, s, e, in_excess_ns, out_excess_ns, created_ns, waited_for)
@@ -89,7 +89,7 @@ FROM seg LEFT JOIN caused c USING (step, hop);
 CREATE OR REPLACE TABLE cp_segment_phase AS
 WITH seg AS (SELECT step, hop, rank, s AS start, e AS "end" FROM cp_segments WHERE e > s),
 ci AS (  -- the path's ranks only: a step's path crosses a few of the job's ranks
-    SELECT rank, s, e FROM islands WHERE cls = 'compute' AND rank IN (SELECT rank FROM seg)),
+    SELECT rank, s, e FROM compute_islands WHERE rank IN (SELECT rank FROM seg)),
 bs_raw AS (SELECT * FROM offstep_raw WHERE rank IN (SELECT rank FROM seg)),
 bs AS (  -- the map's union where gpu_ops has a rank's NCCL kernels only (ops_partial)
     SELECT rank, s, e FROM union_intervals('bs_raw')
@@ -160,7 +160,7 @@ WITH r AS (
 ), waits AS (  -- the others' waits for the step's root
     SELECT w.step, w.rank, w.s AS start, w.e AS "end"
     FROM wait_edges w JOIN r ON r.step = w.step AND w.waited_for = r.rank WHERE w.e > w.s
-), ci AS (SELECT rank, s, e, upto FROM islands WHERE cls = 'compute'),
+), ci AS (SELECT rank, s, e, upto FROM compute_islands),
 busy AS (  -- the compute inside each wait: up to its end less up to its start, where up to t is
     -- the last island starting at or before t up to its end, less its part after t
     SELECT w.step, w.rank, w.start,

@@ -31,11 +31,15 @@ def quote(s: str) -> str:
     return s.replace("'", "''")
 
 
+# Each glob character of a path as a class that matches only itself (file_literal).
+_GLOB_CLASSES = str.maketrans({c: f"[{c}]" for c in "*?["})
+
+
 def file_literal(path: object) -> str:
     """A file path as the quoted literal a DuckDB reader (read_parquet) takes: those expand a
     path with `*`, `?` or `[` as a glob, so each such character is written as a class that
     matches only itself (a run directory named `run[1]` reads its own files, not `run1`'s)."""
-    return "'" + quote("".join(f"[{c}]" if c in "*?[" else c for c in str(path))) + "'"
+    return "'" + quote(str(path).translate(_GLOB_CLASSES)) + "'"
 
 
 def literal(v: object) -> str:

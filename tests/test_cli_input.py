@@ -144,7 +144,7 @@ def test_analyze_keeps_temp_store_when_the_analysis_fails(gpu_fixtures: Path, tm
     import orchestrator.analyze.report as report_mod
     from orchestrator.errors import OrchError
 
-    def broken(store, opts, writer=None):
+    def broken(store, opts, writer=None, **_):
         assert writer is not None  # the analysis would have run on the collect's connection
         raise OrchError("analysis failed on the store: planted")
 

@@ -18,7 +18,7 @@ from orchestrator.analyze.summaries import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
 from orchestrator.collect.tables import TABLES
-from orchestrator.collect.views import IF_MAPPED, VIEWABLE
+from orchestrator.collect.views import IF_MAPPED, OWN_MAPPED, VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import REPO, h200_fixtures, run_orch
 
@@ -135,7 +135,9 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
                       view_min_rows=0)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings
-    assert b.views == [t for t in TABLES if t in (*VIEWABLE, *IF_MAPPED) and _has_rows(b.store, t)]  # all mapped
+    # All mapped: the event tables with rows and the map's own tables that have parts are views.
+    assert b.views == [*(t for t in TABLES if t in (*VIEWABLE, *IF_MAPPED) and _has_rows(b.store, t)),
+                       *(t for t in OWN_MAPPED if any((tmp_path / "b" / "parts" / f"table={t}").rglob("*.parquet")))]
     assert table_types(b.store) == dict.fromkeys(b.views, "VIEW")
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
@@ -146,6 +148,7 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
         assert any((parts / f"table={t}" / f"rank={rank}").is_dir() for t in EVENT_SCHEMA)
         assert (parts / f"table={STACK}" / f"rank={rank}").is_dir()
     assert len(list((parts / "reports").glob("*.json"))) == len(a.members)
+    assert not list(parts.rglob(".*.tmp-*")), "a map left a temporary part behind"
 
 
 def test_sqlite3_engine_parts_identical(gpu_fixtures: Path, tmp_path: Path) -> None:

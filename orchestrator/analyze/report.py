@@ -141,14 +141,17 @@ def build_report(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection |
         con.close()
 
 
-def build_analysis(store: Path, opts: Options,
-                   writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
+def build_analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None = None, *,
+                   timeline: bool = True) -> tuple[Report, Extras | None]:
     """The analysis product: the report and the timeline the HTML draws, from ONE analysis pass
     over the store (`writer`: as for build_report). Every output (terminal, JSON, HTML) renders
-    this pair; none chooses what is analysed."""
+    this report; none chooses what is analysed. The timeline's data (the drawn ranks' kernels,
+    NVTX ranges and waits) is only drawn: without `timeline` it is not read (None)."""
     con, v = analysis(store, opts, writer)
     try:
         report = report_from_views(v, store, opts)
+        if not timeline:
+            return report, None
         with phase("report: timeline extras"):
             return report, extras_from_views(v, report)
     finally:

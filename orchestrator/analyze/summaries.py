@@ -3,9 +3,10 @@
 A statistic that needs one rank's events only (the GPU's busy intervals and time split of
 30_intervals.sql, the idle gaps by CPU range, the short gaps and the intervals between steps of
 40_gaps.sql, what the loop thread did in the gaps of 45_cpu_state.sql, the host syncs of
-55_host_sync.sql, the copies in the window of 90_gpu_work.sql, the per-rank rows of the phase,
-kernel and memory-operation tables of 92, 94 and 96, the CUDA API / OS runtime and thread tables
-of 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
+55_host_sync.sql, the GPU the rank's kernels ran on of 62_gpu_metrics.sql, the copies in the
+window of 90_gpu_work.sql, the per-rank rows of the phase, kernel and memory-operation tables of
+92, 94 and 96, the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze
+tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
 the analysis a pass over every event of every rank: at 1,024 CPU ranks most of the report's SQL
 (docs/scale.md); at 256 real GPU ranks half of it (docs/benchmarks-after-job.md). The map
 (collect/summarize.py) runs the same SQL on its one rank with the default options and writes the
@@ -162,6 +163,7 @@ SUMMARIES = (
     Summary("map_cuda_calls", "cuda_calls", (("rank", _I), ("calls", _B), ("launches", _B))),
     Summary("map_busy_thread", "busy_thread", (("rank", _I), ("tid", _B))),
     Summary("map_alloc_api", "alloc_api", (("rank", _I), ("start", _B), ("end", _B), ("base", _V))),
+    Summary("map_rank_device", "rank_device", (("rank", _I), ("device", _I))),
     # Window statistics (map_ranks, as above): the CUDA calls in the window, the copies', the
     # kernels' and memory operations' tables, the CUDA graphs'.
     Summary("map_capture_api", "capture_api", (("rank", _I), ("api_calls", _B), ("launches", _B))),
@@ -209,9 +211,9 @@ def stacked_select() -> str:
 
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql", "66_cuda_graphs.sql",
-             "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql", "94_kernel_table.sql",
-             "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
+SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql", "62_gpu_metrics.sql",
+             "66_cuda_graphs.sql", "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql",
+             "94_kernel_table.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

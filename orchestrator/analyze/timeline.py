@@ -24,6 +24,10 @@ from orchestrator.analyze.units import ms
 
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
 NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autograd noise)
+# A drawn interval from values this module typed itself (ms floats, names, a kind of SegKind):
+# tens of thousands a report at many ranks, where validating each one costs more than the rest
+# of the timeline's Python.
+_seg = Seg.model_construct
 
 
 def extras_from_views(v: Views, report: Report) -> Extras:
@@ -141,20 +145,20 @@ def _step_view(v: Views, report: Report, f: _Frame, ops: list[dict[str, Any]],
         lane, name = lanes[o["rank"]], o["name"] or "?"
         if not o["is_comm"]:
             kind = "compute" if o["kind"] in ("kernel", "graph") else "other GPU"  # graph: a CUDA graph replay
-            lane.gpu.append(Seg(s=at(max(o["start"], t0)), e=at(min(o["end"], t1)), kind=kind, name=name))
+            lane.gpu.append(_seg(s=at(max(o["start"], t0)), e=at(min(o["end"], t1)), kind=kind, name=name))
             continue
         w = wait_at.get((o["rank"], o["start"]))
         split = min(w["e"], o["end"]) if w else o["start"]
         if split > o["start"]:
             s, e = clip(o["start"], split)
-            lane.gpu.append(Seg(s=s, e=e, kind="comm waiting", name=f"{name}: waiting for rank {w['waited_for']}"))
+            lane.gpu.append(_seg(s=s, e=e, kind="comm waiting", name=f"{name}: waiting for rank {w['waited_for']}"))
         if o["end"] > split:
             s, e = clip(split, o["end"])
-            lane.gpu.append(Seg(s=s, e=e, kind="comm transfer", name=name))
+            lane.gpu.append(_seg(s=s, e=e, kind="comm transfer", name=name))
     for h in v.query("""SELECT rank, start, "end", name FROM host_syncs
                         WHERE list_contains(?, rank) AND "end" > ? AND start < ? ORDER BY ALL""", [ranks, t0, t1]):
         s, e = clip(h["start"], h["end"])
-        lanes[h["rank"]].syncs.append(Seg(s=s, e=e, kind="sync", name=h["name"] or "sync"))
+        lanes[h["rank"]].syncs.append(_seg(s=s, e=e, kind="sync", name=h["name"] or "sync"))
     step_depth = {r["rank"]: r["d"] for r in v.query(
         """SELECT s.rank, min(n.depth) AS d FROM steps s JOIN nvtx n ON n.rank = s.rank AND n.tid = s.tid
               AND n.start = s.start AND n."end" = s."end" WHERE s.step = ? GROUP BY s.rank""", [step])}
@@ -166,7 +170,7 @@ def _step_view(v: Views, report: Report, f: _Frame, ops: list[dict[str, Any]],
                             AND "end" > ? AND start < ? AND depth BETWEEN ? AND ? ORDER BY start""",
                        [rk, tid, t0, t1, d0, d0 + NVTX_DEPTH]):
             s, e = clip(n["start"], n["end"])
-            lanes[rk].cpu.append(Seg(s=s, e=e, kind="nvtx", name=n["text"] or "", depth=int(n["depth"] - d0)))
+            lanes[rk].cpu.append(_seg(s=s, e=e, kind="nvtx", name=n["text"] or "", depth=int(n["depth"] - d0)))
     # The step's critical path: each wait on it, and each wait for a rank while it held the path
     # (a DP peer held up off the path), is an arrow from the rank waited for to the waiter.
     edges = [Edge(victim=b["rank"], via=b["waited_for"], root=b["waited_for"], s=at(max(b["s"], t0)),

@@ -43,16 +43,17 @@ def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
 
 
 def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
-             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras]:
-    """The report and the timeline's extras from one analysis pass (`writer`: the collect's
-    open connection, engine.analysis). What is analysed never depends on the outputs asked
-    for: a JSON and an HTML of one run come from the same product."""
+             writer: duckdb.DuckDBPyConnection | None = None) -> tuple[Report, Extras | None]:
+    """The report and, for --html, the timeline's extras from one analysis pass (`writer`: the
+    collect's open connection, engine.analysis). What is analysed never depends on the outputs
+    asked for: a JSON and an HTML of one run come from the same product; only the HTML draws
+    the timeline, whose data is read for it alone."""
     from orchestrator.analyze.report import build_analysis
 
-    return build_analysis(store, opts or _options(a), writer)
+    return build_analysis(store, opts or _options(a), writer, timeline=bool(a.html))
 
 
-def _emit(report: Report, extras: Extras, a: argparse.Namespace) -> None:
+def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
     """Print, then write --json and --html."""
     from orchestrator.collect.timings import phase
     from orchestrator.fsutil import write_text_atomic
@@ -65,7 +66,7 @@ def _emit(report: Report, extras: Extras, a: argparse.Namespace) -> None:
         with phase("report: write json"):
             write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
-    if a.html:
+    if a.html and extras is not None:
         with phase("report: write html"):
             write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)

@@ -60,21 +60,29 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]]) -> str | None:
-    """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py). They only
-    spare the analysis work: a part that cannot be read leaves them all out (and says why)."""
-    for s in SUMMARIES:
+def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]], *, own: bool,
+                      viewed: Iterable[str] = ()) -> str | None:
+    """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py): the
+    stacked small tables, or (`own`) the large ones, of which those `viewed` stay in the parts
+    (views.OWN_MAPPED, made with the event tables' views). They only spare the analysis work: a
+    part that cannot be read leaves them all out (and says why)."""
+    skip = set(viewed)
+    tables = [s for s in SUMMARIES if s.own == own and s.table not in skip]
+    for s in tables:
         con.execute(s.ddl())
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS "
-                    + parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])))
-        for s in SUMMARIES:
+        if not own:
+            con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS "
+                        + parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])))
+        for s in tables:
             con.execute(f"INSERT INTO {s.table} " + (
-                parts_select(s.table, s.columns, (), root, files.get(s.table, [])) if s.own
+                parts_select(s.table, s.columns, (), root, files.get(s.table, [])) if own
                 else s.unstacked("_map_stack")))
     except duckdb.Error as e:
         for s in SUMMARIES:
-            con.execute(f"DELETE FROM {s.table}")
+            if s.table not in skip:
+                con.execute(s.ddl())
+                con.execute(f"DELETE FROM {s.table}")
         return f"not used ({str(e).splitlines()[0]})"
     finally:
         con.execute("DROP TABLE IF EXISTS _map_stack")
@@ -160,29 +168,32 @@ def reduce_into(
     con.execute(EVENT_PARTS_DDL)
     append_rows(con, "event_parts", ("tbl", "i", "path", "rank", "off", "bytes"), index)
     with phase("reduce: map statistics"):
-        stats = _insert_summaries(con, root, files)
+        stats = _insert_summaries(con, root, files, own=False)
     mapped = stats is None and _mapped_by_this_sql(con, [m.rank for m, meta in ok if not meta["error"]])
     viewed = choose(views, rows, {t: len(f) for t, f in files.items()}, view_min_rows, mapped=mapped)
-    con.execute(create_event_tables_sql(skip=viewed))
+    with phase("reduce: map islands"):
+        stats = stats or _insert_summaries(con, root, files, own=True, viewed=viewed)
+    events = [t for t in viewed if t in TABLES]  # (the map's own tables have no impossible rows)
+    con.execute(create_event_tables_sql(skip=events))
     # The maps count the impossible rows of their report (mapper._impossible); parts mapped by
     # an orch that did not are read again, through the views' unfiltered twins.
     counted = all("impossible" in meta for _, meta in ok if not meta["error"])
-    known = [(m.rank, t, n) for m, meta in ok for t, n in meta.get("impossible", {}).items() if t in viewed]
+    known = [(m.rank, t, n) for m, meta in ok for t, n in meta.get("impossible", {}).items() if t in events]
     if not counted:
-        for table in viewed:
+        for table in events:
             con.execute(view_sql(table, root, files[table], name=unfiltered(table), temp=True))
     for table, cols in EVENT_SCHEMA.items():
-        if table not in viewed:
+        if table not in events:
             with phase(f"reduce: copy {table}"):
                 con.execute(insert_sql(table, table, parts_select(table, cols, TABLES[table].shifted, root,
                                                                   files[table])))
     impossible = finalize_store(con, members, base, layout, keep_env, expected,
-                                unfiltered={t: None if counted else unfiltered(t) for t in viewed},
+                                unfiltered={t: None if counted else unfiltered(t) for t in events},
                                 known=known if counted else [])
-    filtered = [t for t in viewed if t in impossible]
+    filtered = [t for t in events if t in impossible]
     create_views(con, root, viewed, filtered)
     if align:
-        con.execute(align_clocks_sql(viewed))
+        con.execute(align_clocks_sql(events))
     where = {"event_views": ",".join(viewed), "event_views_filtered": ",".join(filtered),
              "event_view_rows": sum(rows.get(t, 0) for t in viewed),
              "parts_from_store": os.path.relpath(root, store.resolve().parent)} if viewed and store else {}

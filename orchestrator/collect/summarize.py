@@ -50,7 +50,8 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
                 tmp.replace(final)
                 files[table] = str(final.relative_to(parts))
                 written.append(final)
-            else:
+            else:  # no rows, no file: neither the temp nor an older run's part
+                tmp.unlink(missing_ok=True)
                 final.unlink(missing_ok=True)
         written = []  # complete: keep them
         return files

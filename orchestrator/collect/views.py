@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from orchestrator.analyze.summaries import SUMMARIES, Summary
 from orchestrator.collect.tables import TABLES
 from orchestrator.errors import OrchError
 from orchestrator.sqltext import file_literal, quote
@@ -34,9 +35,12 @@ from orchestrator.sqltext import file_literal, quote
 # map computed what the analysis reads of them (analyze/summaries.py): then the analysis reads
 # them only for the ranks no map did, and they stay in the parts, however small their files
 # (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets and OS
-# runtime calls, which the analysis reads little of but whose many small files a copy pays for.
+# runtime calls, which the analysis reads little of but whose many small files a copy pays for,
+# and the map's own large tables (its compute islands: a part per rank, OWN_MAPPED), which the
+# analysis reads once, on the rank's own clock (their view moves nothing).
 COPIED = ("nvtx", "cuda_api")
-IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt")
+OWN_MAPPED: dict[str, Summary] = {s.table: s for s in SUMMARIES if s.own}
+IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt", *OWN_MAPPED)
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
 
 # A table stays in the parts where its files hold at least this many rows each on average: a
@@ -69,9 +73,12 @@ def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterab
 def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None = None, temp: bool = False,
              possible_only: bool = False, index: str = "event_parts") -> str:
     """CREATE VIEW `name` (default: the table) over `table`'s parts under `root`."""
-    t = TABLES[table]
-    body = parts_select(table, t.store_columns, t.shifted, root, paths,
-                        possible_only=possible_only and t.has_duration, index=index)
+    if table in OWN_MAPPED:
+        body = parts_select(table, OWN_MAPPED[table].columns, (), root, paths, index=index)
+    else:
+        t = TABLES[table]
+        body = parts_select(table, t.store_columns, t.shifted, root, paths,
+                            possible_only=possible_only and t.has_duration, index=index)
     return f"CREATE OR REPLACE {'TEMP ' if temp else ''}VIEW {name or table} AS {body}"
 
 
@@ -79,10 +86,11 @@ def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int
            mapped: bool = False) -> list[str]:
     """The `candidates` worth a view: VIEWABLE tables with parts holding `min_rows` rows a file
     on average (`rows` and `files`: per table, over the reports reduced), and where every report
-    was `mapped` with its statistics the IF_MAPPED ones that have rows."""
+    was `mapped` with its statistics the IF_MAPPED ones that have rows (the map's own tables:
+    files), in registry order."""
     wanted = set(candidates)
-    if_mapped = [t for t in IF_MAPPED if mapped and rows.get(t, 0) > 0]
-    return [t for t in TABLES if t in wanted and files.get(t) and (
+    if_mapped = [t for t in IF_MAPPED if mapped and (rows.get(t, 0) > 0 or t in OWN_MAPPED)]
+    return [t for t in (*TABLES, *OWN_MAPPED) if t in wanted and files.get(t) and (
         t in if_mapped or (t in VIEWABLE and rows.get(t, 0) >= min_rows * files[t]))]
 
 
@@ -112,7 +120,7 @@ def viewed(meta: dict[str, str], key: str = "event_views") -> list[str]:
     """The store's tables that are views over the parts (its meta says; `key`
     event_views_filtered: those that leave impossible rows out), in registry order."""
     names = set(filter(None, meta.get(key, "").split(",")))
-    return [t for t in TABLES if t in names]
+    return [t for t in (*TABLES, *OWN_MAPPED) if t in names]
 
 
 def _unlike(root: Path, parts: list[tuple[str, int]]) -> str | None:

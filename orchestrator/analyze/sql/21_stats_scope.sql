@@ -16,8 +16,11 @@
 --       writes its own as map_scope, on the rank's own clock (analyze/summaries.py)
 --   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
 --       correction of the rank) is their rank_scope: the stats files take their rows from the map
---   map_todo(rank)  every other rank: the per-rank files compute these themselves (a SEMI JOIN with it
---       reads nothing of the event tables when the map did every rank)
+--   map_todo(rank)  every other rank: the per-rank files compute these themselves. A SEMI JOIN with it
+--       reads nothing of an event table when the map did every rank, if it runs on the table's scan
+--       alone: inside a larger query the optimizer may join the other tables first and scan every
+--       rank's rows, so a file that joins such rows with more than map_todo takes them in a
+--       MATERIALIZED CTE (todo rows: `x AS MATERIALIZED (SELECT ... FROM t SEMI JOIN map_todo ...)`)
 --   stats_cpu_todo(rank, s, e, n_steps)  stats_cpu of the other ranks: what the stats files compute
 --   stats_gpu_todo(rank, s, e, n_steps)  stats_gpu of the same ranks
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms

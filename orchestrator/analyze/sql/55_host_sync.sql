@@ -23,15 +23,16 @@
 --       steps (NULL without steps, and then the per-step columns are NULL too)
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
 CREATE OR REPLACE TABLE host_syncs AS
-WITH calls AS (
+WITH cp AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql): the pageable copies
+    SELECT rank, correlation_id, kind FROM memcpy SEMI JOIN map_todo USING (rank)
+    WHERE (kind = 'DtoH' AND dst_kind = 'pageable') OR (kind = 'HtoD' AND src_kind = 'pageable')
+), calls AS (
     -- (the other ranks' calls in a subquery: a filter beside the SEMI JOIN is pushed into the
     -- scan, which then reads every rank's calls even where map_todo is empty)
     SELECT a.rank, a.tid, a.start, a."end", a.name FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a
     WHERE is_sync_api(a.name)
        OR (starts_with(a.name, 'cudaMemcpy') AND EXISTS (
-               SELECT 1 FROM (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
-               WHERE m.rank = a.rank AND m.correlation_id = a.correlation_id
-                 AND m.kind = 'DtoH' AND m.dst_kind = 'pageable'))
+               SELECT 1 FROM cp m WHERE m.rank = a.rank AND m.correlation_id = a.correlation_id AND m.kind = 'DtoH'))
 ), in_win AS (
     SELECT c.* FROM calls c JOIN win w USING (rank) WHERE c.start >= w.w0 AND c.start < w.w1
 ), prev AS (  -- each sync's previous CUDA call on its thread
@@ -40,9 +41,7 @@ WITH calls AS (
         ON p.rank = c.rank AND p.tid = c.tid AND p.start < c.start
 ), own AS (
     SELECT * FROM prev c WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
-        WHERE m.rank = c.rank AND m.correlation_id = c.prev_corr
-                                 AND m.kind = 'HtoD' AND m.src_kind = 'pageable')
+        SELECT 1 FROM cp m WHERE m.rank = c.rank AND m.correlation_id = c.prev_corr AND m.kind = 'HtoD')
 ), stepped AS (
     SELECT h.rank, h.tid, h.start, h."end", h.name, max(s.step) AS step
     FROM own h LEFT JOIN steps s ON s.rank = h.rank AND h.start >= s.start AND h.start < s."end"

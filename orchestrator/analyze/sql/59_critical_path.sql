@@ -160,15 +160,15 @@ WITH r AS (
 ), waits AS (  -- the others' waits for the step's root
     SELECT w.step, w.rank, w.s AS start, w.e AS "end"
     FROM wait_edges w JOIN r ON r.step = w.step AND w.waited_for = r.rank WHERE w.e > w.s
-), ci AS (SELECT rank, s, e, upto FROM compute_islands),
-busy AS (  -- the compute inside each wait: up to its end less up to its start, where up to t is
-    -- the last island starting at or before t up to its end, less its part after t
-    SELECT w.step, w.rank, w.start,
-           sum(coalesce(b.upto - greatest(b.e - w."end", 0), 0) - coalesce(a.upto - greatest(a.e - w.start, 0), 0))
-               AS ns
-    FROM waits w
-    ASOF LEFT JOIN ci a ON a.rank = w.rank AND w.start >= a.s
-    ASOF LEFT JOIN ci b ON b.rank = w.rank AND w."end" >= b.s
+), ends AS (  -- each wait's two ends, its start counted off
+    SELECT step, rank, start, start AS t, -1 AS sign FROM waits
+    UNION ALL
+    SELECT step, rank, start, "end", 1 FROM waits
+), busy AS (  -- the compute inside each wait: up to its end less up to its start, where up to t is
+    -- the last island starting at or before t up to its end, less its part after t (one lookup
+    -- for both ends: the islands are sorted once)
+    SELECT p.step, p.rank, p.start, sum(p.sign * coalesce(c.upto - greatest(c.e - p.t, 0), 0)) AS ns
+    FROM ends p ASOF LEFT JOIN compute_islands c ON c.rank = p.rank AND p.t >= c.s
     GROUP BY ALL
 ), peers AS (  -- per step, the other ranks of the root's stage; with stages, those that waited for it
     SELECT c.step, c.rank FROM (SELECT DISTINCT step, rank FROM wait_nodes) c
@@ -182,14 +182,14 @@ busy AS (  -- the compute inside each wait: up to its end less up to its start, 
     LEFT JOIN waits w ON w.step = c.step AND w.rank = c.rank
     LEFT JOIN busy b ON b.step = w.step AND b.rank = w.rank AND b.start = w.start
     GROUP BY ALL
-), ends AS (SELECT step, median(ns) AS ns FROM lost GROUP BY step)
+), pace AS (SELECT step, median(ns) AS ns FROM lost GROUP BY step)
 SELECT r.step, r.rank, r.created_ns, r.phase, r.step_ns,
        round(100.0 * r.created_ns / r.step_ns, 2) AS share_pct,
        coalesce((SELECT list(v.rank ORDER BY v.rank) FROM cp_rank_step v
                  WHERE v.step = r.step AND v.rank <> r.rank AND 4 * v.waited_excess_ns >= r.created_ns),
                 []) AS victims,
        CASE WHEN e.step IS NULL THEN r.created_ns ELSE least(r.created_ns, e.ns) END AS saving_ns
-FROM r LEFT JOIN ends e USING (step) WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
+FROM r LEFT JOIN pace e USING (step) WHERE 10 * r.created_ns >= r.step_ns AND r.created_ns >= 1000000;
 
 CREATE OR REPLACE TABLE cp_composition AS
 WITH seg AS (SELECT sum(e - s) AS ns FROM cp_segments WHERE e > s),

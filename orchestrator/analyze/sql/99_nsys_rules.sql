@@ -18,17 +18,23 @@
 --       so its in-use can pass 100 % and hide idle time)
 --   _slice_ops(rank, cls, s, e, start, end)  GPU ops clipped to each slice
 CREATE OR REPLACE TABLE sync_copies AS
-WITH c AS (
+WITH a AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql)
+    SELECT rank, correlation_id, name, start, "end" FROM cuda_api SEMI JOIN map_todo USING (rank)
+    WHERE (name LIKE 'cudaMemcpy%' AND name NOT LIKE '%Async%')
+       OR (name LIKE 'cudaMemset%' AND lower(name) NOT LIKE '%async%')
+), mc AS MATERIALIZED (
+    SELECT rank, correlation_id, start, "end", bytes FROM memcpy SEMI JOIN map_todo USING (rank)
+    WHERE NOT (bytes <= 64000 AND kind = 'HtoD') AND kind <> 'DtoD'
+),
+ms AS MATERIALIZED (SELECT rank, correlation_id, start, "end", bytes FROM memset SEMI JOIN map_todo USING (rank)),
+c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
            m."end" - m.start AS gpu_ns, m.bytes
-    FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
-    JOIN (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM a JOIN stats_cpu_todo s USING (rank) JOIN mc m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemcpy%' AND a.name NOT LIKE '%Async%'
-      AND NOT (m.bytes <= 64000 AND m.kind = 'HtoD') AND m.kind <> 'DtoD'
     UNION ALL
     SELECT a.rank, 'memset', a.correlation_id, a.name, a."end" - a.start, m."end" - m.start, m.bytes
-    FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
-    JOIN (SELECT * FROM memset SEMI JOIN map_todo USING (rank)) m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM a JOIN stats_cpu_todo s USING (rank) JOIN ms m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemset%' AND lower(a.name) NOT LIKE '%async%'
 )
 SELECT c.rank, c.what, count(*) AS n, sum(c.api_ns) AS api_ns, sum(c.gpu_ns) AS gpu_ns, sum(c.bytes) AS bytes,

@@ -1,15 +1,16 @@
 -- GPU time per rank by class, as interval unions clipped to the window. The ranks in map_ranks
 -- are the map's (map_compute_islands, map_gpu_time: analyze/summaries.py; their islands on the
 -- rank's own clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only. Of their
--- islands only the compute ones are kept, which the critical path reads across ranks: what the
--- other classes are read for (the gaps, the slices, the time split) is the map's too.
+-- islands only the compute ones are read, which the critical path reads across ranks, where they
+-- are (the parts, collect/views.py OWN_MAPPED): what the other classes are read for (the gaps, the
+-- slices, the time split) is the map's too.
 -- Reads: gpu_ops, win, map_ranks, map_todo, map_compute_islands, map_gpu_time, is_p2p, is_comm,
 -- union_intervals, union_length. Provides:
---   islands(rank, cls, s, e, upto)  unions per class: compute (non-NCCL kernels and CUDA graph
---       replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL send/recv); upto: the
---       class's time on the rank up to the island's end (what any span holds of the class is
---       two lookups: the last island starting before each end); of the map_ranks, compute only
---   compute_islands(rank, s, e, upto)  the compute class (what a map writes)
+--   islands(rank, cls, s, e, upto)  unions per class of the ranks in map_todo: compute (non-NCCL
+--       kernels and CUDA graph replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL
+--       send/recv); upto: the class's time on the rank up to the island's end (what any span
+--       holds of the class is two lookups: the last island starting before each end)
+--   compute_islands(rank, s, e, upto)  the compute class of every rank (what a map writes)
 --   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
 --       per rank, each class's union inside the window; overlap = compute and comm at once
 --   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
@@ -28,12 +29,12 @@ WHERE o."end" > w.w0 AND o.start < w.w1
 CREATE OR REPLACE TABLE islands AS
 SELECT *, CAST(sum(CAST(e - s AS DOUBLE)) OVER (PARTITION BY rank, cls ORDER BY s ROWS UNBOUNDED PRECEDING)
                AS BIGINT) AS upto
-FROM union_intervals('_clipped')
-UNION ALL BY NAME
-SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e), 'compute' AS cls
-FROM map_compute_islands m JOIN map_ranks k USING (rank);
+FROM union_intervals('_clipped');
 
-CREATE OR REPLACE VIEW compute_islands AS SELECT rank, s, e, upto FROM islands WHERE cls = 'compute';
+CREATE OR REPLACE VIEW compute_islands AS
+SELECT rank, s, e, upto FROM islands WHERE cls = 'compute'
+UNION ALL
+SELECT m.rank, m.s + k.off, m.e + k.off, m.upto FROM map_compute_islands m JOIN map_ranks k USING (rank);
 
 CREATE OR REPLACE TABLE gpu_time AS
 WITH u AS (
@@ -42,9 +43,9 @@ WITH u AS (
            sum(CASE WHEN cls = 'comm' THEN e - s ELSE 0 END) AS comm_ns,
            sum(CASE WHEN cls = 'busy' THEN e - s ELSE 0 END) AS busy_ns,
            sum(CASE WHEN cls = 'p2p' THEN e - s ELSE 0 END) AS p2p_ns
-    FROM islands SEMI JOIN map_todo USING (rank) GROUP BY rank
+    FROM islands GROUP BY rank
 ), cc AS (  -- comm and compute islands together, for |comm AND compute| = |comm| + |compute| - |comm OR compute|
-    SELECT rank, 'cc' AS cls, s, e FROM islands SEMI JOIN map_todo USING (rank) WHERE cls IN ('comm', 'compute')
+    SELECT rank, 'cc' AS cls, s, e FROM islands WHERE cls IN ('comm', 'compute')
 ), o AS (
     SELECT u.rank, u.compute_ns + u.comm_ns - x.ns AS ns FROM union_length('cc') x JOIN u USING (rank)
 )

@@ -27,7 +27,7 @@
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s
-    FROM islands SEMI JOIN map_todo USING (rank) WHERE cls = 'busy'
+    FROM islands WHERE cls = 'busy'
 )
 SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT NULL;
 

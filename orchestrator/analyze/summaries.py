@@ -3,7 +3,7 @@
 A statistic that needs one rank's events only (the GPU's busy intervals and time split of
 30_intervals.sql, the idle gaps by CPU range, the short gaps and the intervals between steps of
 40_gaps.sql, what the loop thread did in the gaps of 45_cpu_state.sql, the host syncs of
-55_host_sync.sql, the GPU the rank's kernels ran on of 62_gpu_metrics.sql, the copies in the
+55_host_sync.sql, the GPU the rank's kernels ran on of 13_rank_device.sql, the copies in the
 window of 90_gpu_work.sql, the per-rank rows of the phase, kernel and memory-operation tables of
 92, 94 and 96, the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze
 tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
@@ -211,7 +211,7 @@ def stacked_select() -> str:
 
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql", "62_gpu_metrics.sql",
+SQL_FILES = ("13_rank_device.sql", "30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql",
              "66_cuda_graphs.sql", "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql",
              "94_kernel_table.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 

@@ -1,23 +1,13 @@
 -- GPU metrics (nsys --gpu-metrics-devices) per rank over its window. One process per node
 -- samples every GPU of the node (orch's collector rank), so a rank's samples are the
 -- collector's rows for that rank's device, on the same host.
--- Reads: kernels, ranks, win, gpu_metrics, step_stats, map_done, map_none, map_rank_device. Provides:
---   rank_device(rank, device)            the GPU most of a rank's kernels ran on (a tie: the lowest);
---       the map's where it ran this SQL (map_done, 05_mapped.sql: the rank's kernels alone)
+-- Reads: rank_device, ranks, win, gpu_metrics, step_stats. Provides:
 --   gpu_metric_rank(rank, metric, mean, n, collector, out_of_range)   mean of each sampled metric;
 --       samples of a percent metric outside 0..100 are impossible: left out of the mean, counted
 --   gpu_util(rank, sm_active_pct, tensor_active_pct, dram_read_pct, dram_write_pct, nvlink_tx_pct, n)
 --       per rank, the sampled GPU metrics' means (percent)
 --   collector_overhead(collectors, collector_median_ns, others_median_ns)
 --       the sampling rank's median step time against the others'
-CREATE OR REPLACE TABLE rank_device AS
-WITH k AS MATERIALIZED (  -- the other ranks' (map_todo in 21_stats_scope.sql says why MATERIALIZED)
-    SELECT rank, device, count(*) AS n FROM kernels SEMI JOIN map_none USING (rank) GROUP BY ALL
-)
-SELECT rank, arg_max(device, (n, -device)) AS device FROM k GROUP BY rank
-UNION ALL BY NAME
-SELECT * FROM map_rank_device SEMI JOIN map_done USING (rank);
-
 CREATE OR REPLACE TABLE gpu_metric_rank AS
 SELECT d.rank, m.metric, avg(m.value) FILTER (WHERE NOT m.metric LIKE '%\%]' ESCAPE '\' OR m.value BETWEEN 0 AND 100)
        AS mean, count(*) AS n, min(c.rank) AS collector,

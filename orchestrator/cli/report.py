@@ -66,7 +66,7 @@ def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
         with phase("report: write json"):
             write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
-    if a.html and extras is not None:
+    if a.html:
         with phase("report: write html"):
             write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)

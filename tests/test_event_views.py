@@ -6,18 +6,20 @@ aligned clocks move the viewed rows as they move the copied ones."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 from rich.console import Console
 
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
-from orchestrator.collect.views import VIEW_MIN_ROWS, VIEWABLE
+from orchestrator.collect.views import UNREAD, VIEW_MIN_ROWS, VIEWABLE, create_views, view_sql
 from orchestrator.layout import Layout
 from tests.conftest import run_orch
-from tests.test_parts import assert_same_report, assert_same_store, table_types
+from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
 
 QUIET = Console(stderr=True, quiet=True)
 CASE = "ddp_straggler"
@@ -92,16 +94,17 @@ def test_aligned_clocks_move_the_viewed_rows(gpu_fixtures: Path, tmp_path: Path)
 
 def test_only_tables_with_large_files_become_views(gpu_fixtures: Path, tmp_path: Path) -> None:
     """By default a table is a view where its part files hold VIEW_MIN_ROWS rows a rank on
-    average, counted here from the in-process store (one file per rank and table)."""
+    average, counted here from the in-process store (one file per rank and table), or where no
+    report reads it (UNREAD, whatever its size)."""
     ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
     with duckdb.connect(str(ref.store), read_only=True) as con:
         per_rank = {t: con.execute(f"SELECT count(*) / count(DISTINCT rank) FROM {t}").fetchone()[0] for t in VIEWABLE}
-    want = [t for t in VIEWABLE if (per_rank[t] or 0) >= VIEW_MIN_ROWS]
-    some = min(n for n in per_rank.values() if n)
+    want = [t for t in VIEWABLE if (per_rank[t] or 0) >= VIEW_MIN_ROWS or (t in UNREAD and per_rank[t])]
+    some = min(n for t, n in per_rank.items() if n and t not in UNREAD)
     assert 0 < len(want) < len([n for n in per_rank.values() if n]), per_rank  # the rule splits this job
     assert collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET).views == want
     assert _parts(gpu_fixtures / CASE, tmp_path / "b", view_min_rows=int(some) + 1).views == [
-        t for t in VIEWABLE if (per_rank[t] or 0) >= some + 1]
+        t for t in VIEWABLE if (per_rank[t] or 0) >= some + 1 or (t in UNREAD and per_rank[t])]
 
 
 def test_a_run_path_with_glob_characters_reads_its_own_parts(gpu_fixtures: Path, tmp_path: Path) -> None:
@@ -114,3 +117,52 @@ def test_a_run_path_with_glob_characters_reads_its_own_parts(gpu_fixtures: Path,
         assert res.views and res.engine == "parts"
         assert_same_store(ref.store, res.store)
         assert_same_report(ref.store, res.store)
+
+
+def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """views.UNREAD stays in the parts whatever its size, and no report reads it: with its parts
+    spoiled (the sizes kept, so the store still opens), `orch report` (terminal, JSON, HTML) and
+    `orch export-trace` give what they give over the in-process store; a query of it fails."""
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    res = collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET, summaries=True)
+    assert [t for t in UNREAD if _has_rows(ref.store, t)] == list(UNREAD)  # the check below can fail
+    assert set(UNREAD) <= set(res.views)
+    for t in UNREAD:
+        for f in (tmp_path / "a" / "parts").glob(f"table={t}/*/*.parquet"):
+            f.write_bytes(b"\0" * f.stat().st_size)
+    with duckdb.connect(str(res.store), read_only=True) as con, pytest.raises(duckdb.Error):
+        con.execute(f"SELECT count(*) FROM {UNREAD[0]}").fetchall()
+    out = {}
+    for name, store in (("ref", ref.store), ("a", res.store)):
+        d = tmp_path / f"out-{name}"
+        d.mkdir()
+        r = run_orch("report", str(store), "--json", str(d / "r.json"), "--html", str(d / "r.html"))
+        assert r.returncode == 0, r.stderr
+        t = run_orch("export-trace", str(store), "-o", str(d / "t.json"))
+        assert t.returncode == 0, t.stderr
+        report = json.loads((d / "r.json").read_text())
+        report.pop("store")
+        events = json.loads((d / "t.json").read_text())["traceEvents"]  # (in the order the rows came)
+        out[name] = (report, sorted(json.dumps(e, sort_keys=True) for e in events))
+    assert out["a"] == out["ref"]
+
+
+def test_views_take_the_store_rank_where_the_folder_says_another(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """A part holds the rank its map knew; a view reads it from the file only where that is the
+    store's rank for every part (views.own_ranks), else from event_parts: with the store's
+    ranks swapped, the views' rows swap ranks with them."""
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a", summaries=True)
+    tables = {t: c for t, c in (("kernels", "start"), ("map_compute_islands", "s")) if t in res.views}
+    assert len(tables) == 2, res.views
+    root = tmp_path / "a" / "parts"
+    with duckdb.connect(str(res.store)) as con:
+        before = {t: dict(con.execute(f"SELECT rank, sum({c}) FROM {t} GROUP BY rank").fetchall())
+                  for t, c in tables.items()}
+        assert all(len(b) == 2 and len(set(b.values())) == 2 for b in before.values()), before  # swaps show
+        con.execute("UPDATE event_parts SET rank = 1 - rank")
+        create_views(con, root, tables)
+        after = {t: dict(con.execute(f"SELECT rank, sum({c}) FROM {t} GROUP BY rank").fetchall())
+                 for t, c in tables.items()}
+    assert after == {t: {1 - r: n for r, n in b.items()} for t, b in before.items()}
+    assert "p.rank AS rank" in view_sql("kernels", root, ["table=kernels/rank=1/x.parquet"], ranks=[1])
+    assert "m.rank AS rank" in view_sql("kernels", root, ["table=kernels/rank=-1/x.parquet"], ranks=[0])

@@ -4,6 +4,7 @@ marked while the others are collected; a re-run maps only what is missing or rep
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -70,6 +71,11 @@ def edit_map_table(parts: Path, rank: int, table: str, change: str) -> None:
                     TO '{f}.new' (FORMAT parquet)""")
     con.close()
     Path(f"{f}.new").replace(f)
+    # ... and its meta, which records the size of every part it wrote (parts.is_fresh)
+    meta = parts / "reports" / f"{f.stem}.json"
+    m = json.loads(meta.read_text())
+    m["sizes"][str(f.relative_to(parts))] = f.stat().st_size
+    meta.write_text(json.dumps(m))
 
 
 def _has_rows(store: Path, table: str) -> bool:
@@ -290,4 +296,35 @@ def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
     assert b2.reused == 2 and b2.store == b
     assert mapped_ranks(b, Options(), "ops_partial") == [0] and mapped_ranks(b, Options(), "ops_todo") == [1]
     assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
+    assert_same_report(a, b)
+
+
+
+def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path) -> None:
+    """A stacked map part the reduce cannot read (here: its footer overwritten, the size kept, so
+    the map is reused) costs the analysis work only: every rank is computed centrally, the store
+    says why, the report is the same."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    part = next((tmp_path / "b" / "parts" / f"table={STACK}" / "rank=1").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:-4] + b"XXXX")
+    b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert b2.reused == 2 and b2.store == b
+    with duckdb.connect(str(b), read_only=True) as con:
+        why = con.execute("SELECT value FROM meta WHERE key = 'map_stats'").fetchone()[0]
+        assert why.startswith("not used (") and part.name in why, why
+        assert all(con.execute(f"SELECT count(*) FROM {s.table}").fetchone()[0] == 0 for s in SUMMARIES)
+    assert mapped_ranks(b, Options()) == []
+    assert_same_report(a, b)
+
+
+@pytest.mark.parametrize("table", ["kernels", "map_compute_islands"])
+def test_part_cut_short_is_mapped_again(table: str, tmp_path: Path) -> None:
+    """A part of another size than the map wrote (a copy cut short) is not reused: its report is
+    mapped again, and the report is the in-process one."""
+    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    part = next((tmp_path / "b" / "parts" / f"table={table}" / "rank=1").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert (b2.mapped, b2.reused) == (1, 1)
+    assert mapped_ranks(b, Options()) == [0, 1]
     assert_same_report(a, b)

@@ -89,7 +89,8 @@ class PartsRows:
         self.parts.mkdir(parents=True, exist_ok=True)
         for d in self.parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)
             clean_stale(d, PART_TMP)
-        todo = [t for t in tasks if not t.fresh()]
+        metas = {t.rid: read_meta(t.meta) for t in tasks}
+        todo = [t for t in tasks if not t.fresh(metas[t.rid])]
         lost: dict[str, str] = {}
         failed: list[TaskOutcome] = []
         if todo and array is not None:
@@ -110,8 +111,10 @@ class PartsRows:
                     lost[t.rid] = _task_error(x)
         elif todo:
             lost = _map_local(todo, self.workers, self.console)
+        for t in todo:
+            metas[t.rid] = read_meta(t.meta)
         for t in tasks:
-            meta = read_meta(t.meta)
+            meta = metas[t.rid]
             try:
                 current = meta is not None and meta["source"] == source_stamp(t.report.origin)
             except OSError:

@@ -122,7 +122,8 @@ def source_stamp(origin: Path) -> list[int]:
 def is_fresh(meta: dict[str, Any] | None, origin: Path, parts: Path, keep_env: bool, engine: str) -> bool:
     """Reuse a report's parts when they were made from this very file (same mtime and size,
     and the meta is newer than the report), with the same options, without error, and
-    every file it lists is still there. Errors are always redone: the file may be fixed."""
+    every file it lists is still there at the size it was written (a copy cut short is mapped
+    again). Errors are always redone: the file may be fixed."""
     if meta is None or meta.get("error") or meta["probe"].get("error"):
         return False
     try:
@@ -132,7 +133,15 @@ def is_fresh(meta: dict[str, Any] | None, origin: Path, parts: Path, keep_env: b
         return False
     if meta["keep_env"] != keep_env or (engine != "auto" and meta["engine"] != engine):
         return False
-    return all((parts / f).is_file() for f in part_files(meta))
+    sizes = meta.get("sizes") or {}
+    for f in part_files(meta):
+        try:
+            size = (parts / f).stat().st_size
+        except OSError:
+            return False
+        if size != sizes.get(f, size):
+            return False
+    return True
 
 
 def part_files(meta: dict[str, Any]) -> list[str]:

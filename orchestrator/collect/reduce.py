@@ -70,15 +70,26 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
     tables = [s for s in SUMMARIES if s.own == own and s.table not in skip]
     for s in tables:
         con.execute(s.ddl())
+    begun = False
     try:
         if not own:
-            con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS "
-                        + parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])))
+            # Ordered by table, each table's rows sit in their own row groups: the unstacking
+            # below skips the others' by their zone maps instead of filtering every row each time.
+            con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS SELECT * FROM ("
+                        + parts_select(STACK, stack_columns(), (), root, files.get(STACK, []))
+                        + ") ORDER BY tbl")
+        # One transaction: a commit per table wrote each one's rows to the write-ahead log and
+        # again at the checkpoint.
+        con.execute("BEGIN")
+        begun = True
         for s in tables:
             con.execute(f"INSERT INTO {s.table} " + (
                 parts_select(s.table, s.columns, (), root, files.get(s.table, [])) if own
                 else s.unstacked("_map_stack")))
+        con.execute("COMMIT")
     except duckdb.Error as e:
+        if begun:
+            con.execute("ROLLBACK")
         for s in SUMMARIES:
             if s.table not in skip:
                 con.execute(s.ddl())

@@ -15,6 +15,7 @@ lists the views that held such rows (`event_views_filtered`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -42,6 +43,10 @@ COPIED = ("nvtx", "cuda_api")
 OWN_MAPPED: dict[str, Summary] = {s.table: s for s in SUMMARIES if s.own}
 IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt", *OWN_MAPPED)
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
+# What no report reads (the analysis SQL, the timeline, export-trace: tests/test_event_views.py
+# holds them to it), kept for the user's own SQL: it stays in the parts whatever its size, as a
+# copy of its many small files would cost every reduce for nobody's report.
+UNREAD = ("sync",)
 
 # A table stays in the parts where its files hold at least this many rows each on average: a
 # view opens and decodes its files at every query that reads it, a copy writes every row once,
@@ -53,45 +58,70 @@ EVENT_PARTS_DDL = ("CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHA
                    "bytes BIGINT)")
 
 
+_FOLDER_RANK = re.compile(r"table=[^/=]+/rank=(-?[0-9]+)/[^/=]+")
+
+
+def own_ranks(paths: Sequence[str], ranks: Sequence[int]) -> bool:
+    """Whether every part's own rank column holds the rank the store gave its report (`ranks`,
+    in `paths`' order). A part holds the rank its map knew, the number of its `rank=` folder
+    (parts.py); the reduce may give another (a duplicate, file order). Where none differs, a
+    view takes the rank from the folder names (hive partitioning), and a query that wants a few
+    ranks (the critical path's, the timeline's) leaves the other ranks' files unopened; a rank
+    from `event_parts`, joined on the file index, filters nothing before every file is read."""
+    return len(paths) == len(ranks) == len(set(ranks)) and all(
+        (m := _FOLDER_RANK.fullmatch(p)) is not None and int(m[1]) == r for p, r in zip(paths, ranks, strict=True))
+
+
 def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterable[str], root: Path,
-                 paths: Sequence[str], *, possible_only: bool = False, index: str = "event_parts") -> str:
+                 paths: Sequence[str], *, possible_only: bool = False, index: str = "event_parts",
+                 own_rank: bool = False) -> str:
     """The rows of `table`'s part files `paths` (relative to `root`, in `index`'s order `i`)
     with the rank identity gave each report and the `shifted` columns moved onto the shared
-    clock by its offset, both from `index` joined on the reader's `file_index`.
+    clock by its offset, both from `index` joined on the reader's `file_index`; `own_rank`: the
+    folders' rank is that rank, one file a rank (own_ranks): the offset is joined on the rank
+    (the reader numbers only the files it opens), and left out where nothing moves.
     `possible_only`: without the rows that end before they start (a NULL end or start is kept)."""
     if not paths:
         return "SELECT " + ", ".join(f'CAST(NULL AS {t}) AS "{c}"' for c, t in columns) + " WHERE false"
     moved = set(shifted)
-    cols = ["m.rank AS rank" if c == "rank" else f'p."{c}" + m.off AS "{c}"' if c in moved else f'p."{c}"'
-            for c, _ in columns]
+    cols = [("p.rank" if own_rank else "m.rank") + " AS rank" if c == "rank"
+            else f'p."{c}" + m.off AS "{c}"' if c in moved else f'p."{c}"' for c, _ in columns]
     listing = ", ".join(file_literal(root / p) for p in paths)
     where = ' WHERE NOT coalesce(p."end" < p.start, false)' if possible_only else ""
-    return (f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], hive_partitioning = false) p "
-            f"JOIN (SELECT i, rank, off FROM {index} WHERE tbl = '{quote(table)}') m ON m.i = p.file_index{where}")
+    # The rank from the folder names: a filter on it leaves the other ranks' files unopened.
+    hive = "true, hive_types = {'rank': INTEGER}" if own_rank else "false"
+    read = f"SELECT {', '.join(cols)} FROM read_parquet([{listing}], hive_partitioning = {hive}) p"
+    if own_rank and not moved:
+        return read + where
+    on = "m.rank = p.rank" if own_rank else "m.i = p.file_index"
+    return f"{read} JOIN (SELECT i, rank, off FROM {index} WHERE tbl = '{quote(table)}') m ON {on}{where}"
 
 
 def view_sql(table: str, root: Path, paths: Sequence[str], *, name: str | None = None, temp: bool = False,
-             possible_only: bool = False, index: str = "event_parts") -> str:
-    """CREATE VIEW `name` (default: the table) over `table`'s parts under `root`."""
+             possible_only: bool = False, index: str = "event_parts", ranks: Sequence[int] | None = None) -> str:
+    """CREATE VIEW `name` (default: the table) over `table`'s parts under `root`; `ranks`: the
+    store's rank of each part, where known (own_ranks)."""
+    own = ranks is not None and "rank=" not in str(root) and own_ranks(paths, ranks)
     if table in OWN_MAPPED:
-        body = parts_select(table, OWN_MAPPED[table].columns, (), root, paths, index=index)
+        body = parts_select(table, OWN_MAPPED[table].columns, (), root, paths, index=index, own_rank=own)
     else:
         t = TABLES[table]
         body = parts_select(table, t.store_columns, t.shifted, root, paths,
-                            possible_only=possible_only and t.has_duration, index=index)
+                            possible_only=possible_only and t.has_duration, index=index, own_rank=own)
     return f"CREATE OR REPLACE {'TEMP ' if temp else ''}VIEW {name or table} AS {body}"
 
 
 def choose(candidates: Iterable[str], rows: dict[str, int], files: dict[str, int], min_rows: int,
            mapped: bool = False) -> list[str]:
     """The `candidates` worth a view: VIEWABLE tables with parts holding `min_rows` rows a file
-    on average (`rows` and `files`: per table, over the reports reduced), and where every report
-    was `mapped` with its statistics the IF_MAPPED ones that have rows (the map's own tables:
-    files), in registry order."""
+    on average (`rows` and `files`: per table, over the reports reduced), the UNREAD ones that
+    have rows, and where every report was `mapped` with its statistics the IF_MAPPED ones that
+    have rows (the map's own tables: files), in registry order."""
     wanted = set(candidates)
     if_mapped = [t for t in IF_MAPPED if mapped and (rows.get(t, 0) > 0 or t in OWN_MAPPED)]
     return [t for t in (*TABLES, *OWN_MAPPED) if t in wanted and files.get(t) and (
-        t in if_mapped or (t in VIEWABLE and rows.get(t, 0) >= min_rows * files[t]))]
+        t in if_mapped or (t in UNREAD and rows.get(t, 0) > 0)
+        or (t in VIEWABLE and rows.get(t, 0) >= min_rows * files[t]))]
 
 
 def unfiltered(table: str) -> str:
@@ -100,9 +130,9 @@ def unfiltered(table: str) -> str:
     return f"{table}_unfiltered"
 
 
-def table_parts(con: duckdb.DuckDBPyConnection, table: str, index: str = "event_parts") -> list[str]:
-    """`table`'s part files (relative to the parts folder), in their order `i`."""
-    return [p for (p,) in con.execute(f"SELECT path FROM {index} WHERE tbl = ? ORDER BY i", [table]).fetchall()]
+def table_parts(con: duckdb.DuckDBPyConnection, table: str, index: str = "event_parts") -> list[tuple[str, int]]:
+    """`table`'s part files (relative to the parts folder) with their store rank, in their order `i`."""
+    return con.execute(f"SELECT path, rank FROM {index} WHERE tbl = ? ORDER BY i", [table]).fetchall()
 
 
 def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[str], filtered: Iterable[str] = (),
@@ -112,8 +142,9 @@ def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[st
     start (a filter reads two more columns at every query, so only where finalize found such
     rows)."""
     for table in tables:
-        con.execute(view_sql(table, root, table_parts(con, table, index), possible_only=table in set(filtered),
-                             index=index))
+        listed = table_parts(con, table, index)
+        con.execute(view_sql(table, root, [p for p, _ in listed], possible_only=table in set(filtered), index=index,
+                             ranks=[r for _, r in listed]))
 
 
 def viewed(meta: dict[str, str], key: str = "event_views") -> list[str]:

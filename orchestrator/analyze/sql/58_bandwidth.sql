@@ -9,6 +9,9 @@
 -- Reads: coll, p2p_match, comm_bytes, ranks, win, nccl_kind. Provides:
 --   comm_groups(grp, n_hosts, ranks)
 --       communicator groups (coll.grp): their ranks and how many hosts they span
+--   _comm_inst(rank, grp, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
+--       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  comm_inst with a group's id
+--       in grp (unit and unit_ranks: p2p pairs only)
 --   comm_inst(rank, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
 --       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  one row per rank and instance
 --   comm_kind_table(kind, bucket, scope, n, median_bytes, transfer_ns, median_algbw_gbps,
@@ -21,15 +24,19 @@ CREATE OR REPLACE TABLE comm_groups AS
 SELECT g.grp, count(DISTINCT r.host) AS n_hosts, string_agg(CAST(r.rank AS VARCHAR), ',' ORDER BY r.rank) AS ranks
 FROM (SELECT DISTINCT grp, rank FROM coll) g JOIN ranks r USING (rank) GROUP BY g.grp;
 
-CREATE OR REPLACE TABLE comm_inst AS
+-- The rows carry a group id, not the group's rank list: at 256 ranks that list is a kilobyte of
+-- text, which every instance row would hold (comm_inst, the view, adds it for whoever reads
+-- it). The id is the lowest of the groups with the same ranks, which are one unit.
+CREATE OR REPLACE TABLE _comm_inst AS
 WITH c AS (
-    SELECT c.rank, 'group ' || g.ranks AS unit, CASE WHEN g.n_hosts > 1 THEN 'inter' ELSE 'intra' END AS scope,
+    SELECT c.rank, u.grp, NULL AS unit, CASE WHEN g.n_hosts > 1 THEN 'inter' ELSE 'intra' END AS scope,
            nccl_kind(c.name) AS kind, c.start, c."end", c.wait_ns, c.group_size, b.msg_bytes,
-           g.ranks AS unit_ranks
+           NULL AS unit_ranks
     FROM coll c JOIN comm_groups g USING (grp)
+    JOIN (SELECT grp AS cgrp, min(grp) OVER (PARTITION BY ranks) AS grp FROM comm_groups) u ON u.cgrp = c.grp
     LEFT JOIN comm_bytes b ON b.rank = c.rank AND b.start = c.start
 ), p AS (
-    SELECT m.rank, 'p2p ' || least(m.rank, m.peer) || '-' || greatest(m.rank, m.peer) AS unit,
+    SELECT m.rank, NULL AS grp, 'p2p ' || least(m.rank, m.peer) || '-' || greatest(m.rank, m.peer) AS unit,
            CASE WHEN ra.host IS DISTINCT FROM rb.host THEN 'inter' ELSE 'intra' END AS scope,
            'send_recv' AS kind, m.start, m."end", m.wait_ns, 2 AS group_size,
            greatest(b.send_bytes, b.recv_bytes) AS msg_bytes,
@@ -51,24 +58,35 @@ SELECT *, CASE WHEN transfer_ns > 0 THEN bytes / transfer_ns END AS algbw_gbps,
        CASE WHEN bytes > 0 THEN CAST(pow(2, floor(log2(bytes))) AS BIGINT) END AS bucket
 FROM f;
 
+CREATE OR REPLACE VIEW comm_inst AS
+SELECT i.rank, coalesce('group ' || g.ranks, i.unit) AS unit, i.scope, i.kind, i.start, i."end", i.wait_ns,
+       i.group_size, i.msg_bytes, coalesce(g.ranks, i.unit_ranks) AS unit_ranks, i.transfer_ns, i.bytes, i.factor,
+       i.algbw_gbps, i.busbw_gbps, i.bucket
+FROM _comm_inst i LEFT JOIN comm_groups g USING (grp);
+
 CREATE OR REPLACE TABLE comm_kind_table AS
 SELECT kind, bucket, scope, count(*) AS n, median(bytes) AS median_bytes, sum(transfer_ns) AS transfer_ns,
        median(algbw_gbps) AS median_algbw_gbps, median(busbw_gbps) AS median_busbw_gbps,
        quantile_cont(busbw_gbps, 0.1) AS p10_busbw_gbps, max(busbw_gbps) AS max_busbw_gbps
-FROM comm_inst WHERE bytes IS NOT NULL GROUP BY ALL ORDER BY kind, bucket, scope;
+FROM _comm_inst WHERE bytes IS NOT NULL GROUP BY ALL ORDER BY kind, bucket, scope;
 
 CREATE OR REPLACE TABLE comm_unit_table AS
-SELECT unit, scope, kind, bucket, any_value(unit_ranks) AS ranks, count(*) AS n,
-       median(busbw_gbps) AS median_busbw_gbps
-FROM comm_inst WHERE bytes IS NOT NULL GROUP BY ALL ORDER BY unit, kind, bucket;
+WITH u AS (
+    SELECT grp, unit, scope, kind, bucket, any_value(unit_ranks) AS ranks, count(*) AS n,
+           median(busbw_gbps) AS median_busbw_gbps
+    FROM _comm_inst WHERE bytes IS NOT NULL GROUP BY ALL
+)
+SELECT coalesce('group ' || g.ranks, u.unit) AS unit, u.scope, u.kind, u.bucket, coalesce(g.ranks, u.ranks) AS ranks,
+       u.n, u.median_busbw_gbps
+FROM u LEFT JOIN comm_groups g USING (grp) ORDER BY unit, kind, bucket;
 
 CREATE OR REPLACE TABLE comm_scope_table AS
 WITH per_rank AS (
     SELECT i.scope, i.rank, count(*) AS n, sum(i.bytes) AS bytes, sum(i.transfer_ns) AS transfer_ns,
            sum(i.wait_ns) AS wait_ns, any_value(w.w1 - w.w0) AS win_ns
-    FROM comm_inst i JOIN win w USING (rank) GROUP BY ALL
+    FROM _comm_inst i JOIN win w USING (rank) GROUP BY ALL
 )
 SELECT p.scope, sum(p.n) AS n, sum(p.bytes) AS bytes, avg(p.transfer_ns) AS transfer_ns, avg(p.wait_ns) AS wait_ns,
        avg(100.0 * p.transfer_ns / nullif(p.win_ns, 0)) AS share_of_window_pct,
-       (SELECT median(busbw_gbps) FROM comm_inst i WHERE i.scope = p.scope AND i.bytes IS NOT NULL) AS median_busbw_gbps
+       (SELECT median(busbw_gbps) FROM _comm_inst i WHERE i.scope = p.scope AND i.bytes IS NOT NULL) AS median_busbw_gbps
 FROM per_rank p GROUP BY p.scope ORDER BY p.scope;

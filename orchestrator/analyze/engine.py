@@ -205,6 +205,7 @@ class Views:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
         self._cache: dict[str, list[dict[str, Any]]] = {}
+        self._grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
 
     def rows(self, view: str) -> list[dict[str, Any]]:
         if view not in self._cache:
@@ -213,6 +214,16 @@ class Views:
 
     def by_rank(self, view: str) -> dict[int, dict[str, Any]]:
         return {r["rank"]: r for r in self.rows(view)}
+
+    def of_rank(self, view: str, rank: int) -> list[dict[str, Any]]:
+        """The rows of a view with several rows a rank, of one rank (grouped once: a rule asks
+        for every rank's)."""
+        if view not in self._grouped:
+            grouped: dict[int, list[dict[str, Any]]] = {}
+            for r in self.rows(view):
+                grouped.setdefault(r["rank"], []).append(r)
+            self._grouped[view] = grouped
+        return self._grouped[view].get(rank, [])
 
     def query(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
         cur = execute(self.con, sql, params)

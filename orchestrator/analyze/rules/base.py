@@ -63,7 +63,7 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
     """One evidence line: what the rank's loop thread did during its GPU gaps in the range
     groups `groups` accepts (view gap_cpu, from the OS runtime trace), or None when the OS
     runtime was not traced or nothing was found."""
-    rows = [r for r in ctx.views.rows("gap_cpu") if r["rank"] == rank and groups(r["range_group"])]
+    rows = [r for r in ctx.views.of_rank("gap_cpu", rank) if groups(r["range_group"])]
     total = sum(r["ns"] for r in rows)
     if not total:
         return None
@@ -119,7 +119,7 @@ class DeclaredViews(Views):
     that reads another fails at once, instead of depending silently on a view nobody checks."""
 
     def __init__(self, views: Views, rule: Rule) -> None:
-        self.con, self._cache, self._rule = views.con, views._cache, rule
+        self.con, self._cache, self._grouped, self._rule = views.con, views._cache, views._grouped, rule
 
     def rows(self, view: str) -> list[dict[str, Any]]:
         if view not in self._rule.reads:

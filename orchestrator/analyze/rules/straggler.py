@@ -248,7 +248,7 @@ class Straggler(Rule):
         shared launch-boundness at its worst (on a 2-GPU machine the slowest rank changed from
         run to run of one job)."""
         gaps = ctx.views.by_rank("small_gaps")
-        per = {r.rank: gaps[r.rank]["ns"] / 1e6 if r.rank in gaps else 0.0 for r in ctx.report.ranks}
+        per = {r.rank: ns_to_ms(gaps[r.rank]["ns"], 6) if r.rank in gaps else 0.0 for r in ctx.report.ranks}
         ok = len(per) > 1 and all(per[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
         return {rk: round(ms / n_steps, 3) for rk, ms in per.items()} if ok else {}
 

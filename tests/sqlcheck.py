@@ -3,8 +3,8 @@ what really runs. Each module is executed by DuckDB on a connection that holds O
 header declares it reads (store tables, `params`, earlier modules' names, copied from a full
 analysis of a real store): a name it reads without declaring it fails to bind. What it leaves
 in the catalog must be what it declares it provides, with the declared columns. Rules are read
-with Python's own parser (the view names they pass to `rows`/`by_rank`, their helpers' too) and
-DuckDB's (the tables named by SQL they run), and compared with their `reads`.
+with Python's own parser (the view names they pass to `rows`/`by_rank`/`of_rank`, their
+helpers' too) and DuckDB's (the tables named by SQL they run), and compared with their `reads`.
 
 Problems are returned as sentences, one per drift, so that a test shows every one at once.
 """
@@ -173,19 +173,19 @@ def sql_tables(sql: str) -> set[str]:
 
 
 def reads_in(tree: ast.AST, helpers: dict[str, set[str]], where: str) -> tuple[set[str], list[str]]:
-    """Views a piece of Python reads: literal names passed to `.rows`/`.by_rank`, the tables of
-    literal SQL passed to `.query`/`.scalar`, and what the base helpers it calls read."""
+    """Views a piece of Python reads: literal names passed to `.rows`/`.by_rank`/`.of_rank`, the
+    tables of literal SQL passed to `.query`/`.scalar`, and what the base helpers it calls read."""
     found: set[str] = set()
     problems: list[str] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        if isinstance(f, ast.Attribute) and f.attr in ("rows", "by_rank", "query", "scalar"):
+        if isinstance(f, ast.Attribute) and f.attr in ("rows", "by_rank", "of_rank", "query", "scalar"):
             arg = node.args[0] if node.args else None
             if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
                 problems.append(f"{where}: .{f.attr}() of a computed name, which no check can follow: use a literal")
-            elif f.attr in ("rows", "by_rank"):
+            elif f.attr in ("rows", "by_rank", "of_rank"):
                 found.add(arg.value)
             else:
                 found |= sql_tables(arg.value)

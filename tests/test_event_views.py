@@ -148,9 +148,9 @@ def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: 
 
 
 def test_views_take_the_store_rank_where_the_folder_says_another(gpu_fixtures: Path, tmp_path: Path) -> None:
-    """A part holds the rank its map knew; a view reads it from the file only where that is the
-    store's rank for every part (views.own_ranks), else from event_parts: with the store's
-    ranks swapped, the views' rows swap ranks with them."""
+    """A part holds the rank its map knew, which its folder names; a view takes it from there
+    only where that is the store's rank for every part (views.own_ranks), else from
+    event_parts: with the store's ranks swapped, the views' rows swap ranks with them."""
     res = _parts(gpu_fixtures / CASE, tmp_path / "a", summaries=True)
     tables = {t: c for t, c in (("kernels", "start"), ("map_compute_islands", "s")) if t in res.views}
     assert len(tables) == 2, res.views

@@ -148,6 +148,8 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
     assert mapped_ranks(b.store, Options()) == a.ok_ranks
+    # ... and the sets that gate the event reads hold only -1, no report's rank (21_stats_scope.sql)
+    assert [mapped_ranks(b.store, Options(), t) for t in ("map_todo", "map_none", "ops_todo")] == [[-1]] * 3
     assert_same_report(a.store, b.store)
     parts = tmp_path / "b" / "parts"
     for rank in a.ok_ranks:  # the documented layout
@@ -294,10 +296,10 @@ def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
                    'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"')
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
-    assert mapped_ranks(b, Options(), "ops_partial") == [0] and mapped_ranks(b, Options(), "ops_todo") == [1]
+    assert mapped_ranks(b, Options(), "ops_partial") == [0]
+    assert mapped_ranks(b, Options(), "ops_todo") == [-1, 1]  # (-1, no rank: the set is never empty)
     assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
     assert_same_report(a, b)
-
 
 
 def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path) -> None:

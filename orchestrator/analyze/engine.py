@@ -218,9 +218,10 @@ class Views:
     def of_rank(self, view: str, rank: int) -> list[dict[str, Any]]:
         """The rows of a view with several rows a rank, of one rank (grouped once: a rule asks
         for every rank's)."""
+        rows = self.rows(view)  # (each time: a rule's reads are checked there)
         if view not in self._grouped:
             grouped: dict[int, list[dict[str, Any]]] = {}
-            for r in self.rows(view):
+            for r in rows:
                 grouped.setdefault(r["rank"], []).append(r)
             self._grouped[view] = grouped
         return self._grouped[view].get(rank, [])

@@ -73,13 +73,13 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
     begun = False
     try:
         if not own:
-            # Ordered by table, each table's rows sit in their own row groups: the unstacking
-            # below skips the others' by their zone maps instead of filtering every row each time.
+            # Ordered by table: the unstacking below skips, by their zone maps, the row groups
+            # that hold none of a table's rows instead of filtering every row each time.
             con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS SELECT * FROM ("
                         + parts_select(STACK, stack_columns(), (), root, files.get(STACK, []))
                         + ") ORDER BY tbl")
-        # One transaction: a commit per table wrote each one's rows to the write-ahead log and
-        # again at the checkpoint.
+        # One transaction for all of them: a commit per table costs more than its rows at many
+        # ranks (docs/benchmarks-after-job.md).
         con.execute("BEGIN")
         begun = True
         for s in tables:

@@ -62,8 +62,8 @@ _FOLDER_RANK = re.compile(r"table=[^/=]+/rank=(-?[0-9]+)/[^/=]+")
 
 
 def own_ranks(paths: Sequence[str], ranks: Sequence[int]) -> bool:
-    """Whether every part's own rank column holds the rank the store gave its report (`ranks`,
-    in `paths`' order). A part holds the rank its map knew, the number of its `rank=` folder
+    """Whether every part's `rank=` folder names the rank the store gave its report (`ranks`, in
+    `paths`' order), one part a rank. A part holds the rank its map knew, which its folder names
     (parts.py); the reduce may give another (a duplicate, file order). Where none differs, a
     view takes the rank from the folder names (hive partitioning), and a query that wants a few
     ranks (the critical path's, the timeline's) leaves the other ranks' files unopened; a rank

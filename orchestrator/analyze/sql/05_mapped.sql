@@ -6,8 +6,9 @@
 -- Reads: map_scope, ranks, params. Provides:
 --   map_done(rank, off)  ranks whose map ran this SQL (params.map_sql); off: the rank's clock
 --       offset and correction in the store
---   map_none(rank)       every other rank: the files compute these from the event tables (a SEMI
---       JOIN with it reads nothing of them when the map did every rank)
+--   map_none(rank)       every other rank, and -1 (no report's: map_todo in 21_stats_scope.sql says
+--       why): the files compute these from the event tables (a SEMI JOIN with it reads nothing of
+--       them when the map did every rank)
 CREATE OR REPLACE TABLE map_done AS
 SELECT m.rank, any_value(r.clock_offset_ns + coalesce(r.clock_correction_ns, 0)) AS off
 FROM map_scope m JOIN ranks r USING (rank), params p
@@ -15,4 +16,4 @@ WHERE split_part(m.sql, ' ', 1) = p.map_sql
 GROUP BY m.rank;
 
 CREATE OR REPLACE TABLE map_none AS
-SELECT rank FROM ranks ANTI JOIN map_done USING (rank);
+SELECT rank FROM ranks ANTI JOIN map_done USING (rank) UNION ALL SELECT -1;

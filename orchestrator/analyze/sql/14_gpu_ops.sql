@@ -7,7 +7,7 @@
 --       the op -> call join
 --   ops_mapped(rank, off)  ranks whose steps are the map's (map_steps): the map's GPU ops per
 --       step and NCCL kernels are theirs (05_mapped.sql)
---   ops_todo(rank)  every other rank
+--   ops_todo(rank)  every other rank, and -1 (map_todo in 21_stats_scope.sql says why)
 --   gpu_ops(rank, kind, is_comm, start, end, correlation_id, name, step, tid, launch, graph)
 --       every GPU op of the ops_todo ranks, and the NCCL kernels (kind 'kernel', is_comm) of
 --       the ops_mapped ranks; 22_gpu_ops_rest.sql adds the rest of an ops_mapped rank's ops
@@ -69,7 +69,7 @@ SELECT d.rank, d.off FROM map_done d LEFT JOIN here h USING (rank) LEFT JOIN map
 WHERE h.l IS NOT DISTINCT FROM m.l;
 
 CREATE OR REPLACE TABLE ops_todo AS
-SELECT rank FROM ranks ANTI JOIN ops_mapped USING (rank);
+SELECT rank FROM ranks ANTI JOIN ops_mapped USING (rank) UNION ALL SELECT -1;
 
 CREATE OR REPLACE TABLE gpu_ops AS
 SELECT * FROM gpu_ops_of((SELECT list(rank) FROM ops_todo))

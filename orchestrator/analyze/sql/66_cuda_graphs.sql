@@ -27,9 +27,9 @@ FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING 
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
 CREATE OR REPLACE TABLE _graph_launches AS  -- the CUDA calls are read once, and only on ranks with graphs
-SELECT a.rank, a.start, a."end"
+SELECT a.rank, a.start, a."end"  -- (and -1: map_todo in 21_stats_scope.sql says why)
 FROM cuda_api a JOIN win w USING (rank)
-WHERE a.rank IN (SELECT rank FROM _graph_clipped)
+WHERE a.rank IN (SELECT rank FROM _graph_clipped UNION ALL SELECT -1)
   AND (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
   AND a.start >= w.w0 AND a.start < w.w1;
 

@@ -270,11 +270,12 @@ def map_report(task: MapTask) -> dict[str, Any]:
     for f in part_files(old or {}):  # parts of an earlier map at another rank
         if f not in files.values() and f not in (summaries or {}).values():
             (task.parts / f).unlink(missing_ok=True)
+    sizes = {f: (task.parts / f).stat().st_size for f in [*files.values(), *(summaries or {}).values()]}
     meta.update({
         "summaries": summaries,
         "export_bytes": r.sqlite.stat().st_size if r.sqlite and r.sqlite.exists() else None,
-        "part_bytes": sum((task.parts / f).stat().st_size for f in files.values()),
-        "sizes": {f: (task.parts / f).stat().st_size for f in [*files.values(), *(summaries or {}).values()]},
+        "part_bytes": sum(sizes[f] for f in files.values()),
+        "sizes": sizes,
         "seconds": {"export": round(t1 - t0, 4), "probe": round(t2 - t1, 4), "extract": round(t3 - t2, 4),
                     "summarize": round(t4 - t3, 4)},
         "host": socket.gethostname(), "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "in_job": task.in_job,

@@ -61,6 +61,16 @@ def part_path(parts: Path, table: str, rank: int | None, rid: str) -> Path:
     return parts / f"table={table}" / rank_dir(rank) / f"{rid}.parquet"
 
 
+_PART_RANK = re.compile(r"table=[^/=]+/rank=(-?[0-9]+)/[^/=]+\.parquet")
+
+
+def part_rank(rel: str) -> int | None:
+    """The rank a part's folder names (rank_dir), from its path relative to the parts folder;
+    None for a path part_path does not make."""
+    m = _PART_RANK.fullmatch(rel)
+    return int(m[1]) if m else None
+
+
 # A part being written, named by tmp_part; temps of killed maps match it (mapreduce cleans them).
 PART_TMP = re.compile(r"\..*\.tmp-(?P<pid>[0-9]+)\.parquet")
 

@@ -15,7 +15,6 @@ lists the views that held such rows (`event_views_filtered`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -58,9 +57,6 @@ EVENT_PARTS_DDL = ("CREATE TABLE event_parts (tbl VARCHAR, i BIGINT, path VARCHA
                    "bytes BIGINT)")
 
 
-_FOLDER_RANK = re.compile(r"table=[^/=]+/rank=(-?[0-9]+)/[^/=]+")
-
-
 def own_ranks(paths: Sequence[str], ranks: Sequence[int]) -> bool:
     """Whether every part's `rank=` folder names the rank the store gave its report (`ranks`, in
     `paths`' order), one part a rank. A part holds the rank its map knew, which its folder names
@@ -68,8 +64,10 @@ def own_ranks(paths: Sequence[str], ranks: Sequence[int]) -> bool:
     view takes the rank from the folder names (hive partitioning), and a query that wants a few
     ranks (the critical path's, the timeline's) leaves the other ranks' files unopened; a rank
     from `event_parts`, joined on the file index, filters nothing before every file is read."""
+    from orchestrator.collect.parts import part_rank  # (here: the report's start need not import the map)
+
     return len(paths) == len(ranks) == len(set(ranks)) and all(
-        (m := _FOLDER_RANK.fullmatch(p)) is not None and int(m[1]) == r for p, r in zip(paths, ranks, strict=True))
+        part_rank(p) == r for p, r in zip(paths, ranks, strict=True))
 
 
 def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterable[str], root: Path,

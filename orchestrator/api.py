@@ -21,8 +21,9 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import Options, check_regex, run_sql
-from orchestrator.analyze.engine import open_store as _attach
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.engine import attach_store as _attach
+from orchestrator.analyze.model_report import Report
+from orchestrator.sqltext import execute
 
 
 def analyze(paths: Iterable[str | Path], *, layout: str | None = None, out: str | Path | None = None,
@@ -30,7 +31,7 @@ def analyze(paths: Iterable[str | Path], *, layout: str | None = None, out: str 
     """Collect the reports/exports under `paths` into a store (in `out`, else a temp dir) and
     return the cross-rank `Report`. `options` are `analyze.engine.Options` fields
     (gap_ms, steps=(a, b), steps_from, microbatches, top_gaps)."""
-    from orchestrator.analyze.report import build_report
+    from orchestrator.analyze.build import build_report
     from orchestrator.collect.collect import collect
     from orchestrator.layout import Layout
 
@@ -59,7 +60,7 @@ class Store:
                                                 "WHERE table_catalog = 'store'").fetchall()}
         if name not in names:
             raise KeyError(f"no table {name!r} in {self.path}; tables: {', '.join(sorted(names))}")
-        return self.con.execute(f'SELECT * FROM "{name}"').fetch_arrow_table()
+        return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
 
     def view(self, name: str, **options: Any):  # -> pyarrow.Table
         """An analysis view (e.g. rank_metrics, gap_attr, coll, step_gpu), computed on first use."""
@@ -67,7 +68,10 @@ class Store:
         if self._analysed != opts:
             run_sql(self.con, opts)
             self._analysed = opts
-        return self.con.execute(f'SELECT * FROM "{name}"').fetch_arrow_table()
+        try:
+            return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
+        except (duckdb.CatalogException, duckdb.ParserException):
+            raise KeyError(f"no analysis view {name!r}; the views are listed in docs/metrics.md") from None
 
     def close(self) -> None:
         self.con.close()

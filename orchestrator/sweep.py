@@ -127,7 +127,7 @@ def _arg_note(raw: dict[str, Any], key: str) -> str | None:
 
 def job_step_ms(report: Any, extras: Any) -> float | None:
     """Median over steady steps of the slowest rank's step time (GPU spans, or NVTX steps on CPU)."""
-    from orchestrator.analyze.model_timeline import step_times
+    from orchestrator.analyze.timeline import step_times
 
     times = step_times(report, extras)
     per_step: dict[int, float] = {}
@@ -140,8 +140,8 @@ def job_step_ms(report: Any, extras: Any) -> float | None:
 
 def measure(point: Point, store: Path, run: Path) -> None:
     """Analyse one finished job; its report.html/json go in its run directory."""
+    from orchestrator.analyze.build import build_analysis
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_analysis
     from orchestrator.fsutil import write_text_atomic
     from orchestrator.report.html import render_html
 

@@ -39,8 +39,8 @@ def phase_collect(d: Path, out: Path) -> dict:
 
 
 def phase_analyze(store: Path) -> dict:
+    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_report
     from orchestrator.collect.timings import TIMINGS
 
     TIMINGS.reset(True)

@@ -203,8 +203,8 @@ def phase_ingest(d: Path, store_dir: Path) -> dict:
 
 
 def phase_analyze(store_dir: Path) -> dict:
+    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_report
 
     rep = build_report(store_dir / "profile.duckdb", Options())
     return {"ranks": len(rep.ranks)}
@@ -231,8 +231,8 @@ def phase_orch(d: Path, store_dir: Path) -> dict:
         return phase_analyze(store_dir)
     from rich.console import Console
 
+    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_report
     from orchestrator.collect.identity import Layout
 
     with cc.collecting([d], store_dir, layout=Layout(), workers=None, console=Console(stderr=True, quiet=True),

@@ -9,7 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from orchestrator.analyze.engine import Options, Views
-from orchestrator.analyze.model import Finding, RankMetrics, Report, Window
+from orchestrator.analyze.model_report import Finding, RankMetrics, Report, Window
 from orchestrator.analyze.rules.base import Context
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.report import build_report
+from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from orchestrator.report.html import render_html

@@ -141,7 +141,7 @@ def test_analyze_keeps_temp_store_when_the_analysis_fails(gpu_fixtures: Path, tm
     and complete: the analysis fails while the store's checkpoint runs (collect.collecting)."""
     import duckdb
 
-    import orchestrator.analyze.report as report_mod
+    import orchestrator.analyze.build as report_mod
     from orchestrator.errors import OrchError
 
     def broken(store, opts, writer=None, **_):
@@ -285,13 +285,13 @@ def test_a_memory_cap_too_small_for_the_store_says_so_in_one_line(gpu_fixtures: 
 def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
     """The analysis connection is capped (the 512-rank report peaked at 3.9 GB without it) and
     spills under the system temp directory, never into the working directory."""
-    from orchestrator.analyze.engine import open_store
+    from orchestrator.analyze.engine import attach_store
     from orchestrator.collect.collect import collect
     from orchestrator.collect.identity import Layout
 
     res = collect([gpu_fixtures / "ddp_capture"], tmp_path / "run", layout=Layout(), workers=1)
     monkeypatch.setenv("ORCH_DUCKDB_MEMORY", "300MB")
-    con = open_store(res.store)
+    con = attach_store(res.store)
     try:
         limit, spill = con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')"
                                    ).fetchone()

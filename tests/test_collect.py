@@ -146,8 +146,8 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
     assert status[7].startswith("error") and "ingest failed" in status[7]  # its batch was retried alone
     assert con.execute("SELECT count(*) FROM kernels WHERE rank = 7").fetchone()[0] == 0
     assert status[9].startswith("missing")
+    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.report import build_report
 
     rep = build_report(res.store, Options()).model_dump()
     assert rep["missing_ranks"] == [9]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from orchestrator.analyze import sqlmodules
 from orchestrator.analyze.engine import SQL_DIR
-from orchestrator.analyze.model import RankMetrics
 from orchestrator.analyze.model_columns import columns, diff_columns, html_columns, terminal_columns
-from orchestrator.analyze.pick import pick_ranks
+from orchestrator.analyze.model_report import RankMetrics
+from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.units import ms, ms_or_none
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.report import build_report
+from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from orchestrator.render.nsys_args import profile_args

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.report import build_report
+from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.layout import Layout
 from tests.plant import LABEL, _shift, _step_range, plant
@@ -250,7 +250,7 @@ def test_timeline_draws_the_critical_path(planted) -> None:
     bars of a step tile it (each moment of the step is on one rank's bar)."""
     import re
 
-    from orchestrator.analyze.report import build_analysis
+    from orchestrator.analyze.build import build_analysis
     from orchestrator.report.html import render_html
 
     name, _, store, delayed, _, ranks = planted

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analyze.build import report_from_views
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.report import report_from_views
+from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from tests.conftest import REPO, need, run_orch

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.model_memory import MemoryReport, RankMemory
+from orchestrator.analyze.model_gpu_memory import MemoryReport, RankMemory
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import registry
 from tests.rulekit import context, rank
 

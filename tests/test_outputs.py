@@ -128,10 +128,11 @@ def test_json_validates_against_shipped_schema(analyzed: dict[str, Path]) -> Non
     """docs/report.schema.json is generated from the Report model and every report validates."""
     import jsonschema
 
-    from orchestrator.analyze.model import json_schema
+    from orchestrator.analyze.model_report import json_schema
 
     shipped = Path(__file__).parents[1] / "docs" / "report.schema.json"
-    assert shipped.read_text() == json_schema(), "regenerate: python -m orchestrator.analyze.model > " + str(shipped)
+    assert shipped.read_text() == json_schema(), \
+        "regenerate: python -m orchestrator.analyze.model_report > " + str(shipped)
     schema = json.loads(shipped.read_text())
     for case in analyzed.values():
         jsonschema.validate(json.loads((case / "r.json").read_text()), schema)

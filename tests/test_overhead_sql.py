@@ -9,9 +9,9 @@ from pathlib import Path
 
 import duckdb
 
+from orchestrator.analyze.map_tables import SUMMARIES
 from orchestrator.analyze.model_overhead import RankOverhead
 from orchestrator.analyze.overhead import overhead_line
-from orchestrator.analyze.summaries import SUMMARIES
 
 SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql"
 SQL = SQL_DIR / "67_capture_overhead.sql"

@@ -13,9 +13,9 @@ import duckdb
 import pytest
 from rich.console import Console
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.report import build_report
-from orchestrator.analyze.summaries import STACK, SUMMARIES, stack_columns
+from orchestrator.analyze.map_tables import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.schema import EVENT_SCHEMA
 from orchestrator.collect.tables import TABLES
@@ -42,7 +42,7 @@ def _groups() -> list[tuple[str, list[Path]]]:
 
 
 def mapped_ranks(store: Path, opts: Options, table: str = "map_ranks") -> list[int]:
-    """The ranks whose per-rank stats tables the analysis took from the map (summaries.py); or
+    """The ranks whose per-rank stats tables the analysis took from the map (map_tables.py); or
     the ranks of another of the analysis' rank lists (`table`)."""
     return [r for (r,) in analysed(store, opts, f"SELECT DISTINCT rank FROM {table} ORDER BY rank")]
 
@@ -93,7 +93,7 @@ def table_types(store: Path) -> dict[str, str]:
 def assert_same_store(a: Path, b: Path) -> None:
     """Every table row for row (as multisets: both paths keep each rank's rows together but
     may order ranks differently), and meta except its time and engine; the per-rank tables
-    the map computes (summaries.py, the parts path only) are left to assert_same_report."""
+    the map computes (map_tables.py, the parts path only) are left to assert_same_report."""
     con = duckdb.connect(str(a), read_only=True)
     con.execute(f"ATTACH '{b}' AS other (READ_ONLY)")
     tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.analyze.model import CpuPhase, Finding, StepRow, StepTime
+from orchestrator.analyze.model_report import CpuPhase, Finding, StepRow, StepTime
 from orchestrator.analyze.model_timeline import Extras
 from orchestrator.errors import OrchError
 from orchestrator.report.html import render_html
@@ -155,7 +155,7 @@ def _big_report(n: int = 1024, steps: int = 20):
 
 
 def test_cpu_phase_bars_at_1024_ranks_show_the_named_rank_and_the_extremes() -> None:
-    """The phase bars pick ranks as the other views do (pick.py): the rank a finding names (here
+    """The phase bars pick ranks as the other views do (rank_pick.py): the rank a finding names (here
     a middling one), the 8 with the most and the least CPU time a step, then an even sample."""
     from orchestrator.report.cpu_html import phase_bars
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options
-from orchestrator.analyze.report import build_report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from tests.synthetic import MS, Export

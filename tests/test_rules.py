@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 
 import orchestrator.analyze.rules as rules_pkg
-from orchestrator.analyze.model import Finding, Imbalance, StageMetrics
+from orchestrator.analyze.model_report import Finding, Imbalance, StageMetrics
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.rules.base import finding
 from orchestrator.ranklist import ranges
@@ -449,7 +449,8 @@ def test_layout_needed_only_without_layout() -> None:
 
 
 def _comm(units: list[tuple[str, list[int], float]], kind_rows: list[dict] | None = None, nominal: bool = False):
-    from orchestrator.analyze.model_comm import CommKindRow, CommReport, CommUnitRow, nominal_for
+    from orchestrator.analyze.comm import nominal_for
+    from orchestrator.analyze.model_comm import CommKindRow, CommReport, CommUnitRow
 
     return CommReport(
         size_source="nccl_nvtx_payload", sized_kernels=10, comm_kernels=10,

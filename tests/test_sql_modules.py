@@ -20,10 +20,10 @@ import pytest
 
 from orchestrator.analyze import sqlmodules
 from orchestrator.analyze.engine import SQL_DIR, Options, Views, analysis
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.map_tables import SUMMARIES
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.analyze.sqlmodules import HeaderError, Module
-from orchestrator.analyze.summaries import SUMMARIES
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
 from tests import sqlcheck
@@ -178,7 +178,7 @@ def test_metrics_doc_is_up_to_date() -> None:
 
 
 def test_map_tables_declare_what_the_analysis_makes(checked: Checked) -> None:
-    """Each map_* table (analyze/summaries.py) has the columns of the analysis table it holds,
+    """Each map_* table (analyze/map_tables.py) has the columns of the analysis table it holds,
     in order: a column added there and not here would be NULL for every mapped rank."""
     for s in SUMMARIES:
         got = [r[0] for r in checked.full.execute(f"DESCRIBE SELECT * FROM {s.source}").fetchall()]

@@ -14,8 +14,8 @@ from orchestrator.analyze.engine import (
     Options,
     analysis,
     analysis_threads,
+    attach_store,
     on_writer,
-    open_store,
     prepare,
     store_rows,
 )
@@ -65,7 +65,7 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
         shutil.copy(f, inp / f.name)
     store = collect([inp], tmp_path / "run", layout=Layout(), workers=2).store
     con, _ = analysis(store, Options())
-    ref = open_store(store)
+    ref = attach_store(store)
     try:
         prepare(ref, Options())
         for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
@@ -114,7 +114,7 @@ def test_threads_follow_the_store_rows(tmp_path: Path) -> None:
         cur = on_writer(writer)
         on_writer_threads = cur.execute("SELECT current_setting('threads')").fetchone()[0]
         cur.close()
-    con = open_store(res.store)
+    con = attach_store(res.store)
     try:
         tables = [r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = 'store'").fetchall()]

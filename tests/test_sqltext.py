@@ -67,17 +67,39 @@ def test_statements_without_parameters_take_paths_and_names_as_they_are(tmp_path
             set_option(con, bad, 1)
 
 
-def test_report_imports_no_pandas(tmp_path: Path) -> None:
+def _exports(tmp_path: Path) -> Path:
     fx = tmp_path / "exports"
     fx.mkdir()
     for gz in sorted((Path(__file__).parent / "fixtures" / "gpu_e2e").glob("ddp_r*.sqlite.gz")):
         with gzip.open(gz, "rb") as fi, open(fx / gz.name.removesuffix(".gz"), "wb") as fo:
             shutil.copyfileobj(fi, fo)
+    return fx
+
+
+def test_api_reads_tables_and_views_by_name_only(tmp_path: Path) -> None:
+    """The Python API's table() and view() take a name, never SQL: a name that is not one is a
+    KeyError naming it, and the store is untouched."""
+    from orchestrator.api import analyze, open_store
+
+    rep = analyze([_exports(tmp_path)], out=tmp_path / "run", steps_from="^step")
+    with open_store(rep.store) as st:
+        assert st.table("ranks").num_rows == 2
+        assert sorted(st.view("rank_metrics", steps_from="^step").column("rank").to_pylist()) == [0, 1]
+        for bad in ('ranks"; DROP TABLE ranks; --', "no_such_view"):
+            with pytest.raises(KeyError, match=r"no_such_view|DROP"):
+                st.view(bad, steps_from="^step")
+            with pytest.raises(KeyError):
+                st.table(bad)
+        assert st.table("ranks").num_rows == 2
+
+
+def test_report_imports_no_pandas(tmp_path: Path) -> None:
+    fx = _exports(tmp_path)
     code = f"""
 import sys, json
 from orchestrator.api import analyze
 rep = analyze([{str(fx)!r}], out={str(tmp_path / 'run')!r})
-from orchestrator.analyze.report import build_analysis
+from orchestrator.analyze.build import build_analysis
 from orchestrator.analyze.engine import Options
 build_analysis(rep.store, Options(steps_from='^step'))
 print(json.dumps({{m: m in sys.modules for m in ('pandas', 'numpy')}}))

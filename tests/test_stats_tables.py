@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options
-from orchestrator.analyze.report import build_report
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
@@ -221,11 +221,11 @@ def test_waiting_rank_outliers_are_marked_apart(runs) -> None:
 
 
 def test_ms_of_integer_ns_needs_no_rounding() -> None:
-    """tables.ms skips round() for integer ns; it must give what round(ns / 1e6, 6) gives, bit
+    """tables.ms6 skips round() for integer ns; it must give what round(ns / 1e6, 6) gives, bit
     for bit, at every magnitude (durations to epoch timestamps), and still round the rest."""
     import random
 
-    from orchestrator.analyze.tables import ms
+    from orchestrator.analyze.stats_tables import ms6 as ms
 
     rng = random.Random(16)
     ints = [rng.randint(-(1 << e), 1 << e) for e in range(63) for _ in range(3000)]

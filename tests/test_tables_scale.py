@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.analyze import tables as tables_mod
+from orchestrator.analyze import stats_tables as tables_mod
+from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options
-from orchestrator.analyze.report import build_report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from orchestrator.report.html import render_html

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.analyze.build import report_from_views
 from orchestrator.analyze.engine import Options, Views, analysis
-from orchestrator.analyze.report import report_from_views
 from orchestrator.analyze.timeline import _drawn_ops, _Frame, _hidden
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout

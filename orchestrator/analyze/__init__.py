@@ -1,5 +1,20 @@
-"""Analyze stage: SQL views over the merged store (`sql/`), the typed report (`model.py`,
-`report.py`) and the rules that turn metrics into findings (`rules/`).
+"""Analyze stage: SQL views over the merged store, the typed report, and the rules that turn
+metrics into findings.
+
+The layout, in the order the analysis runs:
+- `sql/NN_*.sql`: every metric, one named view or table each; `sqlmodules.py` reads each file's
+  header (what it reads and provides), `sqlrun.py` runs the files in dependency order, and
+  `engine.py` opens the store, sets the session and the `params` table, and reads the views
+  (`Views`). `map_tables.py`: the per-rank tables a map computes next to each rank's data.
+- one builder beside one model per part of the report: `build.py` -> `model_report.py` (the
+  `Report`: ranks, steps, stages, stragglers, window, findings), `comm.py` -> `model_comm.py`,
+  `critical.py` -> `model_critical.py`, `gpu_memory.py` -> `model_gpu_memory.py`, `outcome.py`
+  (with `flight.py`) -> `model_outcome.py`, `overhead.py` -> `model_overhead.py`,
+  `stats_tables.py` -> `model_stats_tables.py`, `timeline.py` -> `model_timeline.py` (the HTML's
+  timeline and `orch sweep`'s step times); `model_base.py` and `model_columns.py` serve them all.
+- `rules/`: one rule per file.
+- shared by all: `rank_pick.py` (which ranks a view shows when there are too many) and
+  `units.py` (the one ns -> ms conversion).
 
 `orchestrator.analyze(paths, layout=...)` is also the Python API's entry point (api.py):
 this package is both, because `import orchestrator as orch; orch.analyze(...)` must keep

@@ -21,14 +21,14 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import sqlrun, summaries
+from orchestrator.analyze import map_tables, sqlrun
 from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.collect.views import relocate
+from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
-from orchestrator.memory import limit, out_of_memory
-from orchestrator.sqltext import attach, execute, literal, set_option
+from orchestrator.sqltext import attach, execute, set_option
 
 SQL_DIR = resources.files("orchestrator.analyze") / "sql"
 # The store layout this analysis reads is the one collect writes (history: collect/tables.py).
@@ -85,7 +85,7 @@ def check_regex(pattern: str | None) -> str | None:
     return pattern
 
 
-def open_store(store: Path) -> duckdb.DuckDBPyConnection:
+def attach_store(store: Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the store attached read-only, its tables found by name."""
     if not Path(store).is_file():
         raise OrchError(f"{store} does not exist; run `orch collect` first")
@@ -106,7 +106,7 @@ def open_store(store: Path) -> duckdb.DuckDBPyConnection:
         con.close()
         raise
     session(con)
-    limit(con)  # analysis tables past the limit spill to disk instead of growing (memory.py)
+    limit(con)  # analysis tables past the limit spill to disk instead of growing (duckdb_memory.py)
     set_option(con, "threads", analysis_threads(store_rows(con, meta)))
     return con
 
@@ -145,7 +145,7 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] |
             workers: int | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
     files at the same time (sqlrun.py). `only`: these files and what they depend on (the
-    map's per-rank tables, summaries.py); `workers`: files at once (default sqlrun.workers)."""
+    map's per-rank tables, map_tables.py); `workers`: files at once (default sqlrun.workers)."""
     prepare(con, opts)
     units = _plan() if only is None else sqlrun.needed(_plan(), only)
     with phase("analyze: SQL (wall)"):
@@ -155,20 +155,21 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] |
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """What the SQL files read besides the store: the options, and the map's per-rank tables
     (empty where the store has none)."""
-    summaries.create_missing(con)
+    map_tables.create_missing(con)
     create_params(con, opts)
+
+
+_PARAMS = ("CREATE OR REPLACE TABLE params (gap_ns BIGINT, step_lo INTEGER, step_hi INTEGER, steps_from VARCHAR, "
+           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR)")
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """The `params` table every SQL file reads the user's options from."""
     lo, hi = opts.steps if opts.steps else (None, None)
-    params = (("gap_ns", "BIGINT", int(opts.gap_ms * 1e6)), ("step_lo", "INTEGER", lo), ("step_hi", "INTEGER", hi),
-              ("steps_from", "VARCHAR", opts.steps_from), ("microbatches", "INTEGER", opts.microbatches),
-              ("stats_scope", "VARCHAR", opts.stats_scope), ("ended_early", "BOOLEAN", ended_early(con)),
-              ("map_sql", "VARCHAR", map_sql()))
-    # CREATE cannot be PREPAREd: typed literals (sqltext says why values are not bound here).
-    con.execute("CREATE OR REPLACE TABLE params AS SELECT "
-                + ", ".join(f"CAST({literal(v)} AS {t}) AS {n}" for n, t, v in params))
+    con.execute(_PARAMS)
+    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [round(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope, ended_early(con),
+             map_sql()])
 
 
 def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
@@ -187,9 +188,9 @@ def map_sql() -> str:
     """A digest of the SQL that computes the map's per-rank tables (the files they need, in plan
     order) and of their declared columns: rows a map made with other SQL are never taken."""
     h = hashlib.sha256()
-    for u in sqlrun.needed(_plan(), summaries.SQL_FILES):
+    for u in sqlrun.needed(_plan(), map_tables.SQL_FILES):
         h.update(u.sql.encode())
-    h.update(repr(summaries.SUMMARIES).encode())
+    h.update(repr(map_tables.SUMMARIES).encode())
     return h.hexdigest()[:16]
 
 
@@ -209,7 +210,7 @@ class Views:
 
     def rows(self, view: str) -> list[dict[str, Any]]:
         if view not in self._cache:
-            self._cache[view] = self.query(f"SELECT * FROM {view} ORDER BY ALL")  # view names are ours
+            self._cache[view] = self.query("SELECT * FROM query_table(?::VARCHAR) ORDER BY ALL", [view])
         return self._cache[view]
 
     def by_rank(self, view: str) -> dict[int, dict[str, Any]]:
@@ -276,7 +277,7 @@ def _analysed(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | No
               only: Sequence[str] | None, threads: int | None) -> duckdb.DuckDBPyConnection:
     """One analysis attempt (see `analysis`): the connection with every table made, or the
     DuckDB error with the connection closed."""
-    con = open_store(store) if writer is None else on_writer(writer)
+    con = attach_store(store) if writer is None else on_writer(writer)
     try:
         if threads is not None:
             set_option(con, "threads", max(1, threads))
@@ -291,7 +292,7 @@ def _analysed(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | No
 def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """An analysis connection on the collect's DuckDB (`orch analyze`): a cursor starts in the
     writer's in-memory catalog, where the analysis objects go, with the store attached as
-    `store`, as `open_store` arranges it; the memory limit and spill directory are the
+    `store`, as `attach_store` arranges it; the memory limit and spill directory are the
     writer's. The store's rows are read where they are (memory or file) while the checkpoint
     writes them, instead of after it, from a reopened file."""
     con = writer.cursor()

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from orchestrator.analyze.engine import Views
-from orchestrator.analyze.model_memory import MEMORY_HINT, MemoryCurve, MemoryReport, RankMemory
+from orchestrator.analyze.model_gpu_memory import MEMORY_HINT, MemoryCurve, MemoryReport, RankMemory
+from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.units import ms
 
 MAX_CURVES = 16
@@ -19,15 +20,10 @@ def _per(n: float | None, steps: int) -> float | None:
 
 
 def curve_ranks(peaks: dict[int, int], limit: int = MAX_CURVES) -> list[int]:
-    """The ranks whose curves are kept: the highest and lowest peak, then an even sample."""
-    if len(peaks) <= limit:
-        return sorted(peaks)
+    """The ranks whose curves are kept (rank_pick.py): the highest and lowest peak, then an even
+    sample."""
     order = sorted(peaks, key=lambda r: (-peaks[r], r))
-    pick = [order[0], order[-1]]
-    rest = [r for r in sorted(peaks) if r not in pick]
-    room = limit - len(pick)
-    pick += [rest[int(i * len(rest) / room)] for i in range(room)]
-    return sorted(pick)
+    return list(pick_ranks(sorted(peaks), [(order[0], "highest"), (order[-1], "lowest")] if order else [], limit))
 
 
 def build_memory(v: Views) -> MemoryReport | None:

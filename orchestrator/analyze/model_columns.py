@@ -1,7 +1,7 @@
 """Per-rank columns, declared once on `RankMetrics`' fields: where each value comes from in the
 analysis views and how every renderer shows it.
 
-A field of `RankMetrics` is `Annotated[type, Column(...)]`. `analyze/report.py` fills every field
+A field of `RankMetrics` is `Annotated[type, Column(...)]`. `analyze/build.py` fills every field
 from its view row by name (`x_ms` reads `x_ns` through `units.ms`, any other field the column of
 its own name) unless the column says otherwise; the terminal's rank table, the HTML Metrics table
 and `orch diff` iterate over the fields that declare `terminal`, `html` or `diff`. So a new

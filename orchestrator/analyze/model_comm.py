@@ -2,7 +2,7 @@
 collective kind, message-size bucket, communicator group / p2p pair and scope (intra/inter-node),
 with the source of the byte counts and the nominal link rate they are compared with.
 
-Kept apart from model.py so the report's other parts evolve independently; `Report.comm` holds
+Kept apart from model_report.py so the report's other parts evolve independently; `Report.comm` holds
 one `CommReport` (None when the capture has no NCCL kernels).
 """
 
@@ -15,28 +15,6 @@ from pydantic import Field
 from orchestrator.analyze.model_base import Strict
 
 Scope = Literal["intra", "inter"]
-
-# Nominal NVLink rate per GPU and direction (GB/s), by GPU model. busbw (nccl-tests) is what
-# each GPU's link carries in one direction while the other direction carries as much, so it is
-# compared with the one-direction rate, not the "bidirectional" marketing number (2x).
-NVLINK_GBPS: tuple[tuple[str, str, float], ...] = (
-    ("B200", "NVLink 5 (18 links x 50 GB/s)", 900.0),
-    ("H200", "NVLink 4 (18 links x 25 GB/s)", 450.0),
-    ("H100", "NVLink 4 (18 links x 25 GB/s)", 450.0),
-    ("H800", "NVLink 4 (8 links x 25 GB/s)", 200.0),
-    ("A100", "NVLink 3 (12 links x 25 GB/s)", 300.0),
-    ("A800", "NVLink 3 (8 links x 25 GB/s)", 200.0),
-)
-
-SIZE_HINT = {
-    "no_nvtx": ("no NCCL NVTX ranges in the capture: profile with NVTX tracing (`-t nvtx`; "
-                "`profile.comm_sizes: true` in the job spec adds it) and leave NCCL's NVTX on "
-                "(NCCL_NVTX_DISABLE unset); NCCL >= 2.19 attaches the message size to each call"),
-    "no_payload": ("NCCL's NVTX ranges are there but their payloads were not exported: re-export the "
-                   ".nsys-rep with nsys >= 2024 `nsys export --type sqlite --include-json=true` "
-                   "(orch collect passes it when its nsys has it) and collect again"),
-}
-
 
 class NominalLink(Strict):
     gpu: str
@@ -91,22 +69,3 @@ class CommReport(Strict):
     by_unit: list[CommUnitRow] = Field(default_factory=list)
     by_scope: list[CommScopeRow] = Field(default_factory=list)
 
-
-def nominal_for(gpu_name: str | None) -> NominalLink | None:
-    """The NVLink rate for a known SXM GPU model; None for PCIe cards and unknown models."""
-    if not gpu_name or "PCIe" in gpu_name or "PCIE" in gpu_name.upper().split():
-        return None
-    for key, link, gbps in NVLINK_GBPS:
-        if key in gpu_name:
-            return NominalLink(gpu=gpu_name, link=link, gbps_per_direction=gbps,
-                               why="busbw counts what one GPU's link carries in one direction (nccl-tests); "
-                                   f"{gbps:g} GB/s per direction ({2 * gbps:g} GB/s both ways) is the "
-                                   "SXM NVLink rate; intra-node groups only")
-    return None
-
-
-def bucket_label(b: int) -> str:
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b} B"

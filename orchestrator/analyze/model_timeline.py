@@ -1,18 +1,17 @@
-"""Typed timeline the HTML report draws beyond the `Report`: per-step times and waiting for the
-heatmaps, and the aligned cross-rank timeline of two steps (a representative one and the
-slowest), built by analyze/timeline.py in the same analysis pass as the report.
+"""Typed timeline data beyond the `Report`: per-step times and waiting (the HTML's heatmaps, and
+`orch sweep`'s measure of a run), and the aligned cross-rank timeline of two steps (a
+representative one and the slowest) the HTML draws, built by analyze/timeline.py in the same
+analysis pass as the report.
 
 Times are ms on the store's aligned clock, relative to the shown step's start (`t0`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.analyze.model import Report
 from orchestrator.analyze.model_base import Strict
 
 SegKind = Literal["compute", "comm transfer", "comm waiting", "other GPU", "sync", "nvtx"]
@@ -87,13 +86,3 @@ class Extras(Strict):
     views: list[StepView] = Field(default_factory=list)
     note: str | None = None
 
-
-def step_times(report: Report, ex: Extras) -> dict[int, dict[int, float]]:
-    """rank -> step -> ms: iteration times when the capture has GPU work, else NVTX step ranges."""
-    if report.gpu_activity and report.steps:
-        out: dict[int, dict[int, float]] = defaultdict(dict)
-        for s in report.steps:
-            for rk, ms in s.ms_by_rank.items():
-                out[int(rk)][s.step] = ms
-        return dict(out)
-    return ex.cpu_step_ms

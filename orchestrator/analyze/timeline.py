@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.analyze.engine import Views
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, PathSeg, Seg, StepView, step_times
-from orchestrator.analyze.pick import pick_ranks
+from orchestrator.analyze.model_report import Report
+from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, PathSeg, Seg, StepView
+from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.units import ms
 
@@ -28,6 +28,17 @@ NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autogr
 # tens of thousands a report at many ranks, where validating each one costs more than the rest
 # of the timeline's Python.
 _seg = Seg.model_construct
+
+
+def step_times(report: Report, ex: Extras) -> dict[int, dict[int, float]]:
+    """rank -> step -> ms: iteration times when the capture has GPU work, else NVTX step ranges."""
+    if report.gpu_activity and report.steps:
+        out: dict[int, dict[int, float]] = defaultdict(dict)
+        for s in report.steps:
+            for rk, t in s.ms_by_rank.items():
+                out[int(rk)][s.step] = t
+        return dict(out)
+    return ex.cpu_step_ms
 
 
 def extras_from_views(v: Views, report: Report) -> Extras:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from orchestrator import __version__
 from orchestrator.cli.common import Handler, err
+from orchestrator.duckdb_memory import memory_limit, out_of_memory
 from orchestrator.errors import OrchError
-from orchestrator.memory import memory_limit, out_of_memory
 from orchestrator.report.safe import plain
 
 __all__ = ["build_parser", "main"]

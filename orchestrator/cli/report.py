@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.model import Report
+    from orchestrator.analyze.model_report import Report
     from orchestrator.analyze.model_timeline import Extras
 
 
@@ -48,7 +48,7 @@ def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
     collect's open connection, engine.analysis). What is analysed never depends on the outputs
     asked for: a JSON and an HTML of one run come from the same product; only the HTML draws
     the timeline, whose data is read for it alone."""
-    from orchestrator.analyze.report import build_analysis
+    from orchestrator.analyze.build import build_analysis
 
     return build_analysis(store, opts or _options(a), writer, timeline=bool(a.html))
 
@@ -88,7 +88,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 def _preload(a: argparse.Namespace) -> None:
     """Load the analysis and report modules while the exports `early` started run (their
     imports would otherwise come after the collect)."""
-    import orchestrator.analyze.report
+    import orchestrator.analyze.build
     import orchestrator.collect.collect
     import orchestrator.report.terminal
 
@@ -139,9 +139,9 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 
 def _load_report(ref: str, runs: str | None) -> Report:
+    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
-    from orchestrator.analyze.model import load_report
-    from orchestrator.analyze.report import build_report
+    from orchestrator.analyze.model_report import load_report
 
     p = Path(ref)
     if p.is_file() and p.suffix == ".json":
@@ -191,10 +191,11 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
 
     def priority() -> list[int]:
         """The ranks the report blames and their victims, the median rank, rank 0."""
+        from orchestrator.analyze.build import build_report
         from orchestrator.analyze.engine import Options
-        from orchestrator.analyze.report import build_report
+        from orchestrator.analyze.rank_pick import trace_order
 
-        return trace_priority(build_report(store, Options()))
+        return trace_order(build_report(store, Options()))
 
     res = export_trace(store, Path(a.output), ranks=a.ranks, max_events=a.max_events, priority=priority)
     out.print(f"wrote {plain(a.output)} ({res.events} events, {len(res.ranks)} ranks); "
@@ -202,16 +203,6 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
     if res.note:
         err.print(f"note: {res.note}", markup=False)
     return 0
-
-
-def trace_priority(report: Report) -> list[int]:
-    """Ranks in the order a trace that cannot hold them all keeps them: each finding's ranks then
-    its victims (findings come ordered by cost), the rank of median step time, rank 0."""
-    from orchestrator.analyze.pick import by_findings, median_step_rank
-
-    median = median_step_rank(report)
-    order = [rk for rk, _ in by_findings(report)] + ([] if median is None else [median])
-    return [*dict.fromkeys([*order, 0])]
 
 
 def report_opts(p: argparse.ArgumentParser) -> None:

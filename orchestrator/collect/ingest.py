@@ -37,8 +37,8 @@ from orchestrator.collect.schema import (
 )
 from orchestrator.collect.store import Checkpoint, first_line, new_store, store_write_failed, write_meta
 from orchestrator.collect.timings import phase
+from orchestrator.duckdb_memory import limit
 from orchestrator.errors import OrchError
-from orchestrator.memory import limit
 from orchestrator.sqltext import attach, detach, load, set_option
 
 _FETCH_ROWS = 65536

@@ -26,7 +26,7 @@ class CollectOptions:
     `engine`: auto | scanner | sqlite3; `align`: align clocks on matched NCCL kernels;
     `extra_meta`: more keys for the store's meta table. Route: `parts` maps every report to
     Parquet parts in a local pool, `array` in a Slurm job array (implies parts); `summaries`:
-    the map also computes each rank's per-rank statistics (analyze/summaries.py); None: in a
+    the map also computes each rank's per-rank statistics (analyze/map_tables.py); None: in a
     Slurm array only, where the maps run on the cluster's nodes (in a local pool a small rank's
     statistics cost the map more than they save the analysis: docs/scale.md); otherwise
     in process, where `started` are exports already running (gather.early_exports) and

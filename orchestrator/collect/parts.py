@@ -4,7 +4,7 @@
         table=<table>/rank=<N>/<id>.parquet       one file per report and event table
         table=map_stack/rank=<N>/<id>.parquet     the rank's statistics computed in the map, its
                                                    small tables stacked in one file
-        table=map_<name>/rank=<N>/<id>.parquet    a large one in its own (analyze/summaries.py;
+        table=map_<name>/rank=<N>/<id>.parquet    a large one in its own (analyze/map_tables.py;
                                                    on the rank's clock)
         reports/<id>.json                          one per report: probe, identity, files, costs
 
@@ -156,5 +156,5 @@ def is_fresh(meta: dict[str, Any] | None, origin: Path, parts: Path, keep_env: b
 
 def part_files(meta: dict[str, Any]) -> list[str]:
     """Every Parquet file a meta lists, relative to the parts folder: event tables, then the
-    per-rank summaries (analyze/summaries.py)."""
+    per-rank summaries (analyze/map_tables.py)."""
     return [*meta.get("files", {}).values(), *(meta.get("summaries") or {}).values()]

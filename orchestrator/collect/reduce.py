@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import map_sql
-from orchestrator.analyze.summaries import STACK, SUMMARIES, stack_columns
+from orchestrator.analyze.map_tables import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
@@ -40,7 +40,7 @@ from orchestrator.collect.views import (
     unfiltered,
     view_sql,
 )
-from orchestrator.memory import limit
+from orchestrator.duckdb_memory import limit
 from orchestrator.sqltext import set_option
 
 
@@ -62,7 +62,7 @@ def _size(path: Path) -> int | None:
 
 def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]], *, own: bool,
                       viewed: Iterable[str] = ()) -> str | None:
-    """The map's per-rank statistics, on each rank's own clock (analyze/summaries.py): the
+    """The map's per-rank statistics, on each rank's own clock (analyze/map_tables.py): the
     stacked small tables, or (`own`) the large ones, of which those `viewed` stay in the parts
     (views.OWN_MAPPED, made with the event tables' views). They only spare the analysis work: a
     part that cannot be read leaves them all out (and says why)."""

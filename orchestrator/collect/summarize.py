@@ -1,12 +1,12 @@
 """The map's per-rank statistics: the analysis SQL that needs one rank's events only, run in the
-map task on that rank's fresh parts, written as small parts for the reduce (analyze/summaries.py
+map task on that rank's fresh parts, written as small parts for the reduce (analyze/map_tables.py
 says which tables, and when the analysis takes them).
 
 The rank's parts become a one-rank store in memory through the reduce's own code (the same
 identity, finalize and impossible-row deletion as in the job's store), under the memory limit
 and with the task's threads; the analysis then runs only the files the summaries need (their
 steps, window and scope included) with the default options, and the summaries are copied to
-Parquet: the small ones stacked in one part, a large one in its own (summaries.STACK).
+Parquet: the small ones stacked in one part, a large one in its own (map_tables.STACK).
 Nothing here fails the map: a rank without summaries is computed by the analysis.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.summaries import SQL_FILES, STACK, SUMMARIES, stacked_select
+from orchestrator.analyze.map_tables import SQL_FILES, STACK, SUMMARIES, stacked_select
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.parts import part_path, tmp_part
 from orchestrator.collect.reduce import reduce_into
-from orchestrator.memory import limit
+from orchestrator.duckdb_memory import limit
 from orchestrator.sqltext import quote, set_option
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from orchestrator.analyze.summaries import SUMMARIES, Summary
+from orchestrator.analyze.map_tables import SUMMARIES, Summary
 from orchestrator.collect.tables import TABLES
 from orchestrator.errors import OrchError
 from orchestrator.sqltext import file_literal, quote
@@ -32,7 +32,7 @@ from orchestrator.sqltext import file_literal, quote
 # analysis files read them (launches, syncs, allocations, graph launches, the capture's
 # overhead), and a view decodes its parts again at each of those reads, which costs the report
 # more than the copy costs the reduce (docs/scale.md, "Real GPU ranks"); unless every report's
-# map computed what the analysis reads of them (analyze/summaries.py): then the analysis reads
+# map computed what the analysis reads of them (analyze/map_tables.py): then the analysis reads
 # them only for the ranks no map did, and they stay in the parts, however small their files
 # (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets and OS
 # runtime calls, which the analysis reads little of but whose many small files a copy pays for,

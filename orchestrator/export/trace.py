@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from orchestrator.analyze.engine import check_store_version, open_store
-from orchestrator.analyze.pick import pick_ranks
+from orchestrator.analyze.engine import attach_store, check_store_version
+from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.errors import OrchError
 from orchestrator.export import perfetto
 from orchestrator.sqltext import execute
@@ -124,7 +124,7 @@ def export_trace(store: Path, out: Path, *, ranks: Iterable[int] | None = None, 
     then: it may run the analysis), then the others in order, as many as fit (at least one)."""
     fmt = trace_format(out)
     limit = DEFAULT_MAX_EVENTS[fmt] if max_events is None else max_events
-    con = open_store(store)
+    con = attach_store(store)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         check_store_version(con, store)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 DROP = 0.20  # a 20 % lower median busbw regresses
 MIN_BUCKET = 1 << 20  # smaller messages are latency-bound: their bandwidth is noise

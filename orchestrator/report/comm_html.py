@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 
 def _e(x: object) -> str:

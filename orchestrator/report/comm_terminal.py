@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 from orchestrator.report.safe import cell
 
 MAX_ROWS = 24

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from html import escape
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 from orchestrator.analyze.model_timeline import Extras
-from orchestrator.analyze.pick import by_findings, pick_ranks
+from orchestrator.analyze.rank_pick import by_findings, pick_ranks
 from orchestrator.report.timeline_svg import nvtx_color
 
 MAX_BARS = 48
@@ -32,7 +32,7 @@ def phase_bars(report: Report) -> str:
     ranges, ranks, val = _phases(report)
     if not ranges:
         return "<p>No NVTX ranges inside the steps: no CPU phases to compare.</p>"
-    # At most MAX_BARS ranks (pick.py): those findings name, the 8 with the most CPU time per
+    # At most MAX_BARS ranks (rank_pick.py): those findings name, the 8 with the most CPU time per
     # step in ranges and the 8 with the least, then an even sample of the others.
     tot = sorted(ranks, key=lambda rk: (-sum(val.get((rk, r), 0.0) for r in ranges), rk))
     ranks = list(pick_ranks(ranks, [*by_findings(report, 8, among=set(ranks)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 BUBBLE_POINTS = 5.0  # bubble (or its excess) up by more than this many points regresses
 SHARE_POINTS = 10.0  # a non-compute part of the critical path up by more than this many points

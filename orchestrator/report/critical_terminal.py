@@ -4,7 +4,7 @@ terminal says who, doing what, and how much, in a few lines."""
 
 from __future__ import annotations
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 MAX_STEPS = 3  # the steps held up most, by the root's excess
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.analyze.model_columns import Diff, diff_columns
+from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.report.comm_diff import comm_rows
 from orchestrator.report.critical_diff import critical_rows
 from orchestrator.report.memory_diff import memory_rows

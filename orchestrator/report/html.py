@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.analyze.model_columns import html_columns
-from orchestrator.analyze.model_timeline import Extras, step_times
-from orchestrator.analyze.pick import by_findings, pick_ranks
+from orchestrator.analyze.model_report import RankMetrics, Report
+from orchestrator.analyze.model_timeline import Extras
+from orchestrator.analyze.rank_pick import by_findings, pick_ranks
+from orchestrator.analyze.timeline import step_times
 from orchestrator.ranklist import ranges
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.heatmap import PURPLES, heatmap

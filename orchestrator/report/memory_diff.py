@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 PEAK_RISE = 0.10
 MIN_PEAK_BYTES = 256 << 20  # smaller changes are the allocator's rounding and cache, not the job

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from html import escape
 
-from orchestrator.analyze.model import Report
-from orchestrator.analyze.model_memory import MemoryReport, RankMemory
-from orchestrator.analyze.pick import by_findings, pick_ranks
+from orchestrator.analyze.model_gpu_memory import MemoryReport, RankMemory
+from orchestrator.analyze.model_report import Report
+from orchestrator.analyze.rank_pick import by_findings, pick_ranks
 
 GIB = 2**30
 MAX_BARS = 48
@@ -24,7 +24,7 @@ def _gib(b: float | None) -> str:
 
 
 def _bar_ranks(report: Report, m: MemoryReport) -> list[RankMemory]:
-    """At most MAX_BARS ranks (pick.py): those findings name, the 8 highest and 8 lowest peaks,
+    """At most MAX_BARS ranks (rank_pick.py): those findings name, the 8 highest and 8 lowest peaks,
     then an even sample of the others."""
     ranks = {r.rank: r for r in m.ranks if r.peak_bytes is not None}
     by_peak = sorted(ranks.values(), key=lambda r: (-(r.peak_bytes or 0), r.rank))

@@ -7,7 +7,7 @@ import textwrap
 
 from rich.console import Console
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 WIDTH = 100
 GIB = 2**30

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 CSS = ("table.stats td.out{background:#ffcdd2;font-weight:bold}table.stats td.wait{background:#ffe0b2}"
        "table.stats th{cursor:pointer;background:#eee}"

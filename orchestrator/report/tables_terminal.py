@@ -14,7 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
+from orchestrator.analyze.rank_pick import by_findings, pick_ranks
 from orchestrator.report.safe import cell
 
 MAX_RANK_COLUMNS = 8  # per-rank columns up to this many ranks; beyond, median / min / max only
@@ -117,7 +118,14 @@ def _all_tables(report: Report) -> list[Table]:
         th = Table(title="threads: blocked (sync + OS waits) vs launching, in the steps")
         for c in ("rank", "thread", "role", "blocked %", "blocked ms/step", "launch %", "top wait"):
             th.add_column(c)
-        for r in sorted(t.threads, key=lambda r: (r.rank, -(r.blocked_pct or 0)))[:4 * TOP]:
+        # The most blocked threads of each shown rank (at least four, 4 * TOP rows in all): the
+        # ranks the findings name first, then an even sample (rank_pick.py).
+        shown = pick_ranks(sorted({r.rank for r in t.threads}), by_findings(report), TOP)
+        room, per_rank = max(4, 4 * TOP // len(shown)), defaultdict[int, int](int)
+        for r in sorted(t.threads, key=lambda r: (r.rank, -(r.blocked_pct or 0))):
+            per_rank[r.rank] += 1
+            if r.rank not in shown or per_rank[r.rank] > room:
+                continue
             th.add_row(str(r.rank), cell(r.thread), r.role, _fmt(r.blocked_pct), _fmt(r.blocked_per_step_ms),
                        _fmt(r.launch_pct), cell(r.top_wait or ""))
         out.append(th)

@@ -17,10 +17,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.analyze.model import RankMetrics, Report
 from orchestrator.analyze.model_columns import Terminal, terminal_columns
-from orchestrator.analyze.pick import by_findings
-from orchestrator.analyze.pick import pick_ranks as pick
+from orchestrator.analyze.model_report import RankMetrics, Report
+from orchestrator.analyze.rank_pick import by_findings, pick_ranks
 from orchestrator.ranklist import ranges
 from orchestrator.report.comm_terminal import print_comm
 from orchestrator.report.critical_terminal import critical_lines
@@ -40,10 +39,10 @@ def _table(title: str, wide: bool) -> Table:
                  title_justify="left", expand=False, show_edge=wide)
 
 
-def pick_ranks(report: Report, ranks: list[int], limit: int = MAX_ROWS) -> list[int]:
+def shown_ranks(report: Report, ranks: list[int], limit: int = MAX_ROWS) -> list[int]:
     """The ranks worth a row when there are too many: named by findings (and their first two
     victims), then an even sample."""
-    return list(pick(ranks, by_findings(report, 2, among=ranks), limit))
+    return list(pick_ranks(ranks, by_findings(report, 2, among=ranks), limit))
 
 
 def _cpu_table(report: Report, wide: bool) -> tuple[Table, int]:
@@ -58,7 +57,7 @@ def _cpu_table(report: Report, wide: bool) -> tuple[Table, int]:
     for r in ranges:
         t.add_column(cell(r), justify="right", max_width=None if wide else 12, overflow="ellipsis", no_wrap=True)
     t.add_column("all ranges", justify="right")
-    shown = ranks if wide else pick_ranks(report, ranks)
+    shown = ranks if wide else shown_ranks(report, ranks)
     for rk in shown:
         total = sum(v for (k, _), v in val.items() if k == rk)
         t.add_row(str(rk), *(f"{val[(rk, r)]:.2f}" if (rk, r) in val else "" for r in ranges), f"{total:.2f}")
@@ -71,7 +70,7 @@ def _rank_table(report: Report, wide: bool) -> tuple[Table, int]:
     cols = terminal_columns(RankMetrics, wide)
     for _, col in cols:
         t.add_column(col.label, justify="left" if col.left else "right")
-    ranks = report.ranks if wide else [report.rank(rk) for rk in pick_ranks(report, [r.rank for r in report.ranks])]
+    ranks = report.ranks if wide else [report.rank(rk) for rk in shown_ranks(report, [r.rank for r in report.ranks])]
     for r in ranks:
         if r is None:
             continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.analyze.model import Finding, Problem, Report
+from orchestrator.analyze.model_report import Finding, Problem, Report
 
 # A probe note that the CUDA/CUPTI tables are absent (nsys traced no CUDA).
 _UNTRACED = re.compile(r"no (CUPTI_\w+|TARGET_INFO_GPU\w*|GPU_METRICS\w*)(, \w+)* table\(s\): [^;]*")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from orchestrator.analyze.model import SEVERITY_ORDER, Finding
+from orchestrator.analyze.model_report import SEVERITY_ORDER, Finding
 from orchestrator.analyze.rules.base import Context, Rule
 
 

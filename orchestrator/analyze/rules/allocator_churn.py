@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
 
 FIX = ("Keep the caching allocator's blocks: remove torch.cuda.empty_cache() (and gc.collect() + empty_cache) "

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 from orchestrator.analyze.engine import Options, Views
-from orchestrator.analyze.model import Finding, Report, Severity
-from orchestrator.analyze.units import ms
+from orchestrator.analyze.model_report import Finding, Report, Severity
 
 # NVTX range names that are the input pipeline in real code.
 DATA_RANGE = re.compile(r"data|load|batch|input|fetch|collate|sampler|prefetch", re.I)
@@ -78,10 +77,6 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
                 "in the training process)")
     meaning = next((m for rx, m in _CALL_MEANING if rx.search(top)), "in an OS call")
     return f"rank {rank}'s loop thread was in `{top}` for {share}% of that idle time: {meaning}"
-
-
-# Rules convert with the report's one ns -> ms (µs, None as 0) under the name they import from here.
-ns_to_ms = ms
 
 
 T = TypeVar("T")

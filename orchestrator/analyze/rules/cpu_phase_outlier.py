@@ -16,8 +16,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 # Ranges that can contain a collective or a wait, so their excess may be waiting for others.
 ABSORBS_WAIT = re.compile(r"backward|bwd|all.?reduce|all.?gather|reduce.?scatter|broadcast|barrier|sync|wait|"
@@ -68,10 +69,10 @@ class CpuPhaseOutlier(Rule):
         least = min(c[0] for c in causes)
         waits = [h for h in hot + slower if h[1] != grp and h[2] not in cause_ranks
                  and (h in hot or (ABSORBS_WAIT.search(h[1]) and 2 * h[0] >= least))]
-        evidence = [f"rank {c[2]}: {ns_to_ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median "
-                    f"of {ns_to_ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% "
-                    f"of its {ns_to_ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]
-        evidence += [f"rank {w[2]}: `{w[1]}` takes {ns_to_ms(w[3]['ns_per_step'] - w[4])} ms longer per step than "
+        evidence = [f"rank {c[2]}: {ms(c[3]['ns_per_step'])} ms per step in `{grp}` (self time) vs a median "
+                    f"of {ms(c[4])} ms on the other ranks ({round(100 * c[3]['ns_per_step'] / c[3]['step_ns'])}% "
+                    f"of its {ms(c[3]['step_ns'])} ms CPU step, {c[3]['n_steps']} steps)" for c in causes]
+        evidence += [f"rank {w[2]}: `{w[1]}` takes {ms(w[3]['ns_per_step'] - w[4])} ms longer per step than "
                      f"on the others: most likely waiting for rank(s) {', '.join(map(str, cause_ranks))} in a "
                      "collective" for w in waits]
         worst = max(100 * (c[3]["ns_per_step"] - c[4]) / c[3]["step_ns"] for c in causes)
@@ -79,7 +80,7 @@ class CpuPhaseOutlier(Rule):
         return [finding(
             self.kind, cause_ranks, f"`{grp}` is slow on rank(s) {names}", evidence,
             f"Rank(s) {names}: " + (ctx.data_loader_fix() if DATA_RANGE.search(grp) else ctx.cpu_gap_fix()),
-            max(ns_to_ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), pct=worst,
+            max(ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), pct=worst,
             victims=[w[2] for w in waits])]
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
        "the step: the optimizer step and gradient clipping (torch.compile the function that calls "
@@ -35,16 +36,16 @@ class CudaGraphs(Rule):
             rk, steps = r["rank"], r["n_steps"] or 0
             per = f" ({r['replays'] / steps:.1f} per step)" if steps else ""
             evidence.append(
-                f"rank {rk}: {r['replays']} graph replays{per}; {ns_to_ms(r['graph_busy_ns'])} ms of its "
-                f"{ns_to_ms(r['busy_ns'])} ms of GPU work ran inside CUDA graphs ({r['graph_share_pct']}%), "
-                f"{ns_to_ms(r['eager_kernel_ns'])} ms in {r['eager_kernels']} kernels launched outside them"
+                f"rank {rk}: {r['replays']} graph replays{per}; {ms(r['graph_busy_ns'])} ms of its "
+                f"{ms(r['busy_ns'])} ms of GPU work ran inside CUDA graphs ({r['graph_share_pct']}%), "
+                f"{ms(r['eager_kernel_ns'])} ms in {r['eager_kernels']} kernels launched outside them"
                 + (f" (most time: {r['top_eager']})" if r["top_eager"] else ""))
             if r["between_ns"]:
                 parts = [(r["launch_ns"], "launching eager kernels"), (r["sync_ns"], "in host syncs"),
                          (r["copy_ns"], "in copies"), (r["other_api_ns"], "in other CUDA calls"),
                          (r["python_ns"], "in no CUDA call (Python, or in backward() waiting for the autograd thread)")]
-                scale = f"{ns_to_ms(r['between_ns'] / steps)} ms per step" if steps else \
-                    f"{ns_to_ms(r['between_ns'])} ms"
+                scale = f"{ms(r['between_ns'] / steps)} ms per step" if steps else \
+                    f"{ms(r['between_ns'])} ms"
                 evidence.append(f"rank {rk}: between replays ({scale}) the loop thread was " + ", ".join(
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))

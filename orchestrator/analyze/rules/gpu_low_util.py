@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms, worst_first
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, worst_first
+from orchestrator.analyze.units import ms
 
 FIX = ("Find what the CPU does during the low slices (the phase table and the thread view: a blocked "
        "main thread, a data-loading range, a sync) and overlap it with GPU work.")
@@ -39,8 +40,8 @@ class GpuLowUtil(Rule):
         if not low:
             return []
         split = {(r["rank"], r["slice"]): r for r in ctx.views.rows("slice_idle")}
-        idle = {rk: ns_to_ms(sum((s["e"] - s["s"]) - s["busy_ns"] for s in ss)) for rk, ss in low.items()}
-        short, long = ({rk: ns_to_ms(sum(split.get((rk, s["slice"]), {}).get(col, 0) for s in ss))
+        idle = {rk: ms(sum((s["e"] - s["s"]) - s["busy_ns"] for s in ss)) for rk, ss in low.items()}
+        short, long = ({rk: ms(sum(split.get((rk, s["slice"]), {}).get(col, 0) for s in ss))
                         for rk, ss in low.items()} for col in ("short_ns", "long_ns"))
         from orchestrator.analyze.rules import registry  # the package imports this module
 

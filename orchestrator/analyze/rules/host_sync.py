@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
     DATA_RANGE,
     Context,
     Rule,
     finding,
-    ns_to_ms,
     worst_first,
 )
+from orchestrator.analyze.units import ms
 
 FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`total += loss.detach()`) "
        "and call `.item()` / log every N steps; avoid `print(tensor)`, `.cpu()`, `.tolist()` and "
@@ -42,10 +42,10 @@ class HostSync(Rule):
         in_data: dict[int, float] = {}
         for g in ctx.views.rows("sync_idle_ranges"):
             if DATA_RANGE.search(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
-                in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ns_to_ms(g["ns"])
+                in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ms(g["ns"])
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]
-            idle_ms = max(0.0, ns_to_ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
+            idle_ms = max(0.0, ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
             if per is None or per < self.min_per_step or not win.get(rk):
                 continue
             if idle_ms >= self.min_share * win[rk]:
@@ -54,7 +54,7 @@ class HostSync(Rule):
             return []
         evidence = [
             f"rank {rk}: {s['n_syncs']} host syncs in {s['n_steps']} steps ({s['sync_per_step']:.1f} per step: "
-            f"{s['names'] or s['top_name']}); CPU blocked in them {ns_to_ms(s['blocked_ns'])} ms; GPU idle right "
+            f"{s['names'] or s['top_name']}); CPU blocked in them {ms(s['blocked_ns'])} ms; GPU idle right "
             f"after them {round(idle / s['n_steps'], 3)} ms per step ({round(100 * idle / win[rk], 1)}% "
             "of its window" + (", time in the input pipeline or in work between steps excluded: reported "
                                "by their own findings" if in_data.get(rk) else "") + ")"

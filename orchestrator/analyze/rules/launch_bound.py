@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 FIX = ("The GPU waits on kernel launches: capture steady-state steps with CUDA graphs "
        "(torch.cuda.graphs / torch.compile(mode='reduce-overhead')), fuse small ops "
@@ -35,7 +36,7 @@ class LaunchBound(Rule):
 
     def _many_gaps(self, ns: float, window_ms: float) -> bool:
         """Sub-threshold gaps worth a finding: at least min_share of the window."""
-        return ns_to_ms(ns) >= self.min_share * window_ms
+        return ms(ns) >= self.min_share * window_ms
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
@@ -57,8 +58,8 @@ class LaunchBound(Rule):
         # launch-bound by the loop's own doing: advising CUDA graphs there would chase the profiler.
         real = [rk for rk in own if self._many_gaps(own[rk], win[rk])]
         evidence = [f"rank {rk}: {k['n']} kernels (median {k['median_ns'] / 1e3:.1f} us), "
-                    f"{sg['n']} sub-threshold gaps totalling {ns_to_ms(sg['ns'])} ms" for rk, k, sg in hit]
-        evidence += [f"rank {rk}: ≈ {ns_to_ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
+                    f"{sg['n']} sub-threshold gaps totalling {ms(sg['ns'])} ms" for rk, k, sg in hit]
+        evidence += [f"rank {rk}: ≈ {ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
                      f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the loop is less "
                      f"launch-bound than it looks here" for rk, ns in sorted(nsys.items())]
         if not real:
@@ -71,8 +72,8 @@ class LaunchBound(Rule):
         graphs = {r["rank"] for r in ctx.views.rows("graph_usage")} & set(real)
         return [finding(
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
-            FIX_GRAPHS if graphs else FIX, max(ns_to_ms(own[rk]) for rk in real),
-            pct=max(100 * ns_to_ms(own[rk]) / win[rk] for rk in real))]
+            FIX_GRAPHS if graphs else FIX, max(ms(own[rk]) for rk in real),
+            pct=max(100 * ms(own[rk]) / win[rk] for rk in real))]
 
 
 RULE = LaunchBound()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
 
 FIX = ("Lower the peak: activation checkpointing, a smaller micro-batch (with gradient accumulation to keep "

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 FIX = ("Copy from pinned memory: pin_memory=True in the DataLoader (or tensor.pin_memory()) and "
        ".to(device, non_blocking=True); pageable host-to-device copies are synchronous and slower.")
@@ -25,7 +26,7 @@ class PageableMemcpy(Rule):
         for m in ctx.views.rows("memcpy_window"):
             if m["kind"] == "HtoD" and m["src_kind"] == "pageable":
                 tot[m["rank"]][0] += int(m["bytes"] or 0)
-                tot[m["rank"]][1] += ns_to_ms(m["ns"])
+                tot[m["rank"]][1] += ms(m["ns"])
         big = {rk: v for rk, v in tot.items()
                if v[0] >= self.min_bytes and win.get(rk) and v[1] >= self.min_share * win[rk]}
         if not big:

@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding, StageMetrics
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding, StageMetrics
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 from orchestrator.ranklist import ranges
 
 FIX = ("Shrink the pipeline bubble: more microbatches per step (the bubble is (p-1)/(m+p-1) for "
@@ -61,7 +62,7 @@ class PipelineBubble(Rule):
         rows = {r["stage"]: r for r in ctx.views.rows("stage_metrics")}
         evidence = []
         for s in stages:
-            wait_ms = ns_to_ms(rows[s.stage]["p2p_wait_ns"])
+            wait_ms = ms(rows[s.stage]["p2p_wait_ns"])
             split = (f" = {theory}% theory + {s.excess_bubble_pct}% excess" if theory is not None else "")
             evidence.append(f"stage {s.stage} (ranks {ranges(s.ranks)}): no compute kernel running {s.bubble_pct}% of "
                             f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage"
@@ -77,7 +78,7 @@ class PipelineBubble(Rule):
         if theory is not None and peer and lost < (worst.excess_bubble_pct or 0.0):
             evidence.append(f"of stage {worst.stage}'s excess, {lost}% is waiting for the peer stage above theory; "
                             "the rest is GPU idle outside send/recv (launch gaps, host work), not the pipeline's")
-        cost = (lost or 0.0) / 100 * ns_to_ms(rows[worst.stage]["window_ns"], 6)
+        cost = (lost or 0.0) / 100 * ms(rows[worst.stage]["window_ns"], 6)
         if theory is not None and peer and self._upstream_stall(ctx, worst, cost):
             return []
         fix, root, unprofiled = FIX, self._root(ctx), ctx.unprofiled()
@@ -141,7 +142,7 @@ class PipelineBubble(Rule):
         for r in rows:
             phases[r["phase"] or "GPU compute"] += r["created_ns"]
         phase = max(phases, key=lambda p: phases[p])
-        return rk, phase, ns_to_ms(sum(r["created_ns"] for r in rows)), len(rows)
+        return rk, phase, ms(sum(r["created_ns"] for r in rows)), len(rows)
 
 
 RULE = PipelineBubble()

@@ -17,8 +17,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
 from orchestrator.analyze.model_comm import CommUnitRow
+from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.ranklist import ranges
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 from orchestrator.ranklist import ranges
 
 FIX = ("Re-balance the pipeline: move layers from the slowest stage to the fastest (Megatron "
@@ -38,7 +39,7 @@ class StageImbalance(Rule):
         theory = hi.theory_bubble_pct
         factor = 1.0 / (1.0 - theory / 100) if theory is not None else 1.0
         saving = factor * (hi.compute_ms - mean)
-        window = {r["stage"]: ns_to_ms(r["window_ns"], 6) for r in ctx.views.rows("stage_metrics")}.get(hi.stage)
+        window = {r["stage"]: ms(r["window_ns"], 6) for r in ctx.views.rows("stage_metrics")}.get(hi.stage)
         evidence = [f"stage {s.stage} (ranks {ranges(s.ranks)}): compute {s.compute_ms} ms, "
                     f"no-compute share (bubble) {s.bubble_pct}%"
                     + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.model import Finding, Severity
+from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
     DATA_RANGE,
@@ -19,9 +19,9 @@ from orchestrator.analyze.rules.base import (
     Context,
     Rule,
     finding,
-    ns_to_ms,
     severity_for,
 )
+from orchestrator.analyze.units import ms
 from orchestrator.ranklist import ranges
 
 NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare rank {rk}'s kernel times and GPU "
@@ -94,7 +94,7 @@ class Straggler(Rule):
             created = sum(r["created_ns"] for r in rows)
             outliers = [r for r in rows if r["saving_ns"] >= self.outlier_share * median_ns]
             typical = sorted(r["saving_ns"] for r in rows)[len(rows) // 2]
-            consistent = 2 * len(rows) >= len(steps) and ns_to_ms(typical) >= self.consistent_ms
+            consistent = 2 * len(rows) >= len(steps) and ms(typical) >= self.consistent_ms
             if rk not in stats and len(outliers) < self.min_outlier_steps and not consistent:
                 continue
             by_phase: dict[str, int] = defaultdict(int)
@@ -127,10 +127,10 @@ class Straggler(Rule):
             share = sorted(r["share_pct"] for r in rows)[len(rows) // 2]
             evidence = [
                 f"rank {rk} is the root of the critical path in {len(rows)} of {len(steps)} steps: it put "
-                f"{ns_to_ms(created)} ms of waiting on it (median {share}% of a step it holds up); at the "
-                f"others' pace those steps would take {ns_to_ms(saving)} ms less "
-                f"({pct}% of the steps' time; median {ns_to_ms(typical)} ms a step it holds up)",
-                "while it fell behind: " + ", ".join(f"`{p}` {ns_to_ms(n)} ms" for p, n in
+                f"{ms(created)} ms of waiting on it (median {share}% of a step it holds up); at the "
+                f"others' pace those steps would take {ms(saving)} ms less "
+                f"({pct}% of the steps' time; median {ms(typical)} ms a step it holds up)",
+                "while it fell behind: " + ", ".join(f"`{p}` {ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
             longer, late_start, call, launches = "", False, None, None
@@ -141,13 +141,13 @@ class Straggler(Rule):
                 launches = self._launches(ctx, rk, typical, len(steps)) if late_start and not call else None
                 if call:
                     evidence.append(
-                        f"rank {rk}'s loop thread spends {ns_to_ms(call['ns_per_step'])} ms a step in "
-                        f"`{call['name']}` against {ns_to_ms(call['median_ns_per_step'])} ms on the median rank "
-                        f"(+{ns_to_ms(call['excess_ns_per_step'])} ms a step more than the others)")
+                        f"rank {rk}'s loop thread spends {ms(call['ns_per_step'])} ms a step in "
+                        f"`{call['name']}` against {ms(call['median_ns_per_step'])} ms on the median rank "
+                        f"(+{ms(call['excess_ns_per_step'])} ms a step more than the others)")
                 if launches:
                     evidence.append(
-                        f"rank {rk}'s GPU waits {ns_to_ms(launches[0])} ms a step between kernels (gaps under "
-                        f"{ctx.opts.gap_ms} ms) against {ns_to_ms(launches[1])} ms on the median rank: its CPU "
+                        f"rank {rk}'s GPU waits {ms(launches[0])} ms a step between kernels (gaps under "
+                        f"{ctx.opts.gap_ms} ms) against {ms(launches[1])} ms on the median rank: its CPU "
                         "launches the same kernels slower")
             s = stats.get(rk)
             if s:
@@ -164,8 +164,8 @@ class Straggler(Rule):
             everywhere = self._launch_bound_everywhere(ctx, len(steps)) if late_start and not call else {}
             profiler = self._profiler(ctx, rk, saving, total_ns) if late_start and not call and not everywhere else None
             if profiler:
-                evidence.append(f"what fixing it saves, {ns_to_ms(saving)} ms, is within what tracing cost rank {rk} "
-                                f"over these steps (~{ns_to_ms(profiler)} ms: nsys' per-call cost of its CUDA calls, "
+                evidence.append(f"what fixing it saves, {ms(saving)} ms, is within what tracing cost rank {rk} "
+                                f"over these steps (~{ms(profiler)} ms: nsys' per-call cost of its CUDA calls, "
                                 "as far as its launch gaps show it): the profiler can account for it, and where its "
                                 "cost lands changes from run to run; time the job without it before acting")
                 severity = "info"
@@ -192,10 +192,10 @@ class Straggler(Rule):
             out.append(finding(self.kind, [rk], title, evidence,
                                self._fix(ctx, rk, phase, longer, late_start, call and call["name"],
                                          launches is not None),
-                               0.0 if folded else ns_to_ms(saving), pct=0.0 if folded else pct,
+                               0.0 if folded else ms(saving), pct=0.0 if folded else pct,
                                severity=severity, victims=[v for v in victims if v in ranks]))
             if shared:
-                by_shared[phase].append((out[-1], ns_to_ms(saving)))
+                by_shared[phase].append((out[-1], ms(saving)))
         for phase, fs in by_shared.items():  # ranks that take turns in a shared cause: one finding
             if len(fs) > 1:
                 out = [f for f in out if f not in [f for f, _ in fs]] + [self._turns(ctx, phase, fs)]
@@ -248,7 +248,7 @@ class Straggler(Rule):
         shared launch-boundness at its worst (on a 2-GPU machine the slowest rank changed from
         run to run of one job)."""
         gaps = ctx.views.by_rank("small_gaps")
-        per = {r.rank: ns_to_ms(gaps[r.rank]["ns"], 6) if r.rank in gaps else 0.0 for r in ctx.report.ranks}
+        per = {r.rank: ms(gaps[r.rank]["ns"], 6) if r.rank in gaps else 0.0 for r in ctx.report.ranks}
         ok = len(per) > 1 and all(per[r.rank] >= self.shared_share * r.window_ms for r in ctx.report.ranks)
         return {rk: round(ms / n_steps, 3) for rk, ms in per.items()} if ok else {}
 
@@ -273,15 +273,15 @@ class Straggler(Rule):
         if tot is None:
             return [], "", False
         ks = [k for k in ctx.views.rows("kernel_excess")
-              if k["rank"] == rk and ns_to_ms(k["excess_ns_per_step"]) >= self.shown_kernel_ms]
+              if k["rank"] == rk and ms(k["excess_ns_per_step"]) >= self.shown_kernel_ms]
         named = "; ".join(f"`{k['short_name']}` {k['n_per_step']:.3g} a step against {k['median_n_per_step']:.3g}, "
-                          f"+{ns_to_ms(k['excess_ns_per_step'])} ms" for k in ks)
-        lines = [f"rank {rk}'s computing kernels take {ns_to_ms(tot['ns_per_step'])} ms a step against "
-                 f"{ns_to_ms(tot['median_ns_per_step'])} ms on the median rank "
-                 f"({ns_to_ms(tot['excess_ns_per_step']):+} ms; it holds a step it is the root of up by a median "
-                 f"{ns_to_ms(typical_ns)} ms)" + (f"; most above the median rank's: {named}" if named else "")]
+                          f"+{ms(k['excess_ns_per_step'])} ms" for k in ks)
+        lines = [f"rank {rk}'s computing kernels take {ms(tot['ns_per_step'])} ms a step against "
+                 f"{ms(tot['median_ns_per_step'])} ms on the median rank "
+                 f"({ms(tot['excess_ns_per_step']):+} ms; it holds a step it is the root of up by a median "
+                 f"{ms(typical_ns)} ms)" + (f"; most above the median rank's: {named}" if named else "")]
         late_start = tot["excess_ns_per_step"] < self.kernel_share * typical_ns
-        return lines, named or f"+{ns_to_ms(tot['excess_ns_per_step'])} ms of kernels a step", late_start
+        return lines, named or f"+{ms(tot['excess_ns_per_step'])} ms of kernels a step", late_start
 
     def _call(self, ctx: Context, rk: int, typical_ns: int) -> dict | None:
         """The OS call the root's loop thread spends most time in beyond the median rank's

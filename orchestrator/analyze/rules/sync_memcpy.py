@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from orchestrator.analyze.model import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, ns_to_ms
+from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 FIX = {
     "memcpy": ("Use cudaMemcpyAsync on a stream: in PyTorch .to(device, non_blocking=True) from pinned memory, "
@@ -33,7 +34,7 @@ class SyncMemcpy(Rule):
         win = ctx.window_ms()
         hit = [r for r in ctx.views.rows("sync_copies")
                if r["what"] == self.what and r["n"] >= self.min_calls and win.get(r["rank"])
-               and ns_to_ms(r["api_ns"]) >= self.min_share * win[r["rank"]]]
+               and ms(r["api_ns"]) >= self.min_share * win[r["rank"]]]
         if not hit:
             return []
         worst = max(hit, key=lambda r: r["api_ns"] / win[r["rank"]])
@@ -41,9 +42,9 @@ class SyncMemcpy(Rule):
             self.kind, [r["rank"] for r in hit], f"synchronous {self.what}s block the CPU",
             [f"rank {r['rank']}: {r['n']} {r['top_api']} calls"
              + (f" ({r['n'] / r['n_steps']:.1f} per step)" if r["n_steps"] else "")
-             + f", {r['bytes'] / 2**20:.1f} MiB, CPU blocked {ns_to_ms(r['api_ns'])} ms "
-               f"(GPU {ns_to_ms(r['gpu_ns'])} ms)" for r in sorted(hit, key=lambda r: r["rank"])],
-            FIX[self.what], ns_to_ms(worst["api_ns"]), pct=100 * ns_to_ms(worst["api_ns"]) / win[worst["rank"]])]
+             + f", {r['bytes'] / 2**20:.1f} MiB, CPU blocked {ms(r['api_ns'])} ms "
+               f"(GPU {ms(r['gpu_ns'])} ms)" for r in sorted(hit, key=lambda r: r["rank"])],
+            FIX[self.what], ms(worst["api_ns"]), pct=100 * ms(worst["api_ns"]) / win[worst["rank"]])]
 
 
 RULE = SyncMemcpy()

@@ -1,7 +1,7 @@
 """Assemble the typed cross-rank `Report` from the analysis views, then run the rules.
 
 Every metric comes from a view in `analyze/sql/` (ns there); this module only converts units
-(ns -> ms) and shapes rows into the models of `analyze/model.py`.
+(ns -> ms) and shapes rows into the models of `analyze/model_report.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from orchestrator.analyze.comm import build_comm
 from orchestrator.analyze.critical import build_critical_path
 from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.gpu_memory import build_memory
-from orchestrator.analyze.model import (
+from orchestrator.analyze.model_columns import Column, columns
+from orchestrator.analyze.model_report import (
     CpuPhase,
     Gap,
     Imbalance,
@@ -31,13 +32,12 @@ from orchestrator.analyze.model import (
     Straggler,
     Window,
 )
-from orchestrator.analyze.model_columns import Column, columns
 from orchestrator.analyze.model_timeline import Extras
 from orchestrator.analyze.outcome import build_outcome
 from orchestrator.analyze.overhead import build_overhead
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context
-from orchestrator.analyze.tables import build_tables
+from orchestrator.analyze.stats_tables import build_tables
 from orchestrator.analyze.timeline import extras_from_views
 from orchestrator.analyze.units import ms, ms_or_none
 from orchestrator.collect.timings import phase

@@ -129,7 +129,7 @@ class GpuSlice(Strict):
 
 
 class StatsTables(Strict):
-    """Per-rank tables side by side (filled by analyze/tables.py)."""
+    """Per-rank tables side by side (filled by analyze/stats_tables.py)."""
 
     scope: Literal["window", "capture"] = Field(
         "window", description="window: the selected steps (CPU tables: span of the steps; GPU tables: the "

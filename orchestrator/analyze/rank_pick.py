@@ -1,6 +1,6 @@
-"""Which ranks to show when there are too many: one picker for the terminal's rank table, the
-HTML's rank bars, CPU phase bars and memory bars, the timeline's lanes and the trace's rank
-budget.
+"""Which ranks to show when there are too many: one picker for the terminal's rank and thread
+tables, the HTML's rank bars, CPU phase bars and memory bars, the memory section's curves, the
+timeline's lanes and the trace's rank budget. The heatmaps pick none: they bin every rank.
 
 Every view keeps the ranks that explain the run first (those the findings name, their
 victims, the extremes the view cares about), then fills what room is left: an even sample of
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Literal
 
-from orchestrator.analyze.model import Report
+from orchestrator.analyze.model_report import Report
 
 Fill = Literal["even", "stride", "order", "none"]
 
@@ -30,6 +30,15 @@ def median_step_rank(report: Report) -> int | None:
     """The rank of median step time (the upper median): the run's typical rank."""
     timed = sorted((m.median_step_ms, m.rank) for m in report.ranks if m.median_step_ms is not None)
     return timed[len(timed) // 2][1] if timed else None
+
+
+def trace_order(report: Report) -> list[int]:
+    """Ranks in the order a trace that cannot hold them all keeps them (export-trace's budget):
+    each finding's ranks then its victims (findings come ordered by cost), the rank of median
+    step time, rank 0."""
+    median = median_step_rank(report)
+    order = [rk for rk, _ in by_findings(report)] + ([] if median is None else [median])
+    return [*dict.fromkeys([*order, 0])]
 
 
 def pick_ranks(have: Sequence[int], first: Iterable[tuple[int, str]], limit: int | None = None, *,

@@ -1,7 +1,7 @@
 """The report as typed models: the one boundary between analysis and every renderer.
 
 `Report.model_dump_json()` is the JSON orch writes (`--json`), and `docs/report.schema.json`
-is generated from these models (`python -m orchestrator.analyze.model > docs/report.schema.json`;
+is generated from these models (`python -m orchestrator.analyze.model_report > docs/report.schema.json`;
 a test checks the shipped file matches). Times are ms, percentages 0-100. Renderers
 (terminal, HTML, diff) take a `Report`, never a dict, so a renamed field fails loudly.
 """
@@ -18,10 +18,10 @@ from orchestrator.analyze.model_base import Strict
 from orchestrator.analyze.model_columns import Column, Diff, Html, Terminal, late_of, steady_mean_step, top_gap, waiting
 from orchestrator.analyze.model_comm import CommReport
 from orchestrator.analyze.model_critical import CriticalPath
-from orchestrator.analyze.model_memory import MemoryReport
+from orchestrator.analyze.model_gpu_memory import MemoryReport
 from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_overhead import CaptureOverhead
-from orchestrator.analyze.model_tables import StatsTables
+from orchestrator.analyze.model_stats_tables import StatsTables
 from orchestrator.errors import OrchError
 
 SCHEMA_VERSION = 3

@@ -219,6 +219,30 @@ def test_terminal_at_1024_ranks_stays_short() -> None:
     assert any(re.match(rf"\s+{slow}\s", line) for line in lines) and "1008 more rank(s)" in buf.getvalue()
 
 
+def test_terminal_thread_table_at_1024_ranks_shows_the_named_rank() -> None:
+    """`--tables all` at many ranks: the thread table shows the ranks rank_pick chooses (the
+    straggler a finding names first, then an even sample), a few threads each, not the first
+    ranks' threads in rank order."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from orchestrator.analyze.model_stats_tables import StatsTables, ThreadRow
+    from orchestrator.report.tables_terminal import TOP, print_tables
+
+    report, _, slow = _big_report()
+    report.tables = StatsTables(shown="all", threads=[
+        ThreadRow(rank=rk, tid=t, thread=f"t{t}", role="other", span_ms=100.0, launch_ms=1.0, sync_ms=0.0,
+                  wait_ms=float(t), blocked_ms=float(t), blocked_pct=float(t)) for rk in range(1024) for t in range(6)])
+    buf = StringIO()
+    print_tables(report, Console(file=buf, width=200))
+    text = buf.getvalue()
+    rows = [line.split("│")[1:3] for line in text[text.index("threads: blocked"):].splitlines() if line.count("│") > 3]
+    ranks = [int(r.strip()) for r, _ in rows]
+    assert slow in ranks and len(set(ranks)) == TOP and len(rows) == 4 * TOP
+    assert [t.strip() for r, t in rows if int(r) == slow] == ["t5", "t4", "t3", "t2"]  # most blocked first
+
+
 def test_sweep_set_parsing() -> None:
     assert parse_set("launch.env.NUM_WORKERS=0,2,4") == ("launch.env.NUM_WORKERS", ["0", "2", "4"])
     assert len(combinations([("a", ["1", "2"]), ("b", ["x", "y", "z"])])) == 6

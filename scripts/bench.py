@@ -148,7 +148,7 @@ def main() -> None:
                          "(or --pandas-max 0 to skip it)")
     for tree in (bd.REPO, a.baseline):
         if tree:
-            _bytecode(tree)
+            bd.compile_tree(tree)
     sets: list[tuple[str, Path, int]] = []
     if not a.no_real:
         for name in a.real:
@@ -168,17 +168,6 @@ def main() -> None:
         print(json.dumps({"dataset": label, "ratios": row["ratios"], "orch": row["orch"]["runs"],
                           "floor_c": row["floor_c"]["runs"], "floor_py": row["floor_py"]["runs"]}), flush=True)
     write(results, a)
-
-
-def _bytecode(tree: Path) -> None:
-    """Compile an orch tree to bytecode first, as `pip install` does: an editable install run
-    with PYTHONDONTWRITEBYTECODE set (this machine's default) recompiles every module on every
-    start (a cost the timings would charge to orch; docs/benchmarks-code.md), which no
-    installed orch pays."""
-    import compileall
-
-    if not compileall.compile_dir(str(tree / "orchestrator"), quiet=1):
-        raise SystemExit(f"cannot compile {tree / 'orchestrator'} to bytecode")
 
 
 def _machine() -> str:

@@ -28,6 +28,17 @@ REAL_DIRS = [REPO / "tests" / "fixtures" / "h200", REPO / "tests" / "fixtures" /
              REPO / "tests" / "fixtures" / "real"]  # the last: ResNet-50, GPT-2, pipelining captures
 
 
+def compile_tree(tree: Path) -> None:
+    """Compile an orch tree to bytecode first, as `pip install` does: an editable install run
+    with PYTHONDONTWRITEBYTECODE set (this machine's default) recompiles every module on every
+    start (a cost the timings would charge to orch; docs/benchmarks-code.md), which no
+    installed orch pays."""
+    import compileall
+
+    if not compileall.compile_dir(str(tree / "orchestrator"), quiet=1):
+        raise SystemExit(f"cannot compile {tree / 'orchestrator'} to bytecode")
+
+
 def default_source() -> Path:
     return REAL_DIRS[0] / "ddp_straggler" / "ddp_straggler_r1_vm.2402.sqlite.gz"
 

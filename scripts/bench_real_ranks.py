@@ -8,7 +8,8 @@ Rank k of N is a hard link to rank k % 2 of the real 2-rank capture tests/fixtur
 every rank is real GPU work: ~10.8k kernels and ~34k CUDA calls a rank. First every rank is
 mapped as the job maps it (`orch collect --from ... --parts --map-stats`, not timed as
 after-job); then, with every part fresh, the two commands the user runs, each its own process
-under /usr/bin/time (wall, peak RSS). Prints one Markdown row for docs/benchmarks.md.
+under /usr/bin/time (wall, peak RSS), orch compiled to bytecode first as an installed orch is.
+Prints one Markdown row for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_data import REPO, compile_tree
+
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 
 
@@ -70,6 +73,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="after-job runs (the parts stay fresh)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     a = ap.parse_args()
+    compile_tree(REPO)
     work = a.work or Path(tempfile.mkdtemp(prefix="orch-real-ranks-"))
     try:
         exports = make_ranks(a.job, a.ranks, work)

@@ -202,3 +202,17 @@ def test_no_whole_table_window_aggregates() -> None:
     found = {f.name: whole_table_windows(f.read_text()) for f in SQL_DIR.iterdir() if f.name.endswith(".sql")}
     assert {k: v for k, v in found.items() if v} == {}
     assert whole_table_windows("SELECT ns / sum(ns) OVER () FROM t, row_number() OVER () AS i") == ["sum(ns) OVER ()"]
+
+
+def test_sql_code_leaves_out_comments_and_layout_only() -> None:
+    """The map's digest hashes sqlmodules.code: every analysis file reads the same without its
+    comment lines and with its layout changed, and differently with a literal or a name changed
+    (a space inside a string is the string's own)."""
+    for f in sorted(SQL_DIR.glob("*.sql")):
+        sql = f.read_text()
+        bare = "\n".join("   " + line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+        assert sqlmodules.code(sql) == sqlmodules.code(bare), f.name
+    one = "SELECT 'memcpy ' || kind AS \"a b\", 'it''s -- kept' FROM t -- gone\nWHERE x>1 /* gone */;"
+    assert sqlmodules.code(one) == "SELECT 'memcpy ' || kind AS \"a b\" , 'it''s -- kept' FROM t WHERE x > 1 ;"
+    for other in (one.replace("'memcpy '", "'memcpy'"), one.replace('"a b"', '"a  b"'), one.replace("x>1", "x>2")):
+        assert sqlmodules.code(other) != sqlmodules.code(one)

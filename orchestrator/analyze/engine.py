@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import map_tables, sqlrun
+from orchestrator.analyze import map_tables, sqlmodules, sqlrun
 from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
@@ -184,12 +184,14 @@ def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 @functools.cache
+@functools.cache
 def map_sql() -> str:
     """A digest of the SQL that computes the map's per-rank tables (the files they need, in plan
-    order) and of their declared columns: rows a map made with other SQL are never taken."""
+    order, comments left out: sqlmodules.code) and of their declared columns: rows a map made
+    with other statements are never taken."""
     h = hashlib.sha256()
     for u in sqlrun.needed(_plan(), map_tables.SQL_FILES):
-        h.update(u.sql.encode())
+        h.update(sqlmodules.code(u.sql).encode())
     h.update(repr(map_tables.SUMMARIES).encode())
     return h.hexdigest()[:16]
 

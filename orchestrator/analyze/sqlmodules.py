@@ -143,3 +143,29 @@ def parse(file: str, sql: str) -> Module:
 def parse_all(files: Iterable[tuple[str, str]]) -> list[Module]:
     """(file name, SQL) in execution order -> their declarations, in that order."""
     return [parse(name, sql) for name, sql in files]
+
+
+_TOKEN_END = re.compile(r"\s|--|/\*")
+
+
+def code(sql: str) -> str:
+    """`sql` as DuckDB reads it, without its comments and layout: its tokens, one space apart.
+    What a digest of the analysis SQL hashes, so that a module's header or comment edited
+    leaves maps made with the same statements valid. DuckDB's tokenizer gives where each token
+    starts and skips comments; a token ends at its closing quote (a string or a quoted name,
+    whose spaces are its own) or at the first space or comment after it."""
+    import duckdb
+
+    starts = duckdb.tokenize(sql)
+    out = []
+    for (at, _), end in zip(starts, [s for s, _ in starts[1:]] + [len(sql)], strict=True):
+        piece = sql[at:end]
+        quote = piece[0] if piece[0] in "'\"" else None
+        if quote is None:
+            out.append(_TOKEN_END.split(piece, maxsplit=1)[0])
+            continue
+        close = 1
+        while (close := piece.index(quote, close)) + 1 < len(piece) and piece[close + 1] == quote:
+            close += 2  # a doubled quote inside
+        out.append(piece[:close + 1])
+    return " ".join(out)

@@ -34,13 +34,13 @@ from orchestrator.sqltext import file_literal, quote
 # more than the copy costs the reduce (docs/scale.md, "Real GPU ranks"); unless every report's
 # map computed what the analysis reads of them (analyze/map_tables.py): then the analysis reads
 # them only for the ranks no map did, and they stay in the parts, however small their files
-# (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets and OS
-# runtime calls, which the analysis reads little of but whose many small files a copy pays for,
+# (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets, OS runtime
+# calls and threads, which the analysis reads little of but whose many small files a copy pays for,
 # and the map's own large tables (its compute islands: a part per rank, OWN_MAPPED), which the
 # analysis reads once, on the rank's own clock (their view moves nothing).
 COPIED = ("nvtx", "cuda_api")
 OWN_MAPPED: dict[str, Summary] = {s.table: s for s in SUMMARIES if s.own}
-IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt", *OWN_MAPPED)
+IF_MAPPED = ("cuda_api", "memcpy", "memset", "osrt", "threads", *OWN_MAPPED)
 VIEWABLE = tuple(name for name, t in TABLES.items() if t.shifted and name not in COPIED)
 # What no report reads (the analysis SQL, the timeline, export-trace: tests/test_event_views.py
 # holds them to it), kept for the user's own SQL: it stays in the parts whatever its size, as a

@@ -21,7 +21,7 @@ CREATE OR REPLACE TABLE busy_thread AS
 SELECT rank, tid FROM (
     SELECT a.rank, a.tid, row_number() OVER (PARTITION BY a.rank ORDER BY count(*) DESC, a.tid) AS i
     FROM (SELECT * FROM cuda_api SEMI JOIN map_none USING (rank)) a
-    LEFT JOIN threads t ON t.rank = a.rank AND t.tid = a.tid
+    LEFT JOIN (SELECT * FROM threads SEMI JOIN map_none USING (rank)) t ON t.rank = a.rank AND t.tid = a.tid
     WHERE coalesce(t.name, '') NOT LIKE 'pt_autograd%'
     GROUP BY a.rank, a.tid)
 WHERE i = 1

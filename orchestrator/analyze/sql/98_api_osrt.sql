@@ -68,7 +68,7 @@ WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 CREATE OR REPLACE TABLE _thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
-FROM threads t JOIN rank_pid r USING (rank)
+FROM (SELECT * FROM threads SEMI JOIN stats_cpu_todo USING (rank)) t JOIN rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
 CREATE OR REPLACE TABLE api_table AS

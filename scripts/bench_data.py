@@ -214,11 +214,19 @@ def phase_ingest(d: Path, store_dir: Path) -> dict:
 
 
 def phase_analyze(store_dir: Path) -> dict:
-    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
 
-    rep = build_report(store_dir / "profile.duckdb", Options())
+    rep = _build_report()(store_dir / "profile.duckdb", Options())
     return {"ranks": len(rep.ranks)}
+
+
+def _build_report():
+    """The report's builder of the orch tree on sys.path (a --baseline may predate its name)."""
+    try:
+        from orchestrator.analyze.build import build_report
+    except ModuleNotFoundError:
+        from orchestrator.analyze.report import build_report
+    return build_report
 
 
 def phase_orch_in(tree: str, d: Path, store_dir: Path) -> dict:
@@ -242,9 +250,10 @@ def phase_orch(d: Path, store_dir: Path) -> dict:
         return phase_analyze(store_dir)
     from rich.console import Console
 
-    from orchestrator.analyze.build import build_report
     from orchestrator.analyze.engine import Options
     from orchestrator.collect.identity import Layout
+
+    build_report = _build_report()
 
     with cc.collecting([d], store_dir, layout=Layout(), workers=None, console=Console(stderr=True, quiet=True),
                        background=True) as (res, con):

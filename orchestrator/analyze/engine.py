@@ -184,7 +184,6 @@ def ended_early(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 @functools.cache
-@functools.cache
 def map_sql() -> str:
     """A digest of the SQL that computes the map's per-rank tables (the files they need, in plan
     order, comments left out: sqlmodules.code) and of their declared columns: rows a map made

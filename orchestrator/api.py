@@ -60,7 +60,7 @@ class Store:
                                                 "WHERE table_catalog = 'store'").fetchall()}
         if name not in names:
             raise KeyError(f"no table {name!r} in {self.path}; tables: {', '.join(sorted(names))}")
-        return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
+        return self._read(name)
 
     def view(self, name: str, **options: Any):  # -> pyarrow.Table
         """An analysis view (e.g. rank_metrics, gap_attr, coll, step_gpu), computed on first use."""
@@ -69,9 +69,13 @@ class Store:
             run_sql(self.con, opts)
             self._analysed = opts
         try:
-            return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
+            return self._read(name)
         except (duckdb.CatalogException, duckdb.ParserException):
             raise KeyError(f"no analysis view {name!r}; the views are listed in docs/metrics.md") from None
+
+    def _read(self, name: str):  # -> pyarrow.Table
+        """Every row of the table or view `name`, named as a bound value (never pasted into SQL)."""
+        return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
 
     def close(self) -> None:
         self.con.close()

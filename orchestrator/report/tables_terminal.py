@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from itertools import groupby, islice
 from statistics import median
 from typing import Any
 
@@ -121,13 +122,11 @@ def _all_tables(report: Report) -> list[Table]:
         # The most blocked threads of each shown rank (at least four, 4 * TOP rows in all): the
         # ranks the findings name first, then an even sample (rank_pick.py).
         shown = pick_ranks(sorted({r.rank for r in t.threads}), by_findings(report), TOP)
-        room, per_rank = max(4, 4 * TOP // len(shown)), defaultdict[int, int](int)
-        for r in sorted(t.threads, key=lambda r: (r.rank, -(r.blocked_pct or 0))):
-            per_rank[r.rank] += 1
-            if r.rank not in shown or per_rank[r.rank] > room:
-                continue
-            th.add_row(str(r.rank), cell(r.thread), r.role, _fmt(r.blocked_pct), _fmt(r.blocked_per_step_ms),
-                       _fmt(r.launch_pct), cell(r.top_wait or ""))
+        rows = sorted((r for r in t.threads if r.rank in shown), key=lambda r: (r.rank, -(r.blocked_pct or 0)))
+        for _, of_rank in groupby(rows, key=lambda r: r.rank):
+            for r in islice(of_rank, max(4, 4 * TOP // len(shown))):
+                th.add_row(str(r.rank), cell(r.thread), r.role, _fmt(r.blocked_pct), _fmt(r.blocked_per_step_ms),
+                           _fmt(r.launch_pct), cell(r.top_wait or ""))
         out.append(th)
     return out
 

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
-from orchestrator.collect.views import UNREAD, VIEW_MIN_ROWS, VIEWABLE, create_views, view_sql
+from orchestrator.collect.tables import TABLES
+from orchestrator.collect.views import IF_MAPPED, UNREAD, VIEW_MIN_ROWS, VIEWABLE, create_views, view_sql
 from orchestrator.layout import Layout
 from tests.conftest import run_orch
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
@@ -144,6 +145,35 @@ def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: 
         report.pop("store")
         events = json.loads((d / "t.json").read_text())["traceEvents"]  # (in the order the rows came)
         out[name] = (report, sorted(json.dumps(e, sort_keys=True) for e in events))
+    assert out["a"] == out["ref"]
+
+
+
+def test_a_report_of_mapped_ranks_reads_no_event_table(gpu_fixtures: Path, tmp_path: Path) -> None:
+    """Where every rank's map computed its statistics, the report's analysis is the reduce of
+    them alone: with every part of the event tables that stay in the parts (the CUDA calls,
+    kernels, copies, memsets, OS-runtime calls, threads, syncs) emptied (the same columns, no
+    rows; the store's record of their sizes updated, so it still opens them), `orch report
+    --json` gives the in-process store's report. (The HTML timeline and `export-trace` draw the
+    events of a few ranks: they read them by design.)"""
+    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    res = _parts(gpu_fixtures / CASE, tmp_path / "a", summaries=True)
+    events = [t for t in (*IF_MAPPED, "kernels", *UNREAD) if t in TABLES and _has_rows(ref.store, t)]
+    assert {"cuda_api", "kernels", "osrt", "threads"} <= set(events) <= set(res.views)  # the check can fail
+    parts = tmp_path / "a" / "parts"
+    with duckdb.connect(str(res.store)) as con:
+        for t in events:
+            for f in parts.glob(f"table={t}/*/*.parquet"):
+                con.execute(f"COPY (SELECT * FROM read_parquet('{f}') LIMIT 0) TO '{f}' (FORMAT parquet)")
+                con.execute("UPDATE event_parts SET bytes = ? WHERE path = ?",
+                            [f.stat().st_size, str(f.relative_to(parts))])
+        assert con.execute("SELECT count(*) FROM kernels").fetchone() == (0,)
+    out = {}
+    for name, store in (("ref", ref.store), ("a", res.store)):
+        r = run_orch("report", str(store), "--json", str(tmp_path / f"{name}.json"))
+        assert r.returncode == 0, r.stderr
+        out[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        out[name].pop("store")
     assert out["a"] == out["ref"]
 
 

@@ -13,6 +13,7 @@ cannot stop a chunk (`map_chunk_strict` raises afterwards, so Slurm marks the ta
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import socket
@@ -68,8 +69,9 @@ class MapTask:
     summaries: bool = False  # the rank's per-rank statistics too (summarize.py)
     in_job: bool = False  # mapped by the job itself, on the rank's node (jobmap.py)
 
-    @property
+    @functools.cached_property
     def rid(self) -> str:
+        """report_id, once: it resolves the path, and a collect of many reports asks often."""
         return report_id(self.report.origin, self.report.stem)
 
     @property

@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.analyze.engine import map_sql
-from orchestrator.analyze.map_tables import STACK, SUMMARIES, stack_columns
+from orchestrator.analyze.map_tables import STACK, SUMMARIES, Summary, stack_columns
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
@@ -63,41 +63,44 @@ def _size(path: Path) -> int | None:
 def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]], *, own: bool,
                       viewed: Iterable[str] = ()) -> str | None:
     """The map's per-rank statistics, on each rank's own clock (analyze/map_tables.py): the
-    stacked small tables, or (`own`) the large ones, of which those `viewed` stay in the parts
-    (views.OWN_MAPPED, made with the event tables' views). They only spare the analysis work: a
-    part that cannot be read leaves them all out (and says why)."""
+    small tables, or (`own`) the large ones, of which those `viewed` stay in the parts
+    (views.OWN_MAPPED, made with the event tables' views). The small ones are stored as the
+    maps wrote them, stacked in one table (STACK, ordered by table: a table's read skips, by
+    their zone maps, the row groups that hold none of its rows), each behind a view of its
+    declared columns: one table costs the reduce's commit and checkpoint less than thirty small
+    ones (docs/benchmarks-after-job.md). They only spare the analysis work: a part that cannot
+    be read leaves them all out (and says why)."""
     skip = set(viewed)
     tables = [s for s in SUMMARIES if s.own == own and s.table not in skip]
-    for s in tables:
-        con.execute(s.ddl())
     begun = False
     try:
-        if not own:
-            # Ordered by table: the unstacking below skips, by their zone maps, the row groups
-            # that hold none of a table's rows instead of filtering every row each time.
-            con.execute("CREATE OR REPLACE TEMP TABLE _map_stack AS SELECT * FROM ("
-                        + parts_select(STACK, stack_columns(), (), root, files.get(STACK, []))
-                        + ") ORDER BY tbl")
-        # One transaction for all of them: a commit per table costs more than its rows at many
-        # ranks (docs/benchmarks-after-job.md).
         con.execute("BEGIN")
         begun = True
-        for s in tables:
-            con.execute(f"INSERT INTO {s.table} " + (
-                parts_select(s.table, s.columns, (), root, files.get(s.table, [])) if own
-                else s.unstacked("_map_stack")))
+        if own:
+            for s in tables:
+                con.execute(s.ddl())
+                rows = parts_select(s.table, s.columns, (), root, files.get(s.table, []))
+                con.execute(f"INSERT INTO {s.table} {rows}")
+        else:
+            _stack(con, parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])), tables)
         con.execute("COMMIT")
     except duckdb.Error as e:
         if begun:
             con.execute("ROLLBACK")
         for s in SUMMARIES:
-            if s.table not in skip:
+            if s.table not in skip and s.own:
                 con.execute(s.ddl())
                 con.execute(f"DELETE FROM {s.table}")
+        _stack(con, parts_select(STACK, stack_columns(), (), root, []), [s for s in SUMMARIES if not s.own])
         return f"not used ({str(e).splitlines()[0]})"
-    finally:
-        con.execute("DROP TABLE IF EXISTS _map_stack")
     return None
+
+
+def _stack(con: duckdb.DuckDBPyConnection, rows: str, tables: list[Summary]) -> None:
+    """The stacked table from the query `rows`, and the views of `tables` over it."""
+    con.execute(f"CREATE OR REPLACE TABLE {STACK} AS SELECT * FROM ({rows}) ORDER BY tbl")
+    for s in tables:
+        con.execute(f"CREATE OR REPLACE VIEW {s.table} AS {s.unstacked(STACK)}")
 
 
 def _mapped_by_this_sql(con: duckdb.DuckDBPyConnection, ranks: list[int]) -> bool:

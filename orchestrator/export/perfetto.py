@@ -69,14 +69,14 @@ SELECT *, '58' || pb_varint(uuid) AS trk FROM (
          (rank::UBIGINT + 1) << 26 AS puuid,
          ((rank::UBIGINT + 1) << 26) + 1 + CASE WHEN gpu THEN 33554432 ELSE 0 END + key::UBIGINT AS uuid,
          min(start) AS first, row_number() OVER (ORDER BY rank, gpu, key) AS tix
-  FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start GROUP BY rank, gpu, key)
+  FROM trace_slices(?) WHERE start IS NOT NULL AND "end" >= start GROUP BY rank, gpu, key)
 """
 # TrackEvent.name (23) and .categories (22) as bytes, once per distinct pair; an event carries
 # the pair's number (nid) until its part makes its bytes.
 _NAMES = """
 INSERT INTO _pf_names
 SELECT name, cat, row_number() OVER (ORDER BY name, cat) AS nid, pb_str('BA01', name) || pb_str('B201', cat) AS hex
-FROM (SELECT DISTINCT name, cat FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start)
+FROM (SELECT DISTINCT name, cat FROM trace_slices(?) WHERE start IS NOT NULL AND "end" >= start)
 """
 # The descriptors (no timestamp: they come first): one process per rank, its tracks, the note.
 _DESCRIPTORS = f"""
@@ -101,7 +101,7 @@ _EVENTS = """
 INSERT INTO _pf_ev
 WITH s AS (  -- numbered in the slices' own order (id breaks ties between equal slices of a track)
   SELECT rank, gpu, key, name, cat, start, "end", row_number() OVER () AS id
-  FROM ({slices}) WHERE start IS NOT NULL AND "end" >= start
+  FROM trace_slices(?) WHERE start IS NOT NULL AND "end" >= start
 ),
 t0 AS (SELECT coalesce(min(first), 0) AS t0 FROM _pf_tracks)
 SELECT s.id, s.start - t0.t0 AS b, s."end" - t0.t0 AS e, t.tix, n.nid
@@ -137,15 +137,13 @@ SELECT '{_PACKET}' || pb_varint(length(p) // 2) || p FROM (
 PART_PACKETS = 1_000_000  # packets a part holds, about: ~100 MB of sort at most
 
 
-def write(con: duckdb.DuckDBPyConnection, fh: BinaryIO, slices: str, ranks: list[int], note: str,
-          chunk: int = 50_000) -> None:
-    """Write the slices of `ranks` (`slices`: SQL with one `?` per rank list) as a Perfetto trace."""
+def write(con: duckdb.DuckDBPyConnection, fh: BinaryIO, ranks: list[int], note: str, chunk: int = 50_000) -> None:
+    """Write the slices of `ranks` as a Perfetto trace: those of the table macro
+    `trace_slices(ranks)` that `con` holds (export/trace.py makes it)."""
     con.execute(MACROS)
-    lists = [ranks] * slices.count("?")
     con.execute(_TABLES)
-    execute(con, _TRACKS.format(slices=slices), lists)
-    execute(con, _NAMES.format(slices=slices), lists)
-    execute(con, _EVENTS.format(slices=slices), lists)
+    for sql in (_TRACKS, _NAMES, _EVENTS):
+        execute(con, sql, [ranks])
     (n,) = con.execute("SELECT 2 * count(*) FROM _pf_ev").fetchone()
     parts = max(1, -(-n // PART_PACKETS))
     cuts = execute(con, _CUTS, [[i / parts for i in range(1, parts)]]).fetchone()[0] if parts > 1 else []

@@ -36,28 +36,30 @@ DEFAULT_MAX_EVENTS = {"json": 5_000_000, "proto": 20_000_000}
 
 # GPU streams get tids above any Linux tid so they never collide with CPU threads.
 _GPU_TID = 1 << 24
-# One row per slice of the kept ranks: (rank, gpu, key, track, name, cat, start, end, bytes).
-# `key` is the stream (gpu) or the thread (cpu), `track` its display name.
+# trace_slices(keep): one row per slice of the ranks in `keep` (rank, gpu, key, track, name, cat,
+# start, end, bytes); `key` is the stream (gpu) or the thread (cpu), `track` its display name.
+# Both writers read the slices through it, the ranks bound as a parameter.
 SLICES = f"""
+CREATE OR REPLACE TEMP MACRO trace_slices(keep) AS TABLE
 SELECT rank, true AS gpu, stream AS key, 'GPU ' || device || ' stream ' || stream AS track,
        coalesce(short_name, '') AS name, CASE WHEN short_name LIKE 'nccl%' THEN 'comm' ELSE 'compute' END AS cat,
        start, "end", NULL::BIGINT AS bytes
-FROM kernels WHERE list_contains(?, rank)
+FROM kernels WHERE list_contains(keep, rank)
 UNION ALL
 SELECT rank, true, stream, 'GPU ' || device || ' stream ' || stream, 'memcpy ' || kind, 'memory', start, "end", bytes
-FROM memcpy WHERE list_contains(?, rank)
+FROM memcpy WHERE list_contains(keep, rank)
 UNION ALL
 SELECT rank, true, stream, 'GPU ' || device || ' stream ' || stream, 'memset', 'memory', start, "end", NULL
-FROM memset WHERE list_contains(?, rank)
+FROM memset WHERE list_contains(keep, rank)
 UNION ALL
 SELECT rank, true, stream, 'GPU ' || device || ' stream ' || stream, 'CUDA graph ' || graph_id, 'compute',
        start, "end", NULL
-FROM graph_execs WHERE list_contains(?, rank)
+FROM graph_execs WHERE list_contains(keep, rank)
 UNION ALL
 SELECT rank, false, tid % {_GPU_TID}, 'CPU thread ' || (tid % {_GPU_TID}), coalesce(text, ''),
        coalesce('nvtx:' || domain, 'nvtx'),
        start, "end", NULL
-FROM nvtx WHERE list_contains(?, rank) AND "end" IS NOT NULL
+FROM nvtx WHERE list_contains(keep, rank) AND "end" IS NOT NULL
 """
 
 _JSON_SQL = f"""
@@ -67,14 +69,14 @@ FROM ranks WHERE status <> 'missing' AND list_contains(?, rank)
 UNION ALL
 SELECT to_json({{name: 'thread_name', ph: 'M', pid: rank, tid: CASE WHEN gpu THEN {_GPU_TID} + key ELSE key END,
                  args: {{name: track}}}})
-FROM (SELECT DISTINCT rank, gpu, key, track FROM ({SLICES}))
+FROM (SELECT DISTINCT rank, gpu, key, track FROM trace_slices(?))
 UNION ALL
 SELECT CASE WHEN bytes IS NULL
   THEN to_json({{name: name, cat: cat, ph: 'X', pid: rank, tid: CASE WHEN gpu THEN {_GPU_TID} + key ELSE key END,
                 ts: start / 1000.0, dur: ("end" - start) / 1000.0}})
   ELSE to_json({{name: name, cat: cat, ph: 'X', pid: rank, tid: {_GPU_TID} + key,
                 ts: start / 1000.0, dur: ("end" - start) / 1000.0, args: {{bytes: bytes}}}}) END
-FROM ({SLICES})
+FROM trace_slices(?)
 """
 
 _COUNT_SQL = """
@@ -139,11 +141,12 @@ def export_trace(store: Path, out: Path, *, ranks: Iterable[int] | None = None, 
             kept = have if sum(counts.values()) <= limit else _choose(have, counts, limit, list(priority()))
         result = TraceResult(sum(counts.get(r, 0) for r in kept), kept, sorted(set(have) - set(kept)),
                              chosen=ranks is not None)
+        con.execute(SLICES)
         with open(tmp, "wb") as fh:
             if fmt == "json":
                 _write_json(con, fh, kept, result.note, chunk)
             else:
-                perfetto.write(con, fh, SLICES, kept, result.note, chunk)
+                perfetto.write(con, fh, kept, result.note, chunk)
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ _GPU_TID = 1 << 24
 # trace_slices(keep): one row per slice of the ranks in `keep` (rank, gpu, key, track, name, cat,
 # start, end, bytes); `key` is the stream (gpu) or the thread (cpu), `track` its display name.
 # Both writers read the slices through it, the ranks bound as a parameter.
-SLICES = f"""
+SLICES_MACRO = f"""
 CREATE OR REPLACE TEMP MACRO trace_slices(keep) AS TABLE
 SELECT rank, true AS gpu, stream AS key, 'GPU ' || device || ' stream ' || stream AS track,
        coalesce(short_name, '') AS name, CASE WHEN short_name LIKE 'nccl%' THEN 'comm' ELSE 'compute' END AS cat,
@@ -141,7 +141,7 @@ def export_trace(store: Path, out: Path, *, ranks: Iterable[int] | None = None, 
             kept = have if sum(counts.values()) <= limit else _choose(have, counts, limit, list(priority()))
         result = TraceResult(sum(counts.get(r, 0) for r in kept), kept, sorted(set(have) - set(kept)),
                              chosen=ranks is not None)
-        con.execute(SLICES)
+        con.execute(SLICES_MACRO)
         with open(tmp, "wb") as fh:
             if fmt == "json":
                 _write_json(con, fh, kept, result.note, chunk)

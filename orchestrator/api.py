@@ -75,7 +75,7 @@ class Store:
 
     def _read(self, name: str):  # -> pyarrow.Table
         """Every row of the table or view `name`, named as a bound value (never pasted into SQL)."""
-        return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).fetch_arrow_table()
+        return execute(self.con, "SELECT * FROM query_table(?::VARCHAR)", [name]).to_arrow_table()
 
     def close(self) -> None:
         self.con.close()

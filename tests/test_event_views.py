@@ -148,7 +148,6 @@ def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: 
     assert out["a"] == out["ref"]
 
 
-
 def test_a_report_of_mapped_ranks_reads_no_event_table(gpu_fixtures: Path, tmp_path: Path) -> None:
     """Where every rank's map computed its statistics, the report's analysis is the reduce of
     them alone: with every part of the event tables that stay in the parts (the CUDA calls,

@@ -72,10 +72,8 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
     be read leaves them all out (and says why)."""
     skip = set(viewed)
     tables = [s for s in SUMMARIES if s.own == own and s.table not in skip]
-    begun = False
+    con.execute("BEGIN")
     try:
-        con.execute("BEGIN")
-        begun = True
         if own:
             for s in tables:
                 con.execute(s.ddl())
@@ -85,8 +83,7 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
             _stack(con, parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])), tables)
         con.execute("COMMIT")
     except duckdb.Error as e:
-        if begun:
-            con.execute("ROLLBACK")
+        con.execute("ROLLBACK")
         for s in SUMMARIES:
             if s.table not in skip and s.own:
                 con.execute(s.ddl())

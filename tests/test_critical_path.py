@@ -108,6 +108,9 @@ def test_who_held_the_steps_up_is_counted_once_in_the_analysis(planted) -> None:
     _, rep, _, delayed, steps, ranks = planted
     cp = rep.critical_path
     assert sum(cp.composition_pct.values()) == pytest.approx(100.0, abs=0.1)
+    # The largest part first, in both maps: the JSON of one store is the same text every time.
+    parts = list(cp.composition_ms.values())
+    assert parts == sorted(parts, reverse=True) and list(cp.composition_pct) == list(cp.composition_ms)
     held = {h.rank: h for h in cp.held_by}
     per_step = {}
     for s in cp.steps:

@@ -17,7 +17,15 @@ from rich.console import Console
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
 from orchestrator.collect.tables import TABLES
-from orchestrator.collect.views import IF_MAPPED, UNREAD, VIEW_MIN_ROWS, VIEWABLE, create_views, view_sql
+from orchestrator.collect.views import (
+    IF_MAPPED,
+    UNREAD,
+    VIEW_MIN_ROWS,
+    VIEWABLE,
+    create_views,
+    parts_select,
+    view_sql,
+)
 from orchestrator.layout import Layout
 from tests.conftest import run_orch
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
@@ -189,3 +197,18 @@ def test_views_take_the_store_rank_where_the_folder_says_another(gpu_fixtures: P
     assert after == {t: {1 - r: n for r, n in b.items()} for t, b in before.items()}
     assert "p.rank AS rank" in view_sql("kernels", root, ["table=kernels/rank=1/x.parquet"], ranks=[1])
     assert "m.rank AS rank" in view_sql("kernels", root, ["table=kernels/rank=-1/x.parquet"], ranks=[0])
+
+
+def test_a_part_listed_by_its_absolute_path_is_read_where_it_is(tmp_path: Path) -> None:
+    """Part paths are joined to the parts folder as text; one given absolute stays as it is,
+    as Path joins it (it is not looked for under the folder)."""
+    root, elsewhere = tmp_path / "parts", tmp_path / "elsewhere"
+    con = duckdb.connect()
+    for base, rank in ((root, 0), (elsewhere, 1)):
+        folder = base / "table=t" / f"rank={rank}"
+        folder.mkdir(parents=True)
+        con.execute(f"COPY (SELECT {10 * rank + 7} AS v) TO '{folder / 'p.parquet'}' (FORMAT parquet)")
+    rows = parts_select("t", [("rank", "INTEGER"), ("v", "BIGINT")], (), root,
+                        ["table=t/rank=0/p.parquet", str(elsewhere / "table=t" / "rank=1" / "p.parquet")],
+                        own_rank=True)
+    assert con.execute(f"SELECT rank, v FROM ({rows}) ORDER BY rank").fetchall() == [(0, 7), (1, 17)]

@@ -31,7 +31,7 @@ def build_critical_path(v: Views) -> CriticalPath | None:
             cs.root_share_pct, cs.victims = float(r["share_pct"]), list(r["victims"])
             cs.root_saving_ms = ms(r["saving_ns"])
         out.append(cs)
-    comp = v.query("SELECT what, ns, pct FROM cp_composition")
+    comp = v.query("SELECT what, ns, pct FROM cp_composition ORDER BY ns DESC, what")  # the JSON's key order
     by = v.query("SELECT * FROM cp_held_by ORDER BY total_ns DESC, rank")
     held = [CriticalRoot(rank=h["rank"], steps=h["steps"], total_ms=ms(h["total_ns"]),
                          ms_per_held_step=ms(h["per_held_ns"]),

@@ -41,7 +41,7 @@ from orchestrator.collect.views import (
     view_sql,
 )
 from orchestrator.duckdb_memory import limit
-from orchestrator.sqltext import set_option
+from orchestrator.sqltext import execute, set_option
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -81,7 +81,6 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
                 con.execute(f"INSERT INTO {s.table} {rows}")
         else:
             _stack(con, parts_select(STACK, stack_columns(), (), root, files.get(STACK, [])), tables)
-        con.execute("COMMIT")
     except duckdb.Error as e:
         con.execute("ROLLBACK")
         for s in SUMMARIES:
@@ -90,6 +89,10 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
                 con.execute(f"DELETE FROM {s.table}")
         _stack(con, parts_select(STACK, stack_columns(), (), root, []), [s for s in SUMMARIES if not s.own])
         return f"not used ({str(e).splitlines()[0]})"
+    # Outside the try: a part that cannot be read is what the fallback is for; a store that
+    # cannot be written (a full disk) fails the reduce, and DuckDB has already ended the
+    # transaction, so a ROLLBACK there would only hide that error behind its own.
+    con.execute("COMMIT")
     return None
 
 
@@ -107,8 +110,8 @@ def _mapped_by_this_sql(con: duckdb.DuckDBPyConnection, ranks: list[int]) -> boo
     stay in the parts (views.IF_MAPPED)."""
     if not ranks:
         return False
-    n = con.execute("SELECT count(DISTINCT rank) FROM map_scope WHERE split_part(sql, ' ', 1) = ? "
-                    "AND list_contains(?, rank)", [map_sql(), ranks]).fetchone()[0]
+    n = execute(con, "SELECT count(DISTINCT rank) FROM map_scope WHERE split_part(sql, ' ', 1) = ? "
+                "AND list_contains(?, rank)", [map_sql(), ranks]).fetchone()[0]
     return n == len(set(ranks))
 
 

@@ -15,6 +15,7 @@ lists the views that held such rows (`event_views_filtered`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import duckdb
 from orchestrator.analyze.map_tables import SUMMARIES, Summary
 from orchestrator.collect.tables import TABLES
 from orchestrator.errors import OrchError
-from orchestrator.sqltext import file_literal, quote
+from orchestrator.sqltext import execute, file_literal, quote
 
 # The tables that may stay in the parts: those with rows per event (a time column). The
 # per-thread and per-GPU tables are small and read often: a copy of them costs less than
@@ -84,8 +85,10 @@ def parts_select(table: str, columns: Sequence[tuple[str, str]], shifted: Iterab
     moved = set(shifted)
     cols = [("p.rank" if own_rank else "m.rank") + " AS rank" if c == "rank"
             else f'p."{c}" + m.off AS "{c}"' if c in moved else f'p."{c}"' for c, _ in columns]
-    base = str(root)  # joined as text: a Path object per part costs more than the rest at thousands of parts
-    listing = ", ".join(file_literal(f"{base}/{p}") for p in paths)
+    # Joined as text (a Path object per part costs more than the rest at thousands of parts),
+    # the way Path joins: a path given absolute stays as it is.
+    base = str(root)
+    listing = ", ".join(file_literal(os.path.join(base, p)) for p in paths)
     where = ' WHERE NOT coalesce(p."end" < p.start, false)' if possible_only else ""
     # The rank from the folder names: a filter on it leaves the other ranks' files unopened.
     hive = "true, hive_types = {'rank': INTEGER}" if own_rank else "false"
@@ -131,7 +134,7 @@ def unfiltered(table: str) -> str:
 
 def table_parts(con: duckdb.DuckDBPyConnection, table: str, index: str = "event_parts") -> list[tuple[str, int]]:
     """`table`'s part files (relative to the parts folder) with their store rank, in their order `i`."""
-    return con.execute(f"SELECT path, rank FROM {index} WHERE tbl = ? ORDER BY i", [table]).fetchall()
+    return execute(con, f"SELECT path, rank FROM {index} WHERE tbl = ? ORDER BY i", [table]).fetchall()
 
 
 def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: Iterable[str], filtered: Iterable[str] = (),
@@ -175,8 +178,8 @@ def relocate(con: duckdb.DuckDBPyConnection, store: Path, meta: dict[str, str]) 
     tables = viewed(meta)
     if not tables:
         return
-    parts = con.execute("SELECT path, bytes FROM store.event_parts WHERE list_contains(?, tbl)",
-                        [tables]).fetchall()
+    parts = execute(con, "SELECT path, bytes FROM store.event_parts WHERE list_contains(?, tbl)",
+                    [tables]).fetchall()
     was = Path(meta["parts"])
     here = Path(store).resolve().parent / meta["parts_from_store"]
     roots = [r for r in dict.fromkeys((here, was)) if r.is_dir()] or [was]

@@ -27,6 +27,7 @@ from orchestrator.collect.views import (
     view_sql,
 )
 from orchestrator.layout import Layout
+from orchestrator.sqltext import file_literal
 from tests.conftest import run_orch
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
 
@@ -207,7 +208,7 @@ def test_a_part_listed_by_its_absolute_path_is_read_where_it_is(tmp_path: Path) 
     for base, rank in ((root, 0), (elsewhere, 1)):
         folder = base / "table=t" / f"rank={rank}"
         folder.mkdir(parents=True)
-        con.execute(f"COPY (SELECT {10 * rank + 7} AS v) TO '{folder / 'p.parquet'}' (FORMAT parquet)")
+        con.execute(f"COPY (SELECT {10 * rank + 7} AS v) TO {file_literal(folder / 'p.parquet')} (FORMAT parquet)")
     rows = parts_select("t", [("rank", "INTEGER"), ("v", "BIGINT")], (), root,
                         ["table=t/rank=0/p.parquet", str(elsewhere / "table=t" / "rank=1" / "p.parquet")],
                         own_rank=True)

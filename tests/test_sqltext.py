@@ -94,19 +94,38 @@ def test_api_reads_tables_and_views_by_name_only(tmp_path: Path) -> None:
         assert st.table("ranks").num_rows == 2
 
 
+# Prepended to the code of a test below: a fresh interpreter that records, in `tried`, every
+# attempt to import pandas or numpy (those DuckDB's Python client makes when it binds a value).
+_COUNT_IMPORTS = """
+import sys, json
+tried = []
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('pandas', 'numpy'):
+            tried.append(name)
+        return None
+sys.meta_path.insert(0, Finder())
+"""
+
+
+def _counted(code: str) -> dict:
+    """What `code`, run after _COUNT_IMPORTS in its own interpreter, printed last (JSON)."""
+    out = subprocess.run([sys.executable, "-c", _COUNT_IMPORTS + code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_report_imports_no_pandas(tmp_path: Path) -> None:
     fx = _exports(tmp_path)
-    code = f"""
-import sys, json
+    got = _counted(f"""
 from orchestrator.api import analyze
 rep = analyze([{str(fx)!r}], out={str(tmp_path / 'run')!r})
 from orchestrator.analyze.build import build_analysis
 from orchestrator.analyze.engine import Options
 build_analysis(rep.store, Options(steps_from='^step'))
-print(json.dumps({{m: m in sys.modules for m in ('pandas', 'numpy')}}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"pandas": False, "numpy": False}
+print(json.dumps({{"modules": {{m: m in sys.modules for m in ('pandas', 'numpy')}}, "tried": tried}}))
+""")
+    assert got["modules"] == {"pandas": False, "numpy": False}
+    assert got["tried"] == []
 
 
 def test_the_parts_route_binds_no_python_value(tmp_path: Path) -> None:
@@ -116,16 +135,8 @@ def test_the_parts_route_binds_no_python_value(tmp_path: Path) -> None:
     (a rank list of 2,048 then costs about half a second). Counted as import attempts in this
     process (the maps run in their own), so the test holds with pandas installed or not."""
     fx = _exports(tmp_path)
-    code = f"""
-import sys, json
+    got = _counted(f"""
 from pathlib import Path
-tried = []
-class Finder:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('pandas', 'numpy'):
-            tried.append(name)
-        return None
-sys.meta_path.insert(0, Finder())
 from rich.console import Console
 from orchestrator.collect.collect import collect_parts
 from orchestrator.analyze.build import build_analysis
@@ -135,8 +146,6 @@ res = collect_parts([Path({str(fx)!r})], Path({str(tmp_path / 'run')!r}), layout
                     console=Console(stderr=True, quiet=True), workers=2, view_min_rows=0, summaries=True)
 build_analysis(res.store, Options(steps_from='^step'))
 print(json.dumps({{"viewed": res.views, "tried": tried}}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+""")
     assert got["viewed"], "the store reads no table from the parts: the report's relocate is not exercised"
     assert got["tried"] == []

@@ -5,7 +5,8 @@ The layout, in the order the analysis runs:
 - `sql/NN_*.sql`: every metric, one named view or table each; `sqlmodules.py` reads each file's
   header (what it reads and provides), `sqlrun.py` runs the files in dependency order, and
   `engine.py` opens the store, sets the session and the `params` table, and reads the views
-  (`Views`). `map_tables.py`: the per-rank tables a map computes next to each rank's data.
+  (`Views`). `map_tables.py`: the per-rank tables a map computes next to each rank's data;
+  `unread.py`: the event views the analysis leaves unbound where every rank was mapped.
 - one builder beside one model per part of the report: `build.py` -> `model_report.py` (the
   `Report`: ranks, steps, stages, stragglers, window, findings), `comm.py` -> `model_comm.py`,
   `critical.py` -> `model_critical.py`, `gpu_memory.py` -> `model_gpu_memory.py`, `outcome.py`

@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import map_tables, sqlmodules, sqlrun
+from orchestrator.analyze import map_tables, sqlmodules, sqlrun, unread
 from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
@@ -141,15 +141,32 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET asof_loop_join_threshold = 0")
 
 
+# The options that decide a rank's scope, which a map's statistics are taken in (21_stats_scope.sql).
+_SCOPE = ("gap_ms", "steps", "steps_from", "stats_scope")
+
+
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None,
-            workers: int | None = None) -> None:
+            workers: int | None = None, unread_tables: Sequence[str] | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
     files at the same time (sqlrun.py). `only`: these files and what they depend on (the
-    map's per-rank tables, map_tables.py); `workers`: files at once (default sqlrun.workers)."""
+    map's per-rank tables, map_tables.py); `workers`: files at once (default sqlrun.workers);
+    `unread_tables`: the event views to run over empty ones first (unread.py; default: those
+    unread.candidates names for a whole analysis in the maps' scope)."""
     prepare(con, opts)
     units = _plan() if only is None else sqlrun.needed(_plan(), only)
-    with phase("analyze: SQL (wall)"):
-        sqlrun.run(con, units, session, workers)
+    if unread_tables is None:
+        in_scope = only is None and all(getattr(opts, f) == getattr(Options(), f) for f in _SCOPE)
+        unread_tables = unread.candidates(con) if in_scope else []
+    left = unread.leave_unread(con, unread_tables) if unread_tables else None
+    try:
+        with phase("analyze: SQL (wall)"):
+            sqlrun.run(con, units, session, workers)
+    finally:  # (a failed analysis leaves the Python API's connection reading the real views too)
+        if left is not None:
+            left.restore(con)
+    if left is not None and unread.needed(con):
+        with phase("analyze: SQL again, over the events"):
+            sqlrun.run(con, units, session, workers)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:

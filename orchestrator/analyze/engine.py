@@ -141,7 +141,9 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET asof_loop_join_threshold = 0")
 
 
-# The options that decide a rank's scope, which a map's statistics are taken in (21_stats_scope.sql).
+# The options a map's analysis runs with (collect/summarize.py), and those of them that decide a
+# rank's scope, in which the report takes the map's statistics (21_stats_scope.sql).
+MAP_OPTIONS = Options()
 _SCOPE = ("gap_ms", "steps", "steps_from", "stats_scope")
 
 
@@ -155,7 +157,7 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] |
     prepare(con, opts)
     units = _plan() if only is None else sqlrun.needed(_plan(), only)
     if unread_tables is None:
-        in_scope = only is None and all(getattr(opts, f) == getattr(Options(), f) for f in _SCOPE)
+        in_scope = only is None and all(getattr(opts, f) == getattr(MAP_OPTIONS, f) for f in _SCOPE)
         unread_tables = unread.candidates(con) if in_scope else []
     left = unread.leave_unread(con, unread_tables) if unread_tables else None
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze.engine import Options, analysis
+from orchestrator.analyze.engine import MAP_OPTIONS, analysis
 from orchestrator.analyze.map_tables import SQL_FILES, STACK, SUMMARIES, stacked_select
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.parts import part_path, tmp_part
@@ -38,7 +38,7 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
         con.execute("USE store")
         reduce_into(con, [meta], parts, layout=Layout())
         con.execute("USE memory")
-        cur, _ = analysis(Path("<map>"), Options(), writer=con, only=SQL_FILES, threads=threads)
+        cur, _ = analysis(Path("<map>"), MAP_OPTIONS, writer=con, only=SQL_FILES, threads=threads)
         files = {}
         for table, query in [(STACK, stacked_select()), *((s.table, s.select()) for s in SUMMARIES if s.own)]:
             final = part_path(parts, table, rank, rid)

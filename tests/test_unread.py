@@ -136,3 +136,27 @@ def test_a_rank_without_a_report_needs_no_events(gpu_fixtures: Path, tmp_path: P
     report, again = _report(store, Options(), None)
     assert not again
     assert report == _report(ref.store, Options(), None)[0]
+
+
+def test_a_moved_run_gets_its_own_views_back(stores: tuple[Path, Path], gpu_fixtures: Path, tmp_path: Path) -> None:
+    """A mapped run moved with its parts: the analysis's own views over the parts where they are
+    now (views.relocate) make way for the empty ones and come back after, as the timeline and
+    the Python API read them: the same rows as the in-process store's. Dropped instead, the reads
+    would fall through to the store's views of the folder the run left; kept empty, read none."""
+    ref, _ = stores
+    _mapped(gpu_fixtures, tmp_path / "a")
+    shutil.move(tmp_path / "a", tmp_path / "moved")
+    store = tmp_path / "moved" / "profile.duckdb"
+    tables = _candidates(store)
+    assert {"kernels", "osrt"} <= set(tables)
+    report, again = _report(store, Options(), None)
+    assert not again and report == _report(ref, Options(), None)[0]
+    read = "SELECT count(*) FROM query_table(?::VARCHAR)"
+    con = attach_store(store)
+    try:
+        run_sql(con, Options())
+        after = {t: con.execute(read, [t]).fetchone() for t in tables}
+    finally:
+        con.close()
+    with duckdb.connect(str(ref), read_only=True) as con:
+        assert after == {t: con.execute(read, [t]).fetchone() for t in tables}

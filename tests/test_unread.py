@@ -16,6 +16,7 @@ from orchestrator.analyze import unread
 from orchestrator.analyze.build import report_from_views
 from orchestrator.analyze.engine import Options, Views, attach_store, prepare, run_sql
 from orchestrator.collect.collect import collect, collect_parts
+from orchestrator.collect.pipeline import CollectResult
 from orchestrator.collect.timings import TIMINGS
 from orchestrator.layout import Layout
 from tests.test_parts import edit_map_table
@@ -30,13 +31,13 @@ def stores(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """(in-process store, parts store with every rank mapped and every event table a view)."""
     tmp = tmp_path_factory.mktemp("unread")
     ref = collect([gpu_fixtures / CASE], tmp / "ref", layout=Layout(), console=QUIET)
-    return ref.store, _mapped(gpu_fixtures, tmp / "a")
+    return ref.store, _mapped(gpu_fixtures / CASE, tmp / "a").store
 
 
-def _mapped(gpu_fixtures: Path, run: Path) -> Path:
-    """A parts store of CASE in `run`, every rank mapped, every event table with rows a view."""
-    return collect_parts([gpu_fixtures / CASE], run, layout=Layout(), console=QUIET, workers=2, summaries=True,
-                         view_min_rows=0).store
+def _mapped(src: Path, run: Path) -> CollectResult:
+    """The parts route of the exports in `src` into `run`, every rank mapped, every event table
+    with rows a view."""
+    return collect_parts([src], run, layout=Layout(), console=QUIET, workers=2, summaries=True, view_min_rows=0)
 
 
 def _report(store: Path, opts: Options, tables: list[str] | None) -> tuple[dict, bool]:
@@ -73,7 +74,7 @@ def test_mapped_ranks_leave_every_gated_view_unbound(stores: tuple[Path, Path], 
     a parts store whose ranks were all mapped is still the in-process store's: no statement bound
     them. A query of them fails, so the check can fail."""
     ref, _ = stores
-    store = _mapped(gpu_fixtures, tmp_path / "a")
+    store = _mapped(gpu_fixtures / CASE, tmp_path / "a").store
     tables = _candidates(store)
     assert {"cuda_api", "kernels", "osrt", "threads"} <= set(tables) <= set(unread.GATED)
     for t in tables:
@@ -107,10 +108,9 @@ def test_a_rank_mapped_by_another_sql_is_computed_from_its_events(stores: tuple[
     so it does not try the empty views; made to, it runs again and gives the same report."""
     ref, store = stores
     tables = _candidates(store)
-    _mapped(gpu_fixtures, tmp_path / "a")
+    _mapped(gpu_fixtures / CASE, tmp_path / "a")
     edit_map_table(tmp_path / "a" / "parts", 1, "map_scope", "'other ' || sql AS sql")
-    res = collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET, workers=2,
-                        summaries=True, view_min_rows=0)
+    res = _mapped(gpu_fixtures / CASE, tmp_path / "a")
     assert res.mapped == 0  # the edited part is reused as it is
     assert _candidates(res.store) == []
     forced, again = _report(res.store, Options(), tables)
@@ -128,8 +128,7 @@ def test_a_rank_without_a_report_needs_no_events(gpu_fixtures: Path, tmp_path: P
         shutil.copy(f, src / f.name)
     (src / "ddp_straggler_r2_vm.9999.sqlite").write_bytes(files[0].read_bytes()[:50_000])  # cut short
     ref = collect([src], tmp_path / "ref", layout=Layout(), console=QUIET)
-    store = collect_parts([src], tmp_path / "a", layout=Layout(), console=QUIET, workers=2, summaries=True,
-                          view_min_rows=0).store
+    store = _mapped(src, tmp_path / "a").store
     with duckdb.connect(str(store), read_only=True) as con:
         assert con.execute("SELECT list(status ORDER BY rank) FROM ranks").fetchone()[0] == ["ok", "ok", "error"]
     assert _candidates(store)
@@ -144,7 +143,7 @@ def test_a_moved_run_gets_its_own_views_back(stores: tuple[Path, Path], gpu_fixt
     the Python API read them: the same rows as the in-process store's. Dropped instead, the reads
     would fall through to the store's views of the folder the run left; kept empty, read none."""
     ref, _ = stores
-    _mapped(gpu_fixtures, tmp_path / "a")
+    _mapped(gpu_fixtures / CASE, tmp_path / "a")
     shutil.move(tmp_path / "a", tmp_path / "moved")
     store = tmp_path / "moved" / "profile.duckdb"
     tables = _candidates(store)

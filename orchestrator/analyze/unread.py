@@ -45,6 +45,12 @@ SELECT count(*) = 0 FROM ranks
 WHERE status = 'ok' AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
                          OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 4))"""
 
+# A job that ended early has the first step some rank never finished cut from every rank
+# (10_steps.sql, open_steps), and each map the step its own rank was stopped in
+# (collect/summarize.py): their scopes agree where every rank was stopped in the same step, the
+# maps' last steps alike.
+_ONE_LAST_STEP = "SELECT count(DISTINCT top) = 1 FROM (SELECT max(step) AS top FROM map_steps GROUP BY rank)"
+
 
 @dataclass(frozen=True)
 class Left:
@@ -63,10 +69,9 @@ class Left:
 
 def candidates(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The GATED tables the store reads from its parts, where the analysis about to run (its
-    `params` made) will most likely need none of their rows: the job did not end early (its
-    last steps are cut, which the maps' scope has not) and every rank has the map's statistics
-    with steps; else none. (The caller checks that the options deciding a rank's scope are
-    the map's.)"""
+    `params` made) will most likely need none of their rows: every rank has the map's
+    statistics with steps, and, where the job ended early, every map cut the same step; else
+    none. (The caller checks that the options deciding a rank's scope are the map's.)"""
     try:
         viewed = execute(con, "SELECT value FROM meta WHERE key = 'event_views'").fetchall()
     except duckdb.CatalogException:  # not an orch store: the analysis says so
@@ -75,7 +80,9 @@ def candidates(con: duckdb.DuckDBPyConnection) -> list[str]:
     if not tables:
         return []
     map_sql, early = execute(con, "SELECT map_sql, ended_early FROM params").fetchone()
-    if early or not execute(con, _ALL_MAPPED, [map_sql]).fetchone()[0]:
+    if not execute(con, _ALL_MAPPED, [map_sql]).fetchone()[0]:
+        return []
+    if early and not con.execute(_ONE_LAST_STEP).fetchone()[0]:
         return []
     return tables
 

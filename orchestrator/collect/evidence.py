@@ -93,6 +93,12 @@ class JobEvidence(_Kept):
     def ended_early(self) -> bool:
         return self.state not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN")
 
+    def end_only(self) -> str:
+        """How the job ended and nothing else, as a store keeps it (meta `job`): what a map's
+        one-rank store needs to cut the step its rank was stopped in, as the job's store does
+        (collect/summarize.py), without every rank's stacks and dumps in each map task."""
+        return JobEvidence(job_id=self.job_id, executor=self.executor, state=self.state).model_dump_json()
+
     @classmethod
     def from_store(cls, text: str | None) -> JobEvidence | None:
         """The evidence a store keeps, or None (a store of reports alone, or unreadable)."""

@@ -67,6 +67,7 @@ class MapTask:
     threads: int = 1
     export_timeout_s: float = 3600
     summaries: bool = False  # the rank's per-rank statistics too (summarize.py)
+    job: str | None = None  # how the job ended (JobEvidence.end_only), when it has (summarize.py)
     in_job: bool = False  # mapped by the job itself, on the rank's node (jobmap.py)
 
     @functools.cached_property
@@ -265,7 +266,7 @@ def map_report(task: MapTask) -> dict[str, Any]:
         from orchestrator.analyze.engine import map_sql
         from orchestrator.collect.summarize import try_summarize  # loads the analysis: only when asked
 
-        summaries, meta["summary_error"] = (try_summarize(meta, task.parts, rank, rid, task.threads)
+        summaries, meta["summary_error"] = (try_summarize(meta, task.parts, rank, rid, task.threads, task.job)
                                             if files else ({}, None))
         meta["summary_sql"] = map_sql()
     t4 = time.perf_counter()

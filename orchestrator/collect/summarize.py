@@ -26,9 +26,15 @@ from orchestrator.duckdb_memory import limit
 from orchestrator.sqltext import quote, set_option
 
 
-def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, threads: int = 1) -> dict[str, str]:
+def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, threads: int = 1,
+              job: str | None = None) -> dict[str, str]:
     """Write the summaries of the report `meta` describes (its event parts under `parts`);
-    returns {table: part file relative to `parts`} (a summary without rows has no file)."""
+    returns {table: part file relative to `parts`} (a summary without rows has no file).
+    `job`: how the job ended, kept in the one-rank store's meta as the job's store keeps it, so
+    that a job stopped before its end has the step the rank was stopped in cut from its
+    statistics, as the report cuts the first step some rank never finished (10_steps.sql,
+    open_steps): where the rank was stopped in that step, the report takes its statistics from
+    the map. None: a job still running (the map in the job), or reports alone."""
     con = duckdb.connect()
     written: list[Path] = []
     try:
@@ -36,7 +42,7 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
         limit(con)  # spills under the system temp directory (the task's node)
         con.execute("ATTACH ':memory:' AS store")
         con.execute("USE store")
-        reduce_into(con, [meta], parts, layout=Layout())
+        reduce_into(con, [meta], parts, layout=Layout(), extra_meta={"job": job} if job else None)
         con.execute("USE memory")
         cur, _ = analysis(Path("<map>"), MAP_OPTIONS, writer=con, only=SQL_FILES, threads=threads)
         files = {}
@@ -62,10 +68,10 @@ def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, thr
 
 
 def try_summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str,
-                  threads: int = 1) -> tuple[dict[str, str], str | None]:
+                  threads: int = 1, job: str | None = None) -> tuple[dict[str, str], str | None]:
     """`summarize`, or no summaries and the reason. Any failure (a trace the SQL does not
     expect included) only costs the analysis this rank's statistics, never the map."""
     try:
-        return summarize(meta, parts, rank, rid, threads), None
+        return summarize(meta, parts, rank, rid, threads, job), None
     except Exception as e:  # any failure: see the docstring
         return {}, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")

@@ -1,0 +1,81 @@
+"""The maps of a job that ended early (tests/fixtures/faults: real failing NCCL jobs on H200s,
+README there), collected on the parts route with their statistics: each map is told how the job
+ended, so its statistics leave out the step its rank was stopped in, as the report leaves out
+the first step some rank never finished. The report equals the in-process one, and takes from
+the maps the statistics of every rank stopped in that very step; the ranks that had begun a
+later one are computed from their events, as before.
+
+Which ranks those are comes from plain sqlite3 over the exports: each rank's last `Step N
+Start` range (the workload's own NVTX), the lowest of them the step the report cuts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analyze import unread
+from orchestrator.analyze.engine import Options
+from orchestrator.collect.options import CollectOptions
+from orchestrator.collect.run import collect_run
+from tests import independent
+from tests.conftest import copy_run, run_orch
+from tests.test_parts import assert_same_report, mapped_ranks
+from tests.test_unread import _candidates, _report
+
+FAULTS = Path(__file__).parent / "fixtures" / "faults"
+
+# The number of each rank's last `Step N Start` range, by sqlite3 alone.
+_LAST_STEP = """
+    SELECT max(CAST(substr(t, 6, length(t) - 11) AS INTEGER)) FROM (
+        SELECT coalesce(e.text, s.value) AS t FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId)
+    WHERE t LIKE 'Step % Start'"""
+
+
+# timeout: the rank whose loader blocked stays a step behind the one waiting in the all-reduce;
+# cancel: a healthy job cancelled while two ranks were a step ahead of the other two.
+@pytest.mark.parametrize("name", ["timeout", "cancel"])
+def test_the_maps_of_a_stopped_job_cut_the_step_their_rank_was_stopped_in(name: str, tmp_path: Path) -> None:
+    inproc = copy_run(FAULTS / name, tmp_path / "in-process")
+    parts = copy_run(FAULTS / name, tmp_path / "parts")
+    c = run_orch("collect", str(inproc))
+    assert c.returncode == 0, c.stderr
+    c = run_orch("collect", str(parts), "--parts", "--map-stats", "--workers", "2")
+    assert c.returncode == 0, c.stderr
+    a, b = inproc / "profile.duckdb", parts / "profile.duckdb"
+    assert_same_report(a, b)
+
+    last = {rank: rows[0][0] for rank, rows in independent.per_rank(parts, _LAST_STEP).items()}
+    cut = min(last.values())
+    behind = [rank for rank, step in sorted(last.items()) if step == cut]
+    assert 0 < len(behind) < len(last), last  # both kinds of rank, or the case tests nothing
+    assert mapped_ranks(b, Options(), "map_done") == sorted(last)  # every rank has the map's statistics
+    assert mapped_ranks(b, Options()) == behind  # and these are in the report's scope
+    assert mapped_ranks(b, Options(), "ops_mapped") == behind  # their GPU ops per step too
+
+
+def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: Path) -> None:
+    """The cancelled job with only the reports of the ranks that were furthest (the others
+    lost): every rank was stopped in the same step, so every map's scope is the report's, and
+    the analysis runs over empty views of the gated event tables (analyze/unread.py). Their
+    parts spoiled, the report is still the in-process one, without a second run."""
+    runs = {}
+    for route in ("in-process", "parts"):
+        run = copy_run(FAULTS / "cancel", tmp_path / route)
+        last = {f: independent.per_rank(run, _LAST_STEP)[independent.export_rank(f)][0][0]
+                for f in (run / "exports").glob("*.sqlite")}
+        for f, step in last.items():
+            if step < max(last.values()):
+                f.unlink()
+        assert 1 < len(list((run / "exports").glob("*.sqlite"))) < len(last)
+        runs[route] = run
+    ref = collect_run(runs["in-process"], CollectOptions(workers=2)).store
+    res = collect_run(runs["parts"], CollectOptions(parts=True, summaries=True, workers=2, view_min_rows=0))
+    tables = _candidates(res.store)
+    assert {"cuda_api", "kernels", "osrt"} <= set(tables) <= set(unread.GATED)
+    for t in tables:
+        for f in (runs["parts"] / "parts").glob(f"table={t}/*/*.parquet"):
+            f.write_bytes(b"\0" * f.stat().st_size)
+    report, again = _report(res.store, Options(), None)
+    assert not again
+    assert report == _report(ref, Options(), None)[0]

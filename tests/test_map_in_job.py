@@ -13,14 +13,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.analyze.engine import Options
 from orchestrator.render import render
 from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
+from tests import independent
 from tests.conftest import capture_cpu, processes, run_orch
 from tests.test_export_in_job import _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
+
+# Each rank's last `step N` range (scripts/examples/train.py's NVTX), by sqlite3 alone.
+_LAST_STEP = """
+    SELECT max(CAST(substr(t, 6) AS INTEGER)) FROM (
+        SELECT coalesce(e.text, s.value) AS t FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId)
+    WHERE t LIKE 'step %'"""
 
 
 def _metas(run: Path) -> list[dict]:
@@ -56,6 +64,38 @@ def test_the_job_maps_its_ranks_and_collect_only_reduces(tmp_path: Path, nsys: s
     assert c2.returncode == 0 and "engine parts" not in c2.stdout, c2.stdout + c2.stderr
     (tmp_path / "job-parts").rename(run / "parts")
     assert_same_store(in_job, run / "profile.duckdb")
+    assert_same_report(in_job, run / "profile.duckdb")
+
+
+@pytest.mark.nsys
+def test_the_maps_of_failed_ranks_cut_the_step_they_were_stopped_in(tmp_path: Path, nsys: str) -> None:
+    """Rank 1 is SIGKILLed in step 3 (as the OOM killer does) and its peer's program fails on
+    the lost connection: both exit non-zero, and their wrappers say so to the job's maps, which
+    cut the step their rank was stopped in, as the job's report does (jobmap.py). The report
+    takes from the maps the statistics of the ranks stopped in the step it cuts (by plain
+    sqlite3 over the exports: the lowest of the ranks' last `step N` ranges), and equals the
+    in-process one."""
+    spec = _spec(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["launch"]["args"] = ["--steps", "8", "--fault", "sigkill", "--fault-rank", "1", "--fault-step", "3"]
+    spec.write_text(yaml.safe_dump(data))
+    p = run_orch("submit", str(spec), "--wait", "--timeout", "240")
+    assert p.returncode != 0 and "FAILED" in p.stdout + p.stderr, p.stdout + p.stderr + processes()
+    (run,) = (tmp_path / "runs").iterdir()
+    assert sorted(m["map_rank"] for m in _metas(run) if m["in_job"] and m["summaries"]) == [0, 1], _metas(run)
+
+    c = run_orch("collect", str(run))
+    assert c.returncode == 0 and "(0 report(s) mapped, 2 reused)" in " ".join(c.stdout.split()), c.stdout
+    last = {rank: rows[0][0] for rank, rows in independent.per_rank(run, _LAST_STEP).items()}
+    behind = [rank for rank, step in sorted(last.items()) if step == min(last.values())]
+    assert behind and mapped_ranks(run / "profile.duckdb", Options()) == behind, last
+
+    in_job = tmp_path / "in_job.duckdb"  # the in-process collect of the same exports, as above
+    shutil.copy(run / "profile.duckdb", in_job)
+    (run / "parts").rename(tmp_path / "job-parts")
+    (run / "profile.duckdb").unlink()
+    assert run_orch("collect", str(run)).returncode == 0
+    (tmp_path / "job-parts").rename(run / "parts")
     assert_same_report(in_job, run / "profile.duckdb")
 
 

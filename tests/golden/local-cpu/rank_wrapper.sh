@@ -167,7 +167,7 @@ for attempt in $(seq 1 "$attempts"); do
   if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid" "$ctl/released.r$rank"; fi
   # The export `orch collect` would make, made here, now (profile.export_in_job): a stop kills it.
   if [ -n "$report" ] && [ "$stop" -eq 0 ]; then
-    setsid bash "$here/export_report.sh" "$report" &
+    setsid bash "$here/export_report.sh" "$report" "$rc" &
     export_pid=$!
     while kill -0 "$export_pid" 2>/dev/null; do wait "$export_pid" || true; done
     export_pid=""

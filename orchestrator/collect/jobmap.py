@@ -42,7 +42,8 @@ def map_in_job(run: Path, report: Path, status: int = 0) -> tuple[bool, str]:
     error = summary(meta)["error"]
     if error:
         return False, f"{report.name}: {error}"
-    stats = f", statistics not computed ({meta['summary_error']})" if meta.get("summary_error") else ""
+    stats = (f", statistics not computed ({meta['summary_error']})" if meta.get("summary_error")
+             else f", statistics without the step it was stopped in (it exited {status})" if status else "")
     return True, f"{report.name}: {sum(meta['rows'].values())} rows as Parquet parts{stats}"
 
 

@@ -137,6 +137,17 @@ def per_rank(run: Path, sql: str, params: tuple = ()) -> dict[int, list[tuple]]:
     return out
 
 
+def last_steps(run: Path, prefix: str, suffix: str = "") -> dict[int, int]:
+    """Per rank, the number N of its last NVTX range named `<prefix>N<suffix>` (the workload's
+    steps), over its export in `run`/exports."""
+    sql = """
+        SELECT max(CAST(substr(t, ?, length(t) - ?) AS INTEGER)) FROM (
+            SELECT coalesce(e.text, s.value) AS t FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId)
+        WHERE t LIKE ?"""
+    rows = per_rank(run, sql, (len(prefix) + 1, len(prefix) + len(suffix), f"{prefix}%{suffix}"))
+    return {rank: r[0][0] for rank, r in rows.items()}
+
+
 def kernel_count(path: Path) -> int:
     """Kernels in one export (0 where nsys wrote no kernel table: none reached it)."""
     con = sqlite3.connect(path)

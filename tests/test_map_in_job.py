@@ -24,12 +24,6 @@ from tests.conftest import capture_cpu, processes, run_orch
 from tests.test_export_in_job import _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
 
-# Each rank's last `step N` range (scripts/examples/train.py's NVTX), by sqlite3 alone.
-_LAST_STEP = """
-    SELECT max(CAST(substr(t, 6) AS INTEGER)) FROM (
-        SELECT coalesce(e.text, s.value) AS t FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId)
-    WHERE t LIKE 'step %'"""
-
 
 def _metas(run: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted((run / "parts" / "reports").glob("*.json"))]
@@ -86,7 +80,7 @@ def test_the_maps_of_failed_ranks_cut_the_step_they_were_stopped_in(tmp_path: Pa
 
     c = run_orch("collect", str(run))
     assert c.returncode == 0 and "(0 report(s) mapped, 2 reused)" in " ".join(c.stdout.split()), c.stdout
-    last = {rank: rows[0][0] for rank, rows in independent.per_rank(run, _LAST_STEP).items()}
+    last = independent.last_steps(run, "step ")  # scripts/examples/train.py's `step N` ranges
     behind = [rank for rank, step in sorted(last.items()) if step == min(last.values())]
     assert behind and mapped_ranks(run / "profile.duckdb", Options()) == behind, last
 

@@ -25,11 +25,6 @@ from tests.test_unread import _candidates, _report
 
 FAULTS = Path(__file__).parent / "fixtures" / "faults"
 
-# The number of each rank's last `Step N Start` range, by sqlite3 alone.
-_LAST_STEP = """
-    SELECT max(CAST(substr(t, 6, length(t) - 11) AS INTEGER)) FROM (
-        SELECT coalesce(e.text, s.value) AS t FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId)
-    WHERE t LIKE 'Step % Start'"""
 
 
 # timeout: the rank whose loader blocked stays a step behind the one waiting in the all-reduce;
@@ -45,7 +40,7 @@ def test_the_maps_of_a_stopped_job_cut_the_step_their_rank_was_stopped_in(name: 
     a, b = inproc / "profile.duckdb", parts / "profile.duckdb"
     assert_same_report(a, b)
 
-    last = {rank: rows[0][0] for rank, rows in independent.per_rank(parts, _LAST_STEP).items()}
+    last = independent.last_steps(parts, "Step ", " Start")
     cut = min(last.values())
     behind = [rank for rank, step in sorted(last.items()) if step == cut]
     assert 0 < len(behind) < len(last), last  # both kinds of rank, or the case tests nothing
@@ -62,10 +57,9 @@ def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: 
     runs = {}
     for route in ("in-process", "parts"):
         run = copy_run(FAULTS / "cancel", tmp_path / route)
-        last = {f: independent.per_rank(run, _LAST_STEP)[independent.export_rank(f)][0][0]
-                for f in (run / "exports").glob("*.sqlite")}
-        for f, step in last.items():
-            if step < max(last.values()):
+        last = independent.last_steps(run, "Step ", " Start")
+        for f in (run / "exports").glob("*.sqlite"):
+            if last[independent.export_rank(f)] < max(last.values()):
                 f.unlink()
         assert 1 < len(list((run / "exports").glob("*.sqlite"))) < len(last)
         runs[route] = run

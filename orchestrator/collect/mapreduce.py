@@ -84,12 +84,13 @@ class PartsRows:
     def read(self, reports: list[ReportFile]) -> tuple[list[Member], list[str]]:
         o, array = self.opts, self.opts.array
         threads = (array.cpus or (array.cluster.slurm.cpus_per_task if array.cluster else None) or 1) if array else 1
-        job = (o.extra_meta or {}).get("job")  # how the job ended: each map cuts where its rank stopped
-        ended = JobEvidence.from_store(job if isinstance(job, str) else None)
+        kept = (o.extra_meta or {}).get("job")  # how the job ended: each map cuts where its rank stopped
+        ended = JobEvidence.from_store(kept if isinstance(kept, str) else None)
+        job = ended.end_only() if ended else None
         tasks = [MapTask(report=r, parts=self.parts.resolve(), exports=exports_dir(self.run).resolve(), nsys=o.nsys,
                          engine=o.engine, keep_env=o.keep_env, threads=threads,
-                         summaries=array is not None if o.summaries is None else o.summaries,
-                         job=ended.end_only() if ended else None) for r in reports]
+                         summaries=array is not None if o.summaries is None else o.summaries, job=job)
+                 for r in reports]
         self.parts.mkdir(parents=True, exist_ok=True)
         for d in self.parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)
             clean_stale(d, PART_TMP)

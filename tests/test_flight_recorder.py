@@ -157,3 +157,59 @@ def test_a_dump_that_would_run_code_is_skipped(tmp_path: Path) -> None:
     (folder / "rank_1").write_bytes(b"\x80\x04not a pickle")
     assert evidence.last_collectives(folder) == []
     assert not marker.exists()
+
+
+CHILDREN = """
+import faulthandler, multiprocessing as mp, os, sys, torch, torch.distributed as dist
+
+def spawned(q):
+    q.put((faulthandler.is_enabled(), sys.excepthook is sys.__excepthook__))
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0, world_size=1)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    pid = os.fork()  # a DataLoader worker: its resource sharer's thread calls sys.excepthook when the rank dies
+    if pid == 0:
+        try:
+            raise ConnectionResetError("the rank died under its worker")
+        except ConnectionResetError:
+            sys.excepthook(*sys.exc_info())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    fr = os.path.join(os.environ["ORCH_DUMP_DIR"], "flight_recorder", "rank_0")
+    stacks = os.path.join(os.environ["ORCH_DUMP_DIR"], "stacks.r0.txt")
+    print("after the forked child:", os.path.exists(fr), os.path.getsize(stacks), flush=True)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=spawned, args=(q,))
+    p.start()
+    print("spawned child hooked:", q.get(timeout=60), flush=True)
+    p.join()
+    dist.all_reduce(t)
+    print("the rank's group still works:", t.tolist(), flush=True)
+    raise RuntimeError("the rank itself fails")
+"""
+
+
+def test_only_the_rank_itself_leaves_evidence(tmp_path: Path) -> None:
+    """A process the rank forks (a DataLoader worker) inherits the hook and torch.distributed as it
+    was at the fork; when the rank dies under it, multiprocessing's resource sharer calls
+    sys.excepthook in it. That child must dump no Flight Recorder (a stale copy, which names the
+    rank's last collective before the fork) and no stack under the rank's name, nor end the
+    rank's groups; a child multiprocessing spawns sets none of the hook up; the rank's own
+    failure still leaves both (docs/failing_jobs.md). A real one-rank gloo program with the hook
+    orch renders."""
+    (tmp_path / "prog.py").write_text(CHILDREN)
+    dumps = tmp_path / "dumps"
+    env = {**os.environ, "PYTHONPATH": str(_hook(tmp_path)), "ORCH_DUMP_DIR": str(dumps), "RANK": "0"}
+    env.pop("PYTHONFAULTHANDLER", None)
+    p = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 1 and "RuntimeError: the rank itself fails" in p.stderr, p.stdout + p.stderr
+    assert "after the forked child: False 0" in p.stdout, p.stdout + p.stderr
+    assert "spawned child hooked: (False, True)" in p.stdout, p.stdout
+    assert "the rank's group still works: [1.0, 1.0, 1.0, 1.0]" in p.stdout, p.stdout
+    with open(dumps / "flight_recorder" / "rank_0", "rb") as fh:
+        assert max(e["collective_seq_id"] for e in pickle.load(fh)["entries"]) == 2
+    stacks = (dumps / "stacks.r0.txt").read_text()
+    assert stacks.count("Current thread") == 1, stacks  # the rank's one dump, on its way out

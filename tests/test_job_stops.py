@@ -333,6 +333,33 @@ def test_slurm_fault(tmp_path: Path, nsys: str, tree: JobTree, slurm_cluster, fa
     assert (f"; its capture ends in {got}" in o["line"] if got else "its capture ends" not in o["line"]), o["line"]
 
 
+@pytest.mark.slurm
+def test_slurm_a_node_slower_to_end_than_killwait_keeps_its_report(tmp_path: Path, nsys: str, tree: JobTree,
+                                                                  slurm_cluster) -> None:
+    """2 nodes x 1 rank, batches from a DataLoader with 2 forked workers, rank 1 SIGKILLed in step
+    3. Rank 0 raises on the lost connection at once but its program ends seconds later (the
+    loader's teardown), later than the local Slurm's KillWait (5 s) after srun ends the step
+    (--kill-on-bad-exit): the failed node's task waits for node 0 to stop its capture before it
+    fails, so node 0's report is kept, and its stop says why."""
+    env = slurm_cluster.client_env
+    args = ["--steps", "50", "--fault", "sigkill", "--fault-rank", "1", "--fault-step", "3", "--loader-workers", "2"]
+    spec = _spec(tmp_path, args, "5", grace=25, lead=40, cluster="local-slurm", nproc=1)
+    p = tree.orch("submit", str(spec), "--wait", "--timeout", "240", env=env)
+    assert p.returncode == 1 and "FAILED" in p.stdout, p.stdout + p.stderr
+    job = re.search(r"as job (\S+)", p.stdout).group(1)
+    assert _slurm_gone(job) == []
+    run = _run_dir(tmp_path)
+    reports = _reports(run)
+    assert sorted(reports) == [0, 1], (run / "submitit" / f"{job}_0_log.err").read_text()[-3000:]
+    assert _steps(_nvtx(reports[0]))[-1] == "step 3"
+    stop = json.loads((run / "submitit" / f"{job}_0_stop.json").read_text())
+    assert stop["reason"] == "step_ended" and stop["signal"] == "SIGTERM", stop
+    o = _report(tree, tmp_path)["outcome"]
+    assert o["state"] == "failed" and o["scheduler_state"] == "FAILED", o
+    assert _first_failure(o["line"], ("killed by SIGKILL",)), o["line"]
+    assert "orch stopped the captures at Slurm's end of the step (another node failed)" in o["line"], o["line"]
+
+
 def test_a_warning_before_the_handlers_stops_the_node_cleanly(tmp_path: Path, nsys: str) -> None:
     """Slurm may send the early warning up to a minute before it is due, so a short job can get
     it while launch.sh is still starting. Held there (a slow `scontrol`, as on a loaded

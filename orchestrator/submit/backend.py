@@ -75,7 +75,8 @@ class SubmititBackend:
     def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
         ex = self.make_executor(job, folder)
         fn = NodeCommand(rendered.node_command, cwd=str(rendered.script_dir.parent), folder=str(folder),
-                         timing=job_stop_timing(job), enforce_limit=self.enforces_limit)
+                         timing=job_stop_timing(job), enforce_limit=self.enforces_limit,
+                         nodes=self.ntasks(job.nodes))
         try:
             # submitit echoes sbatch's stderr itself; it is folded into our one-line error instead.
             with contextlib.redirect_stderr(io.StringIO()):

@@ -9,6 +9,12 @@ report is written. This supervisor instead:
 - turns the early warning (SIGUSR2: Slurm's `--signal`, or its own clock on the local
   executor) into a SIGUSR2 to the node's launch.sh, which stops the captures in order;
 - turns a cancel (SIGTERM/SIGINT) into a SIGTERM to launch.sh, which does the same;
+- on a job of several nodes, tells the others when its node's launch failed
+  (`<folder>/<job>_failed.json`) and, before failing itself, waits until every node's launch
+  has ended (`<job>_<node>_ended.json`, up to the stop's grace): srun ends the step as soon as one
+  task fails (`--kill-on-bad-exit`) and Slurm SIGKILLs what is left `KillWait` later, which can
+  be too soon for the other nodes' nsys to write their reports. A supervisor that sees another
+  node's failure stops its captures as a cancel does (stop reason `step_ended`);
 - at the time limit (local) or when a stop outlasts its grace, sends SIGTERM then SIGKILL
   to every descendant, and before returning kills whatever is left, so nothing outlives it;
 - writes why it stopped (`<folder>/<job>_<node>_stop.json`) for `orch status`, and its own pid
@@ -38,6 +44,7 @@ from orchestrator.submit.limits import KILL_WAIT_S, StopTiming
 
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
+_PEERS_POLL_S = 1.0  # the other nodes' markers, on the shared filesystem
 SETTLE_S = 10  # after launch.sh ends, how long its leftovers may take to exit before SIGKILL
 
 
@@ -112,16 +119,46 @@ def supervisor_file(folder: Path, job_id: str, node: str | int) -> Path:
     return folder / f"{job_id}_{node}_supervisor.json"
 
 
+def failed_file(folder: Path, job_id: str) -> Path:
+    """Made by the first node whose launch failed (its node and status), for the others."""
+    return folder / f"{job_id}_failed.json"
+
+
+def ended_file(folder: Path, job_id: str, node: str | int) -> Path:
+    """Written by every node once its launch ended and its leftovers are gone."""
+    return folder / f"{job_id}_{node}_ended.json"
+
+
+def ended_nodes(folder: Path, job_id: str) -> set[str]:
+    """The nodes that wrote their ended_file: one listing of the folder, not a stat per node
+    (a shared filesystem's metadata server serves every node of the job)."""
+    head, tail = f"{job_id}_", "_ended.json"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return set()
+    return {n[len(head):-len(tail)] for n in names if n.startswith(head) and n.endswith(tail)}
+
+
+def _mark_failed(folder: Path, job_id: str, node: str, rc: int) -> None:
+    """failed_file, unless another node made it first."""
+    with contextlib.suppress(FileExistsError, OSError):
+        fd = os.open(failed_file(folder, job_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({"node": node, "rc": rc, "at_utc_ns": time.time_ns()}))
+
+
 class NodeCommand:
     """Run the node's launch command under the stop order above (picklable for submitit)."""
 
     def __init__(self, command: list[str], cwd: str, folder: str, timing: StopTiming,
-                 enforce_limit: bool) -> None:
+                 enforce_limit: bool, nodes: int = 1) -> None:
         self.command = command
         self.cwd = cwd
         self.folder = folder
         self.timing = timing
         self.enforce_limit = enforce_limit  # the local executor; on Slurm, Slurm enforces it
+        self.nodes = nodes  # node tasks of the job, each under a supervisor of its own
 
     def __call__(self) -> str:
         with contextlib.suppress(OSError, AttributeError):
@@ -131,10 +168,11 @@ class NodeCommand:
         me = os.getpid()
         supervisor_file(folder, job, node).write_text(json.dumps({"pid": me, "start": start_time(me),
                                                                  "grace_s": self.timing.grace_s}))
-        requests: list[tuple[str, int]] = []
+        requests: list[tuple[str, int, str]] = []  # why, the signal, the stop's reason
         for sig, why in ((signal.SIGUSR2, "time-limit warning"), (signal.SIGTERM, "cancelled"),
                          (signal.SIGINT, "cancelled")):
-            signal.signal(sig, lambda _s, _f, why=why, sig=sig: requests.append((why, sig)))
+            reason = "timeout" if sig == signal.SIGUSR2 else "cancelled"
+            signal.signal(sig, lambda _s, _f, why=why, sig=sig, reason=reason: requests.append((why, sig, reason)))
         t0 = time.monotonic()
         proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
                                 start_new_session=True)
@@ -144,22 +182,26 @@ class NodeCommand:
         stop: dict[str, Any] = {}
         term_at = kill_at = None
         warn_at = t0 + self.timing.limit_s - self.timing.lead_s if self.enforce_limit else None
+        peers_at = t0
         limit_at = t0 + self.timing.limit_s if self.enforce_limit else None
         while proc.poll() is None:
             now = time.monotonic()
             if warn_at is not None and now >= warn_at and not stop:
-                requests.append(("time-limit warning", signal.SIGUSR2))
+                requests.append(("time-limit warning", signal.SIGUSR2, "timeout"))
+            if self.nodes > 1 and not requests and not stop and now >= peers_at:
+                peers_at = now + _PEERS_POLL_S
+                if failed_file(folder, job).exists():
+                    requests.append(("another node failed", signal.SIGTERM, "step_ended"))
             if requests and not stop:
-                why, sig = requests[0]
-                stop = {"reason": "timeout" if sig == signal.SIGUSR2 else "cancelled",
-                        "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1),
+                why, sig, reason = requests[0]
+                stop = {"reason": reason, "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1),
                         "at_utc_ns": time.time_ns()}
                 self._say(f"{why} ({signal.Signals(sig).name}): asking launch.sh to stop the captures"
                           + (" - this job is timed-out" if stop["reason"] == "timeout" else ""))
                 stop_file(folder, job, node).write_text(json.dumps(stop))
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGUSR2 if sig == signal.SIGUSR2 else signal.SIGTERM)
-                if stop["reason"] == "cancelled":
+                if stop["reason"] != "timeout":
                     term_at = now + self.timing.grace_s + SETTLE_S
             if limit_at is not None and now >= limit_at and term_at is None:
                 term_at = now
@@ -175,11 +217,32 @@ class NodeCommand:
             _reap(keep=proc.pid)
             time.sleep(_POLL_S)
         rc = proc.wait()
+        if rc and self.nodes > 1:
+            _mark_failed(folder, job, node, rc)
         self._end_leftovers(me)
         copier.join(timeout=5)
+        if self.nodes > 1:
+            ended_file(folder, job, node).write_text(json.dumps({"rc": rc}))
+            if rc:
+                self._wait_for_the_others(folder, job)
         if rc:
             raise FailedJobError(err.getvalue().strip()) from subprocess.CalledProcessError(rc, self.command)
         return out.getvalue().strip()
+
+    def _wait_for_the_others(self, folder: Path, job: str) -> None:
+        """Before this task fails (and srun ends the step), until every node's launch has ended:
+        the others stop their captures on this node's failure, which takes up to the grace."""
+        deadline = time.monotonic() + self.timing.grace_s + 2 * (SETTLE_S + KILL_WAIT_S) + 5
+        every = {str(n) for n in range(self.nodes)}
+        waiting = sorted(every - ended_nodes(folder, job), key=int)
+        if waiting:
+            self._say(f"waiting for node(s) {', '.join(waiting)} to stop their captures before this node fails "
+                      "(srun then ends the job)")
+        while waiting and time.monotonic() < deadline:
+            time.sleep(_PEERS_POLL_S)
+            waiting = sorted(every - ended_nodes(folder, job), key=int)
+        if waiting:
+            self._say(f"node(s) {', '.join(waiting)} still running after the stop's grace: failing now")
 
     def _end_leftovers(self, me: int) -> None:
         """launch.sh waited for its nsys; what remains (a rank torchrun could not stop, nsys'

@@ -13,6 +13,8 @@ Planted faults for the analysis to find:
                                (F=hang), raises (F=raise) or is SIGKILLed (F=sigkill, as by the OOM killer)
   --uploader                   every rank starts a metrics uploader process that outlives it
                                (as a DataLoader worker blocked in a read does)
+  --loader-workers N           batches come from a DataLoader with N persistent (forked) workers,
+                               as the tutorials load data: a rank that fails ends slower
 
 Runs on CPU (gloo) or GPU (nccl). NVTX comes from the `nvtx` package (which nsys records on
 CPU too) or, failing that, torch.cuda.nvtx on GPU.
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -80,6 +83,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--uploader", action="store_true", help="start a process that outlives the program")
     p.add_argument("--no-sync", action="store_true",
                    help="do not read the loss every step (lets the CPU run ahead of the GPU)")
+    p.add_argument("--loader-workers", type=int, default=0, help="batches from a DataLoader with N workers")
     return p.parse_args()
 
 
@@ -132,11 +136,21 @@ def main() -> None:
     first, last = stage == 0, stage == a.pp - 1
     cap = [int(x) for x in a.capture.split(":")] if a.capture else None
 
+    def loader_batches() -> Iterator[torch.Tensor]:
+        data = torch.utils.data.TensorDataset(torch.randn(mb * 16, a.width, dtype=dtype))
+        loader = torch.utils.data.DataLoader(data, batch_size=mb, num_workers=a.loader_workers,
+                                             persistent_workers=True, pin_memory=use_cuda)
+        while True:
+            for (x,) in loader:
+                yield x
+
+    batches = loader_batches() if a.loader_workers else None
+
     def load_batch() -> torch.Tensor:
         with nvtx_range("data_load"):
             if rank == a.slow_rank:
                 time.sleep(a.slow_ms / 1e3)
-            return host_batch.to(dev, non_blocking=True)
+            return (next(batches) if batches else host_batch).to(dev, non_blocking=True)
 
     for step in range(a.steps):
         if use_cuda and cap and step == cap[0]:

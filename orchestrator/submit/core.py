@@ -17,6 +17,7 @@ from orchestrator.runpaths import RunPaths
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, Backend, tail
 from orchestrator.submit.local import LocalBackend
+from orchestrator.submit.node import stop_file
 from orchestrator.submit.slurm import SlurmBackend
 
 
@@ -123,9 +124,12 @@ def job_status(run: Path) -> dict[str, Any]:
             if "log_tail" not in t:
                 t["log_tail"] = tail(Path(t["stderr"]))
     if state.get("stop"):
-        # orch stopped the job: its own lines (the stop order, reports lost or recovered) say
-        # more than torchrun's traceback of the SIGTERM it was sent.
+        # orch stopped the job: on each node it stopped, its own lines (the stop order, reports
+        # lost or recovered) say more than torchrun's traceback of the SIGTERM it was sent. A
+        # node that failed by itself (whose failure stopped the others) keeps its own tail.
         for t in tasks:
+            if not stop_file(folder, m.job_id, t["task"]).exists():
+                continue
             said = [ln for ln in tail(Path(t["stderr"]), 400).splitlines() if ln.startswith("orch: ")]
             if said:
                 t["log_tail"], t["log_kind"] = "\n".join(dict.fromkeys(said)), "orch"

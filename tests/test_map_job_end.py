@@ -26,7 +26,6 @@ from tests.test_unread import _candidates, _report
 FAULTS = Path(__file__).parent / "fixtures" / "faults"
 
 
-
 # timeout: the rank whose loader blocked stays a step behind the one waiting in the all-reduce;
 # cancel: a healthy job cancelled while two ranks were a step ahead of the other two.
 @pytest.mark.parametrize("name", ["timeout", "cancel"])

@@ -35,8 +35,8 @@ def map_in_job(run: Path, report: Path, status: int = 0) -> tuple[bool, str]:
     found = discover([report])
     if len(found) != 1:
         return False, f"{report.name}: not a report orch reads"
-    failed = (JobEvidence(job_id=os.environ.get("SLURM_JOB_ID", ""), executor="in job", state="FAILED")
-              .model_dump_json() if status != 0 else None)  # (only its end: JobEvidence.end_only)
+    failed = (JobEvidence(job_id=os.environ.get("SLURM_JOB_ID", ""), executor="in job", state="FAILED").end_only()
+              if status != 0 else None)
     task = MapTask(report=found[0], parts=RunPaths(run).parts.resolve(), exports=exports_dir(run).resolve(),
                    summaries=True, in_job=True, job=failed)
     meta = map_report(task)

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator import progress
 from orchestrator.errors import OrchError
 
 MAX_POINTS = 64
@@ -179,27 +180,29 @@ def run_sweep(job_path: Path, sets: list[tuple[str, list[str]]], runs: Path | No
         jobs.append(resolve(parse_spec(data, desc), job_path))
     sweep = Sweep(job=str(job_path), keys=[k for k, _ in sets], points=[Point(values=c) for c in combos],
                   notes=[n for k, _ in sets if (n := _arg_note(raw, k))])
-    for job, point in zip(jobs, sweep.points, strict=True):
-        run, m = submit(job, runs)
-        point.job_id, point.run = m.job_id, str(run)
-        log(f"sweep: {point.label}: submitted as job {m.job_id} ({m.executor}); run directory {run}")
-        st = wait(run, timeout_s=timeout_s)
-        point.state = st["state"]
-        if st["state"] != "COMPLETED":
-            ended = "ended" if st["state"] in TERMINAL else f"still {st['state']} after --timeout:"
-            point.error = f"job {ended} {st['state'] if ended == 'ended' else ''}".strip() + \
-                f"; see `orch status {m.job_id}`"
-            log(f"sweep: {point.label}: {point.error}")
-            continue
-        try:
-            res = collect_run(run, CollectOptions())
-            measure(point, res.store, run)
-        except OrchError as e:
-            point.error = str(e)
-            log(f"sweep: {point.label}: {e}")
-            continue
-        sweep.gpu = sweep.gpu or point.gpu_idle_pct is not None
-        log(f"sweep: {point.label}: median step {point.step_ms} ms")
+    with progress.task("sweep: jobs", total=len(jobs)) as shown:
+        for i, (job, point) in enumerate(zip(jobs, sweep.points, strict=True)):
+            shown.update(completed=i, description=f"sweep: {point.label}")
+            run, m = submit(job, runs)
+            point.job_id, point.run = m.job_id, str(run)
+            log(f"sweep: {point.label}: submitted as job {m.job_id} ({m.executor}); run directory {run}")
+            st = wait(run, timeout_s=timeout_s)
+            point.state = st["state"]
+            if st["state"] != "COMPLETED":
+                ended = "ended" if st["state"] in TERMINAL else f"still {st['state']} after --timeout:"
+                point.error = f"job {ended} {st['state'] if ended == 'ended' else ''}".strip() + \
+                    f"; see `orch status {m.job_id}`"
+                log(f"sweep: {point.label}: {point.error}")
+                continue
+            try:
+                res = collect_run(run, CollectOptions())
+                measure(point, res.store, run)
+            except OrchError as e:
+                point.error = str(e)
+                log(f"sweep: {point.label}: {e}")
+                continue
+            sweep.gpu = sweep.gpu or point.gpu_idle_pct is not None
+            log(f"sweep: {point.label}: median step {point.step_ms} ms")
     done = [i for i, p in enumerate(sweep.points) if p.step_ms is not None]
     sweep.best = min(done, key=lambda i: sweep.points[i].step_ms) if done else None  # type: ignore[arg-type,return-value]
     return sweep

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from orchestrator import progress
 from orchestrator.analyze import sqlmodules
 from orchestrator.collect.timings import phase
 
@@ -109,20 +110,22 @@ def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
             except duckdb.Error as e:
                 e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
                 raise
+        shown.advance()
 
     pool = ThreadPoolExecutor(max_workers=n_workers or workers())
-    try:
-        for u in units:
-            futures[u.name] = pool.submit(one, u)
-        for u in units:
-            futures[u.name].result()
-    except BaseException:  # a failed file or Ctrl-C: queued files never start, running ones stop
-        for f in futures.values():
-            f.cancel()
-        for c in list(cursors):
-            c.interrupt()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for c in cursors:
-            c.close()
+    with progress.task("analysis (SQL files)", total=len(units)) as shown:
+        try:
+            for u in units:
+                futures[u.name] = pool.submit(one, u)
+            for u in units:
+                futures[u.name].result()
+        except BaseException:  # a failed file or Ctrl-C: queued files never start, running ones stop
+            for f in futures.values():
+                f.cancel()
+            for c in list(cursors):
+                c.interrupt()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for c in cursors:
+                c.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from orchestrator import __version__
+from orchestrator import __version__, progress
 from orchestrator.cli.common import Handler, err
 from orchestrator.duckdb_memory import memory_limit, out_of_memory
 from orchestrator.errors import OrchError
@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)
         memory_limit()  # a bad ORCH_DUCKDB_MEMORY fails here, before any work
+        progress.show_on(err)  # long work shows its progress where a person looks: a terminal
         return _run(handlers[a.command], a)
     except OrchError as e:
         err.print(f"orch: error: {plain(e)}", markup=False)  # paths and trace names are data

@@ -25,36 +25,51 @@ if TYPE_CHECKING:
 class _LazyConsole:
     """A rich Console made on first use. The CLI modules load without rich, pydantic or
     DuckDB (slow imports; docs/benchmarks-code.md), so that `orch collect`/`analyze` start the nsys exports
-    first and load the rest while nsys runs (collect/gather.early_exports)."""
+    first and load the rest while nsys runs (collect/gather.early_exports).
+
+    On first use the object turns into a real `Console` in place (its class set to Console, then
+    Console's own __init__ run on it), so from then on it is one everywhere: a proxy would not be,
+    as Python looks special methods up on the type (rich's live display does `with console:` only
+    when the output is a terminal), and `isinstance` and identity checks would see the proxy."""
 
     def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._console: Console | None = None
+        object.__setattr__(self, "_options", options)
 
-    def _real(self) -> Console:
-        if self._console is None:
-            from rich.console import Console
+    def _become_console(self) -> Console:
+        from rich.console import Console
 
-            opts = dict(self._options)
-            if opts.pop("wide_unless_terminal", False):
-                opts["width"] = None if Console().is_terminal else 160
-            self._console = Console(**opts)
-        return self._console
+        opts = dict(self.__dict__.pop("_options"))
+        terminal = Console(stderr=opts.get("stderr", False)).is_terminal
+        # A person reads a terminal: text wraps at its width, between words. A pipe, a file or
+        # a CI log gets each line whole (grep, copy), and tables wide enough for every column.
+        opts["soft_wrap"] = not terminal
+        if opts.pop("wide_unless_terminal", False) and not terminal:
+            opts["width"] = 160
+        object.__setattr__(self, "__class__", Console)
+        console = cast("Console", self)
+        Console.__init__(console, **opts)
+        return console
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real(), name)
+    def __getattr__(self, name: str) -> Any:  # only reached while still lazy
+        return getattr(self._become_console(), name)
 
     def __setattr__(self, name: str, value: Any) -> None:  # e.g. `console.width = 100`
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._real(), name, value)
+        setattr(self._become_console(), name, value)
+
+    def __enter__(self) -> Console:
+        return self._become_console().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._become_console().__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return repr(self._become_console())
 
 
 # Wide enough for the per-rank table when the output goes to a file or a CI log. No emoji
 # codes: a trace name `:skull:` is printed as written (markup escaping does not cover them).
-out = cast("Console", _LazyConsole(highlight=False, soft_wrap=True, emoji=False, wide_unless_terminal=True))
-err = cast("Console", _LazyConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False))
+out = cast("Console", _LazyConsole(highlight=False, emoji=False, wide_unless_terminal=True))
+err = cast("Console", _LazyConsole(stderr=True, highlight=False, emoji=False))
 Handler = Callable[[argparse.Namespace], int]
 MAX_WORKERS = 64
 

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import progress
 from orchestrator.cli.collect import collect_opts, collected_open, early, print_collect, timings_opt
 from orchestrator.cli.common import (
     Handler,
@@ -67,7 +68,7 @@ def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
             write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
     if a.html:
-        with phase("report: write html"):
+        with phase("report: write html"), progress.task("HTML report"):
             write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +21,127 @@ def cmd_submit(a: argparse.Namespace) -> int:
     run, m = submit(job, Path(a.runs) if a.runs else None)
     out.print(f"submitted {m.name} as job {m.job_id} ({m.executor}, {m.nodes} node(s) x "
               f"{m.nproc_per_node}); run directory {run}", markup=False)
+    ref = _ref(run, m.job_id)
     if not a.wait:
-        out.print(f"next: orch status {m.job_id}   then: orch collect {m.job_id}", markup=False)
+        out.print(f"next: orch status {ref}   then: orch collect {ref}", markup=False)
         return 0
-    return _wait_and_summarize(run, a.timeout)
+    return _wait_and_summarize(run, m.job_id, ref, a.timeout)
 
 
-def _wait_and_summarize(run: Path, timeout: float | None) -> int:
+def _ref(run: Path, job_id: str) -> str:
+    """How the next commands (`orch status`, `orch cancel`, `orch collect`) find this run from
+    here: its job id where the default run root ($ORCH_RUNS, ./orch-runs) holds it, else its
+    directory (a spec's `run_root`, `--runs`, another working directory)."""
+    from orchestrator.errors import OrchError
+    from orchestrator.rundir import find_run
+
+    try:
+        found = find_run(job_id)
+    except OrchError:
+        found = None
+    return job_id if found is not None and found.resolve() == run.resolve() else shlex.quote(str(run))
+
+
+def _wait_and_summarize(run: Path, job_id: str, ref: str, timeout: float | None) -> int:
+    """Follow the job to its end and print its status; Ctrl-C as with srun (`_CtrlC`). `ref`
+    names the job to the commands suggested (`_ref`)."""
     from orchestrator.submit.core import wait
 
-    last = {"state": None}
+    last: dict[str, Any] = {"line": None, "state": "submitted"}
 
     def show(st: dict[str, Any]) -> None:
         found = sum(1 for v in st["reports"].values() if v)
         line = f"job {st['job_id']}: {st['state']} ({found}/{len(st['profiled_ranks'])} reports)"
-        if line != last["state"]:
+        last["state"] = st["state"]
+        if line != last["line"]:
             err.print(line, markup=False)
-            last["state"] = line
+            last["line"] = line
 
-    st = wait(run, show, timeout_s=timeout)
+    with _CtrlC() as ctrl_c:
+        try:
+            st = wait(run, show, timeout_s=timeout)
+        except KeyboardInterrupt:
+            return _interrupted_wait(run, job_id, ref, last["state"], ctrl_c)
     print_status(st)
     return 0 if st["state"] == "COMPLETED" else 1
+
+
+class _CtrlC:
+    """SIGINT while `orch submit --wait` follows a job, taken as srun takes it: the first Ctrl-C
+    stops the wait (KeyboardInterrupt) and the job goes on; another within a second cancels it.
+    Later presses are only counted, unless `raising` (while a cancel is waited for): raised,
+    one could land inside the message that explains the one before and end orch without it."""
+
+    WINDOW_S = 1.0
+
+    def __init__(self) -> None:
+        self.presses: list[float] = []
+        self.raising = False
+        self._previous: Any = None
+
+    def __call__(self, _signum: int, _frame: Any) -> None:
+        self.presses.append(time.monotonic())
+        if len(self.presses) == 1 or self.raising:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        self._previous = signal.signal(signal.SIGINT, self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def again(self) -> bool:
+        """Wait out the second after the first press; whether another came within it."""
+        end = self.presses[0] + self.WINDOW_S
+        while len(self.presses) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        return len(self.presses) > 1 and self.presses[1] <= end
+
+
+def _interrupted_wait(run: Path, job_id: str, ref: str, state: str, ctrl_c: _CtrlC) -> int:
+    """After the first Ctrl-C: say what becomes of the job and how to stop it; cancel it on a
+    second Ctrl-C within the second, else leave it as it is. Exit status 130 either way (the
+    command was interrupted; the job's own outcome is `orch status`'s)."""
+    err.print(f"orch: job {job_id} goes on; a second Ctrl-C within 1 s cancels it (captures kept)", markup=False)
+    if not ctrl_c.again():
+        err.print(f"orch: stopped following job {job_id}, left {state}; orch status {ref} follows it, "
+                  f"orch cancel {ref} stops it", markup=False)
+        return 130
+    return _cancel_now(run, job_id, ref, ctrl_c)
+
+
+def _cancel_now(run: Path, job_id: str, ref: str, ctrl_c: _CtrlC) -> int:
+    """The second Ctrl-C: `orch cancel`'s orderly stop (captures first, reports kept). A Ctrl-C
+    during it stops only the waiting for it, and says what the job is left in and how to end it."""
+    from orchestrator.submit.backend import TERMINAL
+    from orchestrator.submit.core import cancel, job_status
+
+    err.print(f"orch: cancelling job {job_id}: its captures are stopped first, then its processes", markup=False)
+    try:
+        ctrl_c.raising = True
+        m, killed = cancel(run)
+        ctrl_c.raising = False  # inside the try: a press up to here is one during the cancel
+    except KeyboardInterrupt:
+        ctrl_c.raising = False
+        st = job_status(run)
+        if st["state"] in TERMINAL:
+            err.print(f"orch: stopped waiting for the cancel of job {job_id}, now {st['state']}", markup=False)
+        elif st.get("stop"):
+            err.print(f"orch: stopped waiting for the cancel of job {job_id}, still {st['state']} while its "
+                      f"captures stop; orch cancel {ref} waits for the stop to end", markup=False)
+        else:
+            err.print(f"orch: the cancel of job {job_id} was interrupted before its stop began, still "
+                      f"{st['state']}; orch cancel {ref} stops it", markup=False)
+        return 130
+    out.print(_cancelled(m.job_id, killed), markup=False)
+    print_status(job_status(run))
+    return 130
+
+
+def _cancelled(job_id: str, killed: list[str]) -> str:
+    return (f"job {job_id} cancelled: captures stopped, then its processes"
+            + (f"; killed {len(killed)} that outlived the stop (pids {', '.join(killed)})" if killed else ""))
 
 
 def print_status(st: dict[str, Any]) -> None:
@@ -87,9 +190,7 @@ def cmd_cancel(a: argparse.Namespace) -> int:
     from orchestrator.submit.core import cancel
 
     m, killed = cancel(run_arg(a))
-    out.print(f"job {m.job_id} cancelled: captures stopped, then its processes"
-              + (f"; killed {len(killed)} that outlived the stop (pids {', '.join(killed)})" if killed else ""),
-              markup=False)
+    out.print(_cancelled(m.job_id, killed), markup=False)
     return 0
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from orchestrator import progress
 from orchestrator.collect.gather import ReportFile, export_all, export_workers, exports_dir, find_nsys
 from orchestrator.collect.identity import Member, identify
 from orchestrator.collect.ingest import writing_store
 from orchestrator.collect.options import CollectOptions
-from orchestrator.collect.pipeline import Written, progress
+from orchestrator.collect.pipeline import Written
 from orchestrator.collect.probe import Probe, probe
 from orchestrator.collect.timings import phase
 from orchestrator.layout import Layout
@@ -29,16 +30,15 @@ class DirectRows:
 
     def read(self, reports: list[ReportFile]) -> tuple[list[Member], list[str]]:
         """Export every report (taking over `opts.started`), probe each, identify the ranks."""
-        with progress(self.console) as prog:
-            t = prog.add_task("export", total=len(reports))
-            with phase("collect: export/decompress"):
-                export_all(reports, exports_dir(self.run), nsys=find_nsys(self.opts.nsys), workers=self.workers,
-                           on_done=lambda _r: prog.advance(t), started=self.opts.started)
-            t2 = prog.add_task("probe", total=len(reports))
+        nodes = [r.host for r in reports]
+        with progress.task("export", total=len(reports), nodes=nodes) as t, phase("collect: export/decompress"):
+            export_all(reports, exports_dir(self.run), nsys=find_nsys(self.opts.nsys), workers=self.workers,
+                       on_done=lambda r: t.advance(node=r.host), started=self.opts.started)
+        with progress.task("probe", total=len(reports)) as t2:
 
             def probe_one(r: ReportFile) -> Probe:
                 pr = probe(r.sqlite) if r.sqlite else Probe(path=r.origin, error=r.error or "no export")
-                prog.advance(t2)
+                t2.advance()
                 return pr
 
             # Serially: a probe is a few small SQLite reads, bound by the GIL, not the disk, so
@@ -52,11 +52,10 @@ class DirectRows:
         """Ingest every readable rank and hold the store open (ingest.writing_store)."""
         o = self.opts
         with ExitStack() as held:
-            with progress(self.console) as prog:
-                t3 = prog.add_task("ingest", total=sum(1 for m in members if not m.probe.error))
-                with phase("collect: build store (total)"):
-                    written = held.enter_context(writing_store(
-                        members, store, layout=layout, keep_env=o.keep_env, engine=o.engine, workers=self.workers,
-                        align=o.align, expected=o.expected, extra_meta=o.extra_meta,
-                        on_rank=lambda _m: prog.advance(t3), background=o.background))
+            with progress.task("ingest", total=sum(1 for m in members if not m.probe.error)) as t3, \
+                    phase("collect: build store (total)"):
+                written = held.enter_context(writing_store(
+                    members, store, layout=layout, keep_env=o.keep_env, engine=o.engine, workers=self.workers,
+                    align=o.align, expected=o.expected, extra_meta=o.extra_meta,
+                    on_rank=lambda _m: t3.advance(), background=o.background))
             yield written

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from orchestrator import progress
 from orchestrator.collect.decompress import clean_stale
 from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.gather import ReportFile, export_workers, exports_dir
@@ -26,7 +27,7 @@ from orchestrator.collect.identity import Member
 from orchestrator.collect.mapper import MapTask, map_chunk, map_chunk_strict
 from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.parts import PART_TMP, probe_to_json, read_meta, report_to_json, source_stamp
-from orchestrator.collect.pipeline import Written, progress
+from orchestrator.collect.pipeline import Written
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
 from orchestrator.collect.views import IF_MAPPED, VIEW_MIN_ROWS, VIEWABLE
@@ -43,17 +44,16 @@ def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str,
     lost: dict[str, str] = {}
     if not todo:
         return lost
-    with progress(console) as prog:
-        bar = prog.add_task("map", total=len(todo))
-        with ProcessPoolExecutor(max_workers=max(1, min(workers, len(todo))),
-                                 mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(map_chunk, [t]): t for t in todo}
-            for f in as_completed(futs):
-                try:
-                    f.result()
-                except Exception as e:  # a worker killed (OOM) or an unexpected bug: that report only
-                    lost[futs[f].rid] = f"map worker failed: {type(e).__name__}: {str(e)[:200]}"
-                prog.advance(bar)
+    n = max(1, min(workers, len(todo)))
+    with progress.task("map", total=len(todo), nodes=[t.report.host for t in todo]) as bar, \
+            ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        futs = {pool.submit(map_chunk, [t]): t for t in todo}
+        for f in as_completed(futs):
+            try:
+                f.result()
+            except Exception as e:  # a worker killed (OOM) or an unexpected bug: that report only
+                lost[futs[f].rid] = f"map worker failed: {type(e).__name__}: {str(e)[:200]}"
+            bar.advance(node=futs[f].report.host)
     return lost
 
 
@@ -139,8 +139,7 @@ class PartsRows:
     @contextmanager
     def write(self, members: list[Member], store: Path, layout: Layout) -> Iterator[Written]:
         o = self.opts
-        with progress(self.console) as prog:
-            prog.add_task("reduce", total=None)
+        with progress.task("reduce"):
             views = build_store_from_parts(
                 self.metas, self.parts, store, layout=layout, keep_env=o.keep_env, align=o.align,
                 expected=o.expected, extra_meta=o.extra_meta, threads=self.workers, members=members,

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.collect.gather import ReportFile, discover
 from orchestrator.collect.identity import Member, infer_world_size
@@ -94,13 +92,6 @@ def run_lock(run: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def progress(console: Console) -> Progress:
-    """A transient progress display, shown only on a terminal."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True,
-                    disable=not console.is_terminal)
 
 
 def complete_layout(layout: Layout, members: list[Member], warnings: list[str]) -> Layout:

@@ -3,22 +3,15 @@ the source of the byte counts and the nominal link it is compared with (or how t
 
 from __future__ import annotations
 
-import textwrap
-
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator.analyze.model_report import Report
+from orchestrator.report.prose import say
 from orchestrator.report.safe import cell
 
 MAX_ROWS = 24
-WIDTH = 100
-
-
-def _say(console: Console, text: str) -> None:
-    console.print(textwrap.fill(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False),
-                  markup=False, highlight=False)
 
 
 def _f(x: float | None) -> str:
@@ -30,7 +23,7 @@ def print_comm(report: Report, console: Console) -> None:
     if c is None:
         return
     if c.size_source == "none":
-        _say(console, f"communication: no message sizes in this capture ({c.comm_kernels} NCCL kernels): "
+        say(console, f"communication: no message sizes in this capture ({c.comm_kernels} NCCL kernels): "
                       f"{cell(c.hint or '')}")
         return
     nom = f"; % link of {c.nominal.gbps_per_direction:g} GB/s/direction" if c.nominal else ""
@@ -44,5 +37,5 @@ def print_comm(report: Report, console: Console) -> None:
                   _f(k.median_busbw_gbps), _f(k.p10_busbw_gbps), _f(k.pct_of_nominal))
     console.print(t)
     for s in c.by_scope:
-        _say(console, f"  {s.scope}-node: {s.gbytes} GB, transfer {s.transfer_ms_per_rank} ms per rank "
+        say(console, f"  {s.scope}-node: {s.gbytes} GB, transfer {s.transfer_ms_per_rank} ms per rank "
                       f"({s.share_of_window_pct}% of the window), median busbw {_f(s.median_busbw_gbps)} GB/s")

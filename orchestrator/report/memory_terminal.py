@@ -3,13 +3,11 @@ the cross-rank spread, the fastest growth per step, and allocator calls per step
 
 from __future__ import annotations
 
-import textwrap
-
 from rich.console import Console
 
 from orchestrator.analyze.model_report import Report
+from orchestrator.report.prose import say
 
-WIDTH = 100
 GIB = 2**30
 
 
@@ -45,5 +43,4 @@ def memory_line(report: Report) -> str | None:
 def print_memory(report: Report, console: Console) -> None:
     line = memory_line(report)
     if line:
-        console.print(textwrap.fill(line, WIDTH, subsequent_indent="    ", break_on_hyphens=False),
-                      markup=False, highlight=False)
+        say(console, line)

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import submitit
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from orchestrator import progress
 from orchestrator.errors import OrchError
 from orchestrator.spec.model import ClusterConfig
 from orchestrator.submit.backend import TERMINAL, tail
@@ -142,9 +142,7 @@ def run_array(fn: Callable[[list[T]], Any], tasks: list[T], folder: Path, opts: 
     done: set[int] = set()
     over_since: dict[int, float] = {}
     t0 = time.monotonic()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as prog:
-        bar = prog.add_task("map tasks", total=len(groups))
+    with progress.task("map tasks", total=len(groups)) as bar:
         while len(done) < len(groups):
             states = _states(array_id, len(groups))
             for o, job in zip(outcomes, jobs, strict=True):
@@ -168,8 +166,8 @@ def run_array(fn: Callable[[list[T]], Any], tasks: list[T], folder: Path, opts: 
             counts: dict[str, int] = {}
             for o in outcomes:
                 counts[o.state] = counts.get(o.state, 0) + 1
-            prog.update(bar, completed=len(done),
-                        description="map tasks " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
+            bar.update(completed=len(done),
+                       description="map tasks " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())))
             if len(done) == len(groups):
                 break
             if opts.timeout_s is not None and time.monotonic() - t0 > opts.timeout_s:

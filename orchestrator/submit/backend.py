@@ -65,6 +65,9 @@ class SubmititBackend:
 
     name = "submitit"
     enforces_limit = False  # the local executor enforces the time limit itself; Slurm does on Slurm
+    # The local executor's job starts from the shell `orch submit` runs in and leaves its terminal
+    # (node.NodeCommand.own_session); a Slurm task is slurmstepd's, in a session it owns.
+    leaves_terminal = False
 
     def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
         raise NotImplementedError
@@ -76,7 +79,7 @@ class SubmititBackend:
         ex = self.make_executor(job, folder)
         fn = NodeCommand(rendered.node_command, cwd=str(rendered.script_dir.parent), folder=str(folder),
                          timing=job_stop_timing(job), enforce_limit=self.enforces_limit,
-                         nodes=self.ntasks(job.nodes))
+                         own_session=self.leaves_terminal, nodes=self.ntasks(job.nodes))
         try:
             # submitit echoes sbatch's stderr itself; it is folded into our one-line error instead.
             with contextlib.redirect_stderr(io.StringIO()):

@@ -10,27 +10,38 @@ when the supervisor could not write.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import JobPaths
 
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import SubmititBackend, job_stop_timing
 from orchestrator.submit.limits import KILL_WAIT_S
-from orchestrator.submit.node import SETTLE_S, descendants, signal_tree, start_time, stop_file, supervisor_file
+from orchestrator.submit.node import (
+    SETTLE_S,
+    TERMINAL_SIGNALS,
+    cancel_file,
+    descendants,
+    signal_tree,
+    start_time,
+    stop_file,
+    supervisor_file,
+)
 
 
 class LocalBackend(SubmititBackend):
     name = "local"
     enforces_limit = True
+    leaves_terminal = True
 
     def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
         ex = submitit.LocalExecutor(folder=folder)
@@ -45,23 +56,45 @@ class LocalBackend(SubmititBackend):
         return ex
 
     def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
-        # The controller outlives `orch submit` and inherits its stdout/stderr: when those are a
-        # pipe (`orch submit ... | tee`, a test harness) the controller dies once the reader
-        # goes, taking the job's bookkeeping with it. It writes to a file of its own instead.
+        """Start submitit's controller detached from what `orch submit` runs in.
+
+        The controller outlives `orch submit` and inherits its stdin, stdout, stderr, process
+        group and signal dispositions. Its output goes to a file of its own: when stdout is a
+        pipe (`orch submit ... | tee`, a test harness) the controller would die once the reader
+        goes, taking the job's bookkeeping with it. Its stdin is /dev/null: nothing of the job
+        holds the terminal open or reads from it. And it starts with the terminal's signals
+        ignored: in orch's process group it gets the terminal's Ctrl-C, on which it would SIGKILL
+        the node supervisor a second later (orphaning the ranks, the job then reading FAILED).
+        An ignored signal stays ignored across fork and exec, and Python installs no
+        KeyboardInterrupt handler for a SIGINT ignored at its start; the supervisor, in a session
+        of its own, gives the signals back their defaults for the launch and the ranks."""
         folder.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        saved = [os.dup(1), os.dup(2)]
-        log = os.open(folder / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        saved = [_saved_fd(fd) for fd in (0, 1, 2)]
+        log = _above_stdio(os.open(folder / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        null = _above_stdio(os.open(os.devnull, os.O_RDONLY))
+        # Only the main thread may set handlers (orch's CLI submits from it; a library caller may not).
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.getsignal(sig) for sig in TERMINAL_SIGNALS} if main else {}
         try:
+            for sig in handlers:
+                signal.signal(sig, signal.SIG_IGN)
+            os.dup2(null, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
             return super().submit(job, rendered, folder)
         finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in (*saved, log):
-                os.close(fd)
+            for fd, old in enumerate(saved):
+                if old is None:  # it was closed: closed again
+                    os.close(fd)
+                else:
+                    os.dup2(old, fd)
+                    os.close(old)
+            os.close(log)
+            os.close(null)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     def ntasks(self, nodes: int) -> int:
         return 1  # one machine, one controller task
@@ -74,7 +107,7 @@ class LocalBackend(SubmititBackend):
             state = "RUNNING"
         elif results == {"success"}:
             state = "COMPLETED"
-        elif _cancel_marker(folder, job_id).exists() or stop.get("reason") == "cancelled":
+        elif cancel_file(folder, job_id).exists() or stop.get("reason") == "cancelled":
             state = "CANCELLED"
         elif stop.get("reason") == "timeout":
             state = "TIMEOUT"
@@ -84,7 +117,7 @@ class LocalBackend(SubmititBackend):
 
     def cancel(self, folder: Path, job_id: str) -> list[str]:
         """Stop the job in order and wait for it; returns what had to be killed by pid."""
-        _cancel_marker(folder, job_id).touch()
+        cancel_file(folder, job_id).touch()
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(job_id), signal.SIGTERM)  # the controller forwards it to the node supervisor
         sup = _supervisor(folder, job_id)
@@ -100,6 +133,25 @@ class LocalBackend(SubmititBackend):
                 os.kill(sup["pid"], signal.SIGKILL)
             killed = [str(p) for p in [*pids, sup["pid"]]]
         return killed
+
+
+def _saved_fd(fd: int) -> int | None:
+    """A copy of `fd` to put back afterwards; None when it is closed (a command run with
+    `<&-`)."""
+    try:
+        return _above_stdio(os.dup(fd))
+    except OSError:
+        return None
+
+
+def _above_stdio(fd: int) -> int:
+    """`fd` moved above 2: with a standard descriptor closed, `os.open` returns it, and the
+    dup2 onto that descriptor would then close the file."""
+    if fd > 2:
+        return fd
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return high
 
 
 def read_stop(folder: Path, job_id: str) -> dict[str, Any]:
@@ -131,9 +183,6 @@ def _alive(job_id: str) -> bool:
     except PermissionError:
         return True
 
-
-def _cancel_marker(folder: Path, job_id: str) -> Path:
-    return JobPaths(folder, job_id=job_id).folder / f".{job_id}.cancelled"
 
 
 def _proc_state(pid: str) -> str:

@@ -18,7 +18,9 @@ report is written. This supervisor instead:
 - at the time limit (local) or when a stop outlasts its grace, sends SIGTERM then SIGKILL
   to every descendant, and before returning kills whatever is left, so nothing outlives it;
 - writes why it stopped (`<folder>/<job>_<node>_stop.json`) for `orch status`, and its own pid
-  (`<folder>/<job>_<node>_supervisor.json`) for `orch cancel`.
+  (`<folder>/<job>_<node>_supervisor.json`) for `orch cancel`;
+- on the local executor, leaves the terminal `orch submit` ran in (`own_session`): the job
+  outlives that command and is stopped by `orch cancel`, never by a Ctrl-C meant for orch.
 It fails as `CommandFunction` does (FailedJobError carrying the command's stderr), so the
 task's result reads the same.
 """
@@ -46,6 +48,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2
 _PEERS_POLL_S = 1.0  # the other nodes' markers, on the shared filesystem
 SETTLE_S = 10  # after launch.sh ends, how long its leftovers may take to exit before SIGKILL
+# What a terminal sends its foreground process group (Ctrl-C, Ctrl-\, Ctrl-Z, a hangup, a background
+# read or write): `orch submit` starts submitit's controller with these ignored, and an ignored
+# disposition is inherited down to the ranks unless reset.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def descendants(root: int) -> list[int]:
@@ -119,6 +125,12 @@ def supervisor_file(folder: Path, job_id: str, node: str | int) -> Path:
     return folder / f"{job_id}_{node}_supervisor.json"
 
 
+def cancel_file(folder: Path, job_id: str) -> Path:
+    """Made by `orch cancel` before it signals the job: its stop is a cancel, whatever signal
+    carries it, and a job that then ends reads CANCELLED."""
+    return folder / f".{job_id}.cancelled"
+
+
 def failed_file(folder: Path, job_id: str) -> Path:
     """Made by the first node whose launch failed (its node and status), for the others."""
     return folder / f"{job_id}_failed.json"
@@ -152,15 +164,20 @@ class NodeCommand:
     """Run the node's launch command under the stop order above (picklable for submitit)."""
 
     def __init__(self, command: list[str], cwd: str, folder: str, timing: StopTiming,
-                 enforce_limit: bool, nodes: int = 1) -> None:
+                 enforce_limit: bool, nodes: int = 1, own_session: bool = False) -> None:
         self.command = command
         self.cwd = cwd
         self.folder = folder
         self.timing = timing
         self.enforce_limit = enforce_limit  # the local executor; on Slurm, Slurm enforces it
         self.nodes = nodes  # node tasks of the job, each under a supervisor of its own
+        # Leave orch's session first: the local executor's job starts inside it. Never on Slurm,
+        # whose slurmstepd owns the task's session and process group.
+        self.own_session = own_session
 
     def __call__(self) -> str:
+        if self.own_session:
+            self._leave_the_terminal()
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         job, node = _job_and_node()
@@ -174,8 +191,8 @@ class NodeCommand:
             reason = "timeout" if sig == signal.SIGUSR2 else "cancelled"
             signal.signal(sig, lambda _s, _f, why=why, sig=sig, reason=reason: requests.append((why, sig, reason)))
         t0 = time.monotonic()
-        proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=self.cwd, start_new_session=True)
         out, err = io.StringIO(), io.StringIO()
         copier = threading.Thread(target=copy_process_streams, args=(proc, out, err, True), daemon=True)
         copier.start()
@@ -194,6 +211,9 @@ class NodeCommand:
                     requests.append(("another node failed", signal.SIGTERM, "step_ended"))
             if requests and not stop:
                 why, sig, reason = requests[0]
+                if reason == "timeout" and cancel_file(folder, job).exists():
+                    # `orch cancel` on Slurm sends the early warning's signal, for the same stop.
+                    why, reason = "orch cancel", "cancelled"
                 stop = {"reason": reason, "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1),
                         "at_utc_ns": time.time_ns()}
                 self._say(f"{why} ({signal.Signals(sig).name}): asking launch.sh to stop the captures"
@@ -228,6 +248,19 @@ class NodeCommand:
         if rc:
             raise FailedJobError(err.getvalue().strip()) from subprocess.CalledProcessError(rc, self.command)
         return out.getvalue().strip()
+
+    @staticmethod
+    def _leave_the_terminal() -> None:
+        """On the local executor this process starts in the session and process group of the
+        `orch submit` that started submitit's controller, with the terminal's signals ignored
+        (so that none of them reached it on the way). A session of its own takes it and all it
+        starts out of that terminal's reach (a Ctrl-C, a hangup, a closed window): the job is
+        stopped by `orch cancel`, in order. The signals are then given back their defaults,
+        for launch.sh's traps (bash cannot trap a signal ignored when it started) and the ranks."""
+        with contextlib.suppress(OSError):  # already a session leader: nothing to leave
+            os.setsid()
+        for sig in TERMINAL_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
 
     def _wait_for_the_others(self, folder: Path, job: str) -> None:
         """Before this task fails (and srun ends the step), until every node's launch has ended:

@@ -28,7 +28,7 @@ from orchestrator.errors import OrchError
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, SubmititBackend, job_stop_timing, tail
 from orchestrator.submit.limits import KILL_WAIT_S, slurm_minutes
-from orchestrator.submit.node import SETTLE_S, stop_file, supervisor_file
+from orchestrator.submit.node import SETTLE_S, cancel_file, stop_file, supervisor_file
 
 __all__ = ["SlurmBackend", "normalize_state", "run_command", "scheduler_state", "slurm_minutes"]
 
@@ -147,7 +147,7 @@ class SlurmBackend(SubmititBackend):
         # The node supervisors end a job at the time limit's early warning, or at `orch cancel`'s,
         # before Slurm does: Slurm then records how the processes ended, orch says why.
         stops = [read_json(stop_file(folder, job_id, t["task"])) for t in tasks]
-        if state["state"] in ("FAILED", "COMPLETED") and _cancel_marker(folder, job_id).exists():
+        if state["state"] in ("FAILED", "COMPLETED") and cancel_file(folder, job_id).exists():
             state["state"] = "CANCELLED"
             state["source"] += "; orch cancel"
         elif state["state"] == "FAILED" and (any(s.get("reason") == "timeout" for s in stops) or any(
@@ -167,7 +167,7 @@ class SlurmBackend(SubmititBackend):
         """The early warning first (`scancel --signal=USR2`: every node stops its captures), then,
         once the job ended or its grace ran out, `scancel`."""
         with contextlib.suppress(OSError):
-            _cancel_marker(folder, job_id).touch()
+            cancel_file(folder, job_id).touch()
         if _running(job_id):
             run_command(["scancel", "--signal=USR2", job_id])
             sup = read_json(supervisor_file(folder, job_id, 0))
@@ -189,9 +189,6 @@ def _running(job_id: str) -> bool:
         return normalize_state(q.stdout.strip().splitlines()[0]) == "RUNNING"
     return scheduler_state(job_id)["state"] == "RUNNING"
 
-
-def _cancel_marker(folder: Path, job_id: str) -> Path:
-    return folder / f".{job_id}.cancelled"
 
 
 def read_json(path: Path) -> dict[str, Any]:

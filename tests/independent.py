@@ -158,11 +158,11 @@ def kernel_count(path: Path) -> int:
         con.close()
 
 
-def gpu_memory_peak(path: Path) -> tuple[int, int]:
-    """(device, highest bytes in use) of one rank from its CUDA_GPU_MEMORY_USAGE_EVENTS: the device its
-    device/array allocations put the most bytes on; there, device, array and static allocations
-    (memKind 2, 3, 5) minus frees (operation 0 alloc, 1 free), summed per timestamp in time order,
-    raised so that the level never goes below zero."""
+def gpu_memory_levels(path: Path) -> tuple[int, list[tuple[int, int]]]:
+    """(device, [(time, bytes in use after it)]) of one rank from its CUDA_GPU_MEMORY_USAGE_EVENTS:
+    the device its device/array allocations put the most bytes on; there, device, array and
+    static allocations (memKind 2, 3, 5) minus frees (operation 0 alloc, 1 free), summed per
+    timestamp in time order, raised so that the level never goes below zero."""
     con = sqlite3.connect(path)
     try:
         by_dev: dict[int, int] = {}
@@ -176,8 +176,16 @@ def gpu_memory_peak(path: Path) -> tuple[int, int]:
             per[t] = per.get(t, 0) + (b if op == 0 else -b if op == 1 else 0)
     finally:
         con.close()
-    levels = list(itertools.accumulate(per[t] for t in sorted(per)))
-    return dev, max(levels) + max(0, -min(levels))
+    times = sorted(per)
+    levels = list(itertools.accumulate(per[t] for t in times))
+    base = max(0, -min(levels))
+    return dev, [(t, level + base) for t, level in zip(times, levels, strict=True)]
+
+
+def gpu_memory_peak(path: Path) -> tuple[int, int]:
+    """(device, highest bytes in use) of one rank (gpu_memory_levels)."""
+    dev, levels = gpu_memory_levels(path)
+    return dev, max(level for _, level in levels)
 
 
 def range_start(con: sqlite3.Connection, name: str) -> int:

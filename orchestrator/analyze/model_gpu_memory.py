@@ -24,7 +24,9 @@ class RankMemory(Strict):
     capacity_bytes: int | None = Field(None, description="the GPU's total memory (TARGET_INFO_GPU.totalMemory)")
     baseline_bytes: int | None = Field(None, description="added so that the running sum never goes below 0")
     start_bytes: int | None = Field(None, description="in use at the window's start")
-    peak_bytes: int | None = Field(None, description="highest in use inside the window")
+    peak_bytes: int | None = Field(None, description="highest in use inside the window; for a job that did not "
+                                   "complete, up to the end of the rank's capture (the step it failed or was "
+                                   "stopped in, the allocations that filled the GPU)")
     end_bytes: int | None = Field(None, description="in use at the window's end")
     capture_peak_bytes: int | None = Field(None, description="highest in use over the whole capture")
     headroom_bytes: int | None = Field(None, description="capacity - peak")

@@ -20,6 +20,18 @@ class RankOutcome(Strict):
                              "it, innermost first (from the stack dump)")
 
 
+class StackClassOut(Strict):
+    """Ranks whose main thread had the same Python stack when it was dumped."""
+
+    count: int
+    ranks: list[int]
+    frame: str = Field(description="the innermost frame of the program's own code, `file:line (function)`")
+    innermost: str = Field("", description="the stack's innermost frame, `folder/file:line (function)`")
+    waits: str = Field("", description="what it waited for its peers in (a torch.distributed call, backward, a "
+                       "CUDA synchronisation), or empty")
+    root: bool = Field(False, description="its ranks are the root the outcome names")
+
+
 class Outcome(Strict):
     """How the job ended, from its run directory (none for reports orch did not submit)."""
 
@@ -41,3 +53,12 @@ class Outcome(Strict):
     failed_step: int | None = Field(None, description="the step its capture ends in")
     gpu_lost: list[int] = Field(default_factory=list, description="ranks whose GPU trace was lost (no kernel "
                                 "kept while they launched GPU work or their peers kept theirs: gpu_lost)")
+    root_frame: str | None = Field(None, description="where the root's code was, `file:line (function)`: the "
+                                   "collective it called that the others did not, its main thread's frame, or "
+                                   "where the rank that failed first raised")
+    root_from: str | None = Field(None, description="what named the root: flight_recorder, trace, stacks, or "
+                                  "traceback (the rank that failed first, by its own error)")
+    stack_classes: list[StackClassOut] = Field(default_factory=list, description="the ranks grouped by their main "
+                                               "thread's stack when it was dumped, largest class first")
+    torch_oom: str | None = Field(None, description="torch's out-of-memory message of the rank that ran out: what "
+                                  "the failing allocation asked for and what the process held")

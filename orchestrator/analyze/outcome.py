@@ -15,13 +15,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from orchestrator.analyze import flight
+from orchestrator.analyze import flight, oom, stacks
 from orchestrator.analyze.engine import Views
-from orchestrator.analyze.model_outcome import Outcome, RankOutcome
+from orchestrator.analyze.model_outcome import Outcome, RankOutcome, StackClassOut
 from orchestrator.collect.evidence import JobEvidence, LastCollective, TaskEnd
 from orchestrator.submit.failure import first_words
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")
+# torch's message begins so; the rest (what it asked and held) is quoted beside the events.
+_CUT_OOM = "CUDA out of memory."
 _WORDS = {"COMPLETED": "completed", "FAILED": "failed", "TIMEOUT": "timed out", "CANCELLED": "cancelled",
           "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "PREEMPTED": "cancelled", "DEADLINE": "timed out",
           "BOOT_FAIL": "failed", "RUNNING": "running", "PENDING": "running"}
@@ -137,63 +139,96 @@ def build_outcome(v: Views) -> Outcome | None:
     state = _WORDS.get(sched, "unknown")
     stopped = sched in ("TIMEOUT", "CANCELLED", "DEADLINE")
     late, where = behind(ends) if stopped else ([], "")
+    root_from = "trace" if late else None
     fr_late, fr_where, fr_lines = flight.mismatch(ev.flight_recorder)
     odd = flight.odd_ones(ev.flight_recorder)
     # Where the ranks' collectives first parted, that rank is the root: every later collective
-    # of it is paired with another one, so who got furthest says nothing.
+    # of it is paired with another one, so who got furthest says nothing, and neither does which
+    # rank's watchdog (or size check) fired first: the others only waited for it, or failed on it.
     split, split_lines = flight.diverged(ev.flight_diverged)
     if split:
         fr_late, odd, fr_lines = [], split, split_lines
+    # The main-thread stacks: most ranks waiting at one point, the few elsewhere.
+    sc = stacks.classes(ev.stack_classes)
+    st_root = stacks.root(sc)
     parts = []
     ran_out = None
     failed: tuple[int | None, str, int | None] = (None, "", None)
     first = first_failure(ev.tasks)
     # A job that failed because a rank's collective timed out or lost its peer (NCCL's watchdog,
     # a closed connection) hung first: the rank to blame is the one the recorder shows never
-    # entered the collective the others waited in (or called one the others did not), not the
-    # one whose watchdog fired first.
-    blamed = fr_late or odd
+    # entered the collective the others waited in (or called one the others did not), or the
+    # one whose stack was elsewhere while the others waited, not the one whose watchdog fired first.
+    blamed = fr_late or odd or st_root
     waited_out = bool(first and first.failed_by_peer and blamed and first.failed_rank not in blamed)
     if (stopped or waited_out) and fr_late and not late:
         # The trace did not tell the ranks apart (all in the same phase), the recorder does.
-        late, where = fr_late, fr_where
-    called_other = bool((stopped or waited_out) and odd and (not late or split))
+        late, where, root_from = fr_late, fr_where, "flight_recorder"
+    # The rank that called the odd collective failed first by its own error (gloo's size check
+    # aborts it): a failure of the root itself, told as such.
+    root_failed = bool(first and first.failed_rank in split and not first.failed_by_peer)
+    called_other = bool((stopped or waited_out or (split and not root_failed)) and sched != "COMPLETED" and odd
+                        and (not late or split))
     if called_other:
-        late = odd
+        late, root_from = odd, "flight_recorder"
+    crowd = next((c for c in sc if c.waits and not set(c.ranks) & set(st_root)), None)
+    if (stopped or waited_out) and st_root and not late:
+        # Neither the trace nor the recorder tells the ranks apart; their stacks do.
+        late, root_from = st_root, "stacks"
     base = clock_base(v)
-    moving = running(ends, late, stop_ns(ev, base))
+    # A rank that called a collective the others did not is the root even where its loop went on
+    # (NCCL can complete the mismatched pair and shift every later one): no running loop to judge.
+    moving = "" if called_other else running(ends, late, stop_ns(ev, base))
     if moving:
         # A stop caught the ranks at different points of a running loop: a straggler, not a hang.
         parts.append(f"no rank hung: the stop found the ranks at different points of a running loop ({moving})")
-        late = []
+        late, root_from = [], None
+    frame = _root_frame(ev, sc, late, called_other)
     if late:
         state = "hung"
-        known = {e["rank"] for e in ends} | {r.rank for r in ev.flight_recorder}
+        known = {e["rank"] for e in ends} | {r.rank for r in ev.flight_recorder} | {r for c in sc for r in c.ranks}
         waiting = sorted(known - set(late))
         step = next((call_step(v, c, base) for c in ev.flight_diverged if c.rank in late), None) if called_other \
             else None
-        parts.append((f"rank(s) {_list(late)} called a collective the others never called"
-                      + (f" in step {step}" if step is not None else "") + " (the Flight Recorder line below)"
-                      if called_other else f"rank(s) {_list(late)} never reached {where}")
-                     + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
+        if called_other:
+            said = (f"rank(s) {_list(late)} called a collective the others never called"
+                    + (f" in step {step}" if step is not None else "") + " (the Flight Recorder line below)")
+        elif root_from == "stacks" and crowd is not None:
+            said = (f"rank(s) {_list(late)} never reached the point where the others waited (their main "
+                    f"threads' stacks when orch stopped them): rank(s) {_list(late)} at {frame}, while rank(s) "
+                    f"{stacks.ranges(crowd.ranks)} waited in {crowd.waits} at {crowd.frame}")
+            waiting = []
+        else:
+            said = f"rank(s) {_list(late)} never reached {where}"
+        parts.append(said + (f", where rank(s) {_list(waiting)} waited" if waiting else ""))
         parts += [f"rank {r.rank} was in {' > '.join(r.open_ranges)}" for r in ranks
                   if r.rank in late and r.open_ranges]
     if first is not None and first.failed_rank is not None and sched != "COMPLETED":
         head = first_words(first.failed_rank, first.failed_exit or "")
         # The launcher's line adds the rank's own last words (its exception, a native abort's message).
         said = first.error if first.error.startswith(head) else head
-        if waited_out and late:
-            parts.append(f"rank {first.failed_rank} failed first, waiting for them (a victim): {said}")
+        oom_said = ev.oom.get(first.failed_rank)
+        if _OOM.search(first.error) and oom_said and _CUT_OOM in said:
+            # torch's whole message is quoted with the memory below, not cut short here.
+            said = said[: said.index(_CUT_OOM) + len(_CUT_OOM) - 1]
+        if late and first.failed_rank not in late and (waited_out or called_other):
+            how = "waiting for them" if first.failed_by_peer else "on their collective"
+            parts.append(f"rank {first.failed_rank} failed first, {how} (a victim): {said}")
         else:
             # Where its capture ends, not which step it finished: a SIGKILLed program loses the
             # ranges it was in, so its report ends with the step before the one it died in.
             ro = next((r for r in ranks if r.rank == first.failed_rank), None)
             failed = (first.failed_rank, said, ro.last_step if ro else None)
+            odd_call = next((c.frame for c in ev.flight_diverged if c.rank == first.failed_rank and c.frame), "")
+            if not late and root_failed and odd_call:  # the collective it called that the others did not
+                frame, root_from = odd_call, "flight_recorder"
+            elif not late and first.failed_frames:  # where it raised: the line to fix
+                frame, root_from = stacks.program_frame(first.failed_frames), "traceback"
             step = f"; its capture ends in step {ro.last_step}" if ro and ro.last_step is not None else ""
             parts.append(f"{said}{step}")
         if _OOM.search(first.error):
             ran_out = first.failed_rank
-            parts.append(_memory_at_failure(v, first.failed_rank))
+            parts.append(oom.at_failure(v, first.failed_rank, oom_said))
     why_lost: dict[str, list[int]] = {}
     for r, why in sorted(ev.reports_lost.items()):
         why_lost.setdefault(why, []).append(r)
@@ -210,21 +245,25 @@ def build_outcome(v: Views) -> Outcome | None:
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
     return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
                    dumps=ev.dumps, flight_recorder=fr_lines, ran_out=ran_out, gpu_lost=lost,
-                   failed_first=failed[0], failed_how=failed[1], failed_step=failed[2])
+                   failed_first=failed[0], failed_how=failed[1], failed_step=failed[2],
+                   root_frame=frame or None, root_from=root_from if frame or late else None,
+                   stack_classes=stacks.mark(sc, late),
+                   torch_oom=ev.oom.get(ran_out) if ran_out is not None else None)
 
 
-def _memory_at_failure(v: Views, rank: int) -> str:
-    """How much GPU memory the rank that ran out held at its highest, in which step, and what
-    the other ranks held at that moment (mem_peak, on the rank's own GPU)."""
-    peak = v.by_rank("mem_peak").get(rank)
-    if peak is None:
-        return f"rank {rank}'s GPU memory was not traced (profile.cuda_memory_usage: true records it)"
-    cap = v.by_rank("mem_rank").get(rank, {}).get("capacity")
-    others = ", ".join(f"rank {o['rank']} {o['bytes'] / 2**30:.2f} GiB" for o in peak["others"][:8])
-    return (f"rank {rank} held {peak['peak_bytes'] / 2**30:.2f} GiB"
-            + (f" of its GPU's {cap / 2**30:.1f} GiB" if cap else "")
-            + (f" at its highest, in step {peak['step']}" if peak["step"] is not None else " at its highest")
-            + (f"; the others then: {others}" if others else ""))
+def _root_frame(ev: JobEvidence, sc: list[StackClassOut], late: list[int], called_other: bool) -> str:
+    """Where the root's code was: the collective it called that the others did not (the
+    recorder's frame), else its main thread's innermost frame of the program's own code; ""
+    where neither is known."""
+    if not late:
+        return ""
+    if called_other:
+        rows = ev.flight_diverged or ev.flight_recorder
+        c = next((c for c in rows if c.rank in late and c.frame), None)
+        if c is not None:
+            return c.frame
+    cls = next((c for c in sc if late[0] in c.ranks), None)
+    return cls.frame if cls is not None else ""
 
 
 def _list(ranks: list[int]) -> str:

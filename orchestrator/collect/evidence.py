@@ -64,6 +64,8 @@ class TaskEnd(_Kept):
     failed_exit: str | None = None  # how it ended, in words
     failed_by_peer: bool = False  # its own error only says it lost a peer
     failed_at: str | None = None
+    # its own Python traceback's frames, innermost first, `file:line (function)` (where it raised)
+    failed_frames: list[str] = []
 
 
 class StopRecord(_Kept):
@@ -73,6 +75,14 @@ class StopRecord(_Kept):
     signal: str | None = None
     after_s: float | None = None
     at_utc_ns: int | None = None  # when the stop began (UTC): the ranks' progress is judged up to it
+
+
+class StackClass(_Kept):
+    """Ranks whose main thread had the same Python stack when it was dumped (an equivalence
+    class of the ranks' stacks, as LLNL's Stack Trace Analysis Tool merges them)."""
+
+    ranks: list[int]
+    frames: list[str]  # innermost first, each `file:line (function)` with the file's whole path
 
 
 class JobEvidence(_Kept):
@@ -87,6 +97,8 @@ class JobEvidence(_Kept):
     flight_recorder: list[LastCollective] = []
     flight_diverged: list[LastCollective] = []  # each rank's collective where the ranks' first differ
     stacks: dict[int, list[str]] = {}
+    stack_classes: list[StackClass] = []  # the ranks grouped by their main thread's whole stack
+    oom: dict[int, str] = {}  # rank -> torch's out-of-memory message, whole (what it asked, what it held)
     reports_lost: dict[int, str] = {}  # rank -> why its report was lost, in the rank wrapper's words
 
     @property
@@ -115,10 +127,11 @@ def gather(run: Path) -> JobEvidence | None:
         return None
     paths = RunPaths(run)
     return JobEvidence(job_id=st["job_id"], executor=st["executor"], state=st["state"],
-                       tasks=[TaskEnd.model_validate(t) for t in st["tasks"]],
+                       tasks=[TaskEnd.model_validate({**t, "failed_frames": raised_at(t)}) for t in st["tasks"]],
                        stop=StopRecord.model_validate(st["stop"]) if st.get("stop") else None,
                        dumps=dump_files(run), flight_recorder=last_collectives(paths.flight_recorder),
                        flight_diverged=diverged_collectives(paths.flight_recorder), stacks=stacks(paths.dumps),
+                       stack_classes=stack_classes(paths.dumps), oom=torch_oom(st["tasks"]),
                        reports_lost=reports_lost(st["tasks"]))
 
 
@@ -139,6 +152,54 @@ def reports_lost(tasks: list[dict[str, Any]]) -> dict[int, str]:
         for m in _LOST.finditer(text):
             out.setdefault(int(m.group(1)), m.group(2).split(";")[0])
     return out
+
+
+# torch's own words when an allocation fails: `torch.OutOfMemoryError: CUDA out of memory. Tried to
+# allocate ...` (older: `RuntimeError: CUDA out of memory. ...`), one line, tagged `[rankN]:` by
+# torch's excepthook; the advice it ends with is left out.
+_OOM_LINE = re.compile(r"^(?:\[rank(\d{1,7})\]: ?)?[\w.]*(?:OutOfMemoryError|RuntimeError): "
+                       r"(CUDA out of memory\. Tried to allocate .*?)(?: If reserved but unallocated.*)?$", re.M)
+
+
+def torch_oom(tasks: list[dict[str, Any]]) -> dict[int, str]:
+    """Per rank, torch's out-of-memory message from its task's log: the allocation it tried,
+    what the process and PyTorch held, the GPU's capacity and what was free. The events nsys
+    keeps show what was allocated; only this says what the failing allocation asked for. A line
+    torch did not tag is the task's first failing rank's."""
+    out: dict[int, str] = {}
+    for t in tasks:
+        for m in _OOM_LINE.finditer(_log_tail(t, 4 * MAX_STACK_BYTES)):  # the failure ends the log
+            rank = int(m.group(1)) if m.group(1) else t.get("failed_rank")
+            if rank is not None:
+                out.setdefault(int(rank), m.group(2).strip()[:1000])
+    return out
+
+
+_TB_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$', re.M)
+
+
+def _log_tail(t: dict[str, Any], most: int) -> str:
+    """The last `most` bytes of a task's log (its standard error), "" when unreadable."""
+    try:
+        with open(t.get("stderr") or "", "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - most))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def raised_at(t: dict[str, Any]) -> list[str]:
+    """The frames of the task's first failing rank's own Python traceback, innermost first, as
+    `file:line (function)`: where the program raised (the report names the line to fix). [] when
+    the rank left no traceback (a signal, a native abort)."""
+    if t.get("failed_rank") is None:
+        return []
+    from orchestrator.submit.failure import rank_traceback
+
+    tb = rank_traceback(_log_tail(t, 4 * MAX_STACK_BYTES), 400) or ""
+    frames = [f"{m['file']}:{m['line']} ({m['func']})"[:500] for m in _TB_FRAME.finditer(tb)]
+    return frames[::-1][:MAX_CLASS_FRAMES]
 
 
 def job_state(run: Path) -> dict[str, Any] | None:
@@ -249,9 +310,9 @@ def _shape(c: LastCollective) -> str:
     return "" if any(w in c.op for w in ("to_all", ":gather", ":scatter")) else c.sizes
 
 
-def main_stack(text: str, frames: int = 6) -> list[str]:
-    """The main thread's innermost frames in the last faulthandler dump of a stack file: the
-    block whose outermost frame is `<module>`, as `func (folder/file:line)`."""
+def _main_block(text: str) -> list[re.Match[str]]:
+    """The main thread's frames in the last faulthandler dump of a stack file that has it: the
+    block whose outermost frame is `<module>`, innermost first; [] without one."""
     blocks: list[list[re.Match[str]]] = []
     cur: list[re.Match[str]] = []
     for line in text.splitlines():
@@ -264,13 +325,19 @@ def main_stack(text: str, frames: int = 6) -> list[str]:
     if cur:
         blocks.append(cur)
     main = [b for b in blocks if b[-1]["func"] == "<module>"]
-    if not main:
-        return []
-    return [f"{m['func']} ({'/'.join(Path(m['file']).parts[-2:])}:{m['line']})" for m in main[-1][:frames]]
+    return main[-1] if main else []
 
 
-def stacks(folder: Path) -> dict[int, list[str]]:
-    """Per rank its main thread's stack."""
+def main_stack(text: str, frames: int = 6) -> list[str]:
+    """The main thread's innermost frames, as `func (folder/file:line)`."""
+    return [f"{m['func']} ({'/'.join(Path(m['file']).parts[-2:])}:{m['line']})" for m in _main_block(text)[:frames]]
+
+
+MAX_CLASS_FRAMES = 64  # faulthandler writes at most 100 frames a thread; the program's own are near the top
+
+
+def _stack_texts(folder: Path) -> dict[int, str]:
+    """Per rank the tail of its stack file (`stacks.r<RANK>.txt`)."""
     out = {}
     if folder.is_dir():
         for p in sorted(folder.iterdir()):
@@ -280,9 +347,25 @@ def stacks(folder: Path) -> dict[int, list[str]]:
             try:
                 with p.open("rb") as fh:
                     fh.seek(max(0, p.stat().st_size - MAX_STACK_BYTES))
-                    text = fh.read().decode(errors="replace")
+                    out[int(m.group(1))] = fh.read().decode(errors="replace")
             except OSError:
                 continue
-            if s := main_stack(text):
-                out[int(m.group(1))] = s
     return out
+
+
+def stack_classes(folder: Path) -> list[StackClass]:
+    """The ranks grouped by their main thread's whole stack (file, line and function of every
+    frame): ranks stuck at the same point fall in one class however many there are, so the
+    store keeps a few classes, not a stack a rank. Largest class first."""
+    by: dict[tuple[str, ...], list[int]] = {}
+    for rank, text in sorted(_stack_texts(folder).items()):
+        block = _main_block(text)
+        if block:
+            key = tuple(f"{m['file']}:{m['line']} ({m['func']})"[:500] for m in block[:MAX_CLASS_FRAMES])
+            by.setdefault(key, []).append(rank)
+    return [StackClass(ranks=r, frames=list(k)) for k, r in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1]))]
+
+
+def stacks(folder: Path) -> dict[int, list[str]]:
+    """Per rank its main thread's stack."""
+    return {rank: s for rank, text in _stack_texts(folder).items() if (s := main_stack(text))}

@@ -219,7 +219,25 @@ def _outcome(report: Report) -> str:
                    + (f"<br><small>stack: {_e(' ← '.join(r.stack))}</small>" if r.stack else "") + "</li>"
                    for r in o.ranks if o.state != "completed")
     rows += "".join(f"<li>{_e(line)}</li>" for line in o.flight_recorder)
-    return f'<p id="outcome" class="{cls}"><b>Job outcome:</b> {_e(o.line)}</p>' + (f"<ul>{rows}</ul>" if rows else "")
+    return (f'<p id="outcome" class="{cls}"><b>Job outcome:</b> {_e(o.line)}</p>' + (f"<ul>{rows}</ul>" if rows else "")
+            + _stack_classes(report))
+
+
+def _stack_classes(report: Report) -> str:
+    """The ranks grouped by their main thread's stack when orch stopped them: how many, which,
+    the program's own frame and what they waited in; the root's class marked."""
+    o = report.outcome
+    if o is None or o.state == "completed" or len(o.stack_classes) < 2:
+        return ""
+    root = ' class="sev-high"'
+    rows = "".join(
+        f"<tr{root if c.root else ''}><td>{c.count}</td><td>{_e(ranges(c.ranks))}</td>"
+        f"<td>{_e(c.frame)}</td><td>{_e(c.waits or c.innermost)}</td><td>{'root' if c.root else ''}</td></tr>"
+        for c in o.stack_classes[:32])
+    more = f"<p>{len(o.stack_classes) - 32} more class(es) in the JSON</p>" if len(o.stack_classes) > 32 else ""
+    return ('<h3 id="stack-classes">Main-thread stacks when the job was stopped</h3><table class="stack-classes">'
+            "<tr><th>count</th><th>ranks</th><th>frame (the program's own)</th><th>waiting in / at</th><th></th></tr>"
+            f"{rows}</table>{more}")
 
 
 def _overhead(report: Report) -> str:

@@ -11,7 +11,6 @@ with markup off after `safe.plain`.
 from __future__ import annotations
 
 import statistics
-import textwrap
 
 from rich import box
 from rich.console import Console
@@ -20,10 +19,12 @@ from rich.table import Table
 from orchestrator.analyze.model_columns import Terminal, terminal_columns
 from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.analyze.rank_pick import by_findings, pick_ranks
+from orchestrator.analyze.stacks import line as stack_line
 from orchestrator.ranklist import ranges
 from orchestrator.report.comm_terminal import print_comm
 from orchestrator.report.critical_terminal import critical_lines
 from orchestrator.report.memory_terminal import print_memory
+from orchestrator.report.prose import WIDTH, say
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
 from orchestrator.report.wording import cost, no_gpu_banner, split_problems
@@ -31,7 +32,6 @@ from orchestrator.report.wording import cost, no_gpu_banner, split_problems
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 MAX_ROWS = 16
 EVIDENCE = 3  # evidence lines per finding unless --wide
-WIDTH = 100
 
 
 def _table(title: str, wide: bool) -> Table:
@@ -103,10 +103,7 @@ def _findings(report: Report, console: Console, wide: bool) -> None:
 
 
 def _line(console: Console, text: str, wide: bool, indent: str = "     ") -> None:
-    """Plain text, wrapped under its bullet at WIDTH unless --wide (the terminal wraps then)."""
-    if not wide:
-        text = textwrap.fill(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
-    console.print(text, markup=False, highlight=False)
+    say(console, text, indent, wide)
 
 
 def _stats_tables(report: Report, console: Console, wide: bool) -> None:
@@ -123,6 +120,8 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
         console.print(f"[{style}]job outcome:[/] {cell(report.outcome.line)}", highlight=False)
         for line in report.outcome.flight_recorder:
             _line(console, plain(line), wide, "  ")
+        if report.outcome.state != "completed" and (classes := stack_line(report.outcome.stack_classes)):
+            _line(console, plain(classes), wide, "  ")
         for r in report.outcome.ranks:  # the ranks the outcome names: where each one stood
             if r.stack and (r.rank in report.outcome.behind or r.exit):
                 _line(console, plain(f"  rank {r.rank} stack: {' <- '.join(r.stack)}"), wide, "    ")

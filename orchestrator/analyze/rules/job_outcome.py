@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.stacks import line as stack_line
 
 _FIX = {
     "hung": "Look at what the ranks behind were doing (their open ranges above, the stack dumps and Flight Recorder "
@@ -53,6 +54,8 @@ class JobOutcome(Rule):
         ranks = o.behind or [r.rank for r in o.ranks if r.exit] or [r.rank for r in o.ranks]
         evidence += [f"rank {r.rank} stack when it ended: {' <- '.join(r.stack)}" for r in o.ranks
                      if r.stack and r.rank in ranks][:4]
+        if said := stack_line(o.stack_classes):
+            evidence.append(said)
         evidence += [f"hang evidence: {d}" for d in o.dumps][:8]
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
         who = ", ".join(map(str, o.behind))
@@ -62,8 +65,8 @@ class JobOutcome(Rule):
             f": rank(s) {who} never got as far as the others" if o.behind else
             f": rank {oom} ran out of GPU memory" if oom is not None else
             f": {_short(o.failed_how)}" if o.failed_first is not None else "")
-        fix = _FIX["mismatch"] if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
-            _FIX["oom"].format(rank=oom) if oom is not None else \
+        fix = _mismatch_fix(o) if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
+            _oom_fix(o, oom) if oom is not None else \
             _failed_fix(o) if o.failed_first is not None else _FIX.get(o.state, _FIX["failed"])
         # A hang's victims: every other rank, the one whose watchdog fired first included.
         victims = [r.rank for r in o.ranks if r.rank not in o.behind] if o.behind else []
@@ -75,15 +78,35 @@ def _short(text: str, most: int = 160) -> str:
     return text if len(text) <= most else text[: most - 1].rstrip() + "…"
 
 
+def _oom_fix(o: Outcome, rank: int) -> str:
+    """Out of memory: the rank, where its program asked for the allocation that failed, and what to lower."""
+    at = f" It asked for the allocation that failed at {o.root_frame}." if o.root_frame else ""
+    fix = _FIX["oom"].format(rank=rank)
+    head, _, rest = fix.partition(". ")
+    return f"{head}.{at} {rest}"
+
+
 def _failed_fix(o: Outcome) -> str:
     """The first rank to fail by its own error: where its capture ends and what to read."""
     step = f" (its capture ends in step {o.failed_step})" if o.failed_step is not None else ""
-    return (f"Rank {o.failed_first} failed first{step}: its error is above, its whole traceback in `orch status "
+    at = f" (raised at {o.root_frame}, the innermost line of the program's own code)" if o.root_frame else ""
+    return (f"Rank {o.failed_first} failed first{step}: its error is above{at}, its whole traceback in `orch status "
             "<job>` and the task's log. Fix that error; the other ranks were stopped after it.")
 
 
+def _mismatch_fix(o: Outcome) -> str:
+    """A collective some ranks called and others did not: the call to fix, where the recorder
+    says the root called it."""
+    ranks = o.behind or ([o.failed_first] if o.failed_first is not None and o.root_from == "flight_recorder" else [])
+    where = f" at {o.root_frame}" if o.root_frame else ""
+    who = f"Rank(s) {', '.join(map(str, ranks))} called a collective the others did not{where}: fix that call. " \
+        if ranks else ""
+    return who + _FIX["mismatch"]
+
+
 def _root_fix(o: Outcome) -> str:
-    """The hang's fix names its root (the first rank behind) and what it was doing."""
+    """The hang's fix names its root (the first rank behind), what it was doing and the line of
+    its own code it was at."""
     root = next((r for r in o.ranks if r.rank == o.behind[0]), None)
     doing = []
     if root is not None and root.open_ranges:
@@ -92,10 +115,12 @@ def _root_fix(o: Outcome) -> str:
         loader = any("dataloader" in f for f in root.stack)
         doing.append(("its main thread waited for its DataLoader, " if loader else "its main thread was at ")
                      + " <- ".join(root.stack[:3]))
+    there = f"at {o.root_frame}" if o.root_frame else "there"
     return (f"Rank {o.behind[0]} is the root" + (f" ({'; '.join(doing)})" if doing else "")
-            + ": fix what it was doing there (a data loader or file read that blocks, a collective or barrier "
-              "called on some ranks only, a rank-dependent branch); the other ranks only waited for it. Its "
-              "stack dumps and Flight Recorder are in the run's dumps/ folder.")
+            + f": fix what its code does {there} (a data loader or file read that blocks, a sleep or wait for "
+              "something that never comes, a collective or barrier called on some ranks only, a rank-dependent "
+              "branch); the other ranks only waited for it. Its stack dumps and Flight Recorder are in the run's "
+              "dumps/ folder.")
 
 
 RULE = JobOutcome()

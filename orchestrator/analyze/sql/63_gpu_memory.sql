@@ -60,6 +60,10 @@ WITH sel AS (
 SELECT sel.rank, sel.step, sel.i, sel.t, coalesce(l.level, b.baseline) AS level
 FROM sel JOIN base b USING (rank) ASOF LEFT JOIN mem_level l ON l.rank = sel.rank AND l.t <= sel.t;
 
+-- The peak of a job that did not complete runs from the window's start to the end of the rank's
+-- capture: the step it failed or was stopped in is cut from the steps (10_steps.sql), but the
+-- allocations in it are what filled the GPU (an out-of-memory rank's last ones are there); the
+-- growth per step and the level at the window's end stay those of the finished steps.
 CREATE OR REPLACE TABLE mem_rank AS
 WITH base AS (
     SELECT rank, any_value(device) AS device, any_value(baseline) AS baseline, max(level) AS capture_peak,
@@ -75,7 +79,8 @@ WITH base AS (
         ON l.rank = w.rank AND l.t <= w.w1
 ), inside AS (
     SELECT l.rank, max(l.level) AS peak, arg_max(l.t, (l.level, -l.t)) AS peak_t
-    FROM mem_level l JOIN w USING (rank) WHERE l.t > w.w0 AND l.t <= w.w1 GROUP BY l.rank
+    FROM mem_level l JOIN w USING (rank), params p
+    WHERE l.t > w.w0 AND (l.t <= w.w1 OR p.ended_early) GROUP BY l.rank
 ), slope AS (
     SELECT rank, regr_slope(level, i) AS growth, regr_r2(level, i) AS r2, count(*) AS n_steps
     FROM mem_step GROUP BY rank HAVING count(*) >= 3

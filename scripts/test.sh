@@ -12,4 +12,5 @@ bash scripts/setup.sh >/dev/null
 . scripts/venv.sh
 "$py" -m ruff check orchestrator tests scripts
 shellcheck scripts/*.sh
-"$py" -m pytest -q -p no:cacheprovider "$@"
+# The slowest tests and each lane's time (tests/conftest.py) close every run: where the time goes.
+"$py" -m pytest -q -p no:cacheprovider --durations=25 "$@"

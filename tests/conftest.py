@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -238,18 +239,69 @@ def slurm_cluster_noacct():
     c.script("stop")
 
 
-# The fast lane (`pytest -m "not e2e and not slurm"`, seconds): modules whose tests run on small
-# tables, one real export or the spec alone. Every other module runs real jobs, nsys, the CLI over
-# every fixture set or a browser and is marked `e2e`; a new module is e2e until it is listed here.
-FAST_MODULES = frozenset({
-    "test_analyze", "test_comm", "test_export_tables", "test_gpu_e2e", "test_host_sync", "test_memory_rules",
-    "test_nvtx_depth", "test_overhead_sql", "test_phase_ops", "test_probe", "test_repo", "test_root_cause",
-    "test_rules", "test_sqlrun", "test_spec", "test_sql_macros", "test_sql_modules", "test_sqltext",
-    "test_stats_tables", "test_store_rows", "test_timeline_data", "test_timings", "test_wheel",
-})
+# Every test declares exactly one lane, as a rule through its module's `pytestmark` (a module
+# whose tests differ marks each test instead); pyproject.toml lists the markers, README "Set up
+# and test" says how to run each:
+#   fast    small tables, one real export or the spec alone: seconds, the feedback while editing
+#   replay  collect and analysis of the shipped exports (tests/fixtures), no job
+#   jobs    real nsys captures, torchrun jobs, Slurm or a browser: mostly waiting on them
+# plus `slurm`, `nsys`, `browser` where a test needs that component. A test without its lane
+# fails collection: a lane is a choice about a new test's cost, never a default.
+LANES = ("fast", "replay", "jobs")
 
 
+def _lanes(item: pytest.Item) -> set[str]:
+    return {m.name for m in item.iter_markers() if m.name in LANES}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """A module (or class) with a test of no lane, or of two, fails to collect, naming the tests
+    and the fix; in each pytest-xdist worker too."""
+    report = yield
+    wrong = [f"{x.name}: {', '.join(sorted(_lanes(x))) or 'no lane'}" for x in report.result or []
+             if isinstance(x, pytest.Function) and len(_lanes(x)) != 1]
+    if report.passed and wrong:
+        report.outcome = "failed"
+        report.longrepr = (f"{len(wrong)} test(s) without exactly one lane ({'; '.join(wrong[:5])}): give the "
+                           "module `pytestmark = pytest.mark.fast` (or `replay`, `jobs`), or each test one of "
+                           "those marks (tests/conftest.py LANES says which is which)")
+        report.result = []
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Writes each test's lane in its report (the lane times below, the JUnit XML). Under
+    `pytest -n 2 --dist loadgroup`, groups the tests: every Slurm test on one worker (the
+    clusters' fixed ports, the session's clusters), every other job on one worker (their waiting
+    overlaps the other worker's CPU work, and no two jobs compete), and each other module whole on
+    one worker (its module-scoped stores are built once). pytest-xdist 3.8 groups nothing on
+    pytest 9.2, which no longer reads the node ids it renames: scripts/test.sh runs without -n."""
+    groups = getattr(config.option, "loadgroup", False)  # pytest-xdist's, in its workers too
     for item in items:
-        if item.path.stem not in FAST_MODULES:
-            item.add_marker(pytest.mark.e2e)
+        (name,) = _lanes(item)
+        item.user_properties.append(("lane", name))
+        if groups:
+            group = ("slurm" if item.get_closest_marker("slurm") else "jobs" if name == "jobs"
+                     else item.path.stem)
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Each lane's share of the run: the summed durations (setup, call, teardown) of its tests. Under
+# pytest-xdist the lanes overlap, so their sum exceeds the run's wall time.
+_lane_tests: Counter[str] = Counter()
+_lane_s: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    name = dict(report.user_properties).get("lane", "?")
+    _lane_tests[name] += report.when == "setup"
+    _lane_s[name] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _lane_s:
+        terminalreporter.write_sep("=", "lane times (summed test durations)")
+        for name, seconds in _lane_s.most_common():
+            terminalreporter.write_line(f"{name:<7} {_lane_tests[name]:>4} tests {seconds:8.1f} s")

@@ -12,6 +12,8 @@ from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from tests.independent import Rank
 
+pytestmark = pytest.mark.replay
+
 
 @pytest.fixture(scope="module")
 def reports(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:

@@ -26,6 +26,8 @@ from orchestrator.layout import Layout
 from orchestrator.report.html import render_html
 from orchestrator.report.terminal import print_report
 
+pytestmark = pytest.mark.replay
+
 FIX = Path(__file__).parent / "fixtures"
 MODERN = FIX / "modern"
 # Step time without nsys, ms: the 3 runs of tests/fixtures/modern/README.md per loop.

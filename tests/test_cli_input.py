@@ -16,6 +16,8 @@ from orchestrator.cli import main
 from orchestrator.runpaths import MANIFEST
 from tests.conftest import EXAMPLES, run_orch
 
+pytestmark = pytest.mark.replay
+
 SPEC = {"name": "t", "cluster": "local", "launch": {"script": str(EXAMPLES / "train.py"), "nproc_per_node": 2}}
 
 

@@ -17,6 +17,8 @@ from orchestrator.collect.collect import collect, run_lock
 from orchestrator.collect.identity import Layout
 from tests.conftest import capture_cpu, copies_with_env, h200_fixtures, run_orch
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 TABLES = {
     "kernels": "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL",
     "memcpy": "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY",

@@ -10,11 +10,14 @@ import sqlite3
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
 from tests.conftest import REPO, h200_fixtures
+
+pytestmark = pytest.mark.replay
 
 # Columns that legitimately differ between two stores of the same data.
 _VARY = {"meta": "key NOT IN ('created_at', 'engine')"}

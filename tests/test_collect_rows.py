@@ -23,6 +23,8 @@ from orchestrator.collect.tables import OSRT_MIN_NS
 from orchestrator.layout import Layout
 from tests.test_untrusted_collect import plant
 
+pytestmark = pytest.mark.replay
+
 # store table -> (nsys table, the rows of it the store keeps, before impossible ones go)
 SOURCES = {
     "kernels": ("CUPTI_ACTIVITY_KIND_KERNEL", "1"),

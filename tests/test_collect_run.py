@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 from rich.console import Console
 
 from orchestrator.collect.options import CollectOptions
@@ -16,6 +17,8 @@ from orchestrator.collect.run import collect_run
 from orchestrator.layout import Layout
 from orchestrator.rundir import Manifest
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.replay
 
 FIXTURES = REPO / "tests" / "fixtures" / "real"
 

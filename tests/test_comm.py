@@ -19,6 +19,8 @@ from orchestrator.render.nsys_args import profile_args
 from orchestrator.report.diff import diff_reports
 from orchestrator.spec.load import load_job
 
+pytestmark = pytest.mark.replay
+
 FX = Path(__file__).parent / "fixtures" / "comm"
 TRUTH = json.loads((FX / "truth.json").read_text())
 CAPTURES = ("nvlink", "socket", "ddp")

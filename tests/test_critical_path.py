@@ -24,6 +24,8 @@ from orchestrator.layout import Layout
 from tests.plant import LABEL, _shift, _step_range, plant
 from tests.test_parts import assert_same_report
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 HERE = Path(__file__).parent / "fixtures"
 MS = 1_000_000
 

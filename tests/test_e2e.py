@@ -15,6 +15,8 @@ import yaml
 
 from tests.conftest import EXAMPLES, run_orch
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 SLEEPER = "import time\ntime.sleep(600)\n"
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import capture_cpu, run_orch
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 HEAVY = ("duckdb", "pydantic", "rich.console")
 
 # Runs the real CLI in a fresh interpreter, recording for every `nsys export` it starts which

@@ -31,6 +31,8 @@ from orchestrator.sqltext import file_literal
 from tests.conftest import run_orch
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
 
+pytestmark = pytest.mark.replay
+
 QUIET = Console(stderr=True, quiet=True)
 CASE = "ddp_straggler"
 

@@ -16,6 +16,8 @@ from orchestrator.spec import load_job
 from tests.conftest import EXAMPLES, processes, run_orch
 from tests.test_parts import assert_same_report, assert_same_store
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 
 def _spec(tmp: Path, **profile: object) -> Path:
     spec = {"name": "injob", "cluster": "local", "run_root": str(tmp / "runs"),

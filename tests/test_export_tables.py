@@ -20,6 +20,8 @@ from orchestrator.collect.tables import export_tables
 from orchestrator.layout import Layout
 from tests.conftest import store_differences
 
+pytestmark = pytest.mark.replay
+
 COMM = Path(__file__).parent / "fixtures" / "comm"
 
 

@@ -15,6 +15,8 @@ from orchestrator.submit.failure import exit_words, failed_at, failure_line, ran
 from tests.conftest import run_orch
 from tests.test_e2e import _spec
 
+pytestmark = pytest.mark.jobs
+
 RANKS = """
 import os, signal, time
 import torch, torch.distributed as dist

@@ -23,6 +23,8 @@ from orchestrator.render.render import render
 from orchestrator.spec.load import load_job
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.jobs
+
 HANG = """
 import time, torch, torch.distributed as dist
 dist.init_process_group("gloo")

@@ -18,6 +18,8 @@ from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from tests.independent import Rank
 
+pytestmark = pytest.mark.replay
+
 FIX = Path(__file__).parent / "fixtures" / "gpu_e2e"
 
 

@@ -18,6 +18,8 @@ import pytest
 from tests import independent
 from tests.conftest import REPO, copy_run, run_orch
 
+pytestmark = pytest.mark.replay
+
 FAULTS = REPO / "tests" / "fixtures" / "faults"
 
 

@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import REPO, copy_run, run_orch
 from tests.independent import export_rank, gpu_memory_peak, per_rank
 
+pytestmark = pytest.mark.replay
+
 LAYOUTS = REPO / "tests" / "fixtures" / "layouts"
 
 

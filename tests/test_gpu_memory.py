@@ -24,6 +24,8 @@ from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from tests.conftest import REPO, need, run_orch
 
+pytestmark = pytest.mark.replay
+
 MODERN = Path(os.environ.get("ORCH_MODERN_FIXTURES", REPO / "tests" / "fixtures" / "modern"))
 DEVICE_KINDS = (2, 3, 5)  # ENUM_CUDA_MEM_KIND: device, array, device static
 ALLOC_API = re.compile(r"^(cudaMalloc|cudaMallocAsync|cudaMallocFromPoolAsync|cudaMallocManaged|cudaMallocPitch|"

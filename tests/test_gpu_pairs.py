@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import REPO, copy_run, run_orch
 from tests.independent import export_rank, gpu_memory_peak, per_rank, small_gaps_ms
 
+pytestmark = pytest.mark.replay
+
 PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
 

@@ -20,6 +20,8 @@ from orchestrator.collect.identity import Layout
 from tests.independent import Rank
 from tests.rulekit import context, rank
 
+pytestmark = pytest.mark.replay
+
 FIX = Path(__file__).parent / "fixtures" / "gpu_e2e"
 SYNC_APIS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaCtxSynchronize",
              "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH"}

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from orchestrator.cli import main
 from tests.conftest import EXAMPLES, copies_with_env, run_orch
 
+pytestmark = pytest.mark.replay
+
 VALID = {
     "name": "fuzz", "cluster": "local",
     "launch": {"script": str(EXAMPLES / "train.py"), "nproc_per_node": 2, "args": ["--steps", "3"]},

@@ -21,7 +21,7 @@ import yaml
 
 from tests.conftest import EXAMPLES, REPO, JobTree
 
-pytestmark = pytest.mark.nsys
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
 
 
 def _spec(tmp: Path, args: list[str], time_limit: str, grace: int = 25, lead: int = 33, cluster: str = "local",

@@ -21,7 +21,7 @@ import yaml
 from orchestrator.render import render
 from orchestrator.spec import load_job
 
-pytestmark = pytest.mark.nsys
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
 
 RANGES = 20000
 PROGRAM = f"""

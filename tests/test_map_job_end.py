@@ -23,6 +23,8 @@ from tests.conftest import copy_run, run_orch
 from tests.test_parts import assert_same_report, mapped_ranks
 from tests.test_unread import _candidates, _report
 
+pytestmark = pytest.mark.replay
+
 FAULTS = Path(__file__).parent / "fixtures" / "faults"
 
 

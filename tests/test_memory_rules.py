@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from orchestrator.analyze.model_gpu_memory import MemoryReport, RankMemory
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import registry
 from tests.rulekit import context, rank
+
+pytestmark = pytest.mark.fast
 
 GIB, MIB = 2**30, 2**20
 CAP = 80 * GIB

@@ -23,6 +23,8 @@ from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 
+pytestmark = pytest.mark.replay
+
 MODERN = Path(__file__).parent / "fixtures" / "modern"
 CAPTURES = ("gpt_compile_ro_graphtrace", "gpt_compile_ro_nodetrace", "gpt_eager_memusage", "gpt_eager_nvtx",
             "gpt_eager_accum4", "resnet18_pageable_nvtx", "gpt_eager_emptycache_memusage")

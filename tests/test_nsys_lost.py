@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import JobTree
 from tests.test_job_stops import _reports, _run_dir, _spec
 
-pytestmark = pytest.mark.nsys
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
 
 
 def _agent_of(nsys_pid: int) -> int | None:

@@ -16,6 +16,8 @@ import pytest
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 
+pytestmark = pytest.mark.fast
+
 FIXTURES = Path(__file__).parent / "fixtures"
 # Real H200 exports with two threads and two or three NVTX domains (NCCL's and torch's).
 EXPORTS = ["comm/ddp_r0_vm.1266.sqlite.gz", "gpu_e2e/ddp_r0_vm.763.sqlite.gz"]

@@ -20,6 +20,8 @@ from orchestrator.cli import main
 from orchestrator.collect import ingest, store
 from tests.conftest import store_differences
 
+pytestmark = pytest.mark.replay
+
 REAL = Path(__file__).parent / "fixtures" / "real"
 
 

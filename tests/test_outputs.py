@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import need, run_orch
 
+pytestmark = [pytest.mark.jobs, pytest.mark.browser]
+
 RANK_KEYS = {"rank", "host", "stage", "compute_ms", "comm_ms", "overlap_ms", "comm_overlap_pct",
              "exposed_comm_ms", "gpu_busy_ms", "gpu_idle_pct", "nccl_wait_ms", "late_count",
              "gaps_by_range_ms", "step_ms"}

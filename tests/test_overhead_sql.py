@@ -8,10 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from orchestrator.analyze.map_tables import SUMMARIES
 from orchestrator.analyze.model_overhead import RankOverhead
 from orchestrator.analyze.overhead import overhead_line
+
+pytestmark = pytest.mark.fast
 
 SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql"
 SQL = SQL_DIR / "67_capture_overhead.sql"

@@ -23,6 +23,8 @@ from orchestrator.collect.views import IF_MAPPED, OWN_MAPPED, VIEWABLE
 from orchestrator.layout import Layout
 from tests.conftest import REPO, h200_fixtures, run_orch
 
+pytestmark = pytest.mark.replay
+
 QUIET = Console(stderr=True, quiet=True)
 FIXTURES = REPO / "tests" / "fixtures"
 

@@ -21,6 +21,8 @@ from tests.conftest import run_orch
 from tests.test_e2e import _job_id, _manifest, _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys, pytest.mark.slurm]
+
 ARRAY = ["--on-cluster", "--task-cpus", "4", "--chunk", "1", "--timeout", "400"]  # 4 CPUs: one task per node
 
 

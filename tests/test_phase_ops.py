@@ -12,10 +12,14 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from tests.synthetic import MS, TID, Export
+
+pytestmark = pytest.mark.fast
 
 OTHER_TID = TID + 1
 

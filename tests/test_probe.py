@@ -8,10 +8,14 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from orchestrator.collect.extract import missing_columns
 from orchestrator.collect.parts import probe_from_json, probe_to_json
 from orchestrator.collect.probe import probe
 from orchestrator.collect.tables import TABLES
+
+pytestmark = pytest.mark.fast
 
 
 def _by_pragma(path: Path) -> dict[str, set[str]]:

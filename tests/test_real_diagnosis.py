@@ -25,6 +25,8 @@ from orchestrator.layout import Layout
 from tests import oracle
 from tests.conftest import run_orch
 
+pytestmark = pytest.mark.replay
+
 REAL = Path(__file__).parent / "fixtures" / "real"
 CAPTURES = ("resnet_nw2", "resnet_nw0", "item_sync", "healthy", "gpipe_m4", "1f1b_m8", "ddp_slowrank")
 PIPELINES = {"gpipe_m4": 4, "1f1b_m8": 8}  # microbatches the scripts ran with

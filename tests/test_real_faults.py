@@ -16,7 +16,7 @@ import yaml
 
 from tests.conftest import REPO, JobTree
 
-pytestmark = pytest.mark.nsys
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
 
 SCRIPT = REPO / "scripts" / "workloads" / "ddp_tutorial_eval.py"
 

@@ -17,6 +17,8 @@ from orchestrator.render.render import SCRIPTS
 from orchestrator.spec import load_job
 from tests.conftest import EXAMPLES, REPO, need
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
 GOLDEN = Path(__file__).parent / "golden"
 RUN = Path("/orch/run")  # a fixed, fake run directory so goldens are stable
 

@@ -8,7 +8,11 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.fast
 
 # Built from parts so that this file does not name the folder it looks for.
 BESIDE = re.compile(re.escape("..") + r"[/\\]" + "shared" + r"\b")

@@ -17,6 +17,8 @@ from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from tests.synthetic import MS, Export
 
+pytestmark = pytest.mark.fast
+
 STEPS, PERIOD = 10, 130 * MS
 DATA = {0: 5 * MS, 1: 35 * MS}  # stage-0 data loading per step; rank 1 is slow
 PEER = {2: 0, 3: 1}  # stage-1 rank -> its stage-0 pipeline peer (same dp index)

@@ -6,12 +6,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import pytest
+
 import orchestrator.analyze.rules as rules_pkg
 from orchestrator.analyze.model_report import Finding, Imbalance, StageMetrics
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.rules.base import finding
 from orchestrator.ranklist import ranges
 from tests.rulekit import context, rank
+
+pytestmark = pytest.mark.fast
 
 
 def _run(kind: str, ctx) -> list[Finding]:

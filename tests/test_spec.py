@@ -13,6 +13,8 @@ from orchestrator.spec.load import load_job, metric_set_for_gpu
 from orchestrator.spec.ranks import collector_ranks, format_ranges, parse_rank_list, select_ranks
 from tests.conftest import EXAMPLES, run_orch
 
+pytestmark = pytest.mark.fast
+
 BASE = {
     "name": "t",
     "cluster": "local",

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import duckdb
+import pytest
 
 from orchestrator.analyze.engine import SQL_DIR
+
+pytestmark = pytest.mark.fast
 
 
 def _merged(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -28,6 +28,8 @@ from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
 from tests import sqlcheck
 
+pytestmark = pytest.mark.replay
+
 REPO = Path(__file__).resolve().parent.parent
 REAL = Path(__file__).parent / "fixtures" / "real"
 

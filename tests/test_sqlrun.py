@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from orchestrator.analyze import sqlrun
 from orchestrator.analyze.engine import (
@@ -21,6 +22,8 @@ from orchestrator.analyze.engine import (
 )
 from orchestrator.collect.collect import collect, collecting
 from orchestrator.layout import Layout
+
+pytestmark = pytest.mark.fast
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 

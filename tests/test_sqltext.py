@@ -17,6 +17,8 @@ import pytest
 
 from orchestrator.sqltext import attach, detach, execute, literal, set_option
 
+pytestmark = pytest.mark.replay
+
 VALUES = [None, True, False, 0, -1, 2**63 - 1, -(2**63), 1.5, -0.0, 1e300, "", "it's", "a\x00b", "'; DROP TABLE x; --",
           "\\n", "ünïcødé ✓", "?", "$1", [1, 2, 3], ["a'b", None], []]
 

@@ -22,6 +22,8 @@ from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
 from tests.conftest import h200_fixtures
 
+pytestmark = pytest.mark.replay
+
 HERE = Path(__file__).parent / "fixtures"
 STATS = HERE / "stats"
 NS = 2.0  # ns: orch's ms carry 6 decimals; nsys rounds means to 0.1 ns

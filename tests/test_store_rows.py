@@ -11,6 +11,8 @@ import pytest
 
 from orchestrator.collect.store import append_rows
 
+pytestmark = pytest.mark.fast
+
 COLUMNS = (("s", "VARCHAR"), ("i", "BIGINT"), ("r", "INTEGER"), ("f", "DOUBLE"), ("b", "BOOLEAN"),
            ("l", "VARCHAR[]"))
 ROWS = [

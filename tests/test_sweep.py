@@ -15,6 +15,8 @@ import yaml
 from tests.browser import dump_dom, screenshot
 from tests.conftest import EXAMPLES, run_orch
 
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys, pytest.mark.browser]
+
 SHOTS = Path("/tmp/orch-shots")
 
 

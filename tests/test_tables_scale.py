@@ -20,6 +20,8 @@ from orchestrator.report.html import render_html
 from orchestrator.report.terminal import print_report
 from tests.synthetic import MS, Export
 
+pytestmark = pytest.mark.replay
+
 RANKS, SLOW = 80, 57
 
 

@@ -14,6 +14,8 @@ from orchestrator.analyze.timeline import _drawn_ops, _Frame, _hidden
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 
+pytestmark = pytest.mark.fast
+
 QUIET = Console(stderr=True, quiet=True)
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.analyze.engine import SQL_DIR
 from tests.conftest import run_orch
+
+pytestmark = pytest.mark.replay
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.conftest import run_orch
 
+pytestmark = pytest.mark.replay
+
 E2E = Path(__file__).parent / "fixtures" / "gpu_e2e"
 
 

@@ -21,6 +21,8 @@ from orchestrator.collect.timings import TIMINGS
 from orchestrator.layout import Layout
 from tests.test_parts import edit_map_table
 
+pytestmark = pytest.mark.replay
+
 QUIET = Console(stderr=True, quiet=True)
 CASE = "ddp_straggler"
 AGAIN = "analyze: SQL again, over the events"

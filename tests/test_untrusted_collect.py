@@ -26,6 +26,8 @@ from orchestrator.collect.redact import redact_export
 from orchestrator.collect.tables import OSRT_MIN_NS, TABLES
 from orchestrator.errors import OrchError
 
+pytestmark = pytest.mark.replay
+
 RESULTS: dict[str, list[bool]] = defaultdict(list)
 GOOD = ("job_1_r0_vm.100.sqlite", "job_1_r1_vm.101.sqlite")
 BAD = "job_1_r2_vm.102.sqlite"

@@ -27,6 +27,8 @@ from tests.untrusted_report_kit import (
     strings,
 )
 
+pytestmark = pytest.mark.replay
+
 FAMILIES = ("rich markup", "terminal escapes", "html/json injection", "sql-looking text", "huge strings",
             "label collisions", "newline forgery", "output paths")
 

@@ -27,6 +27,8 @@ from tests.untrusted_report_kit import (
     sql_planter,
 )
 
+pytestmark = pytest.mark.replay
+
 FAMILIES = ("invalid utf-8", "numbers", "bad rank beside good", "gzip bomb", "impossible data", "different jobs",
             "paths")
 

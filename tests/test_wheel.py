@@ -11,6 +11,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -78,10 +78,10 @@ def task(what: str, total: int | None = None, nodes: Sequence[str | None] = ()) 
     if prog is None:
         yield Task()
         return
-    shown = Task(None, 0, what, nodes)
-    tid = prog.add_task(shown.line(), total=total)
+    shown = Task(prog, 0, what, nodes)
+    shown._tid = tid = prog.add_task(shown.line(), total=total)
     try:
-        yield Task(prog, tid, what, nodes)  # type: ignore[arg-type]
+        yield shown
     finally:
         prog.remove_task(tid)
         _leave()

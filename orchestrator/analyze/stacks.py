@@ -109,12 +109,8 @@ def line(out: list[StackClassOut], limit: int = 6) -> str:
     f.py:52 (step); 1 rank(s) 3 at f.py:44 (step) (the root)`."""
     if len(out) < 2:
         return ""
-    said = [f"{c.count} rank(s) {_ranks(c.ranks)}"
+    said = [f"{c.count} rank(s) {ranges(c.ranks)}"
             + (f" waiting in {c.waits}" if c.waits else f" in {c.innermost}" if c.innermost != _short(c.frame) else "")
             + f" at {c.frame}" + (" (the root)" if c.root else "") for c in out[:limit]]
     more = f"; {len(out) - limit} more class(es)" if len(out) > limit else ""
     return "main-thread stacks: " + "; ".join(said) + more
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ranges(ranks)

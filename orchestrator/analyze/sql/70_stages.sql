@@ -2,14 +2,17 @@
 -- with no compute kernel running; waiting send/recv counts as bubble), and the imbalance
 -- between the heaviest and lightest stage.
 -- Microbatches per step: --microbatches, else the job spec's layout.microbatches, else counted
--- from NVTX microbatch ranges (`forward mb3`, `microbatch 3`) of the first stage's steps. Theory (GPipe/1F1B): the bubble
+-- from NVTX microbatch ranges (`forward mb3`, `microbatch 3`) of the first stage's steps, else
+-- from the trace's P2P pattern: the first stage sends each microbatch's activations once a step
+-- (NCCL's `ncclSend` ranges), so its sends per step are m (v*m interleaved over v virtual
+-- stages). Theory (GPipe/1F1B): the bubble
 -- is (p-1)/(m+p-1) of the step with p stages and m microbatches ((p-1)/(v*m+p-1) interleaved over
 -- v = vpp virtual stages per rank): the schedule's own bubble; the
 -- excess above it is what stragglers and unequal stages add (59_critical_path.sql names who).
 -- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
 --   microbatches(m, source)  microbatches per step and where the number came from
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
---                 peer_wait_pct, theory_bubble_pct, microbatches, excess_bubble_pct)
+--                 peer_wait_pct, theory_bubble_pct, microbatches, excess_bubble_pct, microbatches_from)
 --       per pipeline stage: compute, bubble, theory and excess; peer_wait_pct: the share of the
 --       window its NCCL send/recv kernels waited for the peer stage (the part of the bubble that
 --       is the pipeline's: the rest is the stage's own launch gaps and host work)
@@ -22,6 +25,13 @@ WITH mb AS (
     WHERE n.domain_id = 0 AND regexp_matches(n.text, '(?i)(?:mb|microbatch)[ _#:]*\d+')
     GROUP BY n.rank, s.step
 )
+, sends AS (  -- NCCL sends per step on the first stage's ranks
+    SELECT n.rank, s.step, count(*) AS m
+    FROM nvtx n JOIN steps s ON s.rank = n.rank AND n.start >= s.start AND n.start < s."end"
+    WHERE n.domain = 'NCCL' AND n.text = 'ncclSend'
+      AND n.rank IN (SELECT rank FROM rank_metrics WHERE stage = 0)
+    GROUP BY n.rank, s.step
+)
 , spec AS (
     SELECT max(TRY_CAST(json_extract(value, '$.microbatches') AS INTEGER)) AS spec_m FROM meta WHERE key = 'layout'
 )
@@ -31,7 +41,12 @@ SELECT spec.spec_m, 'the job spec''s layout.microbatches' FROM spec, params p
 WHERE p.microbatches IS NULL AND spec.spec_m IS NOT NULL
 UNION ALL
 SELECT CAST(median(mb.m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p, spec
-WHERE p.microbatches IS NULL AND spec.spec_m IS NULL HAVING count(*) > 0;
+WHERE p.microbatches IS NULL AND spec.spec_m IS NULL HAVING count(*) > 0
+UNION ALL
+SELECT CAST(median(sends.m) / max(v.v) AS INTEGER), 'the first stage''s NCCL sends per step in the trace'
+FROM sends, params p, spec, (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v
+                             FROM meta WHERE key = 'layout') v
+WHERE p.microbatches IS NULL AND spec.spec_m IS NULL AND NOT EXISTS (SELECT 1 FROM mb) HAVING count(*) > 0;
 
 CREATE OR REPLACE VIEW stage_metrics AS
 WITH s AS (
@@ -45,7 +60,8 @@ WITH s AS (
 )
 SELECT s.*, CASE WHEN s.window_ns > 0 THEN round(100.0 * s.p2p_wait_ns / s.window_ns, 2) END AS peer_wait_pct,
        round(100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches,
-       round(s.bubble_pct - 100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS excess_bubble_pct
+       round(s.bubble_pct - 100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS excess_bubble_pct,
+       m.source AS microbatches_from
 FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true
 CROSS JOIN (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v
             FROM meta WHERE key = 'layout') v;

@@ -118,7 +118,7 @@ start_mariadb() {
   bg mariadbd mariadbd --no-defaults --user=root --datadir="$dir/db" --socket="$dir/run/mysql.sock" \
     --bind-address=127.0.0.1 --port=$((base + 30)) --pid-file="$dir/run/mariadbd.pid" \
     --log-error="$dir/log/mariadbd.log"
-  wait_for 30 mariadb mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e 'SELECT 1'
+  wait_for 120 mariadb mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e 'SELECT 1'
   mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e \
     "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'orchlocal';
      CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'orchlocal';

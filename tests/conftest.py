@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -210,8 +211,10 @@ def _start_cluster(root: Path, port_base: int, accounting: bool) -> Cluster:
     c = Cluster(root, port_base, accounting)
     p = c.script("start", *([] if accounting else ["--no-accounting"]))
     if p.returncode != 0:
+        logs = "".join(f"\n--- {f.name}:\n" + f.read_text(errors="replace")[-1500:]
+                       for f in sorted((root / "log").glob("*")) if f.is_file())  # before stop removes them
         c.script("stop")
-        pytest.fail(f"local Slurm did not start:\n{p.stderr[-3000:]}")
+        pytest.fail(f"local Slurm did not start:\n{p.stderr[-3000:]}{logs}\n{processes()}")
     return c
 
 
@@ -270,22 +273,80 @@ def pytest_make_collect_report(collector: pytest.Collector):
     return report
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` deselects
+def _group(item: pytest.Item, lane: str) -> str:
+    """The tests that must share a pytest-xdist worker: every job, Slurm's too, one after the
+    other as in a serial run (the clusters' fixed ports and the session's clusters; jobs time
+    their stops and limits, which two jobs at once on 2 cores would skew), their waiting beside
+    the other worker's CPU work; and each other module whole (its module-scoped stores are
+    built once)."""
+    if lane == "jobs" or item.get_closest_marker("slurm"):
+        return "jobs"
+    return item.path.stem
+
+
+def _groups_dir(controller_pid: int) -> Path:
+    """Where each pytest-xdist worker writes its tests' groups for the controller's scheduler."""
+    return Path(tempfile.gettempdir()) / f"orch-xdist-groups-{controller_pid}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Writes each test's lane in its report (the lane times below, the JUnit XML). Under
-    `pytest -n 2 --dist loadgroup`, groups the tests: every Slurm test on one worker (the
-    clusters' fixed ports, the session's clusters), every other job on one worker (their waiting
-    overlaps the other worker's CPU work, and no two jobs compete), and each other module whole on
-    one worker (its module-scoped stores are built once). pytest-xdist 3.8 groups nothing on
-    pytest 9.2, which no longer reads the node ids it renames: scripts/test.sh runs without -n."""
-    groups = getattr(config.option, "loadgroup", False)  # pytest-xdist's, in its workers too
+    """Writes each test's lane in its report (the lane times below, the JUnit XML); in a
+    pytest-xdist worker, also each test's group (`_group`) to a file the controller's
+    scheduler reads (`pytest_xdist_make_scheduler`). The groups travel by file, not by
+    xdist_group marks: pytest-xdist 3.8 renames node ids to carry them, which pytest 9.2 no
+    longer reads (pytest-xdist issue 1386), and the tests would run ungrouped without a word."""
+    groups = {}
     for item in items:
         (name,) = _lanes(item)
         item.user_properties.append(("lane", name))
-        if groups:
-            group = ("slurm" if item.get_closest_marker("slurm") else "jobs" if name == "jobs"
-                     else item.path.stem)
-            item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = _group(item, name)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # the controller is the worker's parent (execnet's popen gateway)
+        d = _groups_dir(os.getppid())
+        d.mkdir(exist_ok=True)
+        (d / f"{worker}.json").write_text(json.dumps(groups))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `pytest -n N`: whole groups (`_group`) to each worker, as `--dist loadscope` hands out
+    modules. Other `--dist` modes are pytest-xdist's."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the order is schedule()'s below
+
+    class Grouped(LoadScopeScheduling):
+        _groups: dict[str, str] | None = None
+
+        def schedule(self) -> None:
+            """The jobs first, then modules by their number of tests: what waits longest starts
+            first, the CPU work fills in beside it."""
+            if self.collection is None and self.registered_collections:
+                first = next(iter(self.registered_collections.values()))
+                size = Counter(self._split_scope(n) for n in first)
+                first_groups = ("jobs",)
+
+                def order(nodeid: str) -> tuple[int, int, str]:
+                    g = self._split_scope(nodeid)
+                    return (first_groups.index(g) if g in first_groups else 2, -size[g], g)
+
+                for node, nodeids in self.registered_collections.items():
+                    self.registered_collections[node] = sorted(nodeids, key=order)
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                d = _groups_dir(os.getpid())
+                self._groups = {k: v for f in sorted(d.glob("*.json")) for k, v in json.loads(f.read_text()).items()}
+                shutil.rmtree(d, ignore_errors=True)
+                if not self._groups:
+                    raise RuntimeError(f"no test groups from the workers in {d}: tests/conftest.py writes them")
+            return self._groups[nodeid]
+
+    return Grouped(config, log)
 
 
 # Each lane's share of the run: the summed durations (setup, call, teardown) of its tests. Under

@@ -202,7 +202,9 @@ def test_wrapper_stopped_by_its_launcher_keeps_the_report(tmp_path: Path, nsys: 
         time.sleep(0.2)
     assert marker.exists(), "the program never started under nsys"
     os.killpg(p.pid, signal.SIGTERM)
-    assert p.wait(timeout=120) != 0
+    # The wrapper ends with nsys's status, which is nsys's choice: non-zero as a rule, but nsys
+    # 2022.4 exited 0 on this signal once in a full suite run. What orch guarantees is below.
+    p.wait(timeout=120)
     # When the wrapper (the process torchrun waits for) is gone, the report is complete: the
     # launcher may tear the node down right after.
     reports = list((tmp_path / "reports").glob("wrap_4243_r0_*.nsys-rep"))

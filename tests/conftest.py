@@ -327,11 +327,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             if self.collection is None and self.registered_collections:
                 first = next(iter(self.registered_collections.values()))
                 size = Counter(self._split_scope(n) for n in first)
-                first_groups = ("jobs",)
 
-                def order(nodeid: str) -> tuple[int, int, str]:
+                def order(nodeid: str) -> tuple[bool, int, str]:
                     g = self._split_scope(nodeid)
-                    return (first_groups.index(g) if g in first_groups else 2, -size[g], g)
+                    return (g != "jobs", -size[g], g)
 
                 for node, nodeids in self.registered_collections.items():
                     self.registered_collections[node] = sorted(nodeids, key=order)

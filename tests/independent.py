@@ -159,23 +159,28 @@ def kernel_count(path: Path) -> int:
 
 
 def gpu_memory_levels(path: Path) -> tuple[int, list[tuple[int, int]]]:
+    """(device, [(time, bytes in use after it)]) of one rank's export (memory_levels)."""
+    con = sqlite3.connect(path)
+    try:
+        return memory_levels(con)
+    finally:
+        con.close()
+
+
+def memory_levels(con: sqlite3.Connection) -> tuple[int, list[tuple[int, int]]]:
     """(device, [(time, bytes in use after it)]) of one rank from its CUDA_GPU_MEMORY_USAGE_EVENTS:
     the device its device/array allocations put the most bytes on; there, device, array and
     static allocations (memKind 2, 3, 5) minus frees (operation 0 alloc, 1 free), summed per
     timestamp in time order, raised so that the level never goes below zero."""
-    con = sqlite3.connect(path)
-    try:
-        by_dev: dict[int, int] = {}
-        for dev, b in con.execute("SELECT deviceId, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
-                                  "WHERE memKind IN (2, 3) AND memoryOperationType = 0"):
-            by_dev[dev] = by_dev.get(dev, 0) + b
-        dev = max(by_dev, key=lambda d: (by_dev[d], -d))
-        per: dict[int, int] = {}
-        for t, op, b in con.execute("SELECT start, memoryOperationType, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
-                                    "WHERE deviceId = ? AND memKind IN (2, 3, 5)", (dev,)):
-            per[t] = per.get(t, 0) + (b if op == 0 else -b if op == 1 else 0)
-    finally:
-        con.close()
+    by_dev: dict[int, int] = {}
+    for dev, b in con.execute("SELECT deviceId, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                              "WHERE memKind IN (2, 3) AND memoryOperationType = 0"):
+        by_dev[dev] = by_dev.get(dev, 0) + b
+    dev = max(by_dev, key=lambda d: (by_dev[d], -d))
+    per: dict[int, int] = {}
+    for t, op, b in con.execute("SELECT start, memoryOperationType, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                                "WHERE deviceId = ? AND memKind IN (2, 3, 5)", (dev,)):
+        per[t] = per.get(t, 0) + (b if op == 0 else -b if op == 1 else 0)
     times = sorted(per)
     levels = list(itertools.accumulate(per[t] for t in times))
     base = max(0, -min(levels))

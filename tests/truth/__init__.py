@@ -9,7 +9,6 @@ nothing here imports orchestrator."""
 from __future__ import annotations
 
 import gzip
-import itertools
 import lzma
 import re
 import shutil
@@ -19,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from tests.independent import memory_levels
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRUTH = FIXTURES / "truth"
@@ -126,22 +127,9 @@ def step_count(cons: dict[int, sqlite3.Connection], like: str) -> int:
 
 
 def levels(con: sqlite3.Connection) -> list[tuple[int, int]]:
-    """[(time, bytes in use after it)] of one rank, in time order (tests/independent's rule: the
-    device its device/array allocations put the most bytes on; there, device, array and static
-    allocations minus frees, summed per timestamp, raised so that the level never goes below zero)."""
-    by_dev: dict[int, int] = {}
-    for dev, b in con.execute("SELECT deviceId, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
-                              "WHERE memKind IN (2, 3) AND memoryOperationType = 0"):
-        by_dev[dev] = by_dev.get(dev, 0) + b
-    dev = max(by_dev, key=lambda d: (by_dev[d], -d))
-    per: dict[int, int] = {}
-    for t, op, b in con.execute("SELECT start, memoryOperationType, bytes FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
-                                "WHERE deviceId = ? AND memKind IN (2, 3, 5)", (dev,)):
-        per[t] = per.get(t, 0) + (b if op == 0 else -b if op == 1 else 0)
-    times = sorted(per)
-    walk = list(itertools.accumulate(per[t] for t in times))
-    base = max(0, -min(walk))
-    return [(t, level + base) for t, level in zip(times, walk, strict=True)]
+    """[(time, bytes in use after it)] of one rank, in time order, on its device
+    (tests/independent.memory_levels: the same rule the other tests' oracle uses)."""
+    return memory_levels(con)[1]
 
 
 def peaks(cons: dict[int, sqlite3.Connection]) -> dict[int, int]:

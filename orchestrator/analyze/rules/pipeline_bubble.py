@@ -68,11 +68,11 @@ class PipelineBubble(Rule):
                             f"the window{split}; {wait_ms} ms of it in send/recv kernels waiting for the peer stage"
                             + (f" ({s.peer_wait_pct}% of the window)" if peer else ""))
         if theory is not None:
-            src = rows[stages[0].stage].get("microbatches_from") or ""
-            counted = src and "layout.microbatches" not in src and not src.startswith("--")
+            row = rows[stages[0].stage]
+            src = row.get("microbatches_from")
+            hint = "; set layout.microbatches to state it" if row.get("microbatches_counted") else ""
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches"
-                            + (f" ({src}" + ("; set layout.microbatches to state it" if counted else "") + ")"
-                               if src else "")
+                            + (f" ({src}{hint})" if src else "")
                             + f": (p-1)/(m+p-1) = {theory}% (the schedule's own bubble)")
         else:
             evidence.append("microbatch count unknown (set layout.microbatches in the job spec, or pass "

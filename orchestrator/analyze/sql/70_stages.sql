@@ -10,14 +10,20 @@
 -- v = vpp virtual stages per rank): the schedule's own bubble; the
 -- excess above it is what stragglers and unequal stages add (59_critical_path.sql names who).
 -- Reads: rank_metrics, meta (layout), nvtx, steps, params. Provides:
---   microbatches(m, source)  microbatches per step and where the number came from
+--   _vpp(v)  virtual pipeline stages per rank (layout.vpp, 1 without)
+--   microbatches(m, source, counted)  microbatches per step, where the number came from, and
+--       whether it was counted from the trace (not stated by --microbatches or the spec)
 --   stage_metrics(stage, ranks, compute_ns, bubble_pct, gpu_idle_pct, p2p_wait_ns, window_ns,
---                 peer_wait_pct, theory_bubble_pct, microbatches, excess_bubble_pct, microbatches_from)
+--                 peer_wait_pct, theory_bubble_pct, microbatches, excess_bubble_pct, microbatches_from,
+--                 microbatches_counted)
 --       per pipeline stage: compute, bubble, theory and excess; peer_wait_pct: the share of the
 --       window its NCCL send/recv kernels waited for the peer stage (the part of the bubble that
 --       is the pipeline's: the rest is the stage's own launch gaps and host work)
 --   imbalance(ratio, slowest_stage, fastest_stage)   one row when there are >= 2 stages
 --   layout_notes(note)   what a cp, ep or vpp layout names that the analysis does not look into
+CREATE OR REPLACE TABLE _vpp AS
+SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v FROM meta WHERE key = 'layout';
+
 CREATE OR REPLACE TABLE microbatches AS
 WITH mb AS (
     SELECT n.rank, s.step, count(DISTINCT regexp_extract(n.text, '(?i)(?:mb|microbatch)[ _#:]*(\d+)', 1)) AS m
@@ -35,17 +41,17 @@ WITH mb AS (
 , spec AS (
     SELECT max(TRY_CAST(json_extract(value, '$.microbatches') AS INTEGER)) AS spec_m FROM meta WHERE key = 'layout'
 )
-SELECT p.microbatches AS m, '--microbatches' AS source FROM params p WHERE p.microbatches IS NOT NULL
+SELECT p.microbatches AS m, '--microbatches' AS source, false AS counted FROM params p
+WHERE p.microbatches IS NOT NULL
 UNION ALL
-SELECT spec.spec_m, 'the job spec''s layout.microbatches' FROM spec, params p
+SELECT spec.spec_m, 'the job spec''s layout.microbatches', false FROM spec, params p
 WHERE p.microbatches IS NULL AND spec.spec_m IS NOT NULL
 UNION ALL
-SELECT CAST(median(mb.m) AS INTEGER), 'NVTX microbatch ranges' FROM mb, params p, spec
+SELECT CAST(median(mb.m) AS INTEGER), 'NVTX microbatch ranges', true FROM mb, params p, spec
 WHERE p.microbatches IS NULL AND spec.spec_m IS NULL HAVING count(*) > 0
 UNION ALL
-SELECT CAST(median(sends.m) / max(v.v) AS INTEGER), 'the first stage''s NCCL sends per step in the trace'
-FROM sends, params p, spec, (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v
-                             FROM meta WHERE key = 'layout') v
+SELECT CAST(median(sends.m) / max(v.v) AS INTEGER), 'the first stage''s NCCL sends per step in the trace', true
+FROM sends, params p, spec, _vpp v
 WHERE p.microbatches IS NULL AND spec.spec_m IS NULL AND NOT EXISTS (SELECT 1 FROM mb) HAVING count(*) > 0;
 
 CREATE OR REPLACE VIEW stage_metrics AS
@@ -61,10 +67,8 @@ WITH s AS (
 SELECT s.*, CASE WHEN s.window_ns > 0 THEN round(100.0 * s.p2p_wait_ns / s.window_ns, 2) END AS peer_wait_pct,
        round(100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS theory_bubble_pct, m.m AS microbatches,
        round(s.bubble_pct - 100.0 * (n.p - 1) / (v.v * m.m + n.p - 1), 2) AS excess_bubble_pct,
-       m.source AS microbatches_from
-FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true
-CROSS JOIN (SELECT coalesce(max(TRY_CAST(json_extract(value, '$.vpp') AS INTEGER)), 1) AS v
-            FROM meta WHERE key = 'layout') v;
+       m.source AS microbatches_from, m.counted AS microbatches_counted
+FROM s CROSS JOIN (SELECT count(*) AS p FROM s) n LEFT JOIN microbatches m ON true CROSS JOIN _vpp v;
 
 -- What the layout names but the analysis does not look into, one line each for the report.
 CREATE OR REPLACE VIEW layout_notes AS

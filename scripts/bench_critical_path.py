@@ -25,6 +25,7 @@ from bench_data import CACHE, REPO, synthetic_dataset
 
 from tests.plant import LABEL, plant
 
+SQL = ("57_wait_graph.sql", "59_critical_path.sql", "61_replay.sql", "(wall)")  # the SQL files timed
 SOURCE = REPO / "tests" / "fixtures" / "h200" / "ddp_capture" / "ddp_capture_r0_vm.2142.sqlite.gz"
 
 
@@ -47,10 +48,11 @@ def phase_analyze(store: Path) -> dict:
     rep = build_report(store, Options())
     sql = {n.split(": ", 1)[1]: round(s, 2)
            for n, s, _ in TIMINGS.rows()
-           if n.startswith("analyze: ") and n.endswith(("57_wait_graph.sql", "59_critical_path.sql", "(wall)"))}
+           if n.startswith("analyze: ") and n.endswith(SQL)}
     top = next((f for f in rep.findings if f.kind == "straggler"), None)
     steps = rep.critical_path.steps if rep.critical_path else []
     return {"sql_s": sql, "straggler": top.model_dump() if top else None,
+            "replay_error_pct": rep.replay.error_pct if rep.replay else None,
             "root_steps": [(s.step, s.root, s.root_phase) for s in steps]}
 
 
@@ -80,6 +82,7 @@ def main() -> None:
                "named_first": f.get("ranks") == [root] and f"`{LABEL}`" in f.get("title", ""),
                "victims_all_others": f.get("victims") == [r for r in sorted(files) if r != root],
                "cost_ms": f.get("cost_ms"), "expected_cost_ms": len(a.steps) * a.delay_ms,
+               "replay_error_pct": z["replay_error_pct"],
                "title": f.get("title"),
                "planted_steps_rooted": [s for s in z["root_steps"] if s[0] in a.steps]}
         print(json.dumps(row, indent=1))

@@ -39,6 +39,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 TRUTH = FIXTURES / "truth"
 SAVING_TOLERANCE = 0.20
 PEAK_TOLERANCE = 0.001
+REPLAY_ERROR_PCT = 5.0  # the most the unchanged replay may miss a completed job's measured steps by
 # Findings that blame a rank for lost time: another such finding on a rank outside the root, above
 # `low`, names a victim as a cause.
 BLAMING = {"straggler", "stage_imbalance", "data_loader_stall", "cpu_phase_outlier", "pipeline_bubble"}
@@ -130,6 +131,13 @@ def _ranks(rs: list[int]) -> str:
     return ",".join(map(str, rs)) if rs else "-"
 
 
+def _replay_error(rep: dict) -> str:
+    """The unchanged replay's error over its steps, or `-` where nothing was replayed (one GPU, a
+    CPU job, no NCCL work matched across ranks)."""
+    rp = rep.get("replay")
+    return f"{rp['error_pct']:.2f} % ({len(rp['steps'])} steps)" if rp else "-"
+
+
 def judge(truth: dict, rep: dict) -> Row:
     """One row: what the truth says, what orch says, and which judged parts miss."""
     cause, root = truth["cause"], truth["root"]
@@ -140,8 +148,10 @@ def judge(truth: dict, rep: dict) -> Row:
     row = Row(case=truth["case"], about=truth["about"],
               truth=f"{cause} r{_ranks(root)}" + (f" ({truth['outcome']})" if truth["outcome"] != "completed" else ""),
               orch=f"{top['severity']} {top['kind']} r{_ranks(top['ranks'])}" if top else "nothing above info",
-              saving="", replay_error="not built")
+              saving="", replay_error=_replay_error(rep))
     missed = row.missed
+    if truth["outcome"] == "completed" and rep.get("replay") and rep["replay"]["error_pct"] > REPLAY_ERROR_PCT:
+        missed.append(f"replay error {rep['replay']['error_pct']} % (above {REPLAY_ERROR_PCT} %)")
     if outcome != truth["outcome"]:
         missed.append(f"outcome {outcome}, truth {truth['outcome']}")
     if cause == "none":
@@ -233,7 +243,10 @@ def markdown(rows: list[Row], known: dict[str, str]) -> str:
         "ranks, no victim blamed above `low`), saving (within ±20 % of the measured one), step count and memory",
         "peaks all hold; a known miss names its reason (tests/scoreboard_known.json).",
         "",
-        f"**{hits} of {len(rows)} hit.** The replay of the job is not built yet: its error column is empty.",
+        f"**{hits} of {len(rows)} hit.** The replay error: the replay of the unchanged trace against the measured",
+        f"steps (summed |replayed - measured| over the measured time; a miss above {REPLAY_ERROR_PCT} % on a job that",
+        "completed: a failing job's last steps are cut, and its graph with them); `-`: nothing",
+        "replayed (one GPU, a CPU job, no NCCL work matched across ranks).",
         "",
         "| case | truth | orch's top finding | saving ms, truth / orch | replay error | verdict | what missed |",
         "|---|---|---|---|---|---|---|",

@@ -7,8 +7,10 @@ D later, and a new NVTX range of length D (LABEL) covers the pause on the step's
 only that rank does (a checkpoint, an extra evaluation). On every other rank the kernel matching
 K (the same index among kernels of that name: NCCL's order) now ends when the delayed rank's
 does, and everything of that rank after its old end moves as much later: what the pause costs
-it. K is, where possible, one the peers already waited for (they started first, both ended
-together), so the delayed rank's own kernel did not wait and the shift is exact.
+it; its first CUDA call after that end blocks for as long (a CPU held back by its GPU waits in a
+CUDA call: a sync, or a launch into a full queue). K is, where possible, one the peers already
+waited for (they started first, both ended together), so the delayed rank's own kernel did not
+wait and the shift is exact.
 """
 
 from __future__ import annotations
@@ -95,5 +97,11 @@ def plant(files: dict[int, Path], delayed: list[int], steps: list[int], d_ns: in
                 late = ks[first][i][1] + org[first] + d_ns - k[1] - org[r]
                 c.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = "end" + ? WHERE rowid = ?', (late, k[2]))
                 _shift(c, k[1], late)
+                # Its CPU was held back only by waiting for its GPU, and a CPU waits for its GPU
+                # inside a CUDA call (a sync, a launch into a full queue): the first call after the
+                # old end blocks for the delay instead of starting later.
+                c.execute('UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = start - ? WHERE rowid = '
+                          '(SELECT rowid FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE start >= ? ORDER BY start LIMIT 1)',
+                          (late, k[1] + late))
             c.commit()
             c.close()

@@ -25,8 +25,14 @@ PEER = {2: 0, 3: 1}  # stage-1 rank -> its stage-0 pipeline peer (same dp index)
 P2P, AR, GEMM = "ncclDevKernel_SendRecv", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "sm90_gemm_kernel"
 
 
-def _k(e: Export, start: int, end: int, name: str) -> None:
-    e.kernel(start - 50_000, start, end, name, stream=9 if name.startswith("nccl") else 7)
+LAUNCH = 50_000  # the CPU's time per launch: it runs ahead of the GPU, as an eager PyTorch loop does
+
+
+def _k(e: Export, cpu: list[int], start: int, end: int, name: str) -> None:
+    """A kernel launched at the CPU's own pace (cpu[0], then LAUNCH later for the next), never after
+    it starts: a rank that waits for a peer has its next kernels queued already, not launched late."""
+    e.kernel(cpu[0], start, end, name, stream=9 if name.startswith("nccl") else 7)
+    cpu[0] += LAUNCH
 
 
 def _build(d: Path) -> Path:
@@ -39,17 +45,18 @@ def _build(d: Path) -> Path:
             if rank in DATA:
                 dl = DATA[rank]
                 e.nvtx(t, t + dl, "data_load")
-                _k(e, t + dl, t + dl + 20 * MS, GEMM)  # forward
-                _k(e, t + dl + 20 * MS, t + dl + 21 * MS, P2P)  # send activations
-                _k(e, t + dl + 21 * MS, t + dl + 62 * MS, P2P)  # recv grads: waits for stage 1
-                _k(e, t + dl + 62 * MS, t + dl + 82 * MS, GEMM)  # backward
-                _k(e, t + dl + 82 * MS, t + max(DATA.values()) + 84 * MS, AR)  # DP all-reduce (stage 0)
+                cpu = [t + dl - LAUNCH]  # it launches once its data is loaded
+                _k(e, cpu, t + dl, t + dl + 20 * MS, GEMM)  # forward
+                _k(e, cpu, t + dl + 20 * MS, t + dl + 21 * MS, P2P)  # send activations
+                _k(e, cpu, t + dl + 21 * MS, t + dl + 62 * MS, P2P)  # recv grads: waits for stage 1
+                _k(e, cpu, t + dl + 62 * MS, t + dl + 82 * MS, GEMM)  # backward
+                _k(e, cpu, t + dl + 82 * MS, t + max(DATA.values()) + 84 * MS, AR)  # DP all-reduce (stage 0)
             else:
-                dl = DATA[PEER[rank]]
-                _k(e, t + 1 * MS, t + dl + 21 * MS, P2P)  # recv activations: waits for stage 0
-                _k(e, t + dl + 21 * MS, t + dl + 61 * MS, GEMM)  # forward + backward
-                _k(e, t + dl + 61 * MS, t + dl + 62 * MS, P2P)  # send grads
-                _k(e, t + dl + 62 * MS, t + max(DATA.values()) + 64 * MS, AR)  # DP all-reduce (stage 1)
+                dl, cpu = DATA[PEER[rank]], [t + 1 * MS - LAUNCH]
+                _k(e, cpu, t + 1 * MS, t + dl + 21 * MS, P2P)  # recv activations: waits for stage 0
+                _k(e, cpu, t + dl + 21 * MS, t + dl + 61 * MS, GEMM)  # forward + backward
+                _k(e, cpu, t + dl + 61 * MS, t + dl + 62 * MS, P2P)  # send grads
+                _k(e, cpu, t + dl + 62 * MS, t + max(DATA.values()) + 64 * MS, AR)  # DP all-reduce (stage 1)
         e.close()
     return d
 

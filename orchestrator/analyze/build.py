@@ -35,6 +35,7 @@ from orchestrator.analyze.model_report import (
 from orchestrator.analyze.model_timeline import Extras
 from orchestrator.analyze.outcome import build_outcome
 from orchestrator.analyze.overhead import build_overhead
+from orchestrator.analyze.replay import build_replay
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context
 from orchestrator.analyze.stats_tables import build_tables
@@ -132,6 +133,17 @@ def _notes(v: Views) -> list[str]:
     return notes
 
 
+def _one_saving(report: Report) -> None:
+    """Where the job was replayed, a root's saving in the critical path's table is its what-if's,
+    the number its straggler finding costs: one saving per root in every part of the report."""
+    if report.replay is None or report.critical_path is None:
+        return
+    for h in report.critical_path.held_by:
+        what_if = report.replay.saving(h.rank)
+        if what_if is not None:
+            h.saving_ms = what_if.saving_ms
+
+
 def build_report(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None = None) -> Report:
     """The report of `store` (`writer`: the collect's open connection, engine.analysis)."""
     con, v = analysis(store, opts, writer)
@@ -199,8 +211,10 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
         comm=build_comm(v),
         memory=build_memory(v),
         critical_path=build_critical_path(v),
+        replay=build_replay(v),
         capture_overhead=build_overhead(v),
     )
+    _one_saving(report)
     report.notes = _notes(v)
     report.outcome = build_outcome(v)  # before the rules: a job that did not complete is never healthy
     return report

@@ -143,6 +143,9 @@ SUMMARIES = (
             (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("name", _V), ("step", _B))),
     Summary("map_sync_idle", "sync_idle",
             (("rank", _I), ("start", _B), ("end", _B), ("tid", _B), ("idle_ns", _B))),
+    # Where the CPU blocked on its GPU (56_cpu_blocks.sql): the replay's bounds on its launches.
+    Summary("map_cpu_blocks", "cpu_blocks",
+            (("rank", _I), ("start", _B), ("end", _B), ("sync", "BOOLEAN"), ("done", _B), ("lb", _B))),
     Summary("map_sync_stats", "sync_stats",
             (("rank", _I), ("n_syncs", _B), ("n_steps", _B), ("sync_per_step", _D), ("blocked_ns", _B),
              ("idle_after_ns", _B), ("idle_after_ns_per_step", _D), ("top_name", _V), ("names", _V))),
@@ -212,7 +215,7 @@ def stacked_select() -> str:
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
 SQL_FILES = ("13_rank_device.sql", "30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql",
-             "66_cuda_graphs.sql", "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql",
+             "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql",
              "94_kernel_table.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 
 

@@ -48,8 +48,9 @@ class CriticalRoot(Strict):
     total_ms: float = Field(description="the excess it put on the paths of those steps, in all")
     ms_per_held_step: float = Field(description="the excess it put on the path, mean over the steps it held up")
     ms_per_step: float = Field(description="the excess it put on the paths, over all the analysed steps, per step")
-    saving_ms: float = Field(0.0, description="what the steps it held up would take less with it at the others' "
-                                              "pace: its straggler finding's cost")
+    saving_ms: float = Field(0.0, description="what the steps would take less with it at the others' pace: the "
+                                              "replay's what-if where the job was replayed, else what the steps it "
+                                              "held up would lose; its straggler finding's cost")
 
 
 class CriticalPath(Strict):

@@ -21,6 +21,7 @@ from orchestrator.analyze.model_critical import CriticalPath
 from orchestrator.analyze.model_gpu_memory import MemoryReport
 from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_overhead import CaptureOverhead
+from orchestrator.analyze.model_replay import Replay
 from orchestrator.analyze.model_stats_tables import StatsTables
 from orchestrator.errors import OrchError
 
@@ -198,6 +199,8 @@ class Report(Strict):
     memory: MemoryReport | None = Field(None, description="GPU memory in use per rank, its growth, allocator calls")
     critical_path: CriticalPath | None = Field(None, description="per step: the cross-rank critical path, its root "
                                                                  "and victims (none without matched waits)")
+    replay: Replay | None = Field(None, description="the replay of the job: its error per step and overall, and "
+                                                    "what each what-if saves (none without matched NCCL work)")
     outcome: Outcome | None = Field(None, description="how the job ended; none for reports orch did not submit")
     capture_overhead: CaptureOverhead | None = Field(None, description="what tracing cost each rank, estimated")
     notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")

@@ -1,7 +1,8 @@
 """Pipeline and critical-path rows of `orch diff`: the bubble per stage (and its excess over the
-schedule's theory), what the critical path is made of, and how much each root rank put on it per
-step, A vs B. A run that got slower says here whether its bubble grew, who holds it up now, and
-doing what (a new root is a rank with nothing in A)."""
+schedule's theory), what the critical path is made of, how much each root rank put on it per
+step, and how far each run's replay is from its trace, A vs B. A run that got slower says here
+whether its bubble grew, who holds it up now, and doing what (a new root is a rank with nothing
+in A)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def critical_rows(a: Report, b: Report, scale: float = 1.0) -> list[dict[str, An
     for what in sorted(set(ca) | set(cb)):
         va, vb = ca.get(what, 0.0), cb.get(what, 0.0)
         out.append(_row(f"critical path: {what} %", va, vb, what != "GPU compute" and vb - va > SHARE_POINTS * scale))
+    if a.replay and b.replay:  # how far each replay is from its trace: a what-if is no surer than this
+        out.append(_row("replay error %", a.replay.error_pct, b.replay.error_pct, False))
     ra, rb = _per_step(a), _per_step(b)
     for rk in sorted(set(ra) | set(rb)):
         va, vb = ra.get(rk, 0.0), rb.get(rk, 0.0)

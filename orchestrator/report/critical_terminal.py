@@ -1,6 +1,7 @@
 """The terminal's critical-path lines: what the steps' critical paths were made of, which ranks
-held them up and how often, and the steps it held up most. The HTML draws each path; the
-terminal says who, doing what, and how much, in a few lines."""
+held them up and how often, and the steps it held up most; then the replay's error and its
+what-ifs. The HTML draws each path; the terminal says who, doing what, and how much, in a few
+lines."""
 
 from __future__ import annotations
 
@@ -28,4 +29,17 @@ def critical_lines(report: Report) -> list[str]:
         victims = ", ".join(map(str, s.victims[:6])) + (" …" if len(s.victims) > 6 else "")
         lines.append(f"  step {s.step}: {s.ms:.1f} ms; rank {s.root} put {s.root_ms:.1f} ms ({s.root_share_pct:.0f} %)"
                      f" on it in {s.root_phase or '?'}" + (f"; waited: rank(s) {victims}" if victims else ""))
+    return lines
+
+
+def replay_lines(report: Report) -> list[str]:
+    """The replay's error and its what-ifs, the most saving first (none without a replay)."""
+    rp = report.replay
+    if rp is None:
+        return []
+    lines = [rp.line]
+    shown = rp.shown()[:3]
+    if shown:
+        lines.append("  what-ifs: " + "; ".join(f"{w.what} at its stage peers' pace saves {w.saving_ms:.1f} ms "
+                                                f"({w.saving_pct:.1f} %)" for w in shown))
     return lines

@@ -245,6 +245,16 @@ def _overhead(report: Report) -> str:
     return f'<p class="cpu" id="capture-overhead">{_e(o.line)}</p>' if o is not None and o.line else ""
 
 
+def _replay(report: Report) -> str:
+    """The replay's error, in every report, and its what-ifs, the most saving first."""
+    rp = report.replay
+    if rp is None:
+        return ""
+    whatifs = "".join(f"<li>{_e(w.what)} at its stage peers' pace: saves {w.saving_ms:.1f} ms "
+                      f"({w.saving_pct:.1f} %)</li>" for w in rp.shown())
+    return f'<p id="replay">{_e(rp.line)}</p>' + (f'<ul class="whatifs">{whatifs}</ul>' if whatifs else "")
+
+
 def render_html(report: Report, extras: Extras | None = None) -> str:
     """The page; `extras` (from the store) adds the timeline, CPU step heatmap and waiting heatmap."""
     w, gpu = report.window, report.gpu_activity
@@ -268,7 +278,7 @@ def render_html(report: Report, extras: Extras | None = None) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>orch report</title><style>{CSS}</style></head>
 <body><h1>orch cross-rank report</h1>{_outcome(report)}
 <p>Window: {_e(w.note)}; steps from {_e(w.step_source)}; gaps &ge; {_e(w.gap_ms)} ms. Store: {_e(report.store)}</p>
-{_overhead(report)}{banner}{_problems(report, notes=False)}
+{_overhead(report)}{_replay(report)}{banner}{_problems(report, notes=False)}
 {"".join(sections)}{_problems(report, notes=True)}
 </body></html>
 """

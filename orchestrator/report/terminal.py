@@ -22,7 +22,7 @@ from orchestrator.analyze.rank_pick import by_findings, pick_ranks
 from orchestrator.analyze.stacks import line as stack_line
 from orchestrator.ranklist import ranges
 from orchestrator.report.comm_terminal import print_comm
-from orchestrator.report.critical_terminal import critical_lines
+from orchestrator.report.critical_terminal import critical_lines, replay_lines
 from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.prose import WIDTH, say
 from orchestrator.report.safe import cell, plain
@@ -144,7 +144,7 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     _more(console, hidden, report)
     print_comm(report, console)
     print_memory(report, console)
-    for line in critical_lines(report):
+    for line in [*critical_lines(report), *replay_lines(report)]:
         _line(console, plain(line), wide, "    ")
     if report.stages:
         st = _table("stages", wide)

@@ -14,7 +14,8 @@ data_loader_stall finding on another stage's ranks costing at least half as much
 bubble is that stall seen from downstream, and its finding says so alone. Where the excess
 comes from a root rank that has a straggler finding, that finding costs what fixing the root
 saves, the bubble's excess included: the bubble costs only what exceeds it (one delay is
-counted once), and is info when nothing does."""
+counted once), and is info when nothing does; where the job was replayed, the root's what-if
+measures what fixing it saves, and the bubble claims nothing beyond it."""
 
 from __future__ import annotations
 
@@ -104,9 +105,12 @@ class PipelineBubble(Rule):
         claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
         if claimed is None:
             return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]
-        left = max(cost - claimed.cost_ms, 0.0)
+        replayed = ctx.report.replay is not None and ctx.report.replay.saving(root[0]) is not None
+        left = 0.0 if replayed else max(cost - claimed.cost_ms, 0.0)
         evidence.append(f"rank {root[0]}'s straggler finding ({claimed.severity}) costs what the steps would lose "
                         f"with it at its peers' pace, {claimed.cost_ms} ms, this excess included"
+                        + (" (the replay's what-if: it measures what fixing the root saves, which this share of the "
+                           "window only estimates)" if replayed else "")
                         + (f"; {round(left, 3)} ms of the excess is beyond it" if left else ": it is counted there"))
         pct = round(lost * left / cost, 2) if cost else 0.0
         return [finding(self.kind, ranks, title, evidence, fix, left, pct=pct,

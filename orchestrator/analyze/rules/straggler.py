@@ -4,7 +4,9 @@ nobody waited for, and a rank whose lateness is explained by its own earlier wai
 rank that reaches its all-reduce last because its activations came late) is a victim, whatever
 it does later. The finding costs what the steps would lose with the root at the others' pace
 (cp_roots.saving_ns), not the sum of its victims' waiting (two victims of one delay are one
-delay, and a DDP bucket waiting in the queue behind the one before is no new delay)."""
+delay, and a DDP bucket waiting in the queue behind the one before is no new delay). Where the
+job was replayed (61_replay.sql), the cost is what the replay with the root at its stage peers'
+pace saves, and the roots are ranked by it; a saving within the replay's error is `info`."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ class Straggler(Rule):
         for r in roots:
             per[r["rank"]].append(r)
         out = []
-        for rk, rows in sorted(per.items(), key=lambda kv: (-sum(r["saving_ns"] for r in kv[1]), kv[0])):
+        for rk, rows in sorted(per.items(), key=lambda kv: (-self._saving(ctx, kv[0], kv[1]), kv[0])):
             created = sum(r["created_ns"] for r in rows)
             outliers = [r for r in rows if r["saving_ns"] >= self.outlier_share * median_ns]
             typical = sorted(r["saving_ns"] for r in rows)[len(rows) // 2]
@@ -121,15 +123,18 @@ class Straggler(Rule):
         for root in reported:
             rk, rows, phase, by_phase, created, typical, shared = (
                 root.rank, root.rows, root.phase, root.by_phase, root.created_ns, root.typical_ns, root.shared)
-            saving = sum(r["saving_ns"] for r in rows)
-            pct = round(100 * saving / total_ns, 2)
+            saving, path_saving = self._saving(ctx, rk, rows), sum(r["saving_ns"] for r in rows)
+            replay = ctx.report.replay
+            what_if = replay.saving(rk) if replay else None
+            pct = what_if.saving_pct if what_if else round(100 * saving / total_ns, 2)
             victims = sorted({v for r in rows for v in r["victims"]})
             share = sorted(r["share_pct"] for r in rows)[len(rows) // 2]
             evidence = [
                 f"rank {rk} is the root of the critical path in {len(rows)} of {len(steps)} steps: it put "
                 f"{ms(created)} ms of waiting on it (median {share}% of a step it holds up); at the "
-                f"others' pace those steps would take {ms(saving)} ms less "
-                f"({pct}% of the steps' time; median {ms(typical)} ms a step it holds up)",
+                f"others' pace those steps would take {ms(path_saving)} ms less "
+                f"({round(100 * path_saving / total_ns, 2)}% of the steps' time; median {ms(typical)} ms a step it "
+                "holds up)",
                 "while it fell behind: " + ", ".join(f"`{p}` {ms(n)} ms" for p, n in
                                                      sorted(by_phase.items(), key=lambda kv: -kv[1])),
             ]
@@ -149,6 +154,10 @@ class Straggler(Rule):
                         f"rank {rk}'s GPU waits {ms(launches[0])} ms a step between kernels (gaps under "
                         f"{ctx.opts.gap_ms} ms) against {ms(launches[1])} ms on the median rank: its CPU "
                         "launches the same kernels slower")
+            if what_if and replay:
+                evidence.append(f"replayed with rank {rk}'s own work (GPU and CPU) at its stage peers' median, the "
+                                f"{what_if.steps} steps take {ms(saving)} ms less ({pct}% of their time); the replay "
+                                f"of the unchanged trace is within {replay.error_pct}% of it")
             s = stats.get(rk)
             if s:
                 evidence.append(f"rank {rk} started last in {s.late_count} of {s.collectives} collectives (chance: "
@@ -160,9 +169,15 @@ class Straggler(Rule):
                 evidence.append(f"every rank idles in `{phase}` ({lo}-{hi} ms): a shared cause, which rank {rk} "
                                 "shows most; the shared finding comes first")
                 severity = "medium" if severity == "high" else severity
+            if what_if and replay and ms(saving) <= replay.error_ms:
+                evidence.append(f"that saving is within the replay's error ({replay.error_ms} ms): rank {rk} is "
+                                "no cause the replay can tell from the trace's own noise")
+                severity = "info"
             # Late GPU work with no call of its own to name, in a loop launch-bound on every rank.
             everywhere = self._launch_bound_everywhere(ctx, len(steps)) if late_start and not call else {}
-            profiler = self._profiler(ctx, rk, saving, total_ns) if late_start and not call and not everywhere else None
+            # The profiler's cost over the same steps the saving is counted on.
+            spent = round(sum(st.measured_ms for st in replay.steps) * 1e6) if what_if and replay else total_ns
+            profiler = self._profiler(ctx, rk, saving, spent) if late_start and not call and not everywhere else None
             if profiler:
                 evidence.append(f"what fixing it saves, {ms(saving)} ms, is within what tracing cost rank {rk} "
                                 f"over these steps (~{ms(profiler)} ms: nsys' per-call cost of its CUDA calls, "
@@ -200,6 +215,15 @@ class Straggler(Rule):
             if len(fs) > 1:
                 out = [f for f in out if f not in [f for f, _ in fs]] + [self._turns(ctx, phase, fs)]
         return out
+
+    @staticmethod
+    def _saving(ctx: Context, rk: int, rows: list[dict]) -> int:
+        """What fixing the root saves, in ns: the replay's what-if with the rank at its stage
+        peers' pace where the job was replayed, else what its critical-path steps would lose."""
+        what_if = ctx.report.replay.saving(rk) if ctx.report.replay else None
+        if what_if is not None:
+            return round(what_if.saving_ms * 1e6)
+        return sum(r["saving_ns"] for r in rows)
 
     def _victims(self, rk: int, victims: list[int], stats: dict) -> list[str]:
         """A line for each victim that looks late by the collectives' statistics (up to

@@ -1,0 +1,54 @@
+"""Typed replay of the job (61_replay.sql): how well the graph of the ranks' work and their
+synchronisations reproduces each measured step (its error), and what each what-if would save.
+`Report.replay` holds one `Replay` (None without matched NCCL work across ranks: a single
+GPU, a CPU job). Findings take their saving from the what-ifs; a saving within the replay's
+error is no finding above `info`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from orchestrator.analyze.model_base import Strict
+
+
+class ReplayStep(Strict):
+    step: int
+    measured_ms: float = Field(description="the step as measured: from the previous step's last synchronisation "
+                                           "end (over the ranks) to its own")
+    replayed_ms: float = Field(description="the same span as the unchanged replay has it")
+    error_pct: float = Field(description="|replayed - measured| as a share of measured")
+
+
+class WhatIf(Strict):
+    what: str = Field(description="the cause removed: `rank <r>` = that rank's own work at its stage peers' "
+                                  "median, never slower")
+    rank: int | None = None
+    steps: int = Field(description="the analysed steps the what-if was replayed on")
+    saving_ms: float = Field(description="the unchanged replay's step ends minus the what-if's, summed")
+    saving_pct: float = Field(description="saving_ms as a share of the replayed steps' measured time")
+
+
+class Replay(Strict):
+    steps: list[ReplayStep] = Field(description="the unchanged replay of each analysed step")
+    error_ms: float = Field(description="summed |replayed - measured| over the steps")
+    error_pct: float = Field(description="error_ms as a share of the steps' measured time")
+    worst_step_pct: float = Field(description="the largest step's error_pct")
+    forced: int = Field(0, description="synchronisations the replay had to end without all their members "
+                                       "(ranks that met them in different orders): the graph's own gaps")
+    whatifs: list[WhatIf] = Field(default_factory=list, description="the most saving first")
+
+    def saving(self, rank: int) -> WhatIf | None:
+        """The what-if that puts `rank` at its peers' pace, if it was replayed."""
+        return next((w for w in self.whatifs if w.rank == rank), None)
+
+    def shown(self) -> list[WhatIf]:
+        """The what-ifs that save anything at the report's precision (0.1 ms), the most first."""
+        return [w for w in self.whatifs if w.saving_ms >= 0.1]
+
+    @property
+    def line(self) -> str:
+        """One line for every renderer: how far the replay is from the trace."""
+        return (f"replay of the job: {len(self.steps)} step(s) replayed within {self.error_pct:.2f} % of the "
+                f"measured time (worst step {self.worst_step_pct:.2f} %)"
+                + (f"; {self.forced} synchronisation(s) ended without all their members" if self.forced else ""))

@@ -1,0 +1,223 @@
+-- A replay of the job and what-ifs on it (after Lumos, MLSys'25, and the straggler what-if of
+-- ByteDance's study, OSDI'25). The graph: each rank's NCCL kernels in order, a node each. A rank
+-- reaches a node after its own work since its previous node ended (w: compute, input, host
+-- syncs, launch gaps: all it did alone), and not before its CPU launched it: its CPU's own time
+-- since the previous launch (dc), or, where the CPU blocked on its GPU in between (any CUDA call
+-- of a millisecond or more: a sync, a launch into a full queue), after that block returned:
+-- when the CPU got there (pre, then post after it), or when the GPU let it go (gw, counted from
+-- the previous node's end, which it moves with; a sync whose GPU work followed the CPU moves
+-- with the CPU). A rank that waited for a straggler ran its queued work back to back afterwards;
+-- without the straggler its own CPU's launches bound it. A node ends when its instance's last
+-- member arrives plus the instance's transfer (the last arriver's kernel; a collective: every
+-- rank of its communicator; a send/recv: the matched pair); a kernel that ended before its
+-- instance's last member started waited for nobody (a buffered send, a broadcast's root) and
+-- takes its own length. A step ends when its last node ends, and lasts from the previous step's
+-- end: the work after a step's last node is the next step's, counted once.
+-- The unchanged replay against the measured steps is the replay's error. A what-if replays with
+-- one cause removed; what it saves is the unchanged replay's steps minus the what-if's, over the
+-- analysed steps. `rank <r>`: the rank's own work, CPU time between launches and CPU time around
+-- its blocks at the median of its stage's other ranks at the same place of the same step (alone
+-- in its stage: its own median over the steps), never slower than it was; up to 32 ranks, those
+-- whose own work exceeds their peers' the most.
+-- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, loo_ref, ranks, first_step, params, in_selected.
+-- Provides:
+--   replay_nodes(rank, step, pos, gpos, inst, s, e, w, t, dur, buffered, l, anchor, lp, dc, pre, bw, post, gw)
+--       the graph: per rank its nodes in order (pos in the step, gpos in the capture), the
+--       instance, the observed start and end, the own work before it (w), the instance's
+--       transfer (t), the launch (l) and the previous node's (lp), where the rank stood when the
+--       step began (anchor), the CPU's own time (dc; pre and post around its last block of bw,
+--       which the GPU ended gw after the previous node's end)
+--   replay_scenarios(scn, what, rank)   scn 0 is the unchanged trace; `rank` the rank a what-if
+--       changes
+--   replay_rank_step(scn, step, rank, e_obs, e_rep, forced)   per scenario, step and rank: the
+--       end of its last node of the step, measured and replayed; forced: nodes so far that had to
+--       be ended without their instance (its members met them in different orders)
+--   replay_steps(step, measured_ns, replayed_ns, error_ns, error_pct, forced)   the unchanged
+--       replay of each analysed step against the measured one
+--   replay_error(steps, measured_ns, error_ns, error_pct, worst_step_pct, forced)   over all
+--       analysed steps: the summed absolute error against the summed measured time
+--   replay_whatif(scn, what, rank, steps, saving_ns, saving_pct)   what each what-if saves over
+--       the analysed steps, and its share of their measured time
+--   _rp_long(rank, key, x)   each node's own work and CPU times, a row each, keyed by what and
+--       where (m, stage, step, pos)
+--   _rp_peer(rank, step, pos, w, dc, pre, post, w_med, dc_med, pre_med, post_med)   each node's
+--       own work and CPU times, and its stage peers' medians
+--   _rp_sw(scn, rank, step, pos, w, dc, pre, post)   the same as each scenario has it
+--   _rp_run(scn, rank, gpos, e, forced)   each node's replayed end per scenario
+--   _rp_steps(scn, step, forced, measured_ns, replayed_ns)   each step per scenario
+CREATE OR REPLACE TABLE replay_nodes AS
+WITH c AS (  -- collective nodes: the k-th kernel of one name in one communicator group
+    SELECT rank, start AS s, "end" AS e, 'c ' || grp || ' ' || name || ' ' || kth AS inst, "end" < latest AS buffered
+    FROM coll
+), p AS (  -- send/recv nodes: the matched pair, named the same from both sides
+    SELECT rank, start AS s, "end" AS e,
+           'p ' || CASE WHEN (rank, start) < (peer, peer_start) THEN rank || ':' || start || '-' || peer || ':' || peer_start
+                        ELSE peer || ':' || peer_start || '-' || rank || ':' || start END AS inst,
+           "end" < peer_start AS buffered
+    FROM p2p_match
+), n AS (
+    SELECT x.*, o.step, o.launch AS l FROM (SELECT * FROM c UNION ALL SELECT * FROM p) x
+    JOIN gpu_ops o ON o.rank = x.rank AND o.start = x.s AND o.kind = 'kernel' AND o.is_comm
+    WHERE o.step IS NOT NULL
+), i AS (  -- one step per instance (its members' launches may straddle a step boundary), the
+    -- last arrival, and the transfer: the last arriver's kernel, which waited for nobody
+    SELECT inst, min(step) AS step, max(s) AS latest, arg_max(e - s, (s, e, rank)) AS t FROM n WHERE NOT buffered
+    GROUP BY inst
+), m AS (
+    SELECT n.rank, coalesce(i.step, n.step) AS step, n.inst, n.s, n.e, n.l, n.buffered,
+           coalesce(i.t, n.e - n.s) AS t, n.e - n.s AS dur,
+           -- a rank's first node: its own work since its step began
+           n.s - coalesce(lag(n.e) OVER (PARTITION BY n.rank ORDER BY n.s, n.inst), least(st.start, n.s)) AS w
+    FROM n LEFT JOIN i USING (inst) LEFT JOIN steps st ON st.rank = n.rank AND st.step = coalesce(i.step, n.step)
+), a AS (
+    SELECT *, first_value(s - coalesce(w, 0)) OVER (PARTITION BY rank, step ORDER BY s, inst) AS anchor,
+           lag(l) OVER (PARTITION BY rank ORDER BY s, inst) AS lp
+    FROM m
+), b AS (  -- per node, where its CPU blocked on the GPU (cpu_blocks) between the previous node's
+    -- launch and its own (any thread: the loop thread's sync holds back the autograd thread's
+    -- launches too): in all, and its last block, which a sync's GPU work ended at `done`, unless
+    -- the GPU waited for a launch after the previous node ended (lb): then that work followed
+    -- the CPU, and so does the sync's return
+    SELECT a.rank, a.s, a.inst, sum(least(h."end", a.l) - greatest(h.start, a.lp)) AS blocked,
+           max(greatest(h.start, a.lp)) AS bs, least(max(h."end"), a.l) AS be,
+           arg_max(h.sync, (h."end", h.start)) AS sync,
+           CASE WHEN NOT coalesce(arg_max(h.lb, (h."end", h.start)) > a.s - coalesce(a.w, 0), false)
+                THEN least(arg_max(h.done, (h."end", h.start)), max(h."end"), a.l) END AS done
+    FROM a JOIN cpu_blocks h ON h.rank = a.rank AND h.start < a.l AND h."end" > a.lp
+    GROUP BY a.rank, a.s, a.inst, a.l, a.lp, a.w
+)
+SELECT a.rank, a.step, row_number() OVER (PARTITION BY a.rank, a.step ORDER BY a.s, a.inst) AS pos,
+       row_number() OVER (PARTITION BY a.rank ORDER BY a.s, a.inst) AS gpos,
+       a.inst, a.s, a.e, coalesce(a.w, 0) AS w, a.t, a.dur, a.buffered, a.l, a.anchor, a.lp,
+       a.l - a.lp - coalesce(b.blocked, 0) AS dc,
+       b.bs - a.lp - (b.blocked - (b.be - b.bs)) AS pre, b.be - b.bs AS bw, a.l - b.be AS post,
+       CASE WHEN b.sync THEN b.done ELSE b.be END - (a.s - coalesce(a.w, 0)) AS gw
+FROM a LEFT JOIN b USING (rank, s, inst);
+
+-- Each node's own work and CPU times, one row a value, keyed by what it is and where (the stage,
+-- the step, the place in it): what loo_ref compares each rank with its stage's other ranks by.
+CREATE OR REPLACE TABLE _rp_long AS
+WITH n AS (SELECT n.*, coalesce(r.stage, 0) AS stage FROM replay_nodes n JOIN ranks r USING (rank))
+SELECT rank, {'m': m, 'stage': stage, 'step': step, 'pos': pos} AS key, x
+FROM (SELECT rank, stage, step, pos, 'w' AS m, w AS x FROM n
+      UNION ALL SELECT rank, stage, step, pos, 'dc', dc FROM n
+      UNION ALL SELECT rank, stage, step, pos, 'pre', pre FROM n
+      UNION ALL SELECT rank, stage, step, pos, 'post', post FROM n)
+WHERE x IS NOT NULL;
+
+-- Each node's own work against the median of the stage's other ranks at the same step and place
+-- (a rank alone in its stage: its own median over the steps at that place).
+CREATE OR REPLACE TABLE _rp_peer AS
+WITH peer AS (
+    SELECT rank, key.step AS step, key.pos AS pos,
+           any_value(ref_med) FILTER (WHERE key.m = 'w') AS w_med, any_value(ref_med) FILTER (WHERE key.m = 'dc') AS dc_med,
+           any_value(ref_med) FILTER (WHERE key.m = 'pre') AS pre_med,
+           any_value(ref_med) FILTER (WHERE key.m = 'post') AS post_med
+    FROM loo_ref('_rp_long') GROUP BY ALL
+), own AS (
+    SELECT rank, pos, median(w) AS w_med, median(dc) AS dc_med, median(pre) AS pre_med, median(post) AS post_med
+    FROM replay_nodes GROUP BY ALL
+)
+SELECT n.rank, n.step, n.pos, n.w, n.dc, n.pre, n.post, coalesce(p.w_med, o.w_med) AS w_med,
+       coalesce(p.dc_med, o.dc_med) AS dc_med, coalesce(p.pre_med, o.pre_med) AS pre_med,
+       coalesce(p.post_med, o.post_med) AS post_med
+FROM replay_nodes n LEFT JOIN peer p USING (rank, step, pos) LEFT JOIN own o USING (rank, pos);
+
+CREATE OR REPLACE TABLE replay_scenarios AS
+WITH cand AS (
+    SELECT rank, sum(greatest(w - w_med, 0) + greatest(coalesce(dc - dc_med, 0), 0)) AS ns FROM _rp_peer GROUP BY rank
+)
+SELECT 0 AS scn, 'unchanged' AS what, NULL::INTEGER AS rank
+UNION ALL
+SELECT row_number() OVER (ORDER BY ns DESC, rank) AS scn, 'rank ' || rank, rank
+FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
+
+-- Each scenario's own work per node: the what-if's rank at its peers' median, never slower (and
+-- no bound where it had none: a launch without a CUDA call, no block between two launches).
+CREATE OR REPLACE TABLE _rp_sw AS
+SELECT sc.scn, p.rank, p.step, p.pos,
+       CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med ELSE p.w END AS w,
+       CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med ELSE p.dc END AS dc,
+       CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med ELSE p.pre END AS pre,
+       CASE WHEN sc.rank = p.rank AND p.post_med < p.post THEN p.post_med ELSE p.post END AS post
+FROM replay_scenarios sc CROSS JOIN _rp_peer p;
+
+-- The replay: every (scenario, rank) is a cursor at its next node, through the whole capture (a
+-- delay in one step moves the next one's start, as in the job). Each round, a cursor arrives at
+-- its node after its own work; a node whose instance has every member arrived (or that was
+-- buffered) ends, and its cursor moves on; the others wait. A round in which no cursor of a
+-- scenario moves would repeat forever (ranks that meet their instances in different orders):
+-- its waiting nodes are then forced to end after their own transfer, and counted.
+CREATE OR REPLACE TABLE _rp_run AS
+WITH RECURSIVE
+size AS (SELECT inst, count(*) AS n FROM replay_nodes GROUP BY inst),
+k AS (SELECT rank, max(gpos) AS k, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank),
+g AS (
+    SELECT n.rank, n.gpos, n.step, n.pos, n.inst, n.t, n.dur, n.buffered, n.gw, n.bw, sz.n AS size
+    FROM replay_nodes n JOIN size sz USING (inst)
+),
+run(scn, rank, gpos, clock, cpu, forced) AS (
+    SELECT sc.scn, k.rank, 1, k.anchor, NULL::BIGINT, 0 FROM replay_scenarios sc CROSS JOIN k
+    UNION ALL
+    SELECT scn, rank,
+           CASE WHEN done OR NOT moved THEN gpos + 1 ELSE gpos END,
+           CASE WHEN buffered THEN arr + dur WHEN done THEN greatest(last_arr + t, arr) WHEN NOT moved THEN arr + t
+                ELSE clock END,
+           CASE WHEN done OR NOT moved THEN c ELSE cpu END,
+           forced + CASE WHEN NOT done AND NOT moved THEN 1 ELSE 0 END
+    FROM (
+        SELECT *, bool_or(done) OVER (PARTITION BY scn) AS moved FROM (
+            SELECT *, buffered OR here = size AS done, max(arr) OVER (PARTITION BY scn, inst) AS last_arr FROM (
+                SELECT *, greatest(clock + w, c) AS arr, count(*) OVER (PARTITION BY scn, inst) AS here FROM (
+                    SELECT r.scn, r.rank, r.gpos, r.clock, r.cpu, r.forced, g.inst, g.t, g.dur, g.buffered, g.size,
+                           sw.w,
+                           -- the CPU launches the node after its own work since the previous launch; when
+                           -- it blocked on the GPU in between, after its last block returned: when the CPU
+                           -- got there, or when the GPU let it go (moved with the previous node's end)
+                           CASE WHEN g.bw IS NULL THEN r.cpu + sw.dc
+                                WHEN g.gw IS NULL THEN r.cpu + sw.pre + g.bw + sw.post
+                                ELSE greatest(r.cpu + sw.pre, r.clock + g.gw) + sw.post END AS c
+                    FROM run r JOIN k ON k.rank = r.rank
+                    JOIN g ON g.rank = r.rank AND g.gpos = r.gpos
+                    JOIN _rp_sw sw ON sw.scn = r.scn AND sw.rank = r.rank AND sw.step = g.step AND sw.pos = g.pos
+                    WHERE r.gpos <= k.k))))
+)
+SELECT scn, rank, gpos - 1 AS gpos, any_value(clock) AS e, max(forced) AS forced  -- a node's end: the clock
+FROM run WHERE gpos > 1 GROUP BY ALL;                                                -- once past it
+
+-- Per scenario, step and rank: the rank's last node of the step, as measured and as replayed.
+CREATE OR REPLACE TABLE replay_rank_step AS
+WITH last AS (SELECT rank, step, max(gpos) AS gpos FROM replay_nodes GROUP BY ALL)
+SELECT x.scn, l.step, l.rank, n.e AS e_obs, x.e AS e_rep, x.forced
+FROM last l JOIN replay_nodes n USING (rank, gpos) JOIN _rp_run x USING (rank, gpos);
+
+-- Step ends: the last node's end over the ranks; a step lasts from the previous step's end (the
+-- first: from where the ranks began) to its own.
+CREATE OR REPLACE TABLE _rp_steps AS
+WITH e AS (
+    SELECT scn, step, max(e_obs) AS e_obs, max(e_rep) AS e_rep, max(forced) AS forced FROM replay_rank_step GROUP BY ALL
+), t0 AS (SELECT min(anchor) AS t0 FROM replay_nodes WHERE gpos = 1)
+SELECT e.scn, e.step, e.forced,
+       e.e_obs - coalesce(lag(e.e_obs) OVER w, t0.t0) AS measured_ns,
+       e.e_rep - coalesce(lag(e.e_rep) OVER w, t0.t0) AS replayed_ns
+FROM e, t0 WINDOW w AS (PARTITION BY e.scn ORDER BY e.step);
+
+CREATE OR REPLACE VIEW replay_steps AS
+SELECT s.step, s.measured_ns, s.replayed_ns, s.replayed_ns - s.measured_ns AS error_ns,
+       round(100.0 * abs(s.replayed_ns - s.measured_ns) / nullif(s.measured_ns, 0), 2) AS error_pct, s.forced
+FROM _rp_steps s, params p
+WHERE s.scn = 0 AND in_selected(s.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi);
+
+CREATE OR REPLACE VIEW replay_error AS
+SELECT count(*) AS steps, sum(measured_ns) AS measured_ns, sum(abs(error_ns)) AS error_ns,
+       round(100.0 * sum(abs(error_ns)) / nullif(sum(measured_ns), 0), 2) AS error_pct,
+       max(error_pct) AS worst_step_pct, max(forced) AS forced
+FROM replay_steps HAVING count(*) > 0;
+
+CREATE OR REPLACE VIEW replay_whatif AS
+SELECT x.scn, sc.what, sc.rank, count(*) AS steps, sum(b.replayed_ns - x.replayed_ns) AS saving_ns,
+       round(100.0 * sum(b.replayed_ns - x.replayed_ns) / nullif(sum(b.measured_ns), 0), 2) AS saving_pct
+FROM _rp_steps x JOIN _rp_steps b ON b.step = x.step AND b.scn = 0 JOIN replay_scenarios sc ON sc.scn = x.scn,
+     params p
+WHERE x.scn > 0 AND in_selected(x.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi)
+GROUP BY x.scn, sc.what, sc.rank;

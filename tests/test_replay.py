@@ -1,0 +1,91 @@
+"""The replay of the job (61_replay.sql) on real multi-GPU captures whose truth is known without
+orch (tests/fixtures/truth/, `python -m tests.truth`): the planted rank, and what fixing it saves
+as the measured difference from the job's healthy twin. A DP2 x PP2 GPipe job whose stage-0 rank
+1 sleeps in its data loading (rank 3, its pipeline's stage 1, waits for its activations: a
+victim), two DDP jobs with one slow rank (input, and a sleep before each step), and the GPipe
+job's healthy twin. The replay of the unchanged trace must reproduce the steps; the what-if that
+puts the planted rank at its stage peers' pace must save what its twin measured (within 20 %),
+and a rank that only waited nothing worth a finding."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analyze.build import build_report
+from orchestrator.analyze.engine import Options
+from orchestrator.analyze.model_report import Report
+from orchestrator.collect.collect import collect
+from orchestrator.layout import Layout
+from orchestrator.report.diff import diff_reports
+from orchestrator.report.html import render_html
+
+pytestmark = pytest.mark.replay
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PLANTED = ["dp2pp2-gpipe-slow", "gpu_e2e-ddp", "h200-ddp_straggler"]
+HEALTHY = ["dp2pp2-gpipe-ok"]
+
+
+def _truth(case: str) -> dict:
+    return json.loads((FIXTURES / "truth" / f"{case}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
+    out = {}
+    for case in PLANTED + HEALTHY:
+        spec, tmp = _truth(case)["input"], tmp_path_factory.mktemp(case)
+        (tmp / "in").mkdir()
+        for name in spec["exports"]:
+            src = FIXTURES / name
+            opener = lzma.open if src.suffix == ".xz" else gzip.open
+            with opener(src) as fi, open(tmp / "in" / src.stem, "wb") as fo:
+                shutil.copyfileobj(fi, fo)
+        store = collect([tmp / "in"], tmp / "run", layout=Layout.parse(spec.get("layout")), workers=1).store
+        out[case] = build_report(store, Options())
+    return out
+
+
+@pytest.mark.parametrize("case", PLANTED + HEALTHY)
+def test_the_unchanged_replay_reproduces_every_step(reports: dict[str, Report], case: str) -> None:
+    rp = reports[case].replay
+    assert rp is not None and rp.steps
+    assert rp.error_pct < 5.0 and all(s.error_pct < 5.0 for s in rp.steps)
+    assert rp.worst_step_pct == max(s.error_pct for s in rp.steps)
+
+
+@pytest.mark.parametrize("case", PLANTED)
+def test_the_planted_rank_saves_what_its_twin_measured_and_the_others_little(
+        reports: dict[str, Report], case: str) -> None:
+    truth, rp = _truth(case), reports[case].replay
+    assert rp is not None
+    top = rp.whatifs[0]
+    assert [top.rank] == truth["root"]
+    assert abs(top.saving_ms - truth["saving_ms"]) <= 0.2 * truth["saving_ms"], (top.saving_ms, truth["saving_ms"])
+    assert all(w.saving_ms < 0.1 * top.saving_ms for w in rp.whatifs[1:]), [(w.what, w.saving_ms) for w in rp.whatifs]
+    straggler = next(f for f in reports[case].findings if f.kind == "straggler")
+    assert straggler.ranks == truth["root"] and straggler.cost_ms == top.saving_ms
+
+
+@pytest.mark.parametrize("case", HEALTHY)
+def test_a_healthy_job_has_no_what_if_worth_a_finding(reports: dict[str, Report], case: str) -> None:
+    rp = reports[case].replay
+    assert rp is not None and rp.whatifs
+    assert all(w.saving_pct < 2.0 for w in rp.whatifs), [(w.what, w.saving_pct) for w in rp.whatifs]
+
+
+def test_every_report_says_how_far_its_replay_is_from_the_trace(reports: dict[str, Report]) -> None:
+    rep = reports["dp2pp2-gpipe-slow"]
+    assert rep.replay is not None
+    page = render_html(rep)
+    assert 'id="replay"' in page and f"{rep.replay.error_pct:.2f} %" in page
+    assert json.loads(rep.model_dump_json())["replay"]["error_pct"] == rep.replay.error_pct
+    twin = reports["dp2pp2-gpipe-ok"]
+    row = next(r for r in diff_reports(twin, rep)["rows"] if r["metric"] == "replay error %")
+    assert (row["a"], row["b"]) == (twin.replay.error_pct, rep.replay.error_pct)

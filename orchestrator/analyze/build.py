@@ -136,10 +136,10 @@ def _notes(v: Views) -> list[str]:
 def _one_saving(report: Report) -> None:
     """Where the job was replayed, a root's saving in the critical path's table is its what-if's,
     the number its straggler finding costs: one saving per root in every part of the report."""
-    if report.replay is None or report.critical_path is None:
+    if report.critical_path is None:
         return
     for h in report.critical_path.held_by:
-        what_if = report.replay.saving(h.rank)
+        what_if = report.what_if(h.rank)
         if what_if is not None:
             h.saving_ms = what_if.saving_ms
 

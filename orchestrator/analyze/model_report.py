@@ -21,7 +21,7 @@ from orchestrator.analyze.model_critical import CriticalPath
 from orchestrator.analyze.model_gpu_memory import MemoryReport
 from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_overhead import CaptureOverhead
-from orchestrator.analyze.model_replay import Replay
+from orchestrator.analyze.model_replay import Replay, WhatIf
 from orchestrator.analyze.model_stats_tables import StatsTables
 from orchestrator.errors import OrchError
 
@@ -208,6 +208,11 @@ class Report(Strict):
 
     def rank(self, rank: int) -> RankMetrics | None:
         return next((r for r in self.ranks if r.rank == rank), None)
+
+    def what_if(self, rank: int) -> WhatIf | None:
+        """The replay's what-if that puts `rank` at its stage peers' pace; None where the job was
+        not replayed or the rank not tried."""
+        return self.replay.saving(rank) if self.replay else None
 
     def waits_for(self) -> dict[int, list[int]]:
         """Rank -> the ranks it waits for, from the findings that name victims (a straggler, a

@@ -105,7 +105,7 @@ class PipelineBubble(Rule):
         claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
         if claimed is None:
             return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]
-        replayed = ctx.report.replay is not None and ctx.report.replay.saving(root[0]) is not None
+        replayed = ctx.report.what_if(root[0]) is not None
         left = 0.0 if replayed else max(cost - claimed.cost_ms, 0.0)
         evidence.append(f"rank {root[0]}'s straggler finding ({claimed.severity}) costs what the steps would lose "
                         f"with it at its peers' pace, {claimed.cost_ms} ms, this excess included"

@@ -124,8 +124,7 @@ class Straggler(Rule):
             rk, rows, phase, by_phase, created, typical, shared = (
                 root.rank, root.rows, root.phase, root.by_phase, root.created_ns, root.typical_ns, root.shared)
             saving, path_saving = self._saving(ctx, rk, rows), sum(r["saving_ns"] for r in rows)
-            replay = ctx.report.replay
-            what_if = replay.saving(rk) if replay else None
+            replay, what_if = ctx.report.replay, ctx.report.what_if(rk)
             pct = what_if.saving_pct if what_if else round(100 * saving / total_ns, 2)
             victims = sorted({v for r in rows for v in r["victims"]})
             share = sorted(r["share_pct"] for r in rows)[len(rows) // 2]
@@ -220,7 +219,7 @@ class Straggler(Rule):
     def _saving(ctx: Context, rk: int, rows: list[dict]) -> int:
         """What fixing the root saves, in ns: the replay's what-if with the rank at its stage
         peers' pace where the job was replayed, else what its critical-path steps would lose."""
-        what_if = ctx.report.replay.saving(rk) if ctx.report.replay else None
+        what_if = ctx.report.what_if(rk)
         if what_if is not None:
             return round(what_if.saving_ms * 1e6)
         return sum(r["saving_ns"] for r in rows)

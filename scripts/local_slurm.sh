@@ -12,7 +12,7 @@
 # ORCH_SLURM_DIR (default /tmp/orch-slurm) and ORCH_SLURM_PORT_BASE (default 17000) choose
 # where it lives and which loopback ports it uses (base+1..+2 slurmd, +10 slurmctld,
 # +20 slurmdbd, +30 mariadb).
-set -euo pipefail
+set -eEuo pipefail  # -E: the ERR trap of a failed start also fires in its functions
 
 dir=${ORCH_SLURM_DIR:-/tmp/orch-slurm}
 base=${ORCH_SLURM_PORT_BASE:-17000}
@@ -33,13 +33,24 @@ bg() {
 }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
-  local secs=$1 what=$2
-  shift 2
-  local deadline=$((SECONDS + secs))
+  wait_up "" "$@"
+}
+
+# wait_up DAEMON SECONDS DESCRIPTION CMD...: wait_for, failing at once (with its logs) when the
+# daemon started as DAEMON (bg's name) has exited: a daemon that died never answers.
+wait_up() {
+  local daemon=$1 secs=$2 what=$3
+  shift 3
+  local deadline=$((SECONDS + secs)) why
   until "$@" >/dev/null 2>&1; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      log "timed out waiting for $what; logs in $dir/log"
-      tail -n 20 "$dir"/log/*.log "$dir"/log/*.out 2>/dev/null >&2 || true
+    why=""
+    [ "$SECONDS" -ge "$deadline" ] && why="timed out waiting for $what after $secs s"
+    if [ -n "$daemon" ] && ! kill -0 "$(cat "$dir/pids/$daemon")" 2>/dev/null; then
+      why="$daemon exited before $what was up"
+    fi
+    if [ -n "$why" ]; then
+      log "$why; logs in $dir/log"
+      tail -n 20 "$dir"/log/*.log "$dir"/log/*.out >&2 2>/dev/null || true  # (stdout to stderr first)
       return 1
     fi
     sleep 0.2
@@ -113,12 +124,16 @@ EOF
 
 start_mariadb() {
   command -v mariadbd >/dev/null || die "mariadb-server is not installed (scripts/install_system_deps.sh)"
+  # A throw-away accounting database: small InnoDB files and no flush at each commit, so that its
+  # start writes and syncs little on a disk other work keeps busy.
+  local light=(--innodb-buffer-pool-size=32M --innodb-log-file-size=8M --innodb-flush-log-at-trx-commit=0
+               --innodb-doublewrite=0 --skip-log-bin --skip-name-resolve)
   mariadb-install-db --user=root --datadir="$dir/db" --auth-root-authentication-method=normal \
-    --skip-test-db >"$dir/log/mariadb-install.out" 2>&1
+    --skip-test-db "${light[@]}" >"$dir/log/mariadb-install.out" 2>&1
   bg mariadbd mariadbd --no-defaults --user=root --datadir="$dir/db" --socket="$dir/run/mysql.sock" \
     --bind-address=127.0.0.1 --port=$((base + 30)) --pid-file="$dir/run/mariadbd.pid" \
-    --log-error="$dir/log/mariadbd.log"
-  wait_for 120 mariadb mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e 'SELECT 1'
+    --log-error="$dir/log/mariadbd.log" "${light[@]}"
+  wait_up mariadbd 120 mariadb mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e 'SELECT 1'
   mariadb --no-defaults -S "$dir/run/mysql.sock" -uroot -e \
     "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'orchlocal';
      CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'orchlocal';
@@ -146,18 +161,18 @@ start() {
   chmod 0400 "$dir/munge/munge.key"
   bg munged munged -F --force --socket="$dir/munge/munge.socket" --key-file="$dir/munge/munge.key" \
     --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
-  wait_for 10 munge test -S "$dir/munge/munge.socket"
+  wait_up munged 10 munge test -S "$dir/munge/munge.socket"
 
   if [ "$accounting" = yes ]; then
     start_mariadb
     # slurmdbd reads slurmdbd.conf from the directory of $SLURM_CONF.
     bg slurmdbd slurmdbd -D
-    wait_for 30 slurmdbd sacctmgr -i list cluster
+    wait_up slurmdbd 30 slurmdbd sacctmgr -i list cluster
     sacctmgr -i add cluster "$cluster" >/dev/null 2>&1 || true
   fi
 
   bg slurmctld slurmctld -D -i -f "$SLURM_CONF"
-  wait_for 20 slurmctld scontrol ping
+  wait_up slurmctld 20 slurmctld scontrol ping
   for n in "${nodes[@]}"; do
     mkdir -p "$dir/state/$n"
     # Own hostname and /etc/hosts per node, so `hostname`, nsys' %h and torchrun see nodeN.

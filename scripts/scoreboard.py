@@ -10,6 +10,7 @@ on the whole board, never on the case at hand.
     python scripts/scoreboard.py                      # the table, in the terminal
     python scripts/scoreboard.py --markdown docs/scoreboard.md --json board.json
     python scripts/scoreboard.py --case pairs-gpu-straggler --keep /tmp/sb
+    python scripts/scoreboard.py --reports /tmp/sb     # judged again from the kept reports
 
 A row is a hit when every judged part holds: the job's outcome; the cause and the root (the top
 finding above `info` names the cause, on exactly the root's ranks; a healthy run has nothing above
@@ -100,7 +101,8 @@ def _orch(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def report_of(truth: dict, work: Path) -> dict:
-    """orch's report JSON for one case, made as a user makes it, in `work`."""
+    """orch's report JSON for one case, made as a user makes it, in `work` (also report.json, and
+    report.txt: the terminal's text)."""
     spec = truth["input"]
     if "run" in spec:
         run = work / "run"
@@ -120,10 +122,11 @@ def report_of(truth: dict, work: Path) -> dict:
         run = work / "run"
         layout = ["--layout", spec["layout"]] if spec.get("layout") else []
         steps = [("collect", "--from", *files, "--out", str(run), *layout)]
-    for args in [*steps, ("report", str(run), "--json", str(work / "report.json"))]:
+    for args in [*steps, ("report", str(run), "--json", str(work / "report.json"), "--wide")]:
         p = _orch(*args)
         if p.returncode != 0:
             raise RuntimeError(f"orch {args[0]} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-400:]}")
+    (work / "report.txt").write_text(p.stdout)  # the report as the terminal shows it, every rank
     return json.loads((work / "report.json").read_text())
 
 
@@ -202,6 +205,11 @@ def judge(truth: dict, rep: dict) -> Row:
     return row
 
 
+def _failed(truth: dict, why: str) -> Row:
+    return Row(case=truth["case"], about=truth["about"], truth=truth["cause"], orch="orch failed", saving="",
+               replay_error="", verdict="error", missed=[why])
+
+
 def run_case(truth: dict, keep: Path | None) -> Row:
     import time
 
@@ -211,12 +219,24 @@ def run_case(truth: dict, keep: Path | None) -> Row:
         try:
             row = judge(truth, report_of(truth, work))
         except RuntimeError as e:
-            row = Row(case=truth["case"], about=truth["about"], truth=truth["cause"], orch="orch failed",
-                      saving="", replay_error="", verdict="error", missed=[str(e)])
+            row = _failed(truth, str(e))
+            (work / "error.txt").write_text(str(e))
         if keep:
             shutil.copytree(work, keep / truth["case"], dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sqlite"))
     row.seconds = round(time.monotonic() - t0, 1)
     return row
+
+
+def kept_case(truth: dict, kept: Path) -> Row:
+    """A case judged from the report a --keep run left in kept/<case> (report.json, or error.txt
+    when orch failed there), orch not run again: the verdicts after a change to a truth file or
+    to the judging."""
+    d = kept / truth["case"]
+    if (d / "report.json").is_file():
+        return judge(truth, json.loads((d / "report.json").read_text()))
+    if (d / "error.txt").is_file():
+        return _failed(truth, (d / "error.txt").read_text())
+    raise SystemExit(f"scoreboard: no report.json for {truth['case']} in {d}: make it with --keep {kept}")
 
 
 def truths(cases: list[str]) -> list[dict]:
@@ -268,11 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the table as Markdown here (docs/scoreboard.md)")
     ap.add_argument("--keep", type=Path, help="keep each case's store and report under this directory")
+    ap.add_argument("--reports", type=Path, help="judge the reports a --keep run left in this directory "
+                    "instead of running orch again")
     a = ap.parse_args(argv)
     known = json.loads((REPO / "tests" / "scoreboard_known.json").read_text())
     todo = truths(a.case)
-    with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
-        rows = list(pool.map(lambda t: run_case(t, a.keep), todo))
+    if a.reports:
+        rows = [kept_case(t, a.reports) for t in todo]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
+            rows = list(pool.map(lambda t: run_case(t, a.keep), todo))
     width = max(len(r.case) for r in rows)
     for r in rows:
         mark = {"hit": "hit ", "miss": "MISS", "error": "ERR "}[r.verdict]

@@ -12,11 +12,11 @@ bash scripts/setup.sh >/dev/null
 . scripts/venv.sh
 "$py" -m ruff check orchestrator tests scripts
 shellcheck scripts/*.sh
-# ORCH_TEST_WORKERS=2 runs two pytest-xdist workers (tests/conftest.py hands each group whole to
-# one worker: every job in order on one, each other module whole); CI runs one process until the
-# local cluster's start under two workers is understood (docs/development.md has the numbers).
-# The slowest tests and each lane's time close every run: where the time goes.
-workers=${ORCH_TEST_WORKERS:-1}
+# Two pytest-xdist workers (ORCH_TEST_WORKERS=1: one process): tests/conftest.py hands each group
+# whole to one worker, every job in order on one, each other module whole, so the jobs' waiting
+# overlaps the replays' CPU (docs/development.md). The slowest tests and each lane's time close
+# every run: where the time goes.
+workers=${ORCH_TEST_WORKERS:-2}
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers"); fi
 "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" --durations=25 "$@"

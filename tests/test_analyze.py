@@ -11,19 +11,16 @@ from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from tests.independent import Rank
+from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
 
 
 @pytest.fixture(scope="module")
-def reports(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = {}
-    for case, layout in (("ddp_straggler", Layout()), ("ddp_capture", Layout()),
-                         ("pp_imbalance", Layout(tp=1, pp=2, dp=1, world_size=2, known=True))):
-        run = tmp_path_factory.mktemp(case)
-        res = collect([gpu_fixtures / case], run, layout=layout, workers=2)
-        out[case] = build_report(res.store, Options()).model_dump()
-    return out
+def reports(stores: Stores, gpu_fixtures: Path) -> dict[str, dict]:
+    """Each capture's report, over the session's store of it (tests/stores.py)."""
+    return {case: build_report(stores.store(gpu_fixtures / case, layout), Options()).model_dump()
+            for case, layout in (("ddp_straggler", ""), ("ddp_capture", ""), ("pp_imbalance", "pp=2,dp=1"))}
 
 
 def _files(gpu_fixtures: Path, case: str) -> list[Path]:

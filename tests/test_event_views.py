@@ -29,6 +29,7 @@ from orchestrator.collect.views import (
 from orchestrator.layout import Layout
 from orchestrator.sqltext import file_literal
 from tests.conftest import run_orch
+from tests.stores import Stores
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types
 
 pytestmark = pytest.mark.replay
@@ -48,14 +49,15 @@ def _sums(store: Path) -> dict[str, tuple]:
         return {t: con.execute(f"SELECT count(*), sum(start) FROM {t}").fetchone() for t in VIEWABLE}
 
 
-def test_a_run_moved_with_its_parts_reads_them_where_they_are(gpu_fixtures: Path, tmp_path: Path) -> None:
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+def test_a_run_moved_with_its_parts_reads_them_where_they_are(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
+    ref = stores.store(gpu_fixtures / CASE)
     res = _parts(gpu_fixtures / CASE, tmp_path / "a")
     assert {"kernels", "osrt"} <= set(res.views) and "cuda_api" not in res.views  # read by most files: copied
     assert table_types(res.store) == dict.fromkeys(res.views, "VIEW")
     shutil.move(tmp_path / "a", tmp_path / "moved")
     moved = tmp_path / "moved" / "profile.duckdb"
-    assert_same_report(ref.store, moved)
+    assert_same_report(ref, moved)
     assert run_orch("report", str(moved)).returncode == 0
 
 
@@ -71,14 +73,15 @@ def test_a_store_whose_parts_are_gone_says_so_and_how_to_fix_it(gpu_fixtures: Pa
     assert "--copy-events" in lines[0] and "orch collect" in lines[0] and "Traceback" not in p.stderr
 
 
-def test_a_copied_run_reads_its_own_parts_and_a_changed_part_is_refused(gpu_fixtures: Path, tmp_path: Path) -> None:
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+def test_a_copied_run_reads_its_own_parts_and_a_changed_part_is_refused(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
+    ref = stores.store(gpu_fixtures / CASE)
     res = _parts(gpu_fixtures / CASE, tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     kernels = tmp_path / "a" / "parts" / "table=kernels"
     (r0,), (r1,) = (sorted(kernels.glob(f"rank={r}/*.parquet")) for r in (0, 1))
     shutil.copy(r1, r0)  # the original's rank 0 mapped again from another report
-    assert_same_report(ref.store, tmp_path / "copy" / "profile.duckdb")
+    assert_same_report(ref, tmp_path / "copy" / "profile.duckdb")
     p = run_orch("report", str(res.store))
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert f"{r0.relative_to(tmp_path / 'a' / 'parts')} changed since the store was made" in p.stderr, p.stderr
@@ -104,12 +107,13 @@ def test_aligned_clocks_move_the_viewed_rows(gpu_fixtures: Path, tmp_path: Path)
     assert_same_store(ref.store, res.store)
 
 
-def test_only_tables_with_large_files_become_views(gpu_fixtures: Path, tmp_path: Path) -> None:
+def test_only_tables_with_large_files_become_views(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
     """By default a table is a view where its part files hold VIEW_MIN_ROWS rows a rank on
     average, counted here from the in-process store (one file per rank and table), or where no
     report reads it (UNREAD, whatever its size)."""
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
-    with duckdb.connect(str(ref.store), read_only=True) as con:
+    ref = stores.store(gpu_fixtures / CASE)
+    with duckdb.connect(str(ref), read_only=True) as con:
         per_rank = {t: con.execute(f"SELECT count(*) / count(DISTINCT rank) FROM {t}").fetchone()[0] for t in VIEWABLE}
     want = [t for t in VIEWABLE if (per_rank[t] or 0) >= VIEW_MIN_ROWS or (t in UNREAD and per_rank[t])]
     some = min(n for t, n in per_rank.items() if n and t not in UNREAD)
@@ -119,25 +123,27 @@ def test_only_tables_with_large_files_become_views(gpu_fixtures: Path, tmp_path:
         t for t in VIEWABLE if (per_rank[t] or 0) >= some + 1 or (t in UNREAD and per_rank[t])]
 
 
-def test_a_run_path_with_glob_characters_reads_its_own_parts(gpu_fixtures: Path, tmp_path: Path) -> None:
+def test_a_run_path_with_glob_characters_reads_its_own_parts(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
     """DuckDB's readers take `*` and `[` in a path as a pattern: `run*` would also read the parts
     of `runA` beside it, `run[A]` those of `runA` instead of its own."""
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    ref = stores.store(gpu_fixtures / CASE)
     _parts(gpu_fixtures / CASE, tmp_path / "runA")  # the decoy both patterns match
     for name in ("run*", "run[A]"):
         res = _parts(gpu_fixtures / CASE, tmp_path / name)
         assert res.views and res.engine == "parts"
-        assert_same_store(ref.store, res.store)
-        assert_same_report(ref.store, res.store)
+        assert_same_store(ref, res.store)
+        assert_same_report(ref, res.store)
 
 
-def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: Path) -> None:
+def test_tables_no_report_reads_stay_in_the_parts(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
     """views.UNREAD stays in the parts whatever its size, and no report reads it: with its parts
     spoiled (the sizes kept, so the store still opens), `orch report` (terminal, JSON, HTML) and
     `orch export-trace` give what they give over the in-process store; a query of it fails."""
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    ref = stores.store(gpu_fixtures / CASE)
     res = collect_parts([gpu_fixtures / CASE], tmp_path / "a", layout=Layout(), console=QUIET, summaries=True)
-    assert [t for t in UNREAD if _has_rows(ref.store, t)] == list(UNREAD)  # the check below can fail
+    assert [t for t in UNREAD if _has_rows(ref, t)] == list(UNREAD)  # the check below can fail
     assert set(UNREAD) <= set(res.views)
     for t in UNREAD:
         for f in (tmp_path / "a" / "parts").glob(f"table={t}/*/*.parquet"):
@@ -145,7 +151,7 @@ def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: 
     with duckdb.connect(str(res.store), read_only=True) as con, pytest.raises(duckdb.Error):
         con.execute(f"SELECT count(*) FROM {UNREAD[0]}").fetchall()
     out = {}
-    for name, store in (("ref", ref.store), ("a", res.store)):
+    for name, store in (("ref", ref), ("a", res.store)):
         d = tmp_path / f"out-{name}"
         d.mkdir()
         r = run_orch("report", str(store), "--json", str(d / "r.json"), "--html", str(d / "r.html"))
@@ -159,16 +165,17 @@ def test_tables_no_report_reads_stay_in_the_parts(gpu_fixtures: Path, tmp_path: 
     assert out["a"] == out["ref"]
 
 
-def test_a_report_of_mapped_ranks_reads_no_event_table(gpu_fixtures: Path, tmp_path: Path) -> None:
+def test_a_report_of_mapped_ranks_reads_no_event_table(stores: Stores, gpu_fixtures: Path,
+        tmp_path: Path) -> None:
     """Where every rank's map computed its statistics, the report's analysis is the reduce of
     them alone: with every part of the event tables that stay in the parts (the CUDA calls,
     kernels, copies, memsets, OS-runtime calls, threads, syncs) emptied (the same columns, no
     rows; the store's record of their sizes updated, so it still opens them), the report is the
     in-process store's. (The HTML timeline and `export-trace` draw the events of a few ranks:
     they read them by design.)"""
-    ref = collect([gpu_fixtures / CASE], tmp_path / "ref", layout=Layout(), console=QUIET)
+    ref = stores.store(gpu_fixtures / CASE)
     res = _parts(gpu_fixtures / CASE, tmp_path / "a", summaries=True)
-    events = [t for t in (*IF_MAPPED, "kernels", *UNREAD) if t in TABLES and _has_rows(ref.store, t)]
+    events = [t for t in (*IF_MAPPED, "kernels", *UNREAD) if t in TABLES and _has_rows(ref, t)]
     assert {"cuda_api", "kernels", "osrt", "threads"} <= set(events) <= set(res.views)  # the check can fail
     parts = tmp_path / "a" / "parts"
     with duckdb.connect(str(res.store)) as con:
@@ -178,7 +185,7 @@ def test_a_report_of_mapped_ranks_reads_no_event_table(gpu_fixtures: Path, tmp_p
                 con.execute("UPDATE event_parts SET bytes = ? WHERE path = ?",
                             [f.stat().st_size, str(f.relative_to(parts))])
         assert con.execute("SELECT count(*) FROM kernels").fetchone() == (0,)
-    assert_same_report(ref.store, res.store)
+    assert_same_report(ref, res.store)
 
 
 def test_views_take_the_store_rank_where_the_folder_says_another(gpu_fixtures: Path, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ the job's own log."""
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 from pathlib import Path
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests import independent
-from tests.conftest import REPO, copy_run, run_orch
+from tests.conftest import REPO
+from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
 
@@ -41,17 +41,10 @@ def step_start(export: Path, n: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    """The failed and the stopped runs, collected and reported (`orch report --json`)."""
-    out = {}
-    for name in ("oom", "oom-1gpu", "timeout"):
-        run = copy_run(FAULTS / name, tmp_path_factory.mktemp("mem") / name)
-        c = run_orch("collect", str(run))
-        assert c.returncode == 0, c.stderr
-        r = run_orch("report", str(run), "--json", str(run / "r.json"))
-        assert r.returncode == 0, r.stderr
-        out[name] = (run, json.loads((run / "r.json").read_text()))
-    return out
+def runs(stores: Stores) -> dict[str, tuple[Path, dict]]:
+    """The failed and the stopped runs, collected and reported (`orch report --json`): the
+    session's shared copies (tests/stores.py)."""
+    return {name: stores.report(f"faults-{name}")[:2] for name in ("oom", "oom-1gpu", "timeout")}
 
 
 @pytest.mark.parametrize("name", ["oom", "oom-1gpu", "timeout"])

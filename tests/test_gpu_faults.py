@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests import independent
-from tests.conftest import REPO, copy_run, run_orch
+from tests.conftest import REPO, run_orch
+from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
 
@@ -24,18 +26,13 @@ FAULTS = REPO / "tests" / "fixtures" / "faults"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict, str]]:
+def runs(stores: Stores) -> dict[str, tuple[Path, dict, str]]:
     """Each fixture run copied as a moved run directory (exports only, no .nsys-rep), then
-    `orch collect RUN` and `orch report RUN --json`: (run, report JSON, terminal text)."""
-    out = {}
-    for src in sorted(p for p in FAULTS.iterdir() if p.is_dir()):
-        run = copy_run(src, tmp_path_factory.mktemp("faults") / src.name)
-        c = run_orch("collect", str(run))
-        assert c.returncode == 0, c.stderr
-        r = run_orch("report", str(run), "--json", str(run / "r.json"), "--wide")
-        assert r.returncode == 0, r.stderr
-        out[src.name] = (run, json.loads((run / "r.json").read_text()), r.stdout)
-    return out
+    `orch collect RUN` and `orch report RUN --json --wide`: (run, report JSON, terminal text),
+    the session's shared copy (tests/stores.py)."""
+    names = sorted(p.name for p in FAULTS.iterdir() if p.is_dir())
+    stores.cases([f"faults-{n}" for n in names])
+    return {n: stores.report(f"faults-{n}") for n in names}
 
 
 def _kernels(run: Path) -> dict[int, int]:
@@ -118,6 +115,7 @@ def test_the_rank_that_never_entered_is_the_root_also_when_a_watchdog_ends_the_j
     # launcher reports once that rank's exit releases it): rank 1 is a victim, rank 0 the root.
     import duckdb
 
+    run = Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("*.sqlite")))  # shared: a copy
     store = run / "profile.duckdb"
     con = duckdb.connect(str(store))
     ev = json.loads(con.execute("SELECT value FROM meta WHERE key = 'job'").fetchone()[0])

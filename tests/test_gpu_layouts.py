@@ -10,30 +10,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, copy_run, run_orch
+from tests.conftest import REPO
 from tests.independent import export_rank, gpu_memory_peak, per_rank
+from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
 
 LAYOUTS = REPO / "tests" / "fixtures" / "layouts"
 
 
-def _report(name: str, tmp: Path) -> tuple[Path, dict]:
-    run = copy_run(LAYOUTS / name, tmp / name)
-    assert run_orch("collect", str(run)).returncode == 0
-    r = run_orch("report", str(run), "--json", str(run / "r.json"))
-    assert r.returncode == 0, r.stderr
-    return run, json.loads((run / "r.json").read_text())
+def _report(stores: Stores, name: str) -> tuple[Path, dict]:
+    """The run collected and reported (`orch collect RUN`, `orch report RUN --json`): the
+    session's shared copy (tests/stores.py)."""
+    return stores.report(f"layouts-{name}")[:2]
 
 
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return _report("tp2", tmp_path_factory.mktemp("layouts"))
+def tp2(stores: Stores) -> tuple[Path, dict]:
+    return _report(stores, "tp2")
 
 
 @pytest.fixture(scope="module", params=["tp2", "tp2-rerun"])
-def tp2_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return _report(request.param, tmp_path_factory.mktemp("layouts"))
+def tp2_runs(request: pytest.FixtureRequest, stores: Stores) -> tuple[Path, dict]:
+    return _report(stores, request.param)
 
 
 def test_tensor_parallel_all_reduces_are_matched_within_their_group(tp2) -> None:
@@ -105,8 +104,8 @@ def test_a_tensor_parallel_run_without_a_cause_has_no_finding_above_info_worth_3
 
 
 @pytest.fixture(scope="module")
-def tp2dp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return _report("tp2dp2", tmp_path_factory.mktemp("layouts"))
+def tp2dp2(stores: Stores) -> tuple[Path, dict]:
+    return _report(stores, "tp2dp2")
 
 
 NCCL_KINDS = {"ncclAllReduce": "all_reduce", "ncclAllGather": "all_gather", "ncclReduceScatter": "reduce_scatter"}
@@ -177,13 +176,13 @@ def test_one_collector_samples_every_gpu_of_the_node_for_its_rank(tp2dp2) -> Non
 
 @pytest.mark.parametrize("name", ["tp2dp2-one-per-stage", "dp2pp2-slow-loader-one-per-stage"])
 def test_one_rank_per_stage_reports_those_ranks_and_blames_no_rank_it_cannot_see(
-        tmp_path: Path, name: str) -> None:
+        stores: Stores, name: str) -> None:
     """`profile.ranks: one-per-stage` profiles the first rank of each stage (rank 0 of TP2 x DP2;
     ranks 0 and 2 of DP2 x PP2, whose planted slow loader is on rank 1): the report has those ranks
     and no missing one. Their collectives' waits for the ranks not profiled cannot be told from
     transfer: no finding above info says the communication is exposed, and the pipeline bubble
     (its excess from rank 1's loader) is not blamed on rank 0, whose waits for rank 1 look busy."""
-    run, rep = _report(name, tmp_path)
+    run, rep = _report(stores, name)
     spec = json.loads((run / "manifest.json").read_text())
     assert sorted(r["rank"] for r in rep["ranks"]) == spec["profiled_ranks"] and rep["missing_ranks"] == []
     comm = [f for f in rep["findings"] if f["kind"] == "exposed_communication"]

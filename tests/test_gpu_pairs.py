@@ -7,14 +7,14 @@ time its run took longer than the healthy one, both measured here with plain sql
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, copy_run, run_orch
+from tests.conftest import REPO, run_orch
 from tests.independent import export_rank, gpu_memory_peak, per_rank, small_gaps_ms
+from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
 
@@ -22,16 +22,12 @@ PAIRS = REPO / "tests" / "fixtures" / "pairs"
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    """Each run copied (conftest.copy_run), `orch collect` and `orch report --json`."""
-    out = {}
-    for src in sorted(p for p in PAIRS.iterdir() if p.is_dir()):
-        run = copy_run(src, tmp_path_factory.mktemp("pairs") / src.name)
-        assert run_orch("collect", str(run)).returncode == 0
-        r = run_orch("report", str(run), "--json", str(run / "r.json"))
-        assert r.returncode == 0, r.stderr
-        out[src.name] = (run, json.loads((run / "r.json").read_text()))
-    return out
+def pairs(stores: Stores) -> dict[str, tuple[Path, dict]]:
+    """Each run collected (`orch collect RUN`) and reported (`orch report RUN --json`) as a user
+    would after copying it: the session's shared copy (tests/stores.py)."""
+    names = sorted(p.name for p in PAIRS.iterdir() if p.is_dir())
+    stores.cases([f"pairs-{n}" for n in names])
+    return {n: stores.report(f"pairs-{n}")[:2] for n in names}
 
 
 def _iterations(run: Path, like: str = "Step % Start") -> dict[int, float]:

@@ -20,7 +20,7 @@ from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.run import collect_run
 from tests import independent
 from tests.conftest import copy_run, run_orch
-from tests.test_parts import assert_same_report, mapped_ranks
+from tests.test_parts import assert_same_report, rank_lists
 from tests.test_unread import _candidates, _report
 
 pytestmark = pytest.mark.replay
@@ -45,9 +45,8 @@ def test_the_maps_of_a_stopped_job_cut_the_step_their_rank_was_stopped_in(name: 
     cut = min(last.values())
     behind = [rank for rank, step in sorted(last.items()) if step == cut]
     assert 0 < len(behind) < len(last), last  # both kinds of rank, or the case tests nothing
-    assert mapped_ranks(b, Options(), "map_done") == sorted(last)  # every rank has the map's statistics
-    assert mapped_ranks(b, Options()) == behind  # and these are in the report's scope
-    assert mapped_ranks(b, Options(), "ops_mapped") == behind  # their GPU ops per step too
+    # every rank has the map's statistics, these are in the report's scope, their GPU ops per step too
+    assert rank_lists(b, Options(), "map_done", "map_ranks", "ops_mapped") == [sorted(last), behind, behind]
 
 
 def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: Path) -> None:

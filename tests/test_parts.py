@@ -46,14 +46,20 @@ def _groups() -> list[tuple[str, list[Path]]]:
 def mapped_ranks(store: Path, opts: Options, table: str = "map_ranks") -> list[int]:
     """The ranks whose per-rank stats tables the analysis took from the map (map_tables.py); or
     the ranks of another of the analysis' rank lists (`table`)."""
-    return [r for (r,) in analysed(store, opts, f"SELECT DISTINCT rank FROM {table} ORDER BY rank")]
+    return rank_lists(store, opts, table)[0]
 
 
-def analysed(store: Path, opts: Options, sql: str) -> list[tuple]:
-    """The rows `sql` reads after the analysis of `store`."""
+def rank_lists(store: Path, opts: Options, *tables: str) -> list[list[int]]:
+    """`mapped_ranks` of each of the analysis' rank lists `tables`, from one analysis of `store`."""
+    return [[r for (r,) in rows] for rows in analysed(store, opts, *(f"SELECT DISTINCT rank FROM {t} ORDER BY rank"
+                                                                       for t in tables))]
+
+
+def analysed(store: Path, opts: Options, *sql: str) -> list[list[tuple]]:
+    """The rows each of `sql` reads after one analysis of `store`."""
     con, _ = analysis(store, opts)
     try:
-        return con.execute(sql).fetchall()
+        return [con.execute(q).fetchall() for q in sql]
     finally:
         con.close()
 
@@ -153,9 +159,8 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     assert table_types(b.store) == dict.fromkeys(b.views, "VIEW")
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
-    assert mapped_ranks(b.store, Options()) == a.ok_ranks
     # ... and the sets that gate the event reads hold only -1, no report's rank (21_stats_scope.sql)
-    assert [mapped_ranks(b.store, Options(), t) for t in ("map_todo", "map_none", "ops_todo")] == [[-1]] * 3
+    assert rank_lists(b.store, Options(), "map_ranks", "map_todo", "map_none", "ops_todo") == [a.ok_ranks, *[[-1]] * 3]
     assert_same_report(a.store, b.store)
     parts = tmp_path / "b" / "parts"
     for rank in a.ok_ranks:  # the documented layout
@@ -227,9 +232,9 @@ def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: 
     one computes every rank itself, and says the same as the in-process store's."""
     a, b = _two_paths("real/ddp_slowrank", tmp_path)
     assert mapped_ranks(b, Options()) == [0, 1]
-    assert mapped_ranks(b, opts) == []
-    # Their steps are still the map's, but every op is read again (22_gpu_ops_rest.sql).
-    assert mapped_ranks(b, opts, "ops_late") == [0, 1]
+    # None mapped in that scope; their steps are still the map's, but every op is read again
+    # (22_gpu_ops_rest.sql).
+    assert rank_lists(b, opts, "map_ranks", "ops_late") == [[], [0, 1]]
     assert_same_report(a, b, opts)
 
 
@@ -288,7 +293,7 @@ def test_store_with_map_tables_of_another_shape(tmp_path: Path) -> None:
 
 
 def _op_kinds(store: Path) -> set[tuple]:
-    return set(analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops"))
+    return set(analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops")[0])
 
 
 def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
@@ -304,8 +309,8 @@ def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
                    'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"')
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
-    assert mapped_ranks(b, Options(), "ops_partial") == [0]
-    assert mapped_ranks(b, Options(), "ops_todo") == [-1, 1]  # (-1, no rank: the set is never empty)
+    # (-1, no rank: the set is never empty)
+    assert rank_lists(b, Options(), "ops_partial", "ops_todo") == [[0], [-1, 1]]
     assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
     assert_same_report(a, b)
 

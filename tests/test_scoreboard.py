@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.stores import Stores
 
 FIXTURES = REPO / "tests" / "fixtures"
 TRUTH = FIXTURES / "truth"
@@ -25,10 +26,13 @@ def _truths() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def board(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def board(stores: Stores, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The board as the script prints it, judged from the session's reports of every case
+    (tests/stores.py makes them as the script does, once for every module that reads them)."""
     out = tmp_path_factory.mktemp("board") / "board.json"
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "scoreboard.py"), "--json", str(out)],
-                       capture_output=True, text=True, check=False, cwd=REPO)
+    kept = stores.cases([t["case"] for t in _truths()])
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "scoreboard.py"), "--reports", str(kept),
+                        "--json", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return {r["case"]: r for r in json.loads(out.read_text())}
 
@@ -42,6 +46,23 @@ def test_every_miss_is_known_with_its_reason_and_every_known_miss_still_misses(b
     fixed = [c for c, r in board.items() if r["verdict"] == "hit" and c in known]
     assert not new, f"misses not in tests/scoreboard_known.json: {json.dumps(new, indent=1)}"
     assert not fixed, f"now hits: take them off tests/scoreboard_known.json: {fixed}"
+
+
+@pytest.mark.replay
+def test_the_script_runs_orch_itself_and_judges_again_from_what_it_kept(board, tmp_path: Path) -> None:
+    """Without --reports the script runs orch (a small case here): the same row as the board's,
+    and --reports over what --keep left gives that row again without running orch."""
+    def rows(*args: str) -> list[dict]:
+        out = tmp_path / f"{len(args)}.json"
+        p = subprocess.run([sys.executable, str(REPO / "scripts" / "scoreboard.py"), "--case", "gpu_e2e-ok", *args,
+                            "--json", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(out.read_text())]
+
+    ran = rows("--keep", str(tmp_path / "kept"))
+    assert (tmp_path / "kept" / "gpu_e2e-ok" / "report.json").is_file()
+    assert ran == rows("--reports", str(tmp_path / "kept"))
+    assert ran == [{k: v for k, v in board["gpu_e2e-ok"].items() if k != "seconds"}]
 
 
 @pytest.mark.replay

@@ -11,8 +11,7 @@ from rich.console import Console
 from orchestrator.analyze.build import report_from_views
 from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.timeline import _drawn_ops, _Frame, _hidden
-from orchestrator.collect.collect import collect
-from orchestrator.layout import Layout
+from tests.stores import Stores
 
 pytestmark = pytest.mark.fast
 
@@ -20,11 +19,10 @@ QUIET = Console(stderr=True, quiet=True)
 
 
 @pytest.fixture(scope="module")
-def analysed(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory):
-    res = collect([gpu_fixtures / "ddp_straggler"], tmp_path_factory.mktemp("tl") / "run", layout=Layout(),
-                  console=QUIET)
-    con, v = analysis(res.store, Options())
-    yield con, v, report_from_views(v, res.store, Options())
+def analysed(stores: Stores, gpu_fixtures: Path):
+    store = stores.store(gpu_fixtures / "ddp_straggler")
+    con, v = analysis(store, Options())
+    yield con, v, report_from_views(v, store, Options())
     con.close()
 
 

@@ -19,6 +19,7 @@ from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
 from orchestrator.collect.timings import TIMINGS
 from orchestrator.layout import Layout
+from tests.stores import Stores
 from tests.test_parts import edit_map_table
 
 pytestmark = pytest.mark.replay
@@ -29,11 +30,11 @@ AGAIN = "analyze: SQL again, over the events"
 
 
 @pytest.fixture(scope="module")
-def stores(gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(in-process store, parts store with every rank mapped and every event table a view)."""
+def both(stores: Stores, gpu_fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(in-process store, the session's; parts store with every rank mapped and every event
+    table a view)."""
     tmp = tmp_path_factory.mktemp("unread")
-    ref = collect([gpu_fixtures / CASE], tmp / "ref", layout=Layout(), console=QUIET)
-    return ref.store, _mapped(gpu_fixtures / CASE, tmp / "a").store
+    return stores.store(gpu_fixtures / CASE), _mapped(gpu_fixtures / CASE, tmp / "a").store
 
 
 def _mapped(src: Path, run: Path) -> CollectResult:
@@ -70,12 +71,12 @@ def _candidates(store: Path) -> list[str]:
         con.close()
 
 
-def test_mapped_ranks_leave_every_gated_view_unbound(stores: tuple[Path, Path], gpu_fixtures: Path,
+def test_mapped_ranks_leave_every_gated_view_unbound(both: tuple[Path, Path], gpu_fixtures: Path,
                                                     tmp_path: Path) -> None:
     """With the gated tables' parts spoiled (their sizes kept, so the store opens), the report of
     a parts store whose ranks were all mapped is still the in-process store's: no statement bound
     them. A query of them fails, so the check can fail."""
-    ref, _ = stores
+    ref, _ = both
     store = _mapped(gpu_fixtures / CASE, tmp_path / "a").store
     tables = _candidates(store)
     assert {"cuda_api", "kernels", "osrt", "threads"} <= set(tables) <= set(unread.GATED)
@@ -92,11 +93,11 @@ def test_mapped_ranks_leave_every_gated_view_unbound(stores: tuple[Path, Path], 
 @pytest.mark.parametrize("opts", [Options(steps=(2, 3)), Options(gap_ms=2.0), Options(stats_scope="capture"),
                                   Options(steps_from="^optimizer$")],
                          ids=["steps", "gap_ms", "stats_scope", "steps_from"])
-def test_a_gate_that_opens_runs_the_analysis_again(stores: tuple[Path, Path], opts: Options) -> None:
+def test_a_gate_that_opens_runs_the_analysis_again(both: tuple[Path, Path], opts: Options) -> None:
     """Options whose scope is not the maps': the analysis does not try the empty views, and where
     made to, a gate opens, it runs again over the events, and the report is the one without
     them (and the in-process store's)."""
-    ref, store = stores
+    ref, store = both
     tables = _candidates(store)
     forced, again = _report(store, opts, tables)
     assert again
@@ -104,11 +105,11 @@ def test_a_gate_that_opens_runs_the_analysis_again(stores: tuple[Path, Path], op
     assert not again and forced == plain == _report(ref, opts, None)[0]
 
 
-def test_a_rank_mapped_by_another_sql_is_computed_from_its_events(stores: tuple[Path, Path], tmp_path: Path,
+def test_a_rank_mapped_by_another_sql_is_computed_from_its_events(both: tuple[Path, Path], tmp_path: Path,
                                                                    gpu_fixtures: Path) -> None:
     """A rank whose map ran other SQL: the analysis reads its events (the gate map_none holds it),
     so it does not try the empty views; made to, it runs again and gives the same report."""
-    ref, store = stores
+    ref, store = both
     tables = _candidates(store)
     _mapped(gpu_fixtures / CASE, tmp_path / "a")
     edit_map_table(tmp_path / "a" / "parts", 1, "map_scope", "'other ' || sql AS sql")
@@ -139,12 +140,12 @@ def test_a_rank_without_a_report_needs_no_events(gpu_fixtures: Path, tmp_path: P
     assert report == _report(ref.store, Options(), None)[0]
 
 
-def test_a_moved_run_gets_its_own_views_back(stores: tuple[Path, Path], gpu_fixtures: Path, tmp_path: Path) -> None:
+def test_a_moved_run_gets_its_own_views_back(both: tuple[Path, Path], gpu_fixtures: Path, tmp_path: Path) -> None:
     """A mapped run moved with its parts: the analysis's own views over the parts where they are
     now (views.relocate) make way for the empty ones and come back after, as the timeline and
     the Python API read them: the same rows as the in-process store's. Dropped instead, the reads
     would fall through to the store's views of the folder the run left; kept empty, read none."""
-    ref, _ = stores
+    ref, _ = both
     _mapped(gpu_fixtures / CASE, tmp_path / "a")
     shutil.move(tmp_path / "a", tmp_path / "moved")
     store = tmp_path / "moved" / "profile.duckdb"

@@ -5,11 +5,14 @@ table, the phase and kernel tables), then `orch analyze --json --html`, `orch ex
 `orch diff J J` run as a user runs them (tests/untrusted_report_kit.py: exit 0 or 2, no
 traceback, no control characters on stdout/stderr, the JSON valid against docs/report.schema.json
 with every good rank and no impossible metric, no planted tag in the HTML, every kernel in the
-trace). Output paths with markup are here too. Counts per family: the last test."""
+trace). Each family's cases share one input, a hostile rank per case, and one run of the three
+commands (`Family`); output paths with markup, whose cases differ in the command itself, run one
+by one. Counts per family: the last test."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +22,10 @@ from tests.untrusted_report_kit import (
     RESULTS,
     WHERE,
     Case,
+    Family,
     copy_bad,
     decompress_base,
+    families,
     planter,
     print_counts,
     run_case,
@@ -38,6 +43,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return decompress_base(tmp_path_factory.mktemp("e2e-base"))
 
 
+@pytest.fixture(scope="module")
+def family(base: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Case]], Family]:
+    return families(base, tmp_path_factory)
+
+
 def _shown(text: str) -> list[str]:
     """A markup string must come out as the same visible text (escaped, not interpreted)."""
     return [text]
@@ -47,12 +57,15 @@ MARKUP = {"close_tag": "[/]", "link": "[link=http://evil.example/x]click me[/lin
           "mixed": HOSTILE_TEXT["rich_markup"], "emoji_code": ":skull: [blink]x[/blink]"}
 
 
+MARKUP_CASES = {f"{case}-{where}": Case("rich markup", planter(text, [where]), planted=[text],
+                                          expect=_shown(text) if where == "nvtx" else ())
+                for case, text in MARKUP.items() for where in WHERE}
+
+
 @pytest.mark.parametrize("where", sorted(WHERE))
 @pytest.mark.parametrize("case", sorted(MARKUP))
-def test_rich_markup(base: list[Path], tmp_path: Path, case: str, where: str) -> None:
-    text = MARKUP[case]
-    run_case(tmp_path, base, Case("rich markup", planter(text, [where]), expect=_shown(text) if where == "nvtx" else (),
-                                  planted=[text]))
+def test_rich_markup(family, case: str, where: str) -> None:
+    family(MARKUP_CASES).check(f"{case}-{where}")
 
 
 ESCAPES = {"osc_title": "\x1b]0;owned\x07data", "clear": "\x1b[2J\x1b[Hdata", "csi_color": "\x1b[31;1mred\x1b[0m",
@@ -60,10 +73,14 @@ ESCAPES = {"osc_title": "\x1b]0;owned\x07data", "clear": "\x1b[2J\x1b[Hdata", "c
            "backspace": "abc\x08\x08\x08xyz", "bell_del": "\x07\x7f", "osc8_link": "\x1b]8;;http://evil\x1b\\x\x1b]8;;\x1b\\"}
 
 
+# U+FFFD marks where a control character was (safe.plain).
+ESCAPE_CASES = {case: Case("terminal escapes", planter(text), expect=["\ufffd"], planted=[text])
+                for case, text in ESCAPES.items()}
+
+
 @pytest.mark.parametrize("case", sorted(ESCAPES))
-def test_terminal_escapes(base: list[Path], tmp_path: Path, case: str) -> None:
-    # U+FFFD marks where a control character was (safe.plain).
-    run_case(tmp_path, base, Case("terminal escapes", planter(ESCAPES[case]), expect=["\ufffd"]))
+def test_terminal_escapes(family, case: str) -> None:
+    family(ESCAPE_CASES).check(case)
 
 
 INJECT = {"script": "</script><script>alert(1)</script>", "svg": "<svg onload=alert(1)>",
@@ -73,39 +90,48 @@ INJECT = {"script": "</script><script>alert(1)</script>", "svg": "<svg onload=al
           "attr_break": "\" onmouseover=\"alert(1)"}
 
 
-@pytest.mark.parametrize("case", sorted(INJECT))
-def test_html_json_injection(base: list[Path], tmp_path: Path, case: str) -> None:
-    text = INJECT[case]
-
+def _kept(text: str) -> Callable[[dict, Path], None]:
     def extra(rep: dict, tmp: Path) -> None:  # the JSON carries the string exactly, as data
         assert text in strings(rep), text
+    return extra
 
-    run_case(tmp_path, base, Case("html/json injection", planter(text), planted=[text], extra=extra))
+
+INJECT_CASES = {case: Case("html/json injection", planter(text), planted=[text], extra=_kept(text))
+                for case, text in INJECT.items()}
+
+
+@pytest.mark.parametrize("case", sorted(INJECT))
+def test_html_json_injection(family, case: str) -> None:
+    family(INJECT_CASES).check(case)
 
 
 SQL = {"drop": HOSTILE_TEXT["sql_quote"], "or_true": "x' OR '1'='1", "like": "%_%", "param": "$1 ? :name",
        "format": "{0} %s %(x)s {rank}", "comment": "*/ SELECT 1; /*", "regex": "step (\\d+)|.*"}
 
 
+SQL_CASES = {case: Case("sql-looking text", planter(text), planted=[text], extra=_kept(text))
+             for case, text in SQL.items()}
+
+
 @pytest.mark.parametrize("case", sorted(SQL))
-def test_sql_looking_text(base: list[Path], tmp_path: Path, case: str) -> None:
-    text = SQL[case]
-
-    def extra(rep: dict, tmp: Path) -> None:
-        assert text in strings(rep), "the range name is data, kept as written"
-
-    run_case(tmp_path, base, Case("sql-looking text", planter(text), planted=[text], extra=extra))
+def test_sql_looking_text(family, case: str) -> None:
+    family(SQL_CASES).check(case)
 
 
-@pytest.mark.parametrize("where", ["nvtx", "kernel", "thread", "host", "all"])
-def test_huge_strings(base: list[Path], tmp_path: Path, where: str) -> None:
-    text = "<b>" + "A" * 1_000_000
-    places = list(WHERE) if where == "all" else [where]
+HUGE = "<b>" + "A" * 1_000_000
 
-    def extra(rep: dict, tmp: Path) -> None:
-        assert (tmp / "out" / "r.json").stat().st_size < 20_000_000  # cut at collect, not copied everywhere
 
-    run_case(tmp_path, base, Case("huge strings", planter(text, places), planted=[text[:200]], extra=extra))
+def _cut(rep: dict, tmp: Path) -> None:  # cut at collect, not copied everywhere: 20 MB for them all
+    assert (tmp / "out" / "r.json").stat().st_size < 20_000_000
+
+
+HUGE_CASES = {where: Case("huge strings", planter(HUGE, list(WHERE) if where == "all" else [where]),
+                          planted=[HUGE[:200]], extra=_cut) for where in ["nvtx", "kernel", "thread", "host", "all"]}
+
+
+@pytest.mark.parametrize("where", sorted(HUGE_CASES))
+def test_huge_strings(family, where: str) -> None:
+    family(HUGE_CASES).check(where)
 
 
 COLLIDE = {"no_range": "(no NVTX range)", "between": "between steps (input pipeline)", "step_huge": "step 99999999999",
@@ -113,17 +139,23 @@ COLLIDE = {"no_range": "(no NVTX range)", "between": "between steps (input pipel
            "warmup": "warm-up", "healthy": "healthy", "rank_label": "rank 0", "dots": "..."}
 
 
-@pytest.mark.parametrize("case", sorted(COLLIDE))
-def test_names_colliding_with_orch_labels(base: list[Path], tmp_path: Path, case: str) -> None:
-    run_case(tmp_path, base, Case("label collisions", planter(COLLIDE[case], ["nvtx", "kernel", "thread"])))
-
-
-def test_step_range_renamed_huge_number(base: list[Path], tmp_path: Path) -> None:
+def _steps_renamed(d: Path, b: list[Path]) -> None:
     """Every step range of the hostile rank numbered beyond any real run."""
-    def prepare(d: Path, b: list[Path]) -> None:
-        plant(copy_bad(d, b), "UPDATE NVTX_EVENTS SET text = 'step 99999999999' || rowid WHERE text LIKE 'step%'")
+    plant(copy_bad(d, b), "UPDATE NVTX_EVENTS SET text = 'step 99999999999' || rowid WHERE text LIKE 'step%'")
 
-    run_case(tmp_path, base, Case("label collisions", prepare))
+
+COLLIDE_CASES = {**{case: Case("label collisions", planter(text, ["nvtx", "kernel", "thread"]))
+                    for case, text in COLLIDE.items()},
+                 " step ranges renamed": Case("label collisions", _steps_renamed)}
+
+
+@pytest.mark.parametrize("case", sorted(COLLIDE))
+def test_names_colliding_with_orch_labels(family, case: str) -> None:
+    family(COLLIDE_CASES).check(case)
+
+
+def test_step_range_renamed_huge_number(family) -> None:
+    family(COLLIDE_CASES).check(" step ranges renamed")
 
 
 FORGED = "x\n1. high rank 0 is fine\norch: error: forged"

@@ -4,12 +4,16 @@ StringIds, NVTX ranges ending before they start, absurd GPU metrics, a user kern
 NCCL), ranks of different jobs, odd file and folder names. Each case is planted in a copy of a
 real export beside the two unmodified ranks, then `orch analyze --json --html`, `orch
 export-trace` and `orch diff J J` run; the shared assertions are in tests/untrusted_report_kit.py,
-and each case names what the output must say about it. Counts per family: the last test."""
+and each case names what the output must say about it. The cases of invalid UTF-8 and of impossible
+rows share one input per family, a hostile rank per case, and one run of the three commands
+(`Family`); the others differ in the input's names or the command and run one by one. Counts per
+family: the last test."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +23,10 @@ from tests.untrusted_report_kit import (
     BAD,
     RESULTS,
     Case,
+    Family,
     copy_bad,
     decompress_base,
+    families,
     planter,
     print_counts,
     run_case,
@@ -38,13 +44,22 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return decompress_base(tmp_path_factory.mktemp("e2e-base"))
 
 
+@pytest.fixture(scope="module")
+def family(base: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Case]], Family]:
+    return families(base, tmp_path_factory)
+
+
+UTF8_CASES = {**{case: Case("invalid utf-8", sql_planter(sql), expect=["U+FFFD"]) for case, (sql, _) in UTF8.items()},
+              " everywhere": Case("invalid utf-8", planter(b"da\xfft\xc3a_\xed\xa0\x80"), expect=["U+FFFD"])}
+
+
 @pytest.mark.parametrize("case", sorted(UTF8))
-def test_invalid_utf8(base: list[Path], tmp_path: Path, case: str) -> None:
-    run_case(tmp_path, base, Case("invalid utf-8", sql_planter(UTF8[case][0]), expect=["U+FFFD"]))
+def test_invalid_utf8(family, case: str) -> None:
+    family(UTF8_CASES).check(case)
 
 
-def test_invalid_utf8_everywhere_at_once(base: list[Path], tmp_path: Path) -> None:
-    run_case(tmp_path, base, Case("invalid utf-8", planter(b"da\xfft\xc3a_\xed\xa0\x80"), expect=["U+FFFD"]))
+def test_invalid_utf8_everywhere_at_once(family) -> None:
+    family(UTF8_CASES).check(" everywhere")
 
 
 @pytest.mark.parametrize("case", sorted(NUMBERS))
@@ -125,16 +140,21 @@ IMPOSSIBLE = {
 }
 
 
+# A user's JIT kernel called ncclDevKernel_*: counted as communication (by name, as nsys does),
+# but no metric may go out of range because of it.
+IMPOSSIBLE_CASES = {**{case: Case("impossible data", prep, expect=expect)
+                       for case, (prep, expect) in IMPOSSIBLE.items()},
+                    " nccl-named kernel": Case("impossible data",
+                                               planter("ncclDevKernel_AllReduce_Sum_f32_RING_LL", ["kernel"]))}
+
+
 @pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
-def test_impossible_data(base: list[Path], tmp_path: Path, case: str) -> None:
-    prep, expect = IMPOSSIBLE[case]
-    run_case(tmp_path, base, Case("impossible data", prep, expect=expect))
+def test_impossible_data(family, case: str) -> None:
+    family(IMPOSSIBLE_CASES).check(case)
 
 
-def test_user_kernel_named_like_nccl(base: list[Path], tmp_path: Path) -> None:
-    """A user's JIT kernel called ncclDevKernel_*: counted as communication (by name, as nsys
-    does), but no metric may go out of range because of it."""
-    run_case(tmp_path, base, Case("impossible data", planter("ncclDevKernel_AllReduce_Sum_f32_RING_LL", ["kernel"])))
+def test_user_kernel_named_like_nccl(family) -> None:
+    family(IMPOSSIBLE_CASES).check(" nccl-named kernel")
 
 
 @pytest.mark.parametrize("case", sorted(JOBS))

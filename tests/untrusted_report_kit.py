@@ -54,7 +54,7 @@ class Case:
     family: str
     prepare: Callable[[Path, list[Path]], None]  # (input folder with the good ranks, base files)
     expect: Iterable[str] = ()  # what stdout+stderr must say (the note naming what was wrong)
-    planted: Iterable[str] = ()  # strings planted in the trace (HTML and terminal checks)
+    planted: list[str] = field(default_factory=list)  # strings planted in the trace (HTML, terminal)
     args: list[str] = field(default_factory=list)
     in_name: str = "in"  # the input folder's name
     json_name: str = "r.json"
@@ -107,10 +107,12 @@ def sql_planter(*sql: str, src: int = 1, name: str = BAD) -> Callable[[Path, lis
 
 # ------------------------------------------------------------------ the shared assertions
 
-def check_terminal(p: subprocess.CompletedProcess[str], what: str) -> None:
+def check_terminal(p: subprocess.CompletedProcess[str], what: str, escapes: bool = True) -> None:
+    """Exit 0 or 2 with orch's one-line error, no traceback; no control character on either
+    stream (`escapes`; analyze's output is checked case by case, `_check_case`)."""
     assert p.returncode in (0, 2), (what, p.returncode, p.stderr[-3000:])
     assert "Traceback" not in p.stderr, (what, p.stderr[-3000:])
-    for stream, text in (("stdout", p.stdout), ("stderr", p.stderr)):
+    for stream, text in (("stdout", p.stdout), ("stderr", p.stderr)) if escapes else ():
         bad = {repr(m.group()) for m in CONTROL.finditer(text)}
         assert not bad, (what, stream, bad)
     if p.returncode == 2:
@@ -194,6 +196,45 @@ def check_trace(trace: Path, store: Path) -> None:
     assert dict(got) == want, (dict(got), want)
 
 
+def _run_cli(tmp: Path, d: Path, case: Case) -> dict:
+    """analyze / export-trace / diff over the input folder `d`, with the assertions that hold for
+    the input as a whole (exit status, no traceback, every good rank, every kernel in the trace);
+    the analyze output is kept in tmp/analyze.txt."""
+    outd = tmp / "out"
+    outd.mkdir(exist_ok=True)
+    store, j, h = tmp / "store", outd / case.json_name, outd / case.html_name
+    p = run_orch("analyze", str(d), "--out", str(store), "--json", str(j), "--html", str(h), *case.args,
+                 env=case.env)
+    text = p.stdout + p.stderr
+    (tmp / "analyze.txt").write_text(text, encoding="utf-8")
+    check_terminal(p, "analyze", escapes=False)
+    assert p.returncode == 0, p.stderr[-2000:]  # every case keeps good ranks: a report is due
+    rep = check_json(j, case.good)
+    trace = tmp / "t.json"
+    t = run_orch("export-trace", str(store / "profile.duckdb"), "-o", str(trace))
+    check_terminal(t, "export-trace")
+    assert t.returncode == 0, t.stderr
+    check_trace(trace, store / "profile.duckdb")
+    df = run_orch("diff", str(j), str(j))
+    check_terminal(df, "diff")
+    assert df.returncode == 0 and "0 regression(s)" in df.stdout, df.stdout[-2000:] + df.stderr[-2000:]
+    return rep
+
+
+def _check_case(tmp: Path, case: Case, rep: dict, shown: str, mine: list[str] | None) -> None:
+    """What one case's own strings must do in the outputs: no control character on the terminal
+    that is its own (one of `mine`'s; every one when the case had the input to itself: None),
+    what it must say, nothing of it unescaped in the HTML, and its own checks."""
+    leaked = {m.group() for m in CONTROL.finditer(shown)}
+    own = leaked if mine is None else {c for c in leaked if any(c in s for s in mine)}
+    assert not own, ("control characters on the terminal", sorted(map(repr, own)))
+    for e in case.expect:
+        assert e in shown, ("not reported", e, shown[-3000:])
+    check_html(tmp / "out" / case.html_name, case.planted)
+    if case.extra:
+        case.extra(rep, tmp)
+
+
 def run_case(tmp: Path, base: list[Path], case: Case) -> dict | None:
     """Build the input, run analyze / export-trace / diff, assert; record the outcome."""
     ok = False
@@ -204,33 +245,100 @@ def run_case(tmp: Path, base: list[Path], case: Case) -> dict | None:
         for f in base:
             shutil.copy(f, d / f.name)
         case.prepare(d, base)
-        outd = tmp / "out"
-        outd.mkdir(exist_ok=True)
-        store, j, h = tmp / "store", outd / case.json_name, outd / case.html_name
-        p = run_orch("analyze", str(d), "--out", str(store), "--json", str(j), "--html", str(h), *case.args,
-                     env=case.env)
-        check_terminal(p, "analyze")
-        assert p.returncode == 0, p.stderr[-2000:]  # every case keeps good ranks: a report is due
-        text = p.stdout + p.stderr
-        (tmp / "analyze.txt").write_text(text, encoding="utf-8")
-        for e in case.expect:
-            assert e in text, ("not reported", e, text[-3000:])
-        rep = check_json(j, case.good)
-        check_html(h, case.planted)
-        trace = tmp / "t.json"
-        t = run_orch("export-trace", str(store / "profile.duckdb"), "-o", str(trace))
-        check_terminal(t, "export-trace")
-        assert t.returncode == 0, t.stderr
-        check_trace(trace, store / "profile.duckdb")
-        df = run_orch("diff", str(j), str(j))
-        check_terminal(df, "diff")
-        assert df.returncode == 0 and "0 regression(s)" in df.stdout, df.stdout[-2000:] + df.stderr[-2000:]
-        if case.extra:
-            case.extra(rep, tmp)
+        rep = _run_cli(tmp, d, case)
+        _check_case(tmp, case, rep, (tmp / "analyze.txt").read_text(encoding="utf-8"), None)
         ok = True
         return rep
     finally:
         RESULTS[case.family].append(ok)
+
+
+def _hostile_name(rank: int) -> str:
+    """A hostile rank's file in a family's input: ranks 2, 3, ... after the two good ones."""
+    return f"ddp_r{rank}_vm.{900 + rank}.sqlite"
+
+
+class Family:
+    """The cases of one family in ONE input, a hostile rank per case (each case's one planted
+    file renamed to its own rank), through the CLI once: analyze, export-trace and diff run on
+    all of them together, and each case's test asserts on that run what it asserted on an input
+    of its own. A failure of the whole run fails every case, naming the run's error; a case's
+    own checks name it through its test's id."""
+
+    def __init__(self, tmp: Path, base: list[Path], cases: dict[str, Case]) -> None:
+        self.tmp, self.base, self.cases = tmp, base, cases
+        self.rank = {key: 2 + i for i, key in enumerate(sorted(cases))}
+        self._rep: dict | None = None
+        self._error: BaseException | None = None
+        self._ran = False
+
+    def _build(self) -> Path:
+        d = self.tmp / "in" / "in"
+        d.mkdir(parents=True)
+        for f in self.base:
+            shutil.copy(f, d / f.name)
+        for key in sorted(self.cases):
+            case = self.cases[key]
+            scratch = self.tmp / "cases" / key
+            scratch.mkdir(parents=True)
+            case.prepare(scratch, self.base)
+            made = sorted(scratch.iterdir())
+            assert len(made) == 1, (f"case {key}: a family's case plants one file, made {made}: "
+                                    "run it with run_case")
+            made[0].rename(d / _hostile_name(self.rank[key]))
+        return d
+
+    def _run(self) -> None:
+        self._ran = True
+        try:
+            (self.tmp / "out").mkdir(parents=True)
+            first = self.cases[min(self.cases)]
+            command = {(tuple(c.args), tuple(c.env.items()), c.json_name, c.html_name, c.good)
+                       for c in self.cases.values()}
+            assert len(command) == 1, "a family's cases run one command: those that differ run with run_case"
+            self._rep = _run_cli(self.tmp, self._build(), first)
+        except Exception as e:  # every case reports it
+            self._error = e
+
+    def check(self, key: str) -> dict:
+        """One case's assertions on the family's run; records the outcome under its family."""
+        case = self.cases[key]
+        ok = False
+        try:
+            if not self._ran:
+                self._run()
+            if self._error is not None:
+                raise AssertionError(f"the family's run ({len(self.cases)} cases) failed: {self._error!r}")
+            assert self._rep is not None
+            shown = (self.tmp / "analyze.txt").read_text(encoding="utf-8")
+            _check_case(self.tmp, case, self._rep, shown, [*case.planted, *self._nobodys(shown)])
+            for e in case.expect:  # a note of the rank table: on this case's own rank's line
+                said = [ln for ln in shown.splitlines() if re.match(r"rank \d+: ", ln) and e in ln]
+                mine = f"rank {self.rank[key]}: "
+                assert not said or any(ln.startswith(mine) for ln in said), ("said of other ranks only", e, said)
+            ok = True
+            return self._rep
+        finally:
+            RESULTS[case.family].append(ok)
+
+    def _nobodys(self, shown: str) -> list[str]:
+        """Control characters on the terminal that no case of the family planted: every case's."""
+        planted = "".join(s for c in self.cases.values() for s in c.planted)
+        return [c for c in {m.group() for m in CONTROL.finditer(shown)} if c not in planted]
+
+
+def families(base: list[Path], tmp_path_factory) -> Callable[[dict[str, Case]], Family]:
+    """A module's families, each run once: `families(cases)` is the Family of those cases (one
+    family's cases, all of them, in one dict)."""
+    made: dict[str, Family] = {}
+
+    def get(cases: dict[str, Case]) -> Family:
+        (name,) = {c.family for c in cases.values()}
+        if name not in made:
+            made[name] = Family(tmp_path_factory.mktemp("family"), base, cases)
+        assert made[name].cases is cases, f"family {name!r}: one dict holds all its cases"
+        return made[name]
+    return get
 
 
 def print_counts(families: Iterable[str], title: str, capsys) -> list[str]:

@@ -1,5 +1,5 @@
 """The shipped captures as orch makes them, once per test session, for every module that reads
-them: each fixture set decompressed once, collected once in process, and each scoreboard case
+them: the H200 exports decompressed once, collected once in process, and each scoreboard case
 (tests/fixtures/truth: every real run and export set) collected and reported once through the
 CLI, as `scripts/scoreboard.py` makes it. Under pytest-xdist the workers share the entries: the
 first to ask makes one under a lock file, the others wait for it and read it.
@@ -18,7 +18,6 @@ import functools
 import gzip
 import importlib.util
 import json
-import lzma
 import os
 import shutil
 import sys
@@ -48,18 +47,6 @@ def scoreboard() -> ModuleType:
 def _fingerprint(d: Path) -> dict[str, list[int]]:
     return {str(p.relative_to(d)): [p.stat().st_size, p.stat().st_mtime_ns]
             for p in sorted(d.rglob("*")) if p.is_file() and p.name != _DONE}
-
-
-def unpack(src: Path, dest: Path) -> Path:
-    """A fixture export (.sqlite, .sqlite.gz or .sqlite.xz) as plain SQLite in `dest`."""
-    name = src.name.removesuffix(".gz").removesuffix(".xz")
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix)
-    if opener is None:
-        shutil.copy(src, dest / name)
-    else:
-        with opener(src, "rb") as fi, open(dest / name, "wb") as fo:
-            shutil.copyfileobj(fi, fo)
-    return dest / name
 
 
 class Stores:
@@ -96,21 +83,13 @@ class Stores:
         self.used.add(d)
         return d
 
-    def exports(self, rel: str, pattern: str = "*.sqlite*") -> Path:
-        """tests/fixtures/<rel>'s exports matching `pattern`, decompressed: a folder of .sqlite."""
-        def make(d: Path) -> None:
-            for f in sorted((FIXTURES / rel).glob(pattern)):
-                unpack(f, d)
-        out = self.entry("exports", f"{rel.replace('/', '+')}+{pattern}", make)
-        assert out is not None
-        return out
-
     def h200(self) -> Path:
         """tests/fixtures/h200's exports decompressed, a folder a capture: <entry>/<case>/<file>.sqlite."""
         def make(d: Path) -> None:
             for gz in sorted((FIXTURES / "h200").glob("*/*.sqlite.gz")):
                 (d / gz.parent.name).mkdir(exist_ok=True)
-                unpack(gz, d / gz.parent.name)
+                with gzip.open(gz, "rb") as fi, open(d / gz.parent.name / gz.name.removesuffix(".gz"), "wb") as fo:
+                    shutil.copyfileobj(fi, fo)
         out = self.entry("exports", "h200", make)
         assert out is not None
         return out

@@ -196,10 +196,10 @@ def check_trace(trace: Path, store: Path) -> None:
     assert dict(got) == want, (dict(got), want)
 
 
-def _run_cli(tmp: Path, d: Path, case: Case) -> dict:
+def _run_cli(tmp: Path, d: Path, case: Case) -> tuple[dict, str]:
     """analyze / export-trace / diff over the input folder `d`, with the assertions that hold for
-    the input as a whole (exit status, no traceback, every good rank, every kernel in the trace);
-    the analyze output is kept in tmp/analyze.txt."""
+    the input as a whole (exit status, no traceback, every good rank, every kernel in the trace):
+    (report JSON, analyze's output, also kept in tmp/analyze.txt)."""
     outd = tmp / "out"
     outd.mkdir(exist_ok=True)
     store, j, h = tmp / "store", outd / case.json_name, outd / case.html_name
@@ -218,7 +218,7 @@ def _run_cli(tmp: Path, d: Path, case: Case) -> dict:
     df = run_orch("diff", str(j), str(j))
     check_terminal(df, "diff")
     assert df.returncode == 0 and "0 regression(s)" in df.stdout, df.stdout[-2000:] + df.stderr[-2000:]
-    return rep
+    return rep, text
 
 
 def _check_case(tmp: Path, case: Case, rep: dict, shown: str, mine: list[str] | None) -> None:
@@ -245,8 +245,8 @@ def run_case(tmp: Path, base: list[Path], case: Case) -> dict | None:
         for f in base:
             shutil.copy(f, d / f.name)
         case.prepare(d, base)
-        rep = _run_cli(tmp, d, case)
-        _check_case(tmp, case, rep, (tmp / "analyze.txt").read_text(encoding="utf-8"), None)
+        rep, shown = _run_cli(tmp, d, case)
+        _check_case(tmp, case, rep, shown, None)
         ok = True
         return rep
     finally:
@@ -269,6 +269,8 @@ class Family:
         self.tmp, self.base, self.cases = tmp, base, cases
         self.rank = {key: 2 + i for i, key in enumerate(sorted(cases))}
         self._rep: dict | None = None
+        self._shown = ""  # analyze's output
+        self._nobodys: list[str] = []  # control characters in it that no case planted: every case's
         self._error: BaseException | None = None
         self._ran = False
 
@@ -296,7 +298,9 @@ class Family:
             command = {(tuple(c.args), tuple(c.env.items()), c.json_name, c.html_name, c.good)
                        for c in self.cases.values()}
             assert len(command) == 1, "a family's cases run one command: those that differ run with run_case"
-            self._rep = _run_cli(self.tmp, self._build(), first)
+            self._rep, self._shown = _run_cli(self.tmp, self._build(), first)
+            planted = "".join(s for c in self.cases.values() for s in c.planted)
+            self._nobodys = [c for c in {m.group() for m in CONTROL.finditer(self._shown)} if c not in planted]
         except Exception as e:  # every case reports it
             self._error = e
 
@@ -310,21 +314,15 @@ class Family:
             if self._error is not None:
                 raise AssertionError(f"the family's run ({len(self.cases)} cases) failed: {self._error!r}")
             assert self._rep is not None
-            shown = (self.tmp / "analyze.txt").read_text(encoding="utf-8")
-            _check_case(self.tmp, case, self._rep, shown, [*case.planted, *self._nobodys(shown)])
+            _check_case(self.tmp, case, self._rep, self._shown, [*case.planted, *self._nobodys])
             for e in case.expect:  # a note of the rank table: on this case's own rank's line
-                said = [ln for ln in shown.splitlines() if re.match(r"rank \d+: ", ln) and e in ln]
+                said = [ln for ln in self._shown.splitlines() if re.match(r"rank \d+: ", ln) and e in ln]
                 mine = f"rank {self.rank[key]}: "
                 assert not said or any(ln.startswith(mine) for ln in said), ("said of other ranks only", e, said)
             ok = True
             return self._rep
         finally:
             RESULTS[case.family].append(ok)
-
-    def _nobodys(self, shown: str) -> list[str]:
-        """Control characters on the terminal that no case of the family planted: every case's."""
-        planted = "".join(s for c in self.cases.values() for s in c.planted)
-        return [c for c in {m.group() for m in CONTROL.finditer(shown)} if c not in planted]
 
 
 def families(base: list[Path], tmp_path_factory) -> Callable[[dict[str, Case]], Family]:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -178,17 +179,21 @@ def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     create_params(con, opts)
 
 
+# The names of input-pipeline ranges and phases (a data loader's, a batch fetch): the rules read
+# it here and the SQL as params.input_re.
+DATA_RANGE = re.compile(r"data|load|batch|input|fetch|collate|sampler|prefetch", re.I)
+
 _PARAMS = ("CREATE OR REPLACE TABLE params (gap_ns BIGINT, step_lo INTEGER, step_hi INTEGER, steps_from VARCHAR, "
-           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR)")
+           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR, input_re VARCHAR)")
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """The `params` table every SQL file reads the user's options from."""
     lo, hi = opts.steps if opts.steps else (None, None)
     con.execute(_PARAMS)
-    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [round(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope, ended_early(con),
-             map_sql()])
+             map_sql(), "(?i)" + DATA_RANGE.pattern])
 
 
 def ended_early(con: duckdb.DuckDBPyConnection) -> bool:

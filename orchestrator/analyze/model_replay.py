@@ -11,6 +11,10 @@ from pydantic import Field
 
 from orchestrator.analyze.model_base import Strict
 
+BALANCED = "stages balanced"  # the what-ifs' names in 61_replay.sql
+INPUT = "input on time"
+SYNCS = "no host syncs"
+
 
 class ReplayStep(Strict):
     step: int
@@ -22,11 +26,31 @@ class ReplayStep(Strict):
 
 class WhatIf(Strict):
     what: str = Field(description="the cause removed: `rank <r>` = that rank's own work at its stage peers' "
-                                  "median, never slower")
+                                  "median, never slower; `stages balanced` = every pipeline stage's GPU work "
+                                  "and CPU time at the stages' mean; `input on time` = every rank's GPU "
+                                  "wait for input removed; `no host syncs` = every CPU wait for the "
+                                  "GPU's work gone, and the GPU's idle after it")
     rank: int | None = None
     steps: int = Field(description="the analysed steps the what-if was replayed on")
     saving_ms: float = Field(description="the unchanged replay's step ends minus the what-if's, summed")
     saving_pct: float = Field(description="saving_ms as a share of the replayed steps' measured time")
+
+    @property
+    def change(self) -> str:
+        """What the what-if does to the steps, in words: `N ms less (P% of their time)`, or more."""
+        return (f"{abs(self.saving_ms)} ms {'less' if self.saving_ms >= 0 else 'more'} ({abs(self.saving_pct)}% of "
+                "their time)")
+
+    @property
+    def label(self) -> str:
+        """What was changed, in words, for every renderer."""
+        if self.what == BALANCED:
+            return "the stages balanced (their GPU work and CPU time at the stages' mean)"
+        if self.what == INPUT:
+            return "the input on time (every rank's wait for it removed)"
+        if self.what == SYNCS:
+            return "no host syncs (the CPU runs on, the GPU's idle after them gone)"
+        return f"{self.what} at its stage peers' pace"
 
 
 class Replay(Strict):
@@ -41,6 +65,18 @@ class Replay(Strict):
     def saving(self, rank: int) -> WhatIf | None:
         """The what-if that puts `rank` at its peers' pace, if it was replayed."""
         return next((w for w in self.whatifs if w.rank == rank), None)
+
+    def balanced(self) -> WhatIf | None:
+        """The what-if with the pipeline's stages evened, if the job has stages to even."""
+        return next((w for w in self.whatifs if w.what == BALANCED), None)
+
+    def input_on_time(self) -> WhatIf | None:
+        """The what-if with every rank's wait for input removed, if any rank waited for it."""
+        return next((w for w in self.whatifs if w.what == INPUT), None)
+
+    def no_host_syncs(self) -> WhatIf | None:
+        """The what-if with every host sync gone, if any rank's CPU waited in one."""
+        return next((w for w in self.whatifs if w.what == SYNCS), None)
 
     def shown(self) -> list[WhatIf]:
         """The what-ifs that save anything at the report's precision (0.1 ms), the most first."""

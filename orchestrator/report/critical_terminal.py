@@ -40,6 +40,6 @@ def replay_lines(report: Report) -> list[str]:
     lines = [rp.line]
     shown = rp.shown()[:3]
     if shown:
-        lines.append("  what-ifs: " + "; ".join(f"{w.what} at its stage peers' pace saves {w.saving_ms:.1f} ms "
+        lines.append("  what-ifs: " + "; ".join(f"{w.label} saves {w.saving_ms:.1f} ms "
                                                 f"({w.saving_pct:.1f} %)" for w in shown))
     return lines

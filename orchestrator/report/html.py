@@ -250,7 +250,7 @@ def _replay(report: Report) -> str:
     rp = report.replay
     if rp is None:
         return ""
-    whatifs = "".join(f"<li>{_e(w.what)} at its stage peers' pace: saves {w.saving_ms:.1f} ms "
+    whatifs = "".join(f"<li>{_e(w.label)}: saves {w.saving_ms:.1f} ms "
                       f"({w.saving_pct:.1f} %)</li>" for w in rp.shown())
     return f'<p id="replay">{_e(rp.line)}</p>' + (f'<ul class="whatifs">{whatifs}</ul>' if whatifs else "")
 

@@ -2,7 +2,8 @@
 
 Adding a finding is one new file in this package plus its test; nothing else changes.
 `find_all` runs the ordinary rules, orders their findings by severity and cost, then runs
-the final rules (which see the others' findings), the summaries among them last.
+the final rules (which see the others' findings), the symptoms after the causes among them and
+the summaries last.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def find_all(ctx: Context) -> list[Finding]:
     for rule in (r for r in rules if not r.final):
         ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
     ctx.findings = rank_findings(ctx.findings)
-    for rule in sorted((r for r in rules if r.final), key=lambda r: r.summarises):
+    # A symptom's final rule defers to every cause found, the final causes' too: it runs after them.
+    for rule in sorted((r for r in rules if r.final), key=lambda r: (r.summarises, r.symptom)):
         ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
     # Final rules' findings take their place by severity and cost too; a summary (`healthy`:
     # info, no cost) stays after everything it summarises.

@@ -19,7 +19,6 @@ from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model_report import Finding, Report, Severity
 
 # NVTX range names that are the input pipeline in real code.
-DATA_RANGE = re.compile(r"data|load|batch|input|fetch|collate|sampler|prefetch", re.I)
 
 DATA_LOADER_FIX = (
     "Feed the GPU ahead of time: DataLoader(num_workers>0, pin_memory=True, prefetch_factor>=2, "

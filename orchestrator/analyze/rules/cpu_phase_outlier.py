@@ -16,8 +16,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
 
 # Ranges that can contain a collective or a wait, so their excess may be waiting for others.

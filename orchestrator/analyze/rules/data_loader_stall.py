@@ -8,16 +8,20 @@ is no saving.
 A rank that is the critical path's root while late in its input pipeline, where the other ranks
 do not share the stall, is the straggler finding's: it names the rank the others wait for, and
 its cost is what the steps would save at their pace. There this finding stays, as `info` without
-a cost for that rank, so one fix is counted once."""
+a cost for that rank, so one fix is counted once. Where the job was replayed, what fixing the
+input saves is the replay's: every rank's wait for input removed (61_replay.sql, `input on
+time`), less what the straggler findings on its roots carry; within the replay's error it is
+`info`. The per-rank figures above stay the evidence of where the wait is."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
-from orchestrator.analyze.rules.base import DATA_RANGE, Context, Rule, cpu_state, finding, worst_first
+from orchestrator.analyze.rules.base import Context, Rule, cpu_state, finding, worst_first
 
 
 @dataclass
@@ -53,9 +57,22 @@ class DataLoaderStall(Rule):
             state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
             if state:
                 evidence.append(state)
+        cost, severity = max(saving.values()), "info" if set(stall) <= roots else None
+        replay = ctx.report.replay
+        on_time = replay.input_on_time() if replay else None
+        if replay and on_time:
+            claimed = sum(f.cost_ms for f in ctx.findings if f.kind == "straggler" and set(f.ranks) & roots)
+            cost = max(on_time.saving_ms - claimed, 0.0)
+            evidence.append(f"replayed with every rank's wait for input removed, the {on_time.steps} steps take "
+                            f"{on_time.change}; the replay of the unchanged trace is within {replay.error_pct}% of it"
+                            + (f"; the straggler finding on rank(s) {sorted(roots)} carries {round(claimed, 3)} ms of "
+                               "it" if claimed else ""))
+            # its share of the steps' time, as the what-if's
+            worst = round(cost / on_time.saving_ms * on_time.saving_pct, 2) if on_time.saving_ms > 0 else 0.0
+            if cost <= replay.error_ms:
+                severity = "info"
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence,
-                        ctx.data_loader_fix(), max(saving.values()), pct=worst,
-                        severity="info" if set(stall) <= roots else None)]
+                        ctx.data_loader_fix(), cost, pct=worst, severity=severity)]
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:

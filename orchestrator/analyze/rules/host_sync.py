@@ -3,16 +3,19 @@
 drains and the GPU idles while the CPU refills it. Cost: that GPU idle right after the syncs
 (view `sync_stats`, from analyze/sql/55_host_sync.sql), less the part the CPU spent in an
 input-pipeline range or in work between steps (a data-loader stall or the between-steps
-work, reported by their own rules)."""
+work, reported by their own rules). Where the job was replayed, the cost is the replay's: the
+same job with no host sync (61_replay.sql, `no host syncs`: the CPU not blocked in them, the
+GPU's idle after them gone, the input's and the between-steps work's left to their findings);
+within the replay's error it is `info`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
-    DATA_RANGE,
     Context,
     Rule,
     finding,
@@ -61,8 +64,19 @@ class HostSync(Rule):
             for rk, (s, idle) in worst_first(hit, lambda v: v[1])]
         worst = max(100 * idle / win[rk] for rk, (_, idle) in hit.items())
         top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]
+        cost, severity = max(idle for _, idle in hit.values()), None
+        replay = ctx.report.replay
+        gone = replay.no_host_syncs() if replay else None
+        if replay and gone:
+            cost, worst = max(gone.saving_ms, 0.0), max(gone.saving_pct, 0.0)
+            evidence.append(f"replayed with no host sync (the CPU runs on, the GPU's idle after them gone), the "
+                            f"{gone.steps} steps take {gone.change}; the replay of the unchanged trace is within "
+                            f"{replay.error_pct}% of it")
+            if cost <= replay.error_ms:
+                evidence.append(f"that saving is within the replay's error ({replay.error_ms} ms)")
+                severity = "info"
         return [finding(self.kind, hit, f"GPU idle after host syncs every step (`{top}`)", evidence, FIX,
-                        max(idle for _, idle in hit.values()), pct=worst)]
+                        cost, pct=worst, severity=severity)]
 
 
 RULE = HostSync()

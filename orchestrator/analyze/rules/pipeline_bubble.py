@@ -14,8 +14,11 @@ data_loader_stall finding on another stage's ranks costing at least half as much
 bubble is that stall seen from downstream, and its finding says so alone. Where the excess
 comes from a root rank that has a straggler finding, that finding costs what fixing the root
 saves, the bubble's excess included: the bubble costs only what exceeds it (one delay is
-counted once), and is info when nothing does; where the job was replayed, the root's what-if
-measures what fixing it saves, and the bubble claims nothing beyond it."""
+counted once), and is info when nothing does. Where the job was replayed with its stages evened
+(61_replay.sql), the excess costs what that replay saves, which sees the transfers and unequal
+forward and backward costs the formula's theory leaves out; a rank's delays are its straggler
+finding's (its own what-if), and a saving within the replay's error is `info`. Not where ranks
+of the stages were not profiled: the replay has none of their work, and the excess may be theirs."""
 
 from __future__ import annotations
 
@@ -75,6 +78,7 @@ class PipelineBubble(Rule):
             evidence.append(f"theory for {len(stages)} stages and {stages[0].microbatches} microbatches"
                             + (f" ({src}{hint})" if src else "")
                             + f": (p-1)/(m+p-1) = {theory}% (the schedule's own bubble)")
+            evidence.append(self._more_microbatches(len(stages), theory, ms(rows[stages[0].stage]["window_ns"], 6)))
         else:
             evidence.append("microbatch count unknown (set layout.microbatches in the job spec, or pass "
                             "--microbatches M, to split the schedule's bubble from the excess)")
@@ -102,6 +106,26 @@ class PipelineBubble(Rule):
             f"{min(s.bubble_pct for s in hit)}-{worst.bubble_pct}%"
         title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
         ranks = [r for s in hit for r in s.ranks]
+        replay = ctx.report.replay
+        balanced = replay.balanced() if replay and theory is not None else None
+        if replay and balanced and not unprofiled:  # (the replay has no node of an unprofiled rank)
+            left = max(balanced.saving_ms, 0.0)
+            claimed = self._claimed(ctx, root[0]) if root else None
+            evidence.append(f"replayed with every stage's GPU work and CPU time at the stages' mean, the "
+                            f"{balanced.steps} steps take {balanced.change}: what unequal stages add to the "
+                            "bubble; the rest is the schedule's own with these transfers and these forward and "
+                            "backward costs, which more microbatches or an interleaved or zero-bubble schedule shrink"
+                            + (f"; rank {root[0]}'s delays are costed by its straggler finding ({claimed.cost_ms} ms)"
+                               if claimed else ""))
+            info = left <= replay.error_ms
+            if info:
+                evidence.append(f"that saving is within the replay's error ({replay.error_ms} ms): nothing here is "
+                                "beyond the schedule's own bubble")
+            # The replay evens every stage: the finding speaks for every stage's wait, the
+            # schedule's own included (gpu_low_util defers to it there).
+            ranks = [r for s in stages for r in s.ranks]
+            return [finding(self.kind, ranks, title, evidence, fix if claimed else FIX, left,
+                            pct=max(balanced.saving_pct, 0.0), severity="info" if info else None)]
         claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
         if claimed is None:
             return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]
@@ -115,6 +139,18 @@ class PipelineBubble(Rule):
         pct = round(lost * left / cost, 2) if cost else 0.0
         return [finding(self.kind, ranks, title, evidence, fix, left, pct=pct,
                         severity=None if left else "info")]
+
+    @staticmethod
+    def _more_microbatches(p: int, theory_pct: float, window_ms: float) -> str:
+        """What the schedule's own fix would save: twice the microbatches (v*m from the theory's
+        share, b = (p-1)/(v*m+p-1)) at the same compute, the step shrinking by (1-b)/(1-b2)."""
+        b = theory_pct / 100
+        vm = (p - 1) * (1 / b - 1) if b > 0 else 0.0
+        b2 = (p - 1) / (2 * vm + p - 1) if vm else b
+        saved = window_ms * (1 - (1 - b) / (1 - b2)) if b2 < 1 else 0.0
+        return (f"the schedule's own bubble is a design choice: twice the microbatches would shrink it to "
+                f"{round(100 * b2, 2)}%, about {round(saved, 3)} ms of this window at the same compute (an "
+                "interleaved or zero-bubble schedule shrinks it too)")
 
     @staticmethod
     def _claimed(ctx: Context, rank: int) -> Finding | None:

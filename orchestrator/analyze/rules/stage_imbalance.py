@@ -4,13 +4,17 @@ Its cost is what balancing the stages saves. A GPipe or 1F1B step takes about (m
 slowest stage's time per microbatch (p stages, m microbatches; (v*m+p-1) interleaved over v
 virtual stages), that is 1 / (1 - theory bubble) times the slowest stage's compute per step;
 with every stage at the mean compute the step shrinks by that factor times the heaviest stage's
-compute above the mean. Without the microbatch count the factor is left at 1 (a lower bound)."""
+compute above the mean. Without the microbatch count the factor is left at 1 (a lower bound).
+Where the job was replayed, what balancing saves is the replay's: the same job with every stage's
+GPU work and CPU time at the stages' mean (61_replay.sql), which sees what the formula cannot
+(a stage bound by its CPU's launches, the transfers, unequal forward and backward costs); a
+saving within the replay's error is `info`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
 from orchestrator.ranklist import ranges
@@ -50,11 +54,23 @@ class StageImbalance(Rule):
                            "unknown: set layout.microbatches for the schedule's factor), so ")
                         + f"stage {hi.stage}'s {round(hi.compute_ms - mean, 3)} ms above the mean costs "
                         f"{round(saving, 3)} ms")
+        severity: Severity = "high" if imb.ratio >= self.high_ratio else "medium"
+        pct = 100 * saving / window if window else None
+        replay = ctx.report.replay
+        balanced = replay.balanced() if replay else None
+        if replay and balanced:
+            saving, pct = max(balanced.saving_ms, 0.0), balanced.saving_pct
+            evidence.append(f"replayed with every stage's GPU work and CPU time at the stages' mean, the "
+                            f"{balanced.steps} steps take {balanced.change}; the "
+                            f"replay of the unchanged trace is within {replay.error_pct}% of it")
+            if saving <= replay.error_ms:
+                evidence.append(f"that saving is within the replay's error ({replay.error_ms} ms): evening the "
+                                "stages would not shorten the steps")
+                severity = "info"
         return [finding(
             self.kind, hi.ranks, f"pipeline stage {hi.stage} is {imb.ratio}x heavier than stage {lo.stage}",
             evidence, FIX + f" Moving about {move}% of stage {hi.stage}'s compute to the lighter stages evens them.",
-            saving, pct=100 * saving / window if window else None,
-            severity="high" if imb.ratio >= self.high_ratio else "medium",
+            saving, pct=pct, severity=severity,
             victims=[r for s in ctx.report.stages if s.stage != hi.stage for r in s.ranks])]
 
 

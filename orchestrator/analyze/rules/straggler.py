@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
-    DATA_RANGE,
     OTHER_WORK_FIX,
     Context,
     Rule,

@@ -18,17 +18,28 @@
 -- analysed steps. `rank <r>`: the rank's own work, CPU time between launches and CPU time around
 -- its blocks at the median of its stage's other ranks at the same place of the same step (alone
 -- in its stage: its own median over the steps), never slower than it was; up to 32 ranks, those
--- whose own work exceeds their peers' the most.
--- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, loo_ref, ranks, first_step, params, in_selected.
+-- whose own work exceeds their peers' the most. `stages balanced` (a pipeline): every rank's own
+-- work and its CPU times each scaled to the stages' mean, the same work split evenly between the
+-- stages; what it saves is what unequal stages cost, the bubble above the
+-- schedule's own with these transfers and these forward and backward costs. `input on time`: every
+-- rank's GPU idle waiting for input (gaps in an input-pipeline range or between steps for the
+-- next batch) removed, from its GPU work and from its CPU's time before the launch. `no host
+-- syncs`: every block that waited for the GPU's work gone (the CPU runs on), and the GPU's idle
+-- after it.
+-- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, gap_attr, sync_idle, loo_ref, ranks, meta, first_step, params,
+-- in_selected.
 -- Provides:
---   replay_nodes(rank, step, pos, gpos, inst, s, e, w, t, dur, buffered, l, anchor, lp, dc, pre, bw, post, gw)
+--   replay_nodes(rank, step, pos, gpos, inst, s, e, w, t, dur, buffered, l, anchor, lp, dc, pre, bw, post, gw,
+--                bsync)
 --       the graph: per rank its nodes in order (pos in the step, gpos in the capture), the
 --       instance, the observed start and end, the own work before it (w), the instance's
 --       transfer (t), the launch (l) and the previous node's (lp), where the rank stood when the
 --       step began (anchor), the CPU's own time (dc; pre and post around its last block of bw,
---       which the GPU ended gw after the previous node's end)
---   replay_scenarios(scn, what, rank)   scn 0 is the unchanged trace; `rank` the rank a what-if
---       changes
+--       which the GPU ended gw after the previous node's end; bsync: that block waited for the GPU's
+--       work, a host sync)
+--   replay_scenarios(scn, what, rank)   scn 0 is the unchanged trace, -1 the stages balanced, -2
+--       the input on time, -3 no host syncs;
+--       `rank` the rank a what-if changes
 --   replay_rank_step(scn, step, rank, e_obs, e_rep, forced)   per scenario, step and rank: the
 --       end of its last node of the step, measured and replayed; forced: nodes so far that had to
 --       be ended without their instance (its members met them in different orders)
@@ -42,7 +53,10 @@
 --       where (m, stage, step, pos)
 --   _rp_peer(rank, step, pos, w, dc, pre, post, w_med, dc_med, pre_med, post_med)   each node's
 --       own work and CPU times, and its stage peers' medians
---   _rp_sw(scn, rank, step, pos, w, dc, pre, post)   the same as each scenario has it
+--   _rp_stage_f(rank, f, fc)   each pipeline rank's factors in the stages-balanced what-if, GPU and CPU
+--   _rp_input(rank, step, pos, ns)   each node's GPU idle waiting for input before it
+--   _rp_sync(rank, step, pos, ns)   each node's GPU idle after host syncs before it
+--   _rp_sw(scn, rank, step, pos, w, dc, pre, post, nosync)   the same as each scenario has it
 --   _rp_run(scn, rank, gpos, e, forced)   each node's replayed end per scenario
 --   _rp_steps(scn, step, forced, measured_ns, replayed_ns)   each step per scenario
 CREATE OR REPLACE TABLE replay_nodes AS
@@ -91,7 +105,7 @@ SELECT a.rank, a.step, row_number() OVER (PARTITION BY a.rank, a.step ORDER BY a
        a.inst, a.s, a.e, coalesce(a.w, 0) AS w, a.t, a.dur, a.buffered, a.l, a.anchor, a.lp,
        a.l - a.lp - coalesce(b.blocked, 0) AS dc,
        b.bs - a.lp - (b.blocked - (b.be - b.bs)) AS pre, b.be - b.bs AS bw, a.l - b.be AS post,
-       CASE WHEN b.sync THEN b.done ELSE b.be END - (a.s - coalesce(a.w, 0)) AS gw
+       CASE WHEN b.sync THEN b.done ELSE b.be END - (a.s - coalesce(a.w, 0)) AS gw, b.sync AS bsync
 FROM a LEFT JOIN b USING (rank, s, inst);
 
 -- Each node's own work and CPU times, one row a value, keyed by what it is and where (the stage,
@@ -123,24 +137,86 @@ SELECT n.rank, n.step, n.pos, n.w, n.dc, n.pre, n.post, coalesce(p.w_med, o.w_me
        coalesce(p.post_med, o.post_med) AS post_med
 FROM replay_nodes n LEFT JOIN peer p USING (rank, step, pos) LEFT JOIN own o USING (rank, pos);
 
+-- Each rank's factors in the stages-balanced what-if, one for its GPU and one for its CPU: its
+-- stage's compute (kernels other than NCCL's in the steps) and CPU time (between launches and
+-- around blocks), each the mean over the stage's ranks, against the mean over the stages. Moving
+-- layers moves both, but not in one proportion (a stage's launches, input and loss are its own),
+-- so each is evened on its own (a pipeline of >= 2 stages whose layout is known, as
+-- stage_metrics reads it).
+CREATE OR REPLACE TABLE _rp_stage_f AS
+WITH c AS (
+    SELECT r.rank, r.stage, coalesce(sum(o."end" - o.start), 0) AS gpu,
+           (SELECT sum(dc) FROM replay_nodes n WHERE n.rank = r.rank) AS cpu
+    FROM ranks r LEFT JOIN gpu_ops o ON o.rank = r.rank AND o.kind = 'kernel' AND NOT o.is_comm AND o.step IS NOT NULL
+    WHERE r.stage IS NOT NULL AND r.rank IN (SELECT rank FROM replay_nodes)
+      AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
+    GROUP BY ALL
+), s AS (SELECT stage, avg(gpu) AS gpu, avg(cpu) AS cpu FROM c GROUP BY stage)
+SELECT c.rank, (SELECT avg(gpu) FROM s) / s.gpu AS f, (SELECT avg(cpu) FROM s) / s.cpu AS fc
+FROM c JOIN s USING (stage)
+WHERE (SELECT count(*) FROM s) > 1 AND (SELECT min(gpu) FROM s) > 0 AND (SELECT min(cpu) FROM s) > 0;
+
+-- Each node's GPU idle waiting for input since the previous node ended: the gaps attributed to
+-- an input-pipeline range or phase (params.input_re: a data-loading range, the wait between
+-- steps for the next batch), what the `input on time` what-if removes.
+CREATE OR REPLACE TABLE _rp_input AS
+SELECT n.rank, n.step, n.pos, sum(least(g.e, n.s) - greatest(g.s, n.s - n.w)) AS ns
+FROM replay_nodes n JOIN gap_attr g ON g.rank = n.rank AND g.s < n.s AND g.e > n.s - n.w, params p
+WHERE regexp_matches(g.range_group, p.input_re)
+GROUP BY ALL;
+
+-- Each node's GPU idle after host syncs since the previous node ended (sync_idle: from a sync's
+-- return until the GPU's next work), what the `no host syncs` what-if removes; not the idle the
+-- CPU spent waiting for input or in work between steps (in such a gap at its middle), which is
+-- theirs, counted once.
+CREATE OR REPLACE TABLE _rp_sync AS
+WITH y AS (
+    SELECT y.rank, y."end" AS s, y."end" + y.idle_ns AS e FROM sync_idle y, params p
+    WHERE y.idle_ns > 0 AND NOT EXISTS (
+        SELECT 1 FROM gap_attr g
+        WHERE g.rank = y.rank AND g.s <= y."end" + y.idle_ns // 2 AND g.e > y."end" + y.idle_ns // 2
+          AND (regexp_matches(g.range_group, p.input_re) OR g.range_group = 'between steps (other work)'))
+)
+SELECT n.rank, n.step, n.pos, sum(least(y.e, n.s) - greatest(y.s, n.s - n.w)) AS ns
+FROM replay_nodes n JOIN y ON y.rank = n.rank AND y.s < n.s AND y.e > n.s - n.w
+GROUP BY ALL;
+
 CREATE OR REPLACE TABLE replay_scenarios AS
 WITH cand AS (
     SELECT rank, sum(greatest(w - w_med, 0) + greatest(coalesce(dc - dc_med, 0), 0)) AS ns FROM _rp_peer GROUP BY rank
 )
 SELECT 0 AS scn, 'unchanged' AS what, NULL::INTEGER AS rank
 UNION ALL
+SELECT -1, 'stages balanced', NULL FROM _rp_stage_f HAVING count(*) > 0
+UNION ALL
+SELECT -2, 'input on time', NULL FROM _rp_input HAVING count(*) > 0
+UNION ALL
+SELECT -3, 'no host syncs', NULL FROM replay_nodes WHERE bsync HAVING count(*) > 0
+UNION ALL
 SELECT row_number() OVER (ORDER BY ns DESC, rank) AS scn, 'rank ' || rank, rank
 FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
 
 -- Each scenario's own work per node: the what-if's rank at its peers' median, never slower (and
--- no bound where it had none: a launch without a CUDA call, no block between two launches).
+-- no bound where it had none: a launch without a CUDA call, no block between two launches); the
+-- stages balanced; the input on time: the GPU's wait for input out of its own work, and out of
+-- the CPU's time before its launch, where the loop thread waited for the batch; no host syncs: the
+-- GPU's idle after them out of its own work, and the CPU not blocked in them (nosync).
 CREATE OR REPLACE TABLE _rp_sw AS
 SELECT sc.scn, p.rank, p.step, p.pos,
-       CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med ELSE p.w END AS w,
-       CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med ELSE p.dc END AS dc,
-       CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med ELSE p.pre END AS pre,
-       CASE WHEN sc.rank = p.rank AND p.post_med < p.post THEN p.post_med ELSE p.post END AS post
-FROM replay_scenarios sc CROSS JOIN _rp_peer p;
+       CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med WHEN sc.scn = -1 THEN CAST(round(p.w * f.f) AS BIGINT)
+            WHEN sc.scn = -2 THEN p.w - coalesce(i.ns, 0) WHEN sc.scn = -3 THEN p.w - coalesce(y.ns, 0)
+            ELSE p.w END AS w,
+       CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med WHEN sc.scn = -1 THEN CAST(round(p.dc * f.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.dc - coalesce(i.ns, 0), 0) ELSE p.dc END AS dc,
+       CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med WHEN sc.scn = -1 THEN CAST(round(p.pre * f.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.pre - coalesce(i.ns, 0), 0) ELSE p.pre END AS pre,
+       CASE WHEN sc.rank = p.rank AND p.post_med < p.post THEN p.post_med WHEN sc.scn = -1 THEN CAST(round(p.post * f.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.post - greatest(coalesce(i.ns, 0) - coalesce(p.pre, 0), 0), 0)
+            ELSE p.post END AS post,
+       sc.scn = -3 AS nosync
+FROM replay_scenarios sc CROSS JOIN _rp_peer p LEFT JOIN _rp_stage_f f ON f.rank = p.rank
+LEFT JOIN _rp_input i ON sc.scn = -2 AND i.rank = p.rank AND i.step = p.step AND i.pos = p.pos
+LEFT JOIN _rp_sync y ON sc.scn = -3 AND y.rank = p.rank AND y.step = p.step AND y.pos = p.pos;
 
 -- The replay: every (scenario, rank) is a cursor at its next node, through the whole capture (a
 -- delay in one step moves the next one's start, as in the job). Each round, a cursor arrives at
@@ -153,7 +229,7 @@ WITH RECURSIVE
 size AS (SELECT inst, count(*) AS n FROM replay_nodes GROUP BY inst),
 k AS (SELECT rank, max(gpos) AS k, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank),
 g AS (
-    SELECT n.rank, n.gpos, n.step, n.pos, n.inst, n.t, n.dur, n.buffered, n.gw, n.bw, sz.n AS size
+    SELECT n.rank, n.gpos, n.step, n.pos, n.inst, n.t, n.dur, n.buffered, n.gw, n.bw, n.bsync, sz.n AS size
     FROM replay_nodes n JOIN size sz USING (inst)
 ),
 run(scn, rank, gpos, clock, cpu, forced) AS (
@@ -174,7 +250,7 @@ run(scn, rank, gpos, clock, cpu, forced) AS (
                            -- the CPU launches the node after its own work since the previous launch; when
                            -- it blocked on the GPU in between, after its last block returned: when the CPU
                            -- got there, or when the GPU let it go (moved with the previous node's end)
-                           CASE WHEN g.bw IS NULL THEN r.cpu + sw.dc
+                           CASE WHEN g.bw IS NULL OR (sw.nosync AND g.bsync) THEN r.cpu + sw.dc
                                 WHEN g.gw IS NULL THEN r.cpu + sw.pre + g.bw + sw.post
                                 ELSE greatest(r.cpu + sw.pre, r.clock + g.gw) + sw.post END AS c
                     FROM run r JOIN k ON k.rank = r.rank
@@ -219,5 +295,5 @@ SELECT x.scn, sc.what, sc.rank, count(*) AS steps, sum(b.replayed_ns - x.replaye
        round(100.0 * sum(b.replayed_ns - x.replayed_ns) / nullif(sum(b.measured_ns), 0), 2) AS saving_pct
 FROM _rp_steps x JOIN _rp_steps b ON b.step = x.step AND b.scn = 0 JOIN replay_scenarios sc ON sc.scn = x.scn,
      params p
-WHERE x.scn > 0 AND in_selected(x.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi)
+WHERE x.scn <> 0 AND in_selected(x.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi)
 GROUP BY x.scn, sc.what, sc.rank;

@@ -260,12 +260,22 @@ def test_a_slow_input_pipeline_costs_what_the_runs_differ_by_and_is_counted_once
     assert "input pipeline" in root["title"]
 
 
+def _bubble_claims_only_what_balancing_saves(rep: dict) -> None:
+    """The bubble finding is info and costs no more than the replay with the stages evened
+    saves, under 1 % of the steps: the root's delay is its straggler finding's, counted once."""
+    (balanced,) = [w for w in rep["replay"]["whatifs"] if w["what"] == "stages balanced"]
+    assert balanced["saving_pct"] < 1.0, balanced
+    bubble = [g for g in rep["findings"] if g["kind"] == "pipeline_bubble"]
+    assert all(g["severity"] == "info" and g["cost_ms"] <= max(balanced["saving_ms"], 0.0) for g in bubble), bubble
+
+
 def test_an_even_pipelines_launch_slow_rank_changes_between_runs_and_is_info(pairs) -> None:
     """DP2 x PP2 on 4 H200s, split 6+6, twice: in each run one rank's GPU waits between kernels
     (plain sqlite3, steps 1-14) several times longer than any other's, rank 0 in one run and rank 2
     in the other; the same job ran 147 ms a step unprofiled and 170-180 ms profiled. orch names
     that rank as the root whose launches are slower, as info: tracing can account for its lateness.
-    The bubble's excess, which comes from it, is counted in its finding, not again."""
+    The bubble's excess, which comes from it, is counted in its finding, not again: the bubble
+    costs what evening the stages saves, under 1 %."""
     slowest = {}
     for name in ("pp4-even", "pp4-even-rerun"):
         run, rep = pairs[name]
@@ -277,8 +287,7 @@ def test_an_even_pipelines_launch_slow_rank_changes_between_runs_and_is_info(pai
         assert f["ranks"] == [top] and f["severity"] == "info", (f["title"], gaps)
         assert f["title"].endswith("(GPU work starting late: its kernel launches are slower)")
         assert any("the profiler can account for it" in e for e in f["evidence"])
-        bubble = [g for g in rep["findings"] if g["kind"] == "pipeline_bubble"]
-        assert all(g["severity"] == "info" and g["cost_ms"] == 0.0 for g in bubble), bubble
+        _bubble_claims_only_what_balancing_saves(rep)
     assert slowest["pp4-even"] != slowest["pp4-even-rerun"]
 
 
@@ -339,7 +348,8 @@ def test_a_slow_loader_on_a_first_stage_rank_is_the_root_of_the_pipeline(pairs) 
     (root,) = loud
     assert root["ranks"] == [slow] and "input pipeline" in root["title"]
     assert root["victims"] == sorted(set(waits) - {slow})
-    assert all(g["cost_ms"] == 0.0 for g in rep["findings"] if g["kind"] in ("pipeline_bubble", "data_loader_stall"))
+    assert all(g["cost_ms"] == 0.0 for g in rep["findings"] if g["kind"] == "data_loader_stall")
+    _bubble_claims_only_what_balancing_saves(rep)
     twin = pairs["pp4-even"][0]
     gaps = {export_rank(f): small_gaps_ms(f, "step 1", "step 15") for f in (twin / "exports").glob("*.sqlite")}
     own = max(gaps, key=gaps.__getitem__)

@@ -130,10 +130,10 @@ def test_inferred_iterations_match_nvtx(run: str, ranks: list[int], tmp_path: Pa
     files = _unpack(run, tmp_path / "in", strip_nvtx=True)
     steps, source = _views(files, tmp_path, "SELECT rank, step, start, \"end\", family FROM steps ORDER BY rank, step",
                            "SELECT * FROM step_source")
-    assert [s["family"] for s in source] == [4]
+    assert [s["family"] for s in source] == [5]
     for rk in ranks:
         mine = [s for s in steps if s["rank"] == rk]
-        assert {s["family"] for s in mine} == {4}
+        assert {s["family"] for s in mine} == {5}
         assert [s["step"] for s in mine] == list(range(len(mine)))
         n, period = _nvtx_truth(orig[rk])
         assert abs(len(mine) - n) <= 1

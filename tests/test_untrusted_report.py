@@ -130,8 +130,11 @@ HUGE_CASES = {where: Case("huge strings", planter(HUGE, list(WHERE) if where == 
 
 
 @pytest.mark.parametrize("where", sorted(HUGE_CASES))
-def test_huge_strings(family, where: str) -> None:
-    family(HUGE_CASES).check(where)
+def test_huge_strings(base: list[Path], tmp_path_factory: pytest.TempPathFactory, where: str) -> None:
+    """One input a case, not the family's one: five ranks with 1 MB strings in every name held
+    each rank's ingest at DuckDB's memory cap at once, and a good rank beside them was lost to
+    it now and then on a loaded machine (no job writes that; one such rank is the case)."""
+    Family(tmp_path_factory.mktemp("huge"), base, {where: HUGE_CASES[where]}).check(where)
 
 
 COLLIDE = {"no_range": "(no NVTX range)", "between": "between steps (input pipeline)", "step_huge": "step 99999999999",

@@ -33,7 +33,7 @@ from orchestrator.analyze.model_report import (
     Window,
 )
 from orchestrator.analyze.model_timeline import Extras
-from orchestrator.analyze.outcome import build_outcome
+from orchestrator.analyze.outcome import build_outcome, evidence
 from orchestrator.analyze.overhead import build_overhead
 from orchestrator.analyze.replay import build_replay
 from orchestrator.analyze.rules import find_all
@@ -101,7 +101,7 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
     else:
         note = "steps " + (f"{opts.steps[0]}..{opts.steps[1]}" if opts.steps else "after each rank's first")
         fam, pattern = src[0]["family"], src[0]["pattern"]
-        if fam == 4:
+        if fam == 5:
             step_source = f"inferred iterations (no step markers): the period of `{pattern}`"
             acc = v.query("SELECT micro_batches AS k, micro_name FROM beat WHERE micro_batches > 1 "
                           "ORDER BY rank LIMIT 1")
@@ -110,7 +110,8 @@ def _window(v: Views, opts: Options, ranks: list[RankMetrics]) -> Window:
                                 f"`{acc[0]['micro_name']}`)")
         else:
             label = {0: "--steps-from", 1: "numbered NVTX ranges", 2: "torch.profiler ProfilerStep ranges",
-                     3: "repeated NVTX ranges"}[fam]
+                     3: "repeated NVTX ranges",
+                     4: "orch's loop marks: from one optimizer step's end to the next's"}[fam]
             step_source = f"{label} (e.g. `{pattern}`)"
             acc = v.query("SELECT k FROM step_accum ORDER BY rank LIMIT 1")
             if acc:  # gradient accumulation: k ranges (micro-batches) to an optimizer step
@@ -217,4 +218,6 @@ def _report(v: Views, store: Path, opts: Options) -> Report:
     _one_saving(report)
     report.notes = _notes(v)
     report.outcome = build_outcome(v)  # before the rules: a job that did not complete is never healthy
+    ev = evidence(v)
+    report.loaders = ev.loaders if ev else {}
     return report

@@ -288,6 +288,8 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
             # finalize): the analysis runs once more on a fresh in-memory database.
             con = _analysed(store, opts, writer, only, threads)
     except duckdb.Error as e:
+        if writer is not None and checkpoint_race(e):
+            raise  # the caller collects again, the checkpoint first (cli/report.py)
         where = sqlrun.failed_file(e)
         first = f"{where}: {str(e).splitlines()[0]}" if where else str(e).splitlines()[0]
         if isinstance(e, INTERNAL):
@@ -296,6 +298,12 @@ def analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | Non
         raise out_of_memory(e, f"analysis of {store}") or OrchError(
             f"analysis failed on {store} ({first}); re-run `orch collect` to rebuild the store") from None
     return con, Views(con)
+
+
+def checkpoint_race(e: BaseException) -> bool:
+    """Whether DuckDB's checkpoint, writing the store while an analysis reads it on another
+    cursor (`on_writer`), failed on its own race and invalidated the database."""
+    return isinstance(e, duckdb.Error) and "Corrupted in-memory column" in str(e)
 
 
 def _analysed(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection | None,

@@ -23,6 +23,7 @@ from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_overhead import CaptureOverhead
 from orchestrator.analyze.model_replay import Replay, WhatIf
 from orchestrator.analyze.model_stats_tables import StatsTables
+from orchestrator.collect.loaders import LoaderSettings
 from orchestrator.errors import OrchError
 
 SCHEMA_VERSION = 3
@@ -203,6 +204,9 @@ class Report(Strict):
                                                     "what each what-if saves (none without matched NCCL work)")
     outcome: Outcome | None = Field(None, description="how the job ended; none for reports orch did not submit")
     capture_overhead: CaptureOverhead | None = Field(None, description="what tracing cost each rank, estimated")
+    loaders: dict[int, list[LoaderSettings]] = Field(default_factory=dict, description=(
+        "rank -> the settings of each DataLoader it iterated (orch's loop marks; none for reports orch did "
+        "not submit)"))
     notes: list[str] = Field(default_factory=list, description="what the reader should know about the capture")
     findings: list[Finding] = Field(default_factory=list)
 

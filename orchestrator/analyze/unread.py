@@ -38,12 +38,12 @@ SELECT rank FROM (
 WHERE rank IN (SELECT rank FROM ranks WHERE status = 'ok')"""
 
 # Every rank mapped by this SQL, each with steps from its NVTX ranges: a rank without them has
-# its steps inferred from its CUDA calls again (12_inferred_steps.sql: family 4), and a run that
+# its steps inferred from its CUDA calls again (12_inferred_steps.sql: family 5), and a run that
 # would open a gate anyway is not worth running twice.
 _ALL_MAPPED = """
 SELECT count(*) = 0 FROM ranks
 WHERE status = 'ok' AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
-                         OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 4))"""
+                         OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 5))"""
 
 # A job that ended early has the first step some rank never finished cut from every rank
 # (10_steps.sql, open_steps), and each map the step its own rank was stopped in

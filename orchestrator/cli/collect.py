@@ -64,13 +64,13 @@ def options(a: argparse.Namespace, **more: Any) -> CollectOptions:
 
 @contextmanager
 def collected_open(paths: list[str], dest: Path, a: argparse.Namespace,
-                   started: dict[Path, Started]) -> Iterator[tuple[Any, Any]]:
+                   started: dict[Path, Started], background: bool = True) -> Iterator[tuple[Any, Any]]:
     """The collect of `orch analyze`: the in-process collect holds the store open for an
-    analysis on its own connection while the checkpoint runs (collect.collecting); the
-    map/reduce collect gives a closed store (connection None)."""
+    analysis on its own connection while the checkpoint runs (collect.collecting; `background`
+    False: the checkpoint first); the map/reduce collect gives a closed store (connection None)."""
     from orchestrator.collect.collect import collecting
 
-    opts = options(a, started=started, background=not _map_reduce(a))
+    opts = options(a, started=started, background=background and not _map_reduce(a))
     with collecting([Path(p) for p in paths], dest, opts) as held:
         yield held
 

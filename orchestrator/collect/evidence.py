@@ -1,6 +1,7 @@
 """What a job that did not end by itself left in its run directory, read once at collect time so
 the store keeps it (a store copied elsewhere still knows how its job ended): the scheduler's
-state (`orch status`'s own code), the stack dumps and PyTorch's Flight Recorder dumps.
+state (`orch status`'s own code), the stack dumps and PyTorch's Flight Recorder dumps, and each
+rank's DataLoader settings (collect/loaders.py).
 
 The rank hook (templates/sitecustomize.py.j2) writes `dumps/stacks.r<RANK>.txt` and
 `dumps/flight_recorder/rank_<RANK>` when orch stops a job; NCCL's watchdog writes the latter
@@ -25,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.collect.loaders import LoaderSettings, loaders
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
 
@@ -100,6 +102,7 @@ class JobEvidence(_Kept):
     stack_classes: list[StackClass] = []  # the ranks grouped by their main thread's whole stack
     oom: dict[int, str] = {}  # rank -> torch's out-of-memory message, whole (what it asked, what it held)
     reports_lost: dict[int, str] = {}  # rank -> why its report was lost, in the rank wrapper's words
+    loaders: dict[int, list[LoaderSettings]] = {}  # rank -> its DataLoaders' settings (orch's loop marks)
 
     @property
     def ended_early(self) -> bool:
@@ -132,7 +135,7 @@ def gather(run: Path) -> JobEvidence | None:
                        dumps=dump_files(run), flight_recorder=last_collectives(paths.flight_recorder),
                        flight_diverged=diverged_collectives(paths.flight_recorder), stacks=stacks(paths.dumps),
                        stack_classes=stack_classes(paths.dumps), oom=torch_oom(st["tasks"]),
-                       reports_lost=reports_lost(st["tasks"]))
+                       reports_lost=reports_lost(st["tasks"]), loaders=loaders(paths.dumps))
 
 
 _LOST = re.compile(r"^orch: rank (\d{1,7}): report lost: (.*)$", re.M)

@@ -34,6 +34,7 @@ from orchestrator.submit.limits import stop_timing
 
 SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh", "export_report.sh")
 HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)
+HOOKS = ("sitecustomize.py", "orch_loop_marks.py")  # what goes there (loop marks: profile.loop_marks)
 # Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
 
@@ -155,6 +156,7 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "export_timeout_s": prof.export_timeout_s,
         "newer_export_args": newer_export_args(job),
         "map_in_job": prof.maps_in_job,
+        "loop_marks": prof.loop_marks,
         "run_dir": str(script_dir.parent),
         "orch_python": sys.executable,
         "orch_root": str(Path(orchestrator.__file__).resolve().parent.parent),
@@ -165,7 +167,7 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
     }
     env = _env()
     scripts = {name: env.get_template(f"{name}.j2").render(**ctx) for name in SCRIPTS}
-    hooks = {"sitecustomize.py": env.get_template("sitecustomize.py.j2").render(**ctx)}
+    hooks = {name: env.get_template(f"{name}.j2").render(**ctx) for name in HOOKS}
     return Rendered(script_dir=script_dir, report_dir=report_dir, log_dir=log_dir,
                     scripts=scripts, node_command=nc,
                     report_pattern=str(report_dir / stem), hooks=hooks)

@@ -257,6 +257,10 @@ class Profile(Strict):
     # Record NCCL message sizes (bytes/bandwidth per collective): NVTX tracing on, so NCCL's own
     # ranges and their payloads ("Message size [bytes]") are captured; nsys >= 2024.
     comm_sizes: bool = False
+    # NVTX ranges from inside each rank (templates/orch_loop_marks.py.j2): every optimizer step and
+    # every wait for the next batch, with no change to the user's code; the steps and the input
+    # stalls come from them where the user's own NVTX marks none.
+    loop_marks: bool = True
     gpu_metrics: GpuMetrics = GpuMetrics()
     extra_args: list[str] = []
     output_dir: str | None = None

@@ -13,18 +13,39 @@
 #   capture_modern.sh --fixtures SRC DEST
 #                                      unpack SRC/fx*.tar into DEST as committed fixtures (the
 #                                      OS-runtime rows of threads that never touch CUDA dropped,
-#                                      VACUUM, gzip -9)
+#                                      VACUUM, xz -9: tests/fixtures/README.md)
 #
 # The torch.compile timing run goes first: it fills Inductor's on-disk caches, so the captured
 # runs replay cached kernels instead of compiling under the profiler.
+# CAPTURE_SET=loops makes the loop-marks set instead (tests/fixtures/loops/): loops with no NVTX
+# of their own, as orch's marks see them (a plain loop with fused AdamW and 4 micro-batches, its
+# twin with profile.loop_marks: false, a dataset tokenising in the loop thread, the HF Trainer
+# with accumulation and with the slow dataset), each slow input timed at 0 and 8 workers.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 mode=${1:?usage: $0 --rehearse OUT | --device OUT | --fixtures SRC DEST}
 shift
 
-# name | profile lines (YAML, under profile:) | args on the GPU | tiny args (CPU)
+# name | profile lines (YAML, under profile:) | args on the GPU | tiny args (CPU) | script
+# (default modern_loops.py)
 GPT_TINY="--dim 64 --layers 2 --heads 2 --seq 32 --vocab 100 --batch 4 --device cpu"
+HF_TINY="--tiny --seq 64 --batch 2"
+LOOP_CAPTURES=(
+  "loops_fused_accum4||--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
+  "loops_fused_accum4_nomarks|loop_marks: false|--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
+  "loops_tokenise_w0||--sample-ms 5 --workers 0 --steps 20|--sample-ms 2 --steps 5 $GPT_TINY"
+  "hf_gpt2_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 2 $HF_TINY|hf_trainer.py"
+  "hf_gpt2_tokenise_w0||--accum 1 --steps 20 --workers 0 --sample-ms 5|--accum 1 --steps 4 --workers 0 --sample-ms 2 $HF_TINY|hf_trainer.py"
+)
+# Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
+LOOP_TIMINGS=(
+  "loops_tokenise_w0|--sample-ms 5 --workers 0 --steps 20"
+  "loops_tokenise_w8|--sample-ms 5 --workers 8 --steps 20"
+  "loops_fused_accum4|--accum 4 --steps 20 --fused"
+  "hf_tokenise_w0|--accum 1 --steps 20 --workers 0 --sample-ms 5|hf_trainer.py"
+  "hf_tokenise_w8|--accum 1 --steps 20 --workers 8 --sample-ms 5|hf_trainer.py"
+)
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
   "gpt_compile_ro_nodetrace|cuda_graph_trace: node|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
@@ -44,7 +65,17 @@ TIMINGS=(
   "resnet18_pageable|--model resnet --no-pin --workers 2 --batch 64 --steps 30"
   "gpt_eager_accum4|--accum 4 --steps 20"
 )
+TIMINGS_AFTER=gpt_eager_accum4  # the capture after which the other timings run
 REHEARSE=0
+if [ "${CAPTURE_SET:-modern}" = loops ]; then
+  CAPTURES=("${LOOP_CAPTURES[@]}")
+  TIMINGS=("${LOOP_TIMINGS[@]}")
+  TIMINGS_AFTER=${TIMINGS_AFTER_LOOPS:-hf_gpt2_tokenise_w0}
+fi
+
+wanted() {  # wanted NAME LIST: LIST empty, or NAME in it (CAPTURE_ONLY, TIMINGS_ONLY)
+  [ -z "$2" ] || [[ " $2 " == *" $1 "* ]]
+}
 
 field() {  # field ROW INDEX
   local f
@@ -86,7 +117,8 @@ EOF
 }
 
 write_spec() {  # write_spec FILE ROW
-  local row=$2 args="" a extra
+  local row=$2 args="" a extra script
+  script=$(field "$row" 4)
   for a in $(field "$row" $((2 + REHEARSE))); do args+="\"$a\", "; done
   extra=$(field "$row" 1)
   cat >"$1" <<EOF
@@ -94,7 +126,7 @@ name: $(field "$row" 0)
 cluster: gpu1
 slurm: {time: "00:04:00"}
 launch:
-  script: $here/modern_loops.py
+  script: $here/${script:-modern_loops.py}
   args: [${args%, }]
   nproc_per_node: 1
 layout: {tp: 1, pp: 1, dp: 1}
@@ -145,13 +177,15 @@ capture_one() {  # capture_one WORK ROW
 }
 
 time_one() {  # time_one WORK ROW: the loop without a profiler, 3 runs in one process
-  local name args
+  local name args script
   name=$(field "$2" 0)
   args=$(field "$2" 1)
+  script=$(field "$2" 2)
   [ "$REHEARSE" = 1 ] && args="--steps 8 $GPT_TINY"
+  [ "$REHEARSE" = 1 ] && [ -n "$script" ] && args="--steps 6 $HF_TINY"
   echo "== timing $name at ${SECONDS}s"
   # shellcheck disable=SC2086
-  (cd "$here" && timeout 240 python3 modern_loops.py $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
+  (cd "$here" && timeout 240 python3 "${script:-modern_loops.py}" $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
     || echo "timing $name: exit $?"
   grep -E '^steady' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
 }
@@ -195,7 +229,7 @@ device_run() {
     echo "orch: working tree at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?') + uncommitted edits"
   } | tee "$work/status/_env"
   write_config "$work/specs" "$NSYS" "$ver" "$gpu"
-  time_one "$work" "${TIMINGS[0]}"  # fills the compile caches first
+  wanted "$(field "${TIMINGS[0]}" 0)" "${TIMINGS_ONLY:-}" && time_one "$work" "${TIMINGS[0]}"  # fills the compile caches first
   for row in "${CAPTURES[@]}"; do
     if [ -n "${CAPTURE_ONLY:-}" ] && [[ " $CAPTURE_ONLY " != *" $(field "$row" 0) "* ]]; then continue; fi
     if [ $((SECONDS + 60)) -gt "$deadline" ]; then
@@ -203,10 +237,11 @@ device_run() {
       continue
     fi
     capture_one "$work" "$row"
-    if [ "$(field "$row" 0)" = gpt_eager_accum4 ] && [ "${CAPTURE_TIMINGS:-1}" = 1 ]; then
+    if [ "$(field "$row" 0)" = "$TIMINGS_AFTER" ] && [ "${CAPTURE_TIMINGS:-1}" = 1 ]; then
       # the other timings before the last capture
       for t in "${TIMINGS[@]:1}"; do
         [ $((SECONDS + 30)) -gt "$deadline" ] && break
+        wanted "$(field "$t" 0)" "${TIMINGS_ONLY:-}" || continue
         time_one "$work" "$t"
       done
     fi
@@ -246,11 +281,11 @@ make_fixtures() {  # make_fixtures SRC DEST
   mkdir -p "$dest"
   for t in "$src"/fx*.tar; do tar -xf "$t" -C "$tmp"; done
   python3 - "$tmp" "$dest" <<'EOF'
-import gzip, os, shutil, sqlite3, sys
+import gzip, lzma, os, shutil, sqlite3, sys
 tmp, dest = sys.argv[1:]
 # OS-runtime rows of threads with no CUDA API call (Inductor's compile workers, DataLoader
 # pin/worker polling, c10d's TCPStore) are dropped; the loop thread's rows stay whole.
-print("file\tosrt_rows\tosrt_rows_removed\tgz_bytes")
+print("file\tosrt_rows\tosrt_rows_removed\txz_bytes")
 for cap in sorted(os.listdir(tmp)):
     for f in sorted(os.listdir(os.path.join(tmp, cap))):
         plain = os.path.join(tmp, f[:-3])
@@ -268,8 +303,8 @@ for cap in sorted(os.listdir(tmp)):
         con.commit()
         con.execute("VACUUM")
         con.close()
-        out = os.path.join(dest, f)
-        with open(plain, "rb") as a, gzip.GzipFile(out, "wb", compresslevel=9, mtime=0) as b:
+        out = os.path.join(dest, f[:-3] + ".xz")
+        with open(plain, "rb") as a, lzma.open(out, "wb", preset=9) as b:
             shutil.copyfileobj(a, b)
         os.unlink(plain)
         print(f"{f}\t{n_osrt}\t{n_del}\t{os.path.getsize(out)}")

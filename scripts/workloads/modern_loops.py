@@ -9,6 +9,8 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --accum 4 --steps 20          # gradient accumulation
     python modern_loops.py --model resnet --no-pin                   # images from pageable memory
     python modern_loops.py --model gpt --nvtx                        # an NVTX range per step
+    python modern_loops.py --model gpt --sample-ms 15 --workers 0    # each sample tokenised in Python
+    python modern_loops.py --model gpt --fused --accum 4             # fused AdamW, 4 micro-batches a step
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import statistics
 import time
 
@@ -60,14 +63,32 @@ class GPT(nn.Module):
 
 
 class Tokens(Dataset):
-    def __init__(self, n: int, seq: int, vocab: int):
+    """Token windows; `sample_ms` > 0: each sample first spends that long in Python, as a dataset
+    that tokenises its text in __getitem__ does (a pure-Python loop, holding the GIL)."""
+
+    def __init__(self, n: int, seq: int, vocab: int, sample_ms: float = 0.0):
         self.data = torch.randint(0, vocab, (n, seq + 1), generator=torch.Generator().manual_seed(0))
+        self.sample_ms = sample_ms
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sample_ms > 0:
+            tokenise(self.sample_ms)
         return self.data[i, :-1], self.data[i, 1:]
+
+
+def tokenise(ms: float) -> int:
+    """`ms` of Python work, a tokenizer's stand-in: byte-pair merges counted over a string."""
+    end, n = time.perf_counter() + ms / 1e3, 0
+    text = "the quick brown fox jumps over the lazy dog " * 4
+    while time.perf_counter() < end:
+        pairs: dict[str, int] = {}
+        for a, b in itertools.pairwise(text):
+            pairs[a + b] = pairs.get(a + b, 0) + 1
+        n += len(pairs)
+    return n
 
 
 class Images(Dataset):
@@ -88,8 +109,8 @@ class Images(Dataset):
 def build(args: argparse.Namespace, device: torch.device):
     if args.model == "gpt":
         model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-        data = Tokens(args.batch * args.accum * (args.steps + 1), args.seq, args.vocab)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.fused or None)
+        data = Tokens(args.batch * args.accum * (args.steps + 1), args.seq, args.vocab, args.sample_ms)
     else:
         import torchvision
 
@@ -157,6 +178,8 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--sample-ms", type=float, default=0.0, help="Python time per sample (a tokenising dataset)")
+    p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
     p.add_argument("--no-pin", action="store_true", help="DataLoader(pin_memory=False), blocking copies")
     p.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
     p.add_argument("--keep-outputs", action="store_true", help="keep every step's (logits, loss)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-FAMILIES = ("pairs", "gpu_runs", "layouts", "single", "failing")
+FAMILIES = ("pairs", "gpu_runs", "layouts", "single", "failing", "loops")
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,9 @@ its cost is what the steps would save at their pace. There this finding stays, a
 a cost for that rank, so one fix is counted once. Where the job was replayed, what fixing the
 input saves is the replay's: every rank's wait for input removed (61_replay.sql, `input on
 time`), less what the straggler findings on its roots carry; within the replay's error it is
-`info`. The per-rank figures above stay the evidence of where the wait is."""
+`info`. The per-rank figures above stay the evidence of where the wait is. Each stalled rank's
+DataLoader settings (orch's loop marks, report.loaders) are evidence too, and a rank that loads
+its batches in its loop thread (num_workers=0) is named in the fix."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
 from orchestrator.analyze.rules.base import Context, Rule, cpu_state, finding, worst_first
+from orchestrator.ranklist import ranges
 
 
 @dataclass
@@ -57,6 +60,9 @@ class DataLoaderStall(Rule):
             state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
             if state:
                 evidence.append(state)
+            evidence += [f"rank {rk}'s {s.line}" + (": no workers, the loop thread loads every batch itself"
+                                                     if s.num_workers == 0 else "")
+                         for s in ctx.report.loaders.get(rk, [])]
         cost, severity = max(saving.values()), "info" if set(stall) <= roots else None
         replay = ctx.report.replay
         on_time = replay.input_on_time() if replay else None
@@ -71,8 +77,12 @@ class DataLoaderStall(Rule):
             worst = round(cost / on_time.saving_ms * on_time.saving_pct, 2) if on_time.saving_ms > 0 else 0.0
             if cost <= replay.error_ms:
                 severity = "info"
-        return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence,
-                        ctx.data_loader_fix(), cost, pct=worst, severity=severity)]
+        alone = [rk for rk in sorted(stall) if any(s.num_workers == 0 for s in ctx.report.loaders.get(rk, []))]
+        fix = (f"Rank(s) {ranges(alone)} load their batches in the loop thread (DataLoader num_workers=0): give the "
+               "loader workers to prepare them ahead (num_workers=4-8, persistent_workers=True). "
+               if alone else "") + ctx.data_loader_fix()
+        return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
+                        severity=severity)]
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:

@@ -20,7 +20,11 @@
 -- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
 -- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
--- (`train_step`, `training_step`, Lightning's `[...]X.training_step`). Numbers are used when
+-- (`train_step`, `training_step`, Lightning's `[...]X.training_step`); 4 = orch's loop marks
+-- (templates/orch_loop_marks.py.j2: `orch: optimizer.step` around each optimizer step, in its
+-- domain or the default one), a step from one optimizer step's end to the next's, so that
+-- gradient accumulation is exact on any loop; 5, where no family matched, is the trace's own
+-- period (12_inferred_steps.sql). Numbers are used when
 -- they are unique per rank (else steps restart per epoch: numbered by order instead).
 -- Each distinct name is matched once (a capture has thousands of names for a million ranges).
 CREATE OR REPLACE TABLE step_marks AS
@@ -36,7 +40,16 @@ WITH names AS (
 )
 SELECT n.rank, n.tid, n.start, n."end", n.text, m.family
 FROM nvtx n JOIN names m ON m.text = n.text AND m.family IS NOT NULL
-WHERE n.domain_id = 0 AND n."end" > n.start;
+WHERE n.domain_id = 0 AND n."end" > n.start
+UNION ALL
+SELECT rank, tid, start, "end", text, 4 FROM (  -- each optimizer step ends the step begun at the previous
+    -- one's end; the first, at the loop's first wait for a batch on the same thread
+    SELECT o.rank, o.tid, coalesce(lag(o."end") OVER (PARTITION BY o.rank, o.tid ORDER BY o.start), b.first) AS start,
+           o."end", o.text
+    FROM nvtx o LEFT JOIN (SELECT rank, tid, min(start) AS first FROM nvtx WHERE text = 'orch: next batch'
+                           GROUP BY ALL) b USING (rank, tid)
+    WHERE o.text = 'orch: optimizer.step' AND o."end" > o.start)
+WHERE start < "end";
 
 CREATE OR REPLACE TABLE step_source AS
 SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks  -- the first one: stable output

@@ -1,7 +1,7 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
 -- Reads: steps, step_source, kernels, graph_execs, cuda_api, cuda_calls, is_sync_api, is_optimizer_kernel.
--- Writes: steps, step_source. Rows of family 4, when no rank had NVTX steps: steps
--- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (4, beat name).
+-- Writes: steps, step_source. Rows of family 5, when no rank had NVTX steps (its own or orch's marks): steps
+-- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (5, beat name).
 -- Provides:
 --   beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
 --   beat_candidates(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv,
@@ -43,7 +43,7 @@
 --      periods) still end it. So the steps span the whole steady loop, not its longest calm
 --      stretch.
 --   7. Steps: [burst_i, burst_{i+1}) over the extended run, on the thread that launched burst_i,
---      numbered 0.. in order, family = 4; the interval into the run (the warm-up iteration)
+--      numbered 0.. in order, family = 5; the interval into the run (the warm-up iteration)
 --      is step 0, which the window leaves out like any first step. The run's last burst opens
 --      the last step too, to one period later or that thread's last CUDA call, whichever
 --      comes first (the loop's last iteration has no next burst to end it).
@@ -192,10 +192,10 @@ WITH ext AS (  -- the beat's bursts and the interval to the next one
     GROUP BY a.rank, a.tid
 )
 SELECT rank, tid, start, "end", CAST(row_number() OVER (PARTITION BY rank ORDER BY start) - 1 AS INTEGER) AS step,
-       4 AS family
+       5 AS family
 FROM (
     SELECT b.rank, b.tid, b.start, coalesce(b.next, least(b.one_period, greatest(c.t, b.start + 1))) AS "end"
     FROM bounded b LEFT JOIN last_call c USING (rank, tid));
 
 INSERT INTO step_source
-SELECT 4, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM step_source) HAVING count(*) > 0;
+SELECT 5, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM step_source) HAVING count(*) > 0;

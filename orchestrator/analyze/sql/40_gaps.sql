@@ -6,6 +6,8 @@
 -- the loop thread synchronised with the GPU, copied results to the host or launched kernels
 -- anywhere in that interval (metrics, logging, an evaluation run between steps: `.item()`,
 -- `.cpu()`), then it is `between steps (other work)`. (Copying the next batch in is input.)
+-- orch's loop marks count as the user's ranges (`orch: next batch`: the wait for the next batch,
+-- whatever the loop's own NVTX; a range of the user's inside it, deeper, names it first).
 -- A gap no range explains is named by what the loop thread was doing at its midpoint: the
 -- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
@@ -39,7 +41,8 @@ WITH sm AS (
                                               RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS min_end
     FROM steps
 ), n AS (
-    SELECT rowid AS nvtx_row, rank, tid, start, "end", depth FROM nvtx WHERE domain_id = 0 AND text IS NOT NULL
+    SELECT rowid AS nvtx_row, rank, tid, start, "end", depth FROM nvtx
+    WHERE (domain_id = 0 OR starts_with(text, 'orch: ')) AND text IS NOT NULL
 )
 SELECT n.* FROM n ASOF LEFT JOIN sm ON sm.rank = n.rank AND sm.tid = n.tid AND n.start <= sm.start
 WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
@@ -49,7 +52,7 @@ WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
 CREATE OR REPLACE TABLE between_steps AS
 WITH iv AS (
     SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e
-    FROM steps SEMI JOIN map_todo USING (rank) WHERE family < 4
+    FROM steps SEMI JOIN map_todo USING (rank) WHERE family < 5
 ), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
     SELECT a.rank, a.start, is_sync_api(a.name) OR m.kind = 'DtoH' AS sync_or_copy, a.name LIKE '%Launch%' AS launch
     FROM cuda_api a JOIN loop_thread l USING (rank, tid) SEMI JOIN map_todo USING (rank)

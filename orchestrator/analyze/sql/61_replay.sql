@@ -138,8 +138,9 @@ SELECT n.rank, n.step, n.pos, n.w, n.dc, n.pre, n.post, coalesce(p.w_med, o.w_me
 FROM replay_nodes n LEFT JOIN peer p USING (rank, step, pos) LEFT JOIN own o USING (rank, pos);
 
 -- Each rank's factors in the stages-balanced what-if, one for its GPU and one for its CPU: its
--- stage's compute (kernels other than NCCL's in the steps) and CPU time (between launches and
--- around blocks), each the mean over the stage's ranks, against the mean over the stages. Moving
+-- stage's compute (kernels other than NCCL's in the steps) and CPU time between launches (blocks
+-- out; the time around them scaled alike), each the mean over the stage's ranks, against the
+-- mean over the stages. Moving
 -- layers moves both, but not in one proportion (a stage's launches, input and loss are its own),
 -- so each is evened on its own (a pipeline of >= 2 stages whose layout is known, as
 -- stage_metrics reads it).

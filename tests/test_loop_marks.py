@@ -1,0 +1,68 @@
+"""orch's loop marks (templates/orch_loop_marks.py.j2) in real jobs: the eager GPT of
+scripts/workloads/modern_loops.py on CPU with no NVTX of its own, 4 micro-batches to each of 6
+optimizer steps, a DataLoader with no workers, through `orch submit --wait` under real nsys. The
+rank hook wraps every optimizer step and every wait for a batch in an NVTX range (plain sqlite3
+over the rank's export counts them against the program's own arguments), notes the loader's
+settings, and the report's steps are the optimizer steps; `profile.loop_marks: false` makes none."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_orch
+
+pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
+
+STEPS, ACCUM = 6, 4
+ARGS = ["--device", "cpu", "--dim", "64", "--layers", "2", "--heads", "2", "--seq", "32", "--vocab", "100",
+        "--batch", "4", "--steps", str(STEPS), "--warmup", "2", "--accum", str(ACCUM), "--log-every", "100"]
+
+
+def _run(tmp: Path, marks: bool) -> tuple[Path, dict]:
+    spec = {"name": "marks", "cluster": "local", "run_root": str(tmp / "runs"),
+            "launch": {"script": str(REPO / "scripts" / "workloads" / "modern_loops.py"), "nproc_per_node": 1,
+                       "args": ARGS},
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks}}
+    (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
+    p = run_orch("submit", str(tmp / "job.yaml"), "--wait", cwd=tmp)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run,) = (tmp / "runs").iterdir()
+    assert run_orch("collect", str(run)).returncode == 0
+    r = run_orch("report", str(run), "--json", str(tmp / "r.json"))
+    assert r.returncode == 0, r.stderr
+    return run, json.loads((tmp / "r.json").read_text())
+
+
+def _ranges(run: Path) -> dict[str, int]:
+    (export,) = (run / "exports").glob("*.sqlite")
+    con = sqlite3.connect(export)
+    if not con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'NVTX_EVENTS'").fetchone()[0]:
+        return {}  # nsys writes no table for no range
+    rows = con.execute("SELECT coalesce(e.text, s.value), count(*) FROM NVTX_EVENTS e LEFT JOIN StringIds s "
+                       "ON s.id = e.textId WHERE e.eventType IN (59, 60) GROUP BY 1").fetchall()
+    con.close()
+    return dict(rows)
+
+
+def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_path: Path, nsys: str) -> None:
+    run, rep = _run(tmp_path, marks=True)
+    ranges = _ranges(run)
+    assert ranges["orch: optimizer.step"] == STEPS
+    assert ranges["orch: next batch"] >= STEPS * ACCUM  # each micro-batch's, and the DataLoader's last
+    assert "step 0" not in ranges  # the program opens no range of its own
+    assert rep["window"]["step_source"].startswith("orch's loop marks")
+    assert len(rep["steps"]) == STEPS and "0" in rep["loaders"]
+    (loader,) = rep["loaders"]["0"]
+    assert loader["num_workers"] == 0 and loader["batch_size"] == 4 and loader["dataset"] == "Tokens"
+
+
+def test_loop_marks_false_makes_none(tmp_path: Path, nsys: str) -> None:
+    run, rep = _run(tmp_path, marks=False)
+    assert not [t for t in _ranges(run) if t.startswith("orch:")]
+    assert not (run / "dumps" / "loaders.r0.jsonl").exists() and rep["loaders"] == {}
+    assert not rep["window"]["step_source"].startswith("orch's loop marks")

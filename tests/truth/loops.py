@@ -1,0 +1,66 @@
+"""Truth of the loop-marks captures (tests/fixtures/loops, README there: one H200, loops with no
+NVTX of their own, orch's loop marks on unless said): the optimizer steps counted by plain
+sqlite3 (clip_grad_norm_'s one `lpnorm_cleanup` kernel a step), and what giving a slow dataset
+8 DataLoader workers saves, from the same loop's own unprofiled timings on the same machine
+(timings.json: each `--repeat 3` run's steady step time, the median taken)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from tests.truth import FIXTURES, Truth, opened
+
+LOOPS = FIXTURES / "loops"
+STEPS = ("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+         "WHERE s.value = 'lpnorm_cleanup'")
+HOW = {
+    "root": "planted: the workload's arguments (loops/README.md); a single process is rank 0",
+    "steps": "plain sqlite3: optimizer steps, one `lpnorm_cleanup` kernel each (clip_grad_norm_)",
+    "saving_ms": "the loop's own unprofiled timings (timings.json, median of 3 runs each): (steady step at "
+                 "{slow} - at {fast}) x the {n} steps after the first",
+    "cause": "{what}",
+}
+# stem -> (about, cause, root, (slow timing, fast timing) or None, how the cause is known)
+CASES = {
+    "loops_fused_accum4": (
+        "modern_loops.py's eager GPT with fused AdamW and 4 micro-batches of gradient accumulation per optimizer "
+        "step, 20 optimizer steps, no NVTX; orch's loop marks on; nothing planted, launch-bound", "launch", [0], None,
+        "the eager GPT is launch-bound (nothing planted for it), as modern-gpt_eager_accum4"),
+    "loops_fused_accum4_nomarks": (
+        "loops_fused_accum4 with profile.loop_marks: false (no marks: steps only inferred); nothing planted, "
+        "launch-bound", "launch", [0], None, "the same loop as loops_fused_accum4"),
+    "loops_tokenise_w0": (
+        "modern_loops.py's eager GPT, each sample tokenised in Python for 5 ms (--sample-ms 5) by a DataLoader "
+        "with num_workers=0, 20 optimizer steps, no NVTX; orch's loop marks on", "input", [0],
+        ("loops_tokenise_w0", "loops_tokenise_w8"), "planted: --sample-ms 5 --workers 0"),
+    "hf_gpt2_accum4": (
+        "GPT-2 small from scratch with the HF Trainer (transformers 5), bf16, 4 micro-batches of gradient "
+        "accumulation, 2 DataLoader workers, 20 optimizer steps; orch's loop marks on; nothing planted", "none", [],
+        None, "nothing planted"),
+    "hf_gpt2_tokenise_w0": (
+        "the HF Trainer's GPT-2 with each sample tokenised in Python for 5 ms and dataloader_num_workers=0, "
+        "1 micro-batch a step, 20 optimizer steps; orch's loop marks on", "input", [0],
+        ("hf_tokenise_w0", "hf_tokenise_w8"), "planted: --sample-ms 5 --workers 0"),
+}
+
+
+def cases() -> list[Truth]:
+    timings = {k: statistics.median(v) for k, v in json.loads((LOOPS / "timings.json").read_text()).items()}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem, (about, cause, root, pair, why) in CASES.items():
+            spec = {"exports": [f"loops/{next(LOOPS.glob(f'{stem}_r0_*.sqlite.xz')).name}"]}
+            with opened(spec, Path(tmp)) as cons:
+                (con,) = cons.values()
+                steps = con.execute(STEPS).fetchone()[0]
+            t = Truth(case=f"loops-{stem}", about=about, input=spec, cause=cause, root=root, steps=steps,
+                      how={"root": HOW["root"], "steps": HOW["steps"], "cause": HOW["cause"].format(what=why)})
+            if pair:
+                slow, fast = pair
+                t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)
+                t.how["saving_ms"] = HOW["saving_ms"].format(slow=slow, fast=fast, n=steps - 1)
+            out.append(t)
+    return out

@@ -101,12 +101,8 @@ def _collect_and_report(a: argparse.Namespace, dest: Path) -> None:
     """The exports start first; every option is checked (a bad one kills them and keeps
     nothing) while they run. DuckDB's checkpoint, which writes the store while the analysis
     reads it, can fail on its own ("Corrupted in-memory column ... misaligned count": its race,
-    seen about once in ten hostile-input runs on a loaded machine); the store is then invalid
-    and nothing was kept, so the collect and the analysis run again, the checkpoint first."""
-    import duckdb
-
-    from orchestrator.analyze.engine import checkpoint_race
-
+    under memory pressure); the store is then invalid and nothing was kept, so the collect and
+    the analysis run again, the checkpoint first."""
     with early(a, a.paths, dest, a.nsys) as started:
         opts = _options(a)
         _preload(a)
@@ -114,7 +110,9 @@ def _collect_and_report(a: argparse.Namespace, dest: Path) -> None:
             with collected_open(a.paths, dest, a, started) as (res, writer):
                 print_collect(res)
                 report, extras = _analyse(res.store, a, opts, writer)
-        except duckdb.Error as e:
+        except Exception as e:  # (DuckDB is imported once the exports run: not before them)
+            from orchestrator.analyze.engine import checkpoint_race
+
             if not checkpoint_race(e):
                 raise
             err.print("orch: DuckDB's checkpoint failed while the analysis read the store (its own race); "

@@ -11,9 +11,11 @@ from pydantic import Field
 
 from orchestrator.analyze.model_base import Strict
 
-BALANCED = "stages balanced"  # the what-ifs' names in 61_replay.sql
-INPUT = "input on time"
-SYNCS = "no host syncs"
+# The what-ifs that remove a cause from every rank, by their names in 61_replay.sql, in words.
+BALANCED, INPUT, SYNCS = "stages balanced", "input on time", "no host syncs"
+LABELS = {BALANCED: "the stages balanced (their GPU work and CPU time at the stages' mean)",
+          INPUT: "the input on time (every rank's wait for it removed)",
+          SYNCS: "no host syncs (the CPU runs on, the GPU's idle after them gone)"}
 
 
 class ReplayStep(Strict):
@@ -44,13 +46,7 @@ class WhatIf(Strict):
     @property
     def label(self) -> str:
         """What was changed, in words, for every renderer."""
-        if self.what == BALANCED:
-            return "the stages balanced (their GPU work and CPU time at the stages' mean)"
-        if self.what == INPUT:
-            return "the input on time (every rank's wait for it removed)"
-        if self.what == SYNCS:
-            return "no host syncs (the CPU runs on, the GPU's idle after them gone)"
-        return f"{self.what} at its stage peers' pace"
+        return LABELS.get(self.what, f"{self.what} at its stage peers' pace")
 
 
 class Replay(Strict):
@@ -66,17 +62,10 @@ class Replay(Strict):
         """The what-if that puts `rank` at its peers' pace, if it was replayed."""
         return next((w for w in self.whatifs if w.rank == rank), None)
 
-    def balanced(self) -> WhatIf | None:
-        """The what-if with the pipeline's stages evened, if the job has stages to even."""
-        return next((w for w in self.whatifs if w.what == BALANCED), None)
-
-    def input_on_time(self) -> WhatIf | None:
-        """The what-if with every rank's wait for input removed, if any rank waited for it."""
-        return next((w for w in self.whatifs if w.what == INPUT), None)
-
-    def no_host_syncs(self) -> WhatIf | None:
-        """The what-if with every host sync gone, if any rank's CPU waited in one."""
-        return next((w for w in self.whatifs if w.what == SYNCS), None)
+    def removed(self, what: str) -> WhatIf | None:
+        """The what-if that removes cause `what` (BALANCED, INPUT, SYNCS) from every rank, if the
+        job had it to remove (stages to even, a wait for input, a host sync)."""
+        return next((w for w in self.whatifs if w.what == what), None)
 
     def shown(self) -> list[WhatIf]:
         """The what-ifs that save anything at the report's precision (0.1 ms), the most first."""

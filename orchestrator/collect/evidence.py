@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.collect.loaders import LoaderSettings, loaders
+from orchestrator.collect.loaders import LOADERS_BYTES, LOADERS_NAME, LoaderSettings, loaders
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
 
@@ -135,7 +135,8 @@ def gather(run: Path) -> JobEvidence | None:
                        dumps=dump_files(run), flight_recorder=last_collectives(paths.flight_recorder),
                        flight_diverged=diverged_collectives(paths.flight_recorder), stacks=stacks(paths.dumps),
                        stack_classes=stack_classes(paths.dumps), oom=torch_oom(st["tasks"]),
-                       reports_lost=reports_lost(st["tasks"]), loaders=loaders(paths.dumps))
+                       reports_lost=reports_lost(st["tasks"]),
+                       loaders=loaders(rank_texts(paths.dumps, LOADERS_NAME, LOADERS_BYTES, tail=False)))
 
 
 _LOST = re.compile(r"^orch: rank (\d{1,7}): report lost: (.*)$", re.M)
@@ -339,21 +340,28 @@ def main_stack(text: str, frames: int = 6) -> list[str]:
 MAX_CLASS_FRAMES = 64  # faulthandler writes at most 100 frames a thread; the program's own are near the top
 
 
-def _stack_texts(folder: Path) -> dict[int, str]:
-    """Per rank the tail of its stack file (`stacks.r<RANK>.txt`)."""
+def rank_texts(folder: Path, name: re.Pattern[str], most: int, tail: bool) -> dict[int, str]:
+    """Per rank the text of its file in `folder` (`name` matches it whole, its group the rank):
+    at most `most` bytes, its end (`tail`) or its start."""
     out = {}
     if folder.is_dir():
         for p in sorted(folder.iterdir()):
-            m = _STACK_NAME.fullmatch(p.name)
+            m = name.fullmatch(p.name)
             if not m or not p.is_file():
                 continue
             try:
                 with p.open("rb") as fh:
-                    fh.seek(max(0, p.stat().st_size - MAX_STACK_BYTES))
-                    out[int(m.group(1))] = fh.read().decode(errors="replace")
+                    if tail:
+                        fh.seek(max(0, p.stat().st_size - most))
+                    out[int(m.group(1))] = fh.read(most).decode(errors="replace")
             except OSError:
                 continue
     return out
+
+
+def _stack_texts(folder: Path) -> dict[int, str]:
+    """Per rank the tail of its stack file (`stacks.r<RANK>.txt`)."""
+    return rank_texts(folder, _STACK_NAME, MAX_STACK_BYTES, tail=True)
 
 
 def stack_classes(folder: Path) -> list[StackClass]:

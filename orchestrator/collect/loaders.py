@@ -1,20 +1,20 @@
 """Each rank's DataLoader settings, as orch's loop marks wrote them in the job
 (templates/orch_loop_marks.py.j2: `dumps/loaders.r<RANK>.jsonl`, a line per loader the rank
 iterated): what the fix for a slow input depends on (no workers: the loop thread loads its own
-data). A run directory is not trusted input: each file is read to a bound, each line parsed
-strictly, and what does not parse is skipped."""
+data). A run directory is not trusted input: each file is read to a bound (by
+evidence.rank_texts, as the stack dumps are), each line parsed strictly, and what does not parse
+is skipped."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-MAX_BYTES = 64 << 10  # a few loaders a rank; a program that makes one per step repeats itself
+LOADERS_BYTES = 64 << 10  # a few loaders a rank; a program that makes one per step repeats itself
 MAX_PER_RANK = 8
-_NAME = re.compile(r"loaders\.r(\d{1,7})\.jsonl")
+LOADERS_NAME = re.compile(r"loaders\.r(\d{1,7})\.jsonl")
 
 
 class LoaderSettings(BaseModel):
@@ -38,20 +38,11 @@ class LoaderSettings(BaseModel):
         return f"DataLoader({', '.join(parts)}) over {(self.dataset or '?')[:80]}"
 
 
-def loaders(folder: Path) -> dict[int, list[LoaderSettings]]:
-    """Per rank its loaders' settings, each distinct one once, in the order first iterated."""
+def loaders(texts: dict[int, str]) -> dict[int, list[LoaderSettings]]:
+    """Per rank (its file's text) its loaders' settings, each distinct one once, in the order
+    first iterated."""
     out: dict[int, list[LoaderSettings]] = {}
-    if not folder.is_dir():
-        return out
-    for p in sorted(folder.iterdir()):
-        m = _NAME.fullmatch(p.name)
-        if not m or not p.is_file():
-            continue
-        try:
-            with p.open("rb") as fh:
-                text = fh.read(MAX_BYTES).decode(errors="replace")
-        except OSError:
-            continue
+    for rank, text in texts.items():
         seen: list[LoaderSettings] = []
         for line in text.splitlines():
             try:
@@ -61,5 +52,5 @@ def loaders(folder: Path) -> dict[int, list[LoaderSettings]]:
             if s not in seen and len(seen) < MAX_PER_RANK:
                 seen.append(s)
         if seen:
-            out[int(m.group(1))] = seen
+            out[rank] = seen
     return out

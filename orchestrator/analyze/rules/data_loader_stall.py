@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.engine import DATA_RANGE
+from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
 from orchestrator.analyze.rules.base import Context, Rule, cpu_state, finding, worst_first
@@ -65,7 +66,7 @@ class DataLoaderStall(Rule):
                          for s in ctx.report.loaders.get(rk, [])]
         cost, severity = max(saving.values()), "info" if set(stall) <= roots else None
         replay = ctx.report.replay
-        on_time = replay.input_on_time() if replay else None
+        on_time = replay.removed(INPUT) if replay else None
         if replay and on_time:
             claimed = sum(f.cost_ms for f in ctx.findings if f.kind == "straggler" and set(f.ranks) & roots)
             cost = max(on_time.saving_ms - claimed, 0.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.engine import DATA_RANGE
+from orchestrator.analyze.model_replay import SYNCS
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
@@ -66,7 +67,7 @@ class HostSync(Rule):
         top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]
         cost, severity = max(idle for _, idle in hit.values()), None
         replay = ctx.report.replay
-        gone = replay.no_host_syncs() if replay else None
+        gone = replay.removed(SYNCS) if replay else None
         if replay and gone:
             cost, worst = max(gone.saving_ms, 0.0), max(gone.saving_pct, 0.0)
             evidence.append(f"replayed with no host sync (the CPU runs on, the GPU's idle after them gone), the "

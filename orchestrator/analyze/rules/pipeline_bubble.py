@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.analyze.model_replay import BALANCED
 from orchestrator.analyze.model_report import Finding, StageMetrics
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
@@ -107,7 +108,7 @@ class PipelineBubble(Rule):
         title = f"pipeline bubble: stages idle {what} of the step" + (f" (from rank {root[0]})" if root else "")
         ranks = [r for s in hit for r in s.ranks]
         replay = ctx.report.replay
-        balanced = replay.balanced() if replay and theory is not None else None
+        balanced = replay.removed(BALANCED) if replay and theory is not None else None
         if replay and balanced and not unprofiled:  # (the replay has no node of an unprofiled rank)
             left = max(balanced.saving_ms, 0.0)
             claimed = self._claimed(ctx, root[0]) if root else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.analyze.model_replay import BALANCED
 from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
@@ -57,7 +58,7 @@ class StageImbalance(Rule):
         severity: Severity = "high" if imb.ratio >= self.high_ratio else "medium"
         pct = 100 * saving / window if window else None
         replay = ctx.report.replay
-        balanced = replay.balanced() if replay else None
+        balanced = replay.removed(BALANCED) if replay else None
         if replay and balanced:
             saving, pct = max(balanced.saving_ms, 0.0), balanced.saving_pct
             evidence.append(f"replayed with every stage's GPU work and CPU time at the stages' mean, the "

@@ -182,6 +182,8 @@ def judge(truth: dict, rep: dict) -> Row:
             missed.append(f"cause: top {row.orch}{where}")
         elif top["ranks"] != root:
             missed.append(f"root r{_ranks(top['ranks'])}, truth r{_ranks(root)}")
+        if truth.get("function") and top is not None and f"`{truth['function']}`" not in top["title"]:
+            missed.append(f"function: the top finding does not name `{truth['function']}`")
         victims = sorted({r for f in loud if f["kind"] in BLAMING and f["severity"] in ("medium", "high")
                           for r in f["ranks"] if r not in root})
         if victims:

@@ -3,7 +3,10 @@ scripts/workloads/modern_loops.py on CPU with no NVTX of its own, 4 micro-batche
 optimizer steps, a DataLoader with no workers, through `orch submit --wait` under real nsys. The
 rank hook wraps every optimizer step and every wait for a batch in an NVTX range (plain sqlite3
 over the rank's export counts them against the program's own arguments), notes the loader's
-settings, and the report's steps are the optimizer steps; `profile.loop_marks: false` makes none."""
+settings, and the report's steps are the optimizer steps; `profile.loop_marks: false` makes none.
+The same hook samples the main thread's Python stack from the first optimizer step (instant
+ranges in domain `orch.py`, named by the program's own functions); `python_sampling_ms: 0` takes
+no sample, and the program's exit status is its own either way."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def _run(tmp: Path, marks: bool) -> tuple[Path, dict]:
     spec = {"name": "marks", "cluster": "local", "run_root": str(tmp / "runs"),
             "launch": {"script": str(REPO / "scripts" / "workloads" / "modern_loops.py"), "nproc_per_node": 1,
                        "args": ARGS},
-            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks}}
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks,
+                        "python_sampling_ms": 1 if marks else 0}}
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
     p = run_orch("submit", str(tmp / "job.yaml"), "--wait", cwd=tmp)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -49,6 +53,19 @@ def _ranges(run: Path) -> dict[str, int]:
     return dict(rows)
 
 
+def _samples(run: Path) -> list[str]:
+    """The names of the ranges in NVTX domain `orch.py` (orch's Python samples)."""
+    (export,) = (run / "exports").glob("*.sqlite")
+    con = sqlite3.connect(export)
+    if not con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'NVTX_EVENTS'").fetchone()[0]:
+        return []
+    rows = con.execute("SELECT coalesce(e.text, s.value) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                       "WHERE e.eventType IN (59, 60) AND e.domainId IN (SELECT domainId FROM NVTX_EVENTS "
+                       "WHERE eventType = 75 AND text = 'orch.py')").fetchall()
+    con.close()
+    return [r[0] for r in rows]
+
+
 def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_path: Path, nsys: str) -> None:
     run, rep = _run(tmp_path, marks=True)
     ranges = _ranges(run)
@@ -59,10 +76,14 @@ def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_pa
     assert len(rep["steps"]) == STEPS and "0" in rep["loaders"]
     (loader,) = rep["loaders"]["0"]
     assert loader["num_workers"] == 0 and loader["batch_size"] == 4 and loader["dataset"] == "Tokens"
+    samples = _samples(run)
+    assert samples and all(" (" in t for t in samples)
+    assert any(t.split(" | ")[0].endswith(("(modern_loops.py:44)", "(modern_loops.py:59)", "(modern_loops.py:150)"))
+               for t in samples), samples[:20]  # Block.forward, GPT.forward, run: the program's own
 
 
 def test_loop_marks_false_makes_none(tmp_path: Path, nsys: str) -> None:
     run, rep = _run(tmp_path, marks=False)
-    assert not [t for t in _ranges(run) if t.startswith("orch:")]
+    assert not [t for t in _ranges(run) if t.startswith("orch:")] and not _samples(run)
     assert not (run / "dumps" / "loaders.r0.jsonl").exists() and rep["loaders"] == {}
     assert not rep["window"]["step_source"].startswith("orch's loop marks")

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.analyze.build import build_report
 from orchestrator.analyze.engine import Options
+from orchestrator.analyze.stats_tables import _sources
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.tables import OSRT_MIN_NS
@@ -237,3 +238,19 @@ def test_ms_of_integer_ns_needs_no_rounding() -> None:
     floats = [rng.uniform(0, 1e13) for _ in range(20_000)] + [2.5e-7, 1234.5000005, 1e18 / 3]
     assert [ms(x) for x in floats] == [round(x / 1e6, 6) for x in floats]
     assert ms(1234.5) == 0.001234 and ms(None) is None  # a float ns is still cut to 6 decimals
+
+
+def test_library_domains_and_one_off_ranges_are_shown_apart(runs) -> None:
+    """The loop's own ranges first; NCCL's domain after them, marked as a library's (nsys names
+    the domain in the range's group)."""
+    for run in ("ok", "ddp_straggler"):
+        phases = runs[run]["capture"].tables.phases
+        kinds = [p.source for p in phases]
+        assert kinds == sorted(kinds, key=["loop", "library", "once"].index), run
+        assert {p.source for p in phases if p.range.startswith("NCCL:")} == {"library"}, run
+        assert {p.source for p in phases if not p.range.startswith("NCCL:")} == {"loop"}, run
+    rows = [{"grp": "setup", "n": 1, "per_step_ns": 5.0, "rank": 0}, {"grp": "setup", "n": 1, "per_step_ns": 4.0},
+            {"grp": "warmup", "n": 1, "per_step_ns": 5.0}, {"grp": "warmup", "n": 3, "per_step_ns": 5.0},
+            {"grp": "init", "n": 1, "per_step_ns": None}, {"grp": "CCCL:cub::DeviceScan", "n": 1, "per_step_ns": 1.0}]
+    assert _sources(rows, ["CCCL"]) == {"setup": "once", "warmup": "loop", "init": "loop",
+                                        "CCCL:cub::DeviceScan": "library"}

@@ -133,10 +133,13 @@ SUMMARIES = (
             (("rank", _I), ("s", _B), ("e", _B), ("dur", _B), ("range_group", _V), ("range_text", _V))),
     Summary("map_between_steps", "between_steps", (("rank", _I), ("s", _B), ("e", _B), ("other_work", "BOOLEAN"))),
     # What the gaps are made of (40_gaps.sql, 45_cpu_state.sql, 99_slice_idle.sql): the short ones,
-    # the OS calls the loop thread was in during the long ones, the idle of each slice.
+    # the OS calls the loop thread was in during the long ones and the Python functions it ran,
+    # the idle of each slice.
     Summary("map_small_gaps", "small_gaps", (("rank", _I), ("n", _B), ("ns", _B))),
     Summary("map_osrt_traced", "osrt_traced", (("rank", _I),)),
     Summary("map_gap_cpu", "gap_cpu", (("rank", _I), ("range_group", _V), ("call", _V), ("ns", _B))),
+    Summary("map_gap_python", "gap_python",
+            (("rank", _I), ("range_group", _V), ("func", _V), ("leaf", _V), ("n", _B))),
     Summary("map_slice_idle", "slice_idle", (("rank", _I), ("slice", _B), ("short_ns", _B), ("long_ns", _B))),
     # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
     Summary("map_host_syncs", "host_syncs",

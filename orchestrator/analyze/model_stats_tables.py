@@ -42,6 +42,9 @@ class PhaseRow(_Durations):
     gpu_median_ms: float = Field(description="cross-rank median of gpu_per_step_ms (gpu_ms without steps)")
     cpu_outlier: bool = Field(description="above the other ranks' median by > 3 MAD, > 10 % and > 1 ms")
     gpu_outlier: bool
+    source: Literal["loop", "library", "once"] = Field(
+        "loop", description="loop: the program's own ranges (and orch's loop marks); library: a library's NVTX "
+        "domain (NCCL, CCCL, ...); once: a range the rank opens once in a window of several steps (set-up)")
 
 
 class KernelRow(_Durations):

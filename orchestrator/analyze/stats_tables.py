@@ -98,12 +98,37 @@ def table_ranks(v: Views, report: Report) -> list[int] | None:
     return list(pick_ranks(have, first, TABLE_RANKS, fill="even"))
 
 
+# The NVTX domains of libraries: every named one but orch's (its loop marks are the loop's).
+_LIBRARY_DOMAINS = """SELECT DISTINCT domain FROM nvtx
+                      WHERE domain_id <> 0 AND domain IS NOT NULL AND domain NOT IN ('orch', 'orch.py')"""
+_SOURCE_ORDER = {"loop": 0, "library": 1, "once": 2}
+
+
+def _sources(rows: list[dict[str, Any]], libraries: list[str]) -> dict[str, str]:
+    """Whose each phase is: the loop's first; a library's domain, and set-up that every rank opens
+    once in a window of several steps, shown apart."""
+    out = {}
+    for r in rows:
+        grp = r["grp"]
+        if any(grp.startswith(d + ":") for d in libraries):
+            out[grp] = "library"
+        elif r["n"] == 1 and r["per_step_ns"] is not None and out.get(grp, "once") == "once":
+            out[grp] = "once"
+        else:
+            out[grp] = "loop"
+    return out
+
+
 def _phases(v: Views, ranks: list[int]) -> list[PhaseRow]:
+    rows = v.query(_PHASES, [TOP_PHASES, ranks])
+    source = _sources(rows, [r["domain"] for r in v.query(_LIBRARY_DOMAINS)])
+    rows.sort(key=lambda r: _SOURCE_ORDER[source[r["grp"]]])  # stable: the query's order within each
     return [PhaseRow(rank=r["rank"], range=r["grp"], **_dur(r), gpu_ms=ms6(r["gpu_ns"]),
                      gpu_per_step_ms=ms6(r["gpu_per_step_ns"]), gpu_ops=int(r["gpu_ops"]),
                      gpu_span_ms=ms6(r["gpu_span_ns"]), cpu_median_ms=ms6(r["cpu_median_ns"]),
-                     gpu_median_ms=ms6(r["gpu_median_ns"]), cpu_outlier=r["cpu_outlier"], gpu_outlier=r["gpu_outlier"])
-            for r in v.query(_PHASES, [TOP_PHASES, ranks])]
+                     gpu_median_ms=ms6(r["gpu_median_ns"]), cpu_outlier=r["cpu_outlier"], gpu_outlier=r["gpu_outlier"],
+                     source=source[r["grp"]])
+            for r in rows]
 
 
 def _kernels(v: Views, ranks: list[int]) -> list[KernelRow]:

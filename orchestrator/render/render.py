@@ -34,7 +34,7 @@ from orchestrator.submit.limits import stop_timing
 
 SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh", "export_report.sh")
 HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)
-HOOKS = ("sitecustomize.py", "orch_loop_marks.py")  # what goes there (loop marks: profile.loop_marks)
+HOOKS = ("sitecustomize.py", "orch_loop_marks.py")  # what goes there (loop marks, Python samples)
 # Paths that appear in `#SBATCH` lines, which sbatch (not a shell) parses.
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+,:@%=-]+$")
 
@@ -157,6 +157,7 @@ def render(job: ResolvedJob, script_dir: Path, report_dir: Path | None = None,
         "newer_export_args": newer_export_args(job),
         "map_in_job": prof.maps_in_job,
         "loop_marks": prof.loop_marks,
+        "python_sampling_ms": prof.python_sampling_ms,
         "run_dir": str(script_dir.parent),
         "orch_python": sys.executable,
         "orch_root": str(Path(orchestrator.__file__).resolve().parent.parent),

@@ -72,7 +72,7 @@ def stats_html(report: Report) -> str:
     gpu = report.gpu_activity
     gpu_cols = ["gpu_ms", "gpu_per_step_ms", "gpu_median_ms", "gpu_ops"] if gpu else []
     waits = report.waits_for()
-    phases = _table("phases", t.phases, ["rank", "range", *_DUR, "cpu_median_ms", *gpu_cols],
+    phases = _table("phases", t.phases, ["rank", "range", "source", *_DUR, "cpu_median_ms", *gpu_cols],
                     {"per_step_ms": "cpu_outlier", "total_ms": "cpu_outlier", "gpu_ms": "gpu_outlier",
                      "gpu_per_step_ms": "gpu_outlier"}, waits)
     parts = [

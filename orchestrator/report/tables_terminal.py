@@ -33,9 +33,10 @@ def _ranks(rows: Iterable[Any]) -> list[int]:
 
 def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callable[[Any], float | None],
            outlier: Callable[[Any], bool], extra: dict[str, Callable[[list[Any]], str]] | None = None,
-           waits: dict[int, list[int]] | None = None) -> Table:
+           waits: dict[int, list[int]] | None = None, first: Callable[[Any], int] | None = None) -> Table:
     """One row per item: extra columns, median, min/max rank, outlier ranks, per-rank values.
-    Outliers are red, those of ranks in `waits` (they wait for a late rank) yellow."""
+    Outliers are red, those of ranks in `waits` (they wait for a late rank) yellow. Items by
+    `first` (a row's group, lowest first), then by median."""
     waits = waits or {}
 
     def mark(rk: int, text: str) -> str:
@@ -50,7 +51,8 @@ def _cross(title: str, rows: list[Any], key: Callable[[Any], str], value: Callab
     cols += [f"r{rk}" for rk in ranks] if per_rank else []
     for c in cols:
         t.add_column(c, overflow="fold", max_width=48 if c == "item" else None)
-    items = sorted(by.items(), key=lambda kv: -median(value(r) or 0 for r in kv[1]))[:TOP]
+    items = sorted(by.items(), key=lambda kv: (first(kv[1][0]) if first else 0,
+                                               -median(value(r) or 0 for r in kv[1])))[:TOP]
     shown_waiting = False
     for name, rs in items:
         vals = {r.rank: value(r) for r in rs}
@@ -74,18 +76,23 @@ def _kernel_label(r: Any, unique: set[str]) -> str:
     return r.short_name if r.short_name in unique else r.name[:80]
 
 
+_SOURCE = {"loop": 0, "library": 1, "once": 2}
+
+
 def _phase_tables(report: Report) -> list[Table]:
+    """The loop's own ranges first; a library's domain and one-off set-up after them, marked."""
     p = report.tables.phases
     waits = report.waits_for()
     unit = "ms/step" if any(r.per_step_ms is not None for r in p) else "ms"
+    src = {"source": lambda rs: rs[0].source} if any(r.source != "loop" for r in p) else {}
     return [
         _cross(f"phases: CPU {unit} in NVTX ranges (nsys nvtx_sum across ranks)", p, lambda r: r.range,
                lambda r: r.per_step_ms if r.per_step_ms is not None else r.total_ms, lambda r: r.cpu_outlier,
-               {"n": lambda rs: str(rs[0].count)}, waits),
+               {"n": lambda rs: str(rs[0].count), **src}, waits, first=lambda r: _SOURCE[r.source]),
         _cross(f"phases: GPU {unit} launched from the ranges (projection, same thread)",
                [r for r in p if r.gpu_ops], lambda r: r.range,
                lambda r: r.gpu_per_step_ms if r.gpu_per_step_ms is not None else r.gpu_ms, lambda r: r.gpu_outlier,
-               {"ops": lambda rs: str(rs[0].gpu_ops)}, waits),
+               {"ops": lambda rs: str(rs[0].gpu_ops), **src}, waits, first=lambda r: _SOURCE[r.source]),
     ]
 
 

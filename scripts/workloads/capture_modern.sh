@@ -20,7 +20,9 @@
 # CAPTURE_SET=loops makes the loop-marks set instead (tests/fixtures/loops/): loops with no NVTX
 # of their own, as orch's marks see them (a plain loop with fused AdamW and 4 micro-batches, its
 # twin with profile.loop_marks: false, a dataset tokenising in the loop thread, the HF Trainer
-# with accumulation and with the slow dataset), each slow input timed at 0 and 8 workers.
+# with accumulation and with the slow dataset, a small GPT whose loop thread masks every batch in
+# Python: orch's Python samples name the function), each slow input timed at 0 and 8 workers, the
+# masking loop with and without its masking, and the same GPT under Lightning with accumulation.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -31,12 +33,15 @@ shift
 # (default modern_loops.py)
 GPT_TINY="--dim 64 --layers 2 --heads 2 --seq 32 --vocab 100 --batch 4 --device cpu"
 HF_TINY="--tiny --seq 64 --batch 2"
+MASK="--mask --layers 2 --dim 256 --heads 4 --batch 32 --seq 512 --workers 2"  # a small GPT, masking in the loop
 LOOP_CAPTURES=(
   "loops_fused_accum4||--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
   "loops_fused_accum4_nomarks|loop_marks: false|--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
   "loops_tokenise_w0||--sample-ms 5 --workers 0 --steps 20|--sample-ms 2 --steps 5 $GPT_TINY"
   "hf_gpt2_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 2 $HF_TINY|hf_trainer.py"
   "hf_gpt2_tokenise_w0||--accum 1 --steps 20 --workers 0 --sample-ms 5|--accum 1 --steps 4 --workers 0 --sample-ms 2 $HF_TINY|hf_trainer.py"
+  "loops_mask||$MASK --steps 100|--mask --steps 5 $GPT_TINY"
+  "lightning_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|lightning_gpt.py"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -45,6 +50,9 @@ LOOP_TIMINGS=(
   "loops_fused_accum4|--accum 4 --steps 20 --fused"
   "hf_tokenise_w0|--accum 1 --steps 20 --workers 0 --sample-ms 5|hf_trainer.py"
   "hf_tokenise_w8|--accum 1 --steps 20 --workers 8 --sample-ms 5|hf_trainer.py"
+  "loops_mask|$MASK --steps 100"
+  "loops_nomask|${MASK#--mask } --steps 100"
+  "lightning_gpt_accum4|--accum 4 --steps 20 --workers 2|lightning_gpt.py"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
@@ -187,7 +195,7 @@ time_one() {  # time_one WORK ROW: the loop without a profiler, 3 runs in one pr
   # shellcheck disable=SC2086
   (cd "$here" && timeout 240 python3 "${script:-modern_loops.py}" $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
     || echo "timing $name: exit $?"
-  grep -E '^steady' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
+  grep -E '^(steady|mask_tokens)' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
 }
 
 cpu_shim() {  # CPU runs only: torch.cuda.nvtx needs a CUDA build of torch; make it a no-op

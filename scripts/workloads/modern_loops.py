@@ -11,6 +11,7 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --nvtx                        # an NVTX range per step
     python modern_loops.py --model gpt --sample-ms 15 --workers 0    # each sample tokenised in Python
     python modern_loops.py --model gpt --fused --accum 4             # fused AdamW, 4 micro-batches a step
+    python modern_loops.py --model gpt --mask                        # BERT-style masking in the loop thread
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import random
 import statistics
 import time
 
@@ -91,6 +93,21 @@ def tokenise(ms: float) -> int:
     return n
 
 
+def mask_tokens(x: torch.Tensor, vocab: int, rng: random.Random, p: float = 0.15) -> torch.Tensor:
+    """BERT's masking (of the chosen 15 %: 80 % mask token, 10 % a random one, 10 % kept), written
+    the quick way in the training loop: Python over every token of the batch."""
+    rows = x.tolist()
+    for row in rows:
+        for j in range(len(row)):
+            if rng.random() < p:
+                r = rng.random()
+                if r < 0.8:
+                    row[j] = 0
+                elif r < 0.9:
+                    row[j] = rng.randrange(vocab)
+    return torch.tensor(rows, dtype=x.dtype)
+
+
 class Images(Dataset):
     """Decoded, normalised float images (as a pre-processed dataset cache would hold them)."""
 
@@ -135,14 +152,19 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
     kept = []  # --keep-outputs: "for metrics at the end of the epoch" (with their autograd graph)
     batches = iter(loader)
     t_start = None
+    mask_rng, masking = random.Random(0), 0.0
     for step in range(args.steps):
         if step == args.warmup:
             torch.cuda.synchronize(device) if device.type == "cuda" else None
-            t_start = time.perf_counter()
+            t_start, masking = time.perf_counter(), 0.0
         rng = torch.cuda.nvtx.range(f"step {step}") if args.nvtx else contextlib.nullcontext()
         with rng:
             for _ in range(args.accum):
                 x, y = next(batches)
+                if args.mask:
+                    t = time.perf_counter()
+                    x = mask_tokens(x, args.vocab, mask_rng)
+                    masking += time.perf_counter() - t
                 x, y = x.to(device, non_blocking=not args.no_pin), y.to(device, non_blocking=not args.no_pin)
                 if args.compile:
                     torch.compiler.cudagraph_mark_step_begin()
@@ -160,6 +182,8 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     n = args.steps - args.warmup
+    if args.mask and n > 0:
+        print(f"mask_tokens ms per step: {masking * 1e3 / n:.3f}", flush=True)
     return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
 
 
@@ -180,6 +204,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--sample-ms", type=float, default=0.0, help="Python time per sample (a tokenising dataset)")
     p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
+    p.add_argument("--mask", action="store_true", help="mask_tokens() on every batch in the loop thread")
     p.add_argument("--no-pin", action="store_true", help="DataLoader(pin_memory=False), blocking copies")
     p.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
     p.add_argument("--keep-outputs", action="store_true", help="keep every step's (logits, loss)")

@@ -34,8 +34,9 @@ class Truth:
     """What is true of one capture. `root` is the ranks whose fix saves the time (all ranks for a
     cause every rank shares, none for a healthy run); `saving_ms` what the analysed steps take
     less with it fixed, measured; `steps` the steps the capture holds; `peak_bytes` each rank's
-    highest GPU memory in use. None: not known for this case, not judged. `how` says, per field,
-    how it was found."""
+    highest GPU memory in use; `function` the Python function the time goes in, where the cause is
+    the user's code (the top finding must name it). None: not known for this case, not judged.
+    `how` says, per field, how it was found."""
 
     case: str
     about: str
@@ -46,6 +47,7 @@ class Truth:
     saving_ms: float | None = None
     steps: int | None = None
     peak_bytes: dict[int, int] | None = None
+    function: str | None = None
     how: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,8 +1,9 @@
 """Truth of the loop-marks captures (tests/fixtures/loops, README there: one H200, loops with no
 NVTX of their own, orch's loop marks on unless said): the optimizer steps counted by plain
-sqlite3 (clip_grad_norm_'s one `lpnorm_cleanup` kernel a step), and what giving a slow dataset
-8 DataLoader workers saves, from the same loop's own unprofiled timings on the same machine
-(timings.json: each `--repeat 3` run's steady step time, the median taken)."""
+sqlite3 (clip_grad_norm_'s one `lpnorm_cleanup` kernel a step), what giving a slow dataset 8
+DataLoader workers saves and what taking the masking out of the masking loop saves, from the
+same loop's own unprofiled timings on the same machine (timings.json: each `--repeat 3` run's
+steady step time, the median taken)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ HOW = {
     "saving_ms": "the loop's own unprofiled timings (timings.json, median of 3 runs each): (steady step at "
                  "{slow} - at {fast}) x the {n} steps after the first",
     "cause": "{what}",
+    "function": "planted: the function the workload calls between taking a batch and copying it to the GPU "
+                "(modern_loops.py --mask); unprofiled it takes {ms} ms a step (timings.json, median of 3), the "
+                "step {slow} ms against {fast} ms without it",
 }
 # stem -> (about, cause, root, (slow timing, fast timing) or None, how the cause is known)
 CASES = {
@@ -44,7 +48,18 @@ CASES = {
         "the HF Trainer's GPT-2 with each sample tokenised in Python for 5 ms and dataloader_num_workers=0, "
         "1 micro-batch a step, 20 optimizer steps; orch's loop marks on", "input", [0],
         ("hf_tokenise_w0", "hf_tokenise_w8"), "planted: --sample-ms 5 --workers 0"),
+    "loops_mask": (
+        "a 2-layer GPT whose training loop masks every batch of 32 x 512 tokens BERT-style in Python on the host "
+        "(--mask) before copying it to the GPU, 2 DataLoader workers, 100 optimizer steps, no NVTX; orch's loop "
+        "marks and Python samples on", "cpu", [0], ("loops_mask", "loops_nomask"), "planted: --mask"),
+    "lightning_gpt_accum4": (
+        "modern_loops.py's eager GPT trained with PyTorch Lightning (bf16-mixed, accumulate_grad_batches=4, "
+        "gradient_clip_val=1.0, 2 DataLoader workers), 20 optimizer steps, no NVTX; orch's loop marks on; nothing "
+        "planted, launch-bound", "launch", [0], None,
+        "the eager GPT is launch-bound (nothing planted for it), as loops-loops_fused_accum4"),
 }
+# The Python function a case's time goes in (planted), and its own unprofiled time a step.
+FUNCTIONS = {"loops_mask": ("mask_tokens", "loops_mask_tokens_ms")}
 
 
 def cases() -> list[Truth]:
@@ -62,5 +77,9 @@ def cases() -> list[Truth]:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)
                 t.how["saving_ms"] = HOW["saving_ms"].format(slow=slow, fast=fast, n=steps - 1)
+            if stem in FUNCTIONS:
+                t.function, own = FUNCTIONS[stem]
+                t.how["function"] = HOW["function"].format(ms=timings[own], slow=timings[pair[0]],
+                                                           fast=timings[pair[1]])
             out.append(t)
     return out

@@ -57,6 +57,38 @@ _CALL_MEANING = [
 ]
 
 
+def python_in_gaps(ctx: Context, rank: int, groups: Callable[[str], bool]) -> tuple[str, str, int, int] | None:
+    """The Python function orch's sampler found most in the rank's GPU gaps of the range groups
+    `groups` accepts (view gap_python): "`function` (file:line)", the same with " in `library
+    function` (file:line)" where the samples were in a library under it, its samples and all
+    samples in those gaps; None without samples (profile.python_sampling_ms: 0, no nvtx package)."""
+    rows = [r for r in ctx.views.of_rank("gap_python", rank) if groups(r["range_group"])]
+    total = sum(r["n"] for r in rows)
+    if not total:
+        return None
+    by: dict[str, int] = {}
+    leaves: dict[tuple[str, str | None], int] = {}
+    for r in rows:
+        by[r["func"]] = by.get(r["func"], 0) + r["n"]
+        leaves[r["func"], r["leaf"]] = leaves.get((r["func"], r["leaf"]), 0) + r["n"]
+    func, n = max(by.items(), key=lambda kv: (kv[1], kv[0]))
+    leaf = max((k for k in leaves if k[0] == func), key=lambda k: (leaves[k], k[1] or ""))[1]
+    return _function(func), _function(func) + (f" in {_function(leaf)}" if leaf else ""), n, total
+
+
+def _function(label: str) -> str:
+    """`name` (file:line) from the sampler's `name (file:line)`."""
+    name, _, where = label.partition(" (")
+    return f"`{name}` ({where}" if where else f"`{label}`"
+
+
+def python_line(rank: int, found: tuple[str, str, int, int]) -> str:
+    """python_in_gaps' finding as an evidence line."""
+    _, where, n, total = found
+    return (f"rank {rank}'s loop thread was in {where} in {n} of the {total} Python samples orch took in that "
+            f"idle time ({round(100 * n / total)}%)")
+
+
 def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | None:
     """One evidence line: what the rank's loop thread did during its GPU gaps in the range
     groups `groups` accepts (view gap_cpu, from the OS runtime trace), or None when the OS

@@ -13,7 +13,15 @@ from orchestrator.analyze.rules.base import (
     Context,
     Rule,
     finding,
+    python_in_gaps,
+    python_line,
     worst_first,
+)
+
+PYTHON = "loop thread in Python between CUDA calls"
+PYTHON_FIX = (
+    "The loop thread runs {func} while the GPU has nothing queued: vectorise it or run it on the GPU, move it "
+    "into the Dataset or collate_fn (the DataLoader's workers then run it ahead of the step), or do it less often."
 )
 
 
@@ -21,7 +29,7 @@ from orchestrator.analyze.rules.base import (
 class CpuGap(Rule):
     kind = "cpu_gap"
     explains_idle = True
-    reads = ()
+    reads = ("gap_python",)  # what orch's Python samples found in the gaps
     # Reported when the GPU idles in one range for at least this share of a rank's window.
     min_share: float = 0.1
 
@@ -42,13 +50,24 @@ class CpuGap(Rule):
             call = name.removeprefix("loop thread in ")
             title = (f"GPU idle while the CPU is in `{name}`" if call == name
                      else "GPU idle while the loop thread runs Python between CUDA calls"
-                     if call == "Python between CUDA calls"
-                     else f"GPU idle while the loop thread is in `{call}`")
-            out.append(finding(
-                self.kind, hit, title,
-                [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
-                 f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)],
-                OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix(), max(hit.values()), pct=worst))
+                     if name == PYTHON else f"GPU idle while the loop thread is in `{call}`")
+            evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
+                        f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
+            fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
+            py = {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))}
+            cost = max(hit.values())
+            if py:
+                evidence += [python_line(r, found) for r, found in sorted(py.items())[:4]]
+                if name == PYTHON:
+                    # The fix names the function the samples found most: it saves that function's
+                    # share of the idle time, on the rank where that is most.
+                    worst_rank = max(py, key=lambda r: hit[r] * py[r][2] / py[r][3])
+                    title += f": {py[worst_rank][1]}"
+                    fix = ctx.worded(PYTHON_FIX.format(func=py[worst_rank][0]), fix)
+                    cost = hit[worst_rank] * py[worst_rank][2] / py[worst_rank][3]
+                    evidence.append(f"fixing {py[worst_rank][0]} saves its share of rank {worst_rank}'s idle time: "
+                                    f"{round(cost, 3)} ms")
+            out.append(finding(self.kind, hit, title, evidence, fix, cost, pct=worst))
         return out
 
 

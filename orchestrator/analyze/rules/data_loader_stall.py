@@ -24,7 +24,15 @@ from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
-from orchestrator.analyze.rules.base import Context, Rule, cpu_state, finding, worst_first
+from orchestrator.analyze.rules.base import (
+    Context,
+    Rule,
+    cpu_state,
+    finding,
+    python_in_gaps,
+    python_line,
+    worst_first,
+)
 from orchestrator.ranklist import ranges
 
 
@@ -32,7 +40,7 @@ from orchestrator.ranklist import ranges
 class DataLoaderStall(Rule):
     kind = "data_loader_stall"
     explains_idle = True
-    reads = ("gap_cpu", "cp_roots", "cp_steps")  # the critical path's, through straggler.reported
+    reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps")  # the critical path's, through straggler.reported
     final = True  # after the straggler rule, whose roots it leaves their saving
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = 0.05
@@ -61,6 +69,9 @@ class DataLoaderStall(Rule):
             state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
             if state:
                 evidence.append(state)
+            py = python_in_gaps(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
+            if py:
+                evidence.append(python_line(rk, py))
             evidence += [f"rank {rk}'s {s.line}" + (": no workers, the loop thread loads every batch itself"
                                                      if s.num_workers == 0 else "")
                          for s in ctx.report.loaders.get(rk, [])]

@@ -5,7 +5,8 @@
 -- Provides:
 --   phase_inst(rank, tid, start, end, domain_id, depth, grp, gid)  NVTX ranges starting inside
 --       stats_cpu_todo (the ranks not in map_ranks); grp = `DOMAIN:` (non-default domains, as
---       nsys names them) || range_group(text);
+--       nsys names them; not orch's, whose names say `orch: `) || range_group(text); orch's
+--       Python samples (domain orch.py) are no phase;
 --       gid numbers the groups (integers sort and hash faster than names, for the joins below)
 --   phase_ops(rank, gid, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
@@ -24,9 +25,10 @@
 CREATE OR REPLACE TABLE phase_inst AS
 WITH n AS MATERIALIZED (
     SELECT n.rank, n.tid, n.start, n."end", n.domain_id, n.depth, n.text,
-           CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL THEN n.domain || ':' ELSE '' END AS pre
+           CASE WHEN n.domain_id <> 0 AND n.domain IS NOT NULL AND n.domain <> 'orch' THEN n.domain || ':' ELSE '' END AS pre
     FROM nvtx n JOIN stats_cpu_todo c USING (rank)
     WHERE n.text IS NOT NULL AND n."end" IS NOT NULL AND n."end" >= n.start AND n.start >= c.s AND n.start < c.e
+      AND n.domain IS DISTINCT FROM 'orch.py'
 ), names AS (  -- grouped once per distinct name (thousands, for a million ranges)
     SELECT pre, text, grp, CAST(dense_rank() OVER (ORDER BY grp) AS INTEGER) AS gid
     FROM (SELECT pre, text, pre || range_group(text) AS grp FROM (SELECT DISTINCT pre, text FROM n))

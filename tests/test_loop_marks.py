@@ -3,7 +3,8 @@ scripts/workloads/modern_loops.py on CPU with no NVTX of its own, 4 micro-batche
 optimizer steps, a DataLoader with no workers, through `orch submit --wait` under real nsys. The
 rank hook wraps every optimizer step and every wait for a batch in an NVTX range (plain sqlite3
 over the rank's export counts them against the program's own arguments), notes the loader's
-settings, and the report's steps are the optimizer steps; `profile.loop_marks: false` makes none.
+settings, and the report's steps are the optimizer steps; with `profile.module_marks` the model's
+forward and each backward are ranges too; `profile.loop_marks: false` makes none.
 The same hook samples the main thread's Python stack from the first optimizer step (instant
 ranges in domain `orch.py`, named by the program's own functions); `python_sampling_ms: 0` takes
 no sample, and the program's exit status is its own either way."""
@@ -30,7 +31,7 @@ def _run(tmp: Path, marks: bool) -> tuple[Path, dict]:
     spec = {"name": "marks", "cluster": "local", "run_root": str(tmp / "runs"),
             "launch": {"script": str(REPO / "scripts" / "workloads" / "modern_loops.py"), "nproc_per_node": 1,
                        "args": ARGS},
-            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks,
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks, "module_marks": marks,
                         "python_sampling_ms": 1 if marks else 0}}
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
     p = run_orch("submit", str(tmp / "job.yaml"), "--wait", cwd=tmp)
@@ -72,6 +73,10 @@ def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_pa
     assert ranges["orch: optimizer.step"] == STEPS
     assert ranges["orch: next batch"] >= STEPS * ACCUM  # each micro-batch's, and the DataLoader's last
     assert "step 0" not in ranges  # the program opens no range of its own
+    # module_marks: the model's forward and the backward of each micro-batch (the loss is computed
+    # inside the model's forward with the functional cross_entropy: no other outermost module call)
+    assert ranges["orch: forward"] == STEPS * ACCUM and ranges["orch: backward"] == STEPS * ACCUM
+    assert {"orch: forward", "orch: backward"} <= {p["range"] for p in rep["tables"]["phases"]}
     assert rep["window"]["step_source"].startswith("orch's loop marks")
     assert len(rep["steps"]) == STEPS and "0" in rep["loaders"]
     (loader,) = rep["loaders"]["0"]

@@ -261,6 +261,10 @@ class Profile(Strict):
     # every wait for the next batch, with no change to the user's code; the steps and the input
     # stalls come from them where the user's own NVTX marks none.
     loop_marks: bool = True
+    # With the loop marks, `orch: forward` around each outermost module call and `orch: backward`
+    # around each backward pass: the phase tables split a step. Off by default: global module
+    # hooks put every module call on nn.Module's slower path.
+    module_marks: bool = False
     # Every this many ms from the first optimizer step, the rank's main thread's Python stack is
     # sampled (the same hook; NVTX domain `orch.py`, the nvtx package needed), so that GPU idle
     # while the loop thread runs Python names the user's function and file:line. 0: off.

@@ -22,7 +22,8 @@
 # twin with profile.loop_marks: false, a dataset tokenising in the loop thread, the HF Trainer
 # with accumulation and with the slow dataset, a small GPT whose loop thread masks every batch in
 # Python: orch's Python samples name the function), each slow input timed at 0 and 8 workers, the
-# masking loop with and without its masking, and the same GPT under Lightning with accumulation.
+# masking loop with and without its masking, the same GPT under Lightning and in an Accelerate loop
+# with accumulation, and compiled with CUDA graphs (its timing first: it fills Inductor's caches).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -42,9 +43,12 @@ LOOP_CAPTURES=(
   "hf_gpt2_tokenise_w0||--accum 1 --steps 20 --workers 0 --sample-ms 5|--accum 1 --steps 4 --workers 0 --sample-ms 2 $HF_TINY|hf_trainer.py"
   "loops_mask||$MASK --steps 100|--mask --steps 5 $GPT_TINY"
   "lightning_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|lightning_gpt.py"
+  "accelerate_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|accelerate_gpt.py"
+  "loops_compile_ro||--compile reduce-overhead --steps 40|--compile default --steps 8 $GPT_TINY"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
+  "loops_compile_ro|--compile reduce-overhead"
   "loops_tokenise_w0|--sample-ms 5 --workers 0 --steps 20"
   "loops_tokenise_w8|--sample-ms 5 --workers 8 --steps 20"
   "loops_fused_accum4|--accum 4 --steps 20 --fused"
@@ -143,6 +147,7 @@ profile:
   trace: [cuda, nvtx, osrt]
   sample: none
   cpuctxsw: none
+  python_sampling_ms: 10
   ${extra}
 EOF
 }

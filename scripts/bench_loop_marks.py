@@ -19,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import itertools
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,6 +53,27 @@ def work(depth: int, n: int) -> int:
             pairs[a + b] = pairs.get(a + b, 0) + 1
         total += len(pairs)
     return total
+
+
+def handler_cost(mod, depth: int = 40, n: int = 20000) -> None:
+    """One sample's own cost, called directly `depth` frames down: the whole-work rounds below
+    vary by several per cent from round to round, more than the sampler costs at 10 ms."""
+    import nvtx
+
+    s = mod._Sampler(10)
+    s.nvtx = nvtx
+
+    def down(d: int) -> float:
+        if d:
+            return down(d - 1)
+        frame = sys._getframe()
+        t = time.perf_counter()
+        for _ in range(n):
+            s.sample(None, frame)
+        return (time.perf_counter() - t) / n * 1e6
+
+    us = down(depth)
+    print(f"us per sample ({depth} frames deep, {n} samples): {us:.2f}; at a sample every 10 ms: {us / 100:.3f} %")
 
 
 def sampler_cost(mod, ms: int, rounds: int = 7, n: int = 20000) -> None:
@@ -92,6 +114,7 @@ def main() -> None:
         us = (time.perf_counter() - t) / a.pairs * 1e6
         print(f"us per push+pop ({label}, {a.pairs} pairs): {us:.2f}")
     if a.sampler:
+        handler_cost(mod)
         sampler_cost(mod, a.sampler)
 
 

@@ -44,13 +44,16 @@ def _run_dir(tmp: Path) -> Path:
 
 
 def _nvtx(report: Path) -> list[tuple[str, int | None]]:
-    """(text, end) of every NVTX range of a report, from nsys' own SQLite export."""
+    """(text, end) of every NVTX range of a report, from nsys' own SQLite export; not orch's Python
+    samples (domain `orch.py`: instant ranges in the main thread wherever it runs Python)."""
     out = report.with_suffix(".sqlite")
     subprocess.run(["nsys", "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(out), str(report)],
                    check=True, capture_output=True, timeout=300)
     con = sqlite3.connect(out)
     rows = con.execute("SELECT coalesce(e.text, s.value) AS t, e.\"end\" FROM NVTX_EVENTS e "
-                       "LEFT JOIN StringIds s ON s.id = e.textId WHERE t IS NOT NULL ORDER BY e.start").fetchall()
+                       "LEFT JOIN StringIds s ON s.id = e.textId WHERE t IS NOT NULL AND e.eventType <> 75 AND "
+                       "e.domainId NOT IN (SELECT domainId FROM NVTX_EVENTS WHERE eventType = 75 AND text = 'orch.py') "
+                       "ORDER BY e.start").fetchall()
     con.close()
     return rows
 

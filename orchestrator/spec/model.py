@@ -267,9 +267,9 @@ class Profile(Strict):
     module_marks: bool = False
     # Every this many ms from the first optimizer step, the rank's main thread's Python stack is
     # sampled (the same hook; NVTX domain `orch.py`, the nvtx package needed), so that GPU idle
-    # while the loop thread runs Python names the user's function and file:line. 0 (the default): off;
-    # opt-in until its SIGPROF ticks are shown harmless to failing jobs (docs/report.md).
-    python_sampling_ms: int = Field(default=0, ge=0, le=10000)
+    # while the loop thread runs Python names the user's function and file:line; 0: off. The timer
+    # counts the main thread's own CPU time and signals that thread only (docs/report.md).
+    python_sampling_ms: int = Field(default=10, ge=0, le=10000)
     gpu_metrics: GpuMetrics = GpuMetrics()
     extra_args: list[str] = []
     output_dir: str | None = None

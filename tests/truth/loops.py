@@ -57,6 +57,15 @@ CASES = {
         "gradient_clip_val=1.0, 2 DataLoader workers), 20 optimizer steps, no NVTX; orch's loop marks on; nothing "
         "planted, launch-bound", "launch", [0], None,
         "the eager GPT is launch-bound (nothing planted for it), as loops-loops_fused_accum4"),
+    "accelerate_gpt_accum4": (
+        "modern_loops.py's eager GPT in an Accelerate loop (Accelerator(gradient_accumulation_steps=4), "
+        "`accumulate`, `clip_grad_norm_`, 2 DataLoader workers), 20 optimizer steps, no NVTX; orch's loop marks and "
+        "Python samples on; nothing planted, launch-bound", "launch", [0], None,
+        "the eager GPT is launch-bound (nothing planted for it), as loops-loops_fused_accum4"),
+    "loops_compile_ro": (
+        "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') (CUDA graphs), clip_grad_norm_ "
+        "and AdamW eager, 40 optimizer steps, no NVTX; orch's loop marks and Python samples on; nothing planted",
+        "none", [], None, "nothing planted"),
 }
 # The Python function a case's time goes in (planted), and its own unprofiled time a step.
 FUNCTIONS = {"loops_mask": ("mask_tokens", "loops_mask_tokens_ms")}

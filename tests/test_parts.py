@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from orchestrator.analyze.build import build_report
+from orchestrator.analyze.build import build_report, report_from_views
 from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.map_tables import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.collect import collect, collect_parts
@@ -133,12 +133,62 @@ def assert_same_store(a: Path, b: Path) -> None:
 def assert_same_report(a: Path, b: Path, opts: Options | None = None) -> None:
     """The same analysis of two stores; the job's outcome is left out: it is read from the run
     directory beside a store (its manifest and the scheduler), not from the store."""
-    ra = build_report(a, opts or Options()).model_dump(mode="json")
-    rb = build_report(b, opts or Options()).model_dump(mode="json")
+    same_reports(build_report(a, opts or Options()).model_dump(mode="json"),
+                 build_report(b, opts or Options()).model_dump(mode="json"))
+
+
+def same_reports(ra: dict, rb: dict) -> None:
+    """assert_same_report of two reports already made (JSON dumps, not changed)."""
+    ra, rb = dict(ra), dict(rb)
     assert ra.pop("store") != rb.pop("store")
     ra.pop("outcome")
     rb.pop("outcome")
     assert ra == rb
+
+
+def lists_and_report(store: Path, opts: Options, *tables: str) -> tuple[list[list[int]], dict]:
+    """`rank_lists` of `tables` and the report (a JSON dump), from ONE analysis of `store`: the
+    report reads the same views the lists come from."""
+    con, v = analysis(store, opts)
+    try:
+        lists = [[r for (r,) in con.execute(f"SELECT DISTINCT rank FROM {t} ORDER BY rank").fetchall()]
+                 for t in tables]
+        return lists, report_from_views(v, store, opts).model_dump(mode="json")
+    finally:
+        con.close()
+
+
+class References:
+    """Each case's in-process store, collected once a module, and its reports by options: the
+    side every parts store of the module's tests is compared with. Never written."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.stores: dict[tuple, Path] = {}
+        self.reports: dict[tuple, dict] = {}
+
+    def store(self, case: str, **kw: object) -> Path:
+        key = (case, tuple(sorted(kw.items())))
+        if key not in self.stores:
+            src = self.root / f"src{len(self.stores)}"
+            src.mkdir()
+            for f in dict(_groups())[case]:
+                shutil.copy(f, src / f.name)
+            self.stores[key] = collect([src], self.root / f"a{len(self.stores)}", layout=Layout(), console=QUIET,
+                                       **kw).store
+        return self.stores[key]
+
+    def report(self, case: str, opts: Options | None = None, **kw: object) -> dict:
+        opts = opts or Options()
+        key = (case, opts, tuple(sorted(kw.items())))
+        if key not in self.reports:
+            self.reports[key] = build_report(self.store(case, **kw), opts).model_dump(mode="json")
+        return self.reports[key]
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory: pytest.TempPathFactory) -> References:
+    return References(tmp_path_factory.mktemp("references"))
 
 
 @pytest.mark.parametrize("case", [name for name, _ in _groups()])
@@ -160,8 +210,9 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     assert_same_store(a.store, b.store)
     # Every rank's API and thread tables come from its map, and the report is the same.
     # ... and the sets that gate the event reads hold only -1, no report's rank (21_stats_scope.sql)
-    assert rank_lists(b.store, Options(), "map_ranks", "map_todo", "map_none", "ops_todo") == [a.ok_ranks, *[[-1]] * 3]
-    assert_same_report(a.store, b.store)
+    lists, report = lists_and_report(b.store, Options(), "map_ranks", "map_todo", "map_none", "ops_todo")
+    assert lists == [a.ok_ranks, *[[-1]] * 3]
+    same_reports(build_report(a.store, Options()).model_dump(mode="json"), report)
     parts = tmp_path / "b" / "parts"
     for rank in a.ok_ranks:  # the documented layout
         assert any((parts / f"table={t}" / f"rank={rank}").is_dir() for t in EVENT_SCHEMA)
@@ -214,55 +265,57 @@ def test_corrupt_report_marked_then_fixed_incrementally(gpu_fixtures: Path, tmp_
     assert_same_store(ref.store, run / "profile.duckdb")
 
 
-def _two_paths(case: str, tmp_path: Path, **kw: object) -> tuple[Path, Path]:
-    """`case` collected in process and over parts with the map's summaries: the two stores."""
+def _parts(case: str, tmp_path: Path, **kw: object) -> Path:
+    """`case` collected over parts with the map's summaries (tmp_path/src, tmp_path/b): the store.
+    Its in-process twin is the module's (`refs`)."""
     src = tmp_path / "src"
     src.mkdir()
     for f in dict(_groups())[case]:
         shutil.copy(f, src / f.name)
-    a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, **kw)
-    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True, **kw)
-    return a.store, b.store
+    return collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True, **kw).store
 
 
 @pytest.mark.parametrize("opts", [Options(steps=(3, 5)), Options(stats_scope="capture"), Options(gap_ms=2.5)],
                          ids=["steps 3:5", "whole capture", "gap-ms 2.5"])
-def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: Path) -> None:
+def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: Path, refs: References) -> None:
     """The map measured in the default scope (and attributed gaps from 1 ms); a report in another
     one computes every rank itself, and says the same as the in-process store's."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    b = _parts("real/ddp_slowrank", tmp_path)
     assert mapped_ranks(b, Options()) == [0, 1]
     # None mapped in that scope; their steps are still the map's, but every op is read again
     # (22_gpu_ops_rest.sql).
-    assert rank_lists(b, opts, "map_ranks", "ops_late") == [[], [0, 1]]
-    assert_same_report(a, b, opts)
+    lists, report = lists_and_report(b, opts, "map_ranks", "ops_late")
+    assert lists == [[], [0, 1]]
+    same_reports(refs.report("real/ddp_slowrank", opts), report)
 
 
 @pytest.mark.parametrize("change", ["n_steps + 1 AS n_steps", "'0123456789abcdef' AS sql"],
                          ids=["other steps", "other SQL"])
-def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Path) -> None:
+def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Path, refs: References) -> None:
     """A rank whose map counted another number of steps (as when the job-wide step detection
     differs from the rank's own), or ran another version of the SQL, is computed centrally;
     the other rank's rows are taken."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    b = _parts("real/ddp_slowrank", tmp_path)
     edit_map_table(tmp_path / "b" / "parts", 1, "map_scope", change)
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
-    assert mapped_ranks(b, Options()) == [0]
+    lists, report = lists_and_report(b, Options(), "map_ranks")
+    assert lists == [[0]]
     # The CUDA calls stay in the parts only where every rank's map ran this SQL (views.IF_MAPPED).
     assert ("cuda_api" in b2.views) == (change == "n_steps + 1 AS n_steps")
-    assert_same_report(a, b)
+    same_reports(refs.report("real/ddp_slowrank"), report)
 
 
-def test_map_summaries_with_aligned_clocks(tmp_path: Path) -> None:
+def test_map_summaries_with_aligned_clocks(tmp_path: Path, refs: References) -> None:
     """--align-clocks moves each rank by its own correction after the offsets: the map's scope
     (on the rank's clock) still matches, and the report is the in-process one."""
-    a, b = _two_paths("comm/nvlink", tmp_path, align=True)
+    b = _parts("comm/nvlink", tmp_path, align=True)
     con = duckdb.connect(str(b), read_only=True)
     assert con.execute("SELECT count(*) FROM ranks WHERE clock_correction_ns <> 0").fetchone()[0] > 0
     con.close()
-    assert mapped_ranks(b, Options()) == [0, 1]
-    assert_same_report(a, b)
+    lists, report = lists_and_report(b, Options(), "map_ranks")
+    assert lists == [[0, 1]]
+    same_reports(refs.report("comm/nvlink", align=True), report)
 
 
 def test_map_summaries_made_when_asked_and_then_reused(tmp_path: Path) -> None:
@@ -279,47 +332,50 @@ def test_map_summaries_made_when_asked_and_then_reused(tmp_path: Path) -> None:
     assert third.mapped == 0 and third.reused == 2 and mapped_ranks(third.store, Options()) == [0, 1]
 
 
-def test_store_with_map_tables_of_another_shape(tmp_path: Path) -> None:
+def test_store_with_map_tables_of_another_shape(tmp_path: Path, refs: References) -> None:
     """A store whose map tables another orch wrote (here: map_scope a table without its SQL
     digest) is analysed as if it had none: every rank computed, the same report."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    b = _parts("real/ddp_slowrank", tmp_path)
     con = duckdb.connect(str(b))
     con.execute("CREATE TABLE old_scope AS SELECT * EXCLUDE (sql) FROM map_scope")
     con.execute("DROP VIEW map_scope")
     con.execute("ALTER TABLE old_scope RENAME TO map_scope")
     con.close()
-    assert mapped_ranks(b, Options()) == []
-    assert_same_report(a, b)
+    lists, report = lists_and_report(b, Options(), "map_ranks")
+    assert lists == [[]]
+    same_reports(refs.report("real/ddp_slowrank"), report)
 
 
 def _op_kinds(store: Path) -> set[tuple]:
     return set(analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops")[0])
 
 
-def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path) -> None:
+def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path, refs: References) -> None:
     """Where a rank's steps are its map's, the report takes the map's GPU ops per step, NCCL
     kernels and compute between steps, and reads none of its other ops; a rank whose map found
     other steps (here one step ending 1 ns later) is computed from its events. Either way the
     report is the in-process one."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
-    assert mapped_ranks(b, Options(), "ops_partial") == [0, 1]
+    b = _parts("real/ddp_slowrank", tmp_path)
+    (ops,), report = lists_and_report(b, Options(), "ops_partial")
+    assert ops == [0, 1]
     assert _op_kinds(b) == {(0, "kernel", True), (1, "kernel", True)}
-    assert_same_report(a, b)
+    same_reports(refs.report("real/ddp_slowrank"), report)
     edit_map_table(tmp_path / "b" / "parts", 1, "map_steps",
                    'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"')
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     # (-1, no rank: the set is never empty)
-    assert rank_lists(b, Options(), "ops_partial", "ops_todo") == [[0], [-1, 1]]
+    lists, report = lists_and_report(b, Options(), "ops_partial", "ops_todo")
+    assert lists == [[0], [-1, 1]]
     assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
-    assert_same_report(a, b)
+    same_reports(refs.report("real/ddp_slowrank"), report)
 
 
-def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path) -> None:
+def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path, refs: References) -> None:
     """A stacked map part the reduce cannot read (here: its footer overwritten, the size kept, so
     the map is reused) costs the analysis work only: every rank is computed centrally, the store
     says why, the report is the same."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    b = _parts("real/ddp_slowrank", tmp_path)
     part = next((tmp_path / "b" / "parts" / f"table={STACK}" / "rank=1").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:-4] + b"XXXX")
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
@@ -328,18 +384,20 @@ def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path) -> None
         why = con.execute("SELECT value FROM meta WHERE key = 'map_stats'").fetchone()[0]
         assert why.startswith("not used (") and part.name in why, why
         assert all(con.execute(f"SELECT count(*) FROM {s.table}").fetchone()[0] == 0 for s in SUMMARIES)
-    assert mapped_ranks(b, Options()) == []
-    assert_same_report(a, b)
+    lists, report = lists_and_report(b, Options(), "map_ranks")
+    assert lists == [[]]
+    same_reports(refs.report("real/ddp_slowrank"), report)
 
 
 @pytest.mark.parametrize("table", ["kernels", "map_compute_islands"])
-def test_part_cut_short_is_mapped_again(table: str, tmp_path: Path) -> None:
+def test_part_cut_short_is_mapped_again(table: str, tmp_path: Path, refs: References) -> None:
     """A part of another size than the map wrote (a copy cut short) is not reused: its report is
     mapped again, and the report is the in-process one."""
-    a, b = _two_paths("real/ddp_slowrank", tmp_path)
+    b = _parts("real/ddp_slowrank", tmp_path)
     part = next((tmp_path / "b" / "parts" / f"table={table}" / "rank=1").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert (b2.mapped, b2.reused) == (1, 1)
-    assert mapped_ranks(b, Options()) == [0, 1]
-    assert_same_report(a, b)
+    lists, report = lists_and_report(b, Options(), "map_ranks")
+    assert lists == [[0, 1]]
+    same_reports(refs.report("real/ddp_slowrank"), report)

@@ -56,7 +56,9 @@
 --   _rp_stage_f(rank, f, fc)   each pipeline rank's factors in the stages-balanced what-if, GPU and CPU
 --   _rp_input(rank, step, pos, ns)   each node's GPU idle waiting for input before it
 --   _rp_sync(rank, step, pos, ns)   each node's GPU idle after host syncs before it
---   _rp_sw(scn, rank, step, pos, w, dc, pre, post, nosync)   the same as each scenario has it
+--   _rp_sw(scn, rank, gpos, inst, size, t, dur, buffered, w, dc, pre, post, bw, gw)   the same as
+--       each scenario has it, with what a replay round reads of the node (inst numbered; size: its
+--       members; bw: the block the CPU waits in, none in `no host syncs` where it was a sync)
 --   _rp_run(scn, rank, gpos, e, forced)   each node's replayed end per scenario
 --   _rp_steps(scn, step, forced, measured_ns, replayed_ns)   each step per scenario
 CREATE OR REPLACE TABLE replay_nodes AS
@@ -201,8 +203,12 @@ FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
 -- no bound where it had none: a launch without a CUDA call, no block between two launches); the
 -- stages balanced; the input on time: the GPU's wait for input out of its own work, and out of
 -- the CPU's time before its launch, where the loop thread waited for the batch; no host syncs: the
--- GPU's idle after them out of its own work, and the CPU not blocked in them (nosync).
+-- GPU's idle after them out of its own work, and the CPU not blocked in them. One row a node of
+-- each scenario, with all a replay round reads of it (the node's instance numbered, its members
+-- counted; its block left out where the CPU does not wait in it), so that a round joins one table.
 CREATE OR REPLACE TABLE _rp_sw AS
+WITH inst AS (SELECT inst, row_number() OVER (ORDER BY inst) AS id, count(*) AS size FROM replay_nodes GROUP BY inst),
+x AS (
 SELECT sc.scn, p.rank, p.step, p.pos,
        CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med WHEN sc.scn = -1 THEN CAST(round(p.w * f.f) AS BIGINT)
             WHEN sc.scn = -2 THEN p.w - coalesce(i.ns, 0) WHEN sc.scn = -3 THEN p.w - coalesce(y.ns, 0)
@@ -217,7 +223,11 @@ SELECT sc.scn, p.rank, p.step, p.pos,
        sc.scn = -3 AS nosync
 FROM replay_scenarios sc CROSS JOIN _rp_peer p LEFT JOIN _rp_stage_f f ON f.rank = p.rank
 LEFT JOIN _rp_input i ON sc.scn = -2 AND i.rank = p.rank AND i.step = p.step AND i.pos = p.pos
-LEFT JOIN _rp_sync y ON sc.scn = -3 AND y.rank = p.rank AND y.step = p.step AND y.pos = p.pos;
+LEFT JOIN _rp_sync y ON sc.scn = -3 AND y.rank = p.rank AND y.step = p.step AND y.pos = p.pos
+)
+SELECT x.scn, n.rank, n.gpos, i.id AS inst, i.size, n.t, n.dur, n.buffered, x.w, x.dc, x.pre, x.post,
+       CASE WHEN NOT coalesce(x.nosync AND n.bsync, false) THEN n.bw END AS bw, n.gw
+FROM x JOIN replay_nodes n USING (rank, step, pos) JOIN inst i USING (inst);
 
 -- The replay: every (scenario, rank) is a cursor at its next node, through the whole capture (a
 -- delay in one step moves the next one's start, as in the job). Each round, a cursor arrives at
@@ -227,14 +237,9 @@ LEFT JOIN _rp_sync y ON sc.scn = -3 AND y.rank = p.rank AND y.step = p.step AND 
 -- its waiting nodes are then forced to end after their own transfer, and counted.
 CREATE OR REPLACE TABLE _rp_run AS
 WITH RECURSIVE
-size AS (SELECT inst, count(*) AS n FROM replay_nodes GROUP BY inst),
-k AS (SELECT rank, max(gpos) AS k, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank),
-g AS (
-    SELECT n.rank, n.gpos, n.step, n.pos, n.inst, n.t, n.dur, n.buffered, n.gw, n.bw, n.bsync, sz.n AS size
-    FROM replay_nodes n JOIN size sz USING (inst)
-),
 run(scn, rank, gpos, clock, cpu, forced) AS (
-    SELECT sc.scn, k.rank, 1, k.anchor, NULL::BIGINT, 0 FROM replay_scenarios sc CROSS JOIN k
+    SELECT sc.scn, k.rank, 1, k.anchor, NULL::BIGINT, 0
+    FROM replay_scenarios sc CROSS JOIN (SELECT rank, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank) k
     UNION ALL
     SELECT scn, rank,
            CASE WHEN done OR NOT moved THEN gpos + 1 ELSE gpos END,
@@ -242,22 +247,25 @@ run(scn, rank, gpos, clock, cpu, forced) AS (
                 ELSE clock END,
            CASE WHEN done OR NOT moved THEN c ELSE cpu END,
            forced + CASE WHEN NOT done AND NOT moved THEN 1 ELSE 0 END
+    -- The rounds' windows are ordered frames over (scenario, instance), not PARTITION BY: a
+    -- partitioned window's set-up costs several times its work on a round's few rows, and the
+    -- replay runs a round a node (docs/benchmarks-code.md).
     FROM (
-        SELECT *, bool_or(done) OVER (PARTITION BY scn) AS moved FROM (
-            SELECT *, buffered OR here = size AS done, max(arr) OVER (PARTITION BY scn, inst) AS last_arr FROM (
-                SELECT *, greatest(clock + w, c) AS arr, count(*) OVER (PARTITION BY scn, inst) AS here FROM (
-                    SELECT r.scn, r.rank, r.gpos, r.clock, r.cpu, r.forced, g.inst, g.t, g.dur, g.buffered, g.size,
-                           sw.w,
-                           -- the CPU launches the node after its own work since the previous launch; when
-                           -- it blocked on the GPU in between, after its last block returned: when the CPU
-                           -- got there, or when the GPU let it go (moved with the previous node's end)
-                           CASE WHEN g.bw IS NULL OR (sw.nosync AND g.bsync) THEN r.cpu + sw.dc
-                                WHEN g.gw IS NULL THEN r.cpu + sw.pre + g.bw + sw.post
-                                ELSE greatest(r.cpu + sw.pre, r.clock + g.gw) + sw.post END AS c
-                    FROM run r JOIN k ON k.rank = r.rank
-                    JOIN g ON g.rank = r.rank AND g.gpos = r.gpos
-                    JOIN _rp_sw sw ON sw.scn = r.scn AND sw.rank = r.rank AND sw.step = g.step AND sw.pos = g.pos
-                    WHERE r.gpos <= k.k))))
+        SELECT *, bool_or(done) OVER (ORDER BY scn RANGE BETWEEN CURRENT ROW AND CURRENT ROW) AS moved FROM (
+            SELECT *, buffered OR here = size AS done FROM (
+                SELECT *, count(*) OVER peers AS here, max(arr) OVER peers AS last_arr FROM (
+                    SELECT *, greatest(clock + w, c) AS arr FROM (
+                        SELECT r.scn, r.rank, r.gpos, r.clock, r.cpu, r.forced, n.inst, n.t, n.dur, n.buffered, n.size,
+                               n.w,
+                               -- the CPU launches the node after its own work since the previous launch;
+                               -- when it blocked on the GPU in between, after its last block returned: when
+                               -- the CPU got there, or when the GPU let it go (moved with the previous
+                               -- node's end); a rank past its last node has no row and stops
+                               CASE WHEN n.bw IS NULL THEN r.cpu + n.dc
+                                    WHEN n.gw IS NULL THEN r.cpu + n.pre + n.bw + n.post
+                                    ELSE greatest(r.cpu + n.pre, r.clock + n.gw) + n.post END AS c
+                        FROM run r JOIN _rp_sw n ON n.scn = r.scn AND n.rank = r.rank AND n.gpos = r.gpos))
+                WINDOW peers AS (ORDER BY scn, inst RANGE BETWEEN CURRENT ROW AND CURRENT ROW))))
 )
 SELECT scn, rank, gpos - 1 AS gpos, any_value(clock) AS e, max(forced) AS forced  -- a node's end: the clock
 FROM run WHERE gpos > 1 GROUP BY ALL;                                                -- once past it

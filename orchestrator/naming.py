@@ -41,16 +41,6 @@ def expected_glob(output_name: str, job_id: str, rank: int) -> str:
     return f"{name_prefix(output_name, job_id)}{rank}_*{REPORT_SUFFIX}"
 
 
-def checked_int(text: str | None, hi: int, lo: int = 0) -> int | None:
-    """ASCII digits within [lo, hi] -> int; anything else (None, '', '²', 20 digits) -> None."""
-    if text is None:
-        return None
-    try:
-        return numbers.parse_int(text, "value", lo, hi)
-    except numbers.BadValue:
-        return None
-
-
 @dataclass(frozen=True)
 class ReportName:
     """What a report's file name says; any part may be unknown."""

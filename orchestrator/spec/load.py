@@ -86,9 +86,6 @@ class ResolvedJob:
     def output_name(self) -> str:
         return self.spec.profile.output_name or self.spec.name
 
-    def stage_of(self, rank: int) -> int:
-        return rank // self.stage_size
-
 
 def format_validation_error(err: ValidationError, source: str) -> str:
     """First pydantic error as one line: which field, what is wrong, how to fix it."""

@@ -10,10 +10,8 @@
 --   comm_groups(grp, n_hosts, ranks)
 --       communicator groups (coll.grp): their ranks and how many hosts they span
 --   _comm_inst(rank, grp, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
---       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  comm_inst with a group's id
---       in grp (unit and unit_ranks: p2p pairs only)
---   comm_inst(rank, unit, scope, kind, start, end, wait_ns, group_size, msg_bytes, unit_ranks,
---       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  one row per rank and instance
+--       transfer_ns, bytes, factor, algbw_gbps, busbw_gbps, bucket)  one row per rank and
+--       instance: a collective's group by its id in grp, a p2p pair in unit and unit_ranks
 --   comm_kind_table(kind, bucket, scope, n, median_bytes, transfer_ns, median_algbw_gbps,
 --                   median_busbw_gbps, p10_busbw_gbps, max_busbw_gbps)
 --       per collective kind, size bucket and scope: sizes and bandwidths
@@ -25,8 +23,8 @@ SELECT g.grp, count(DISTINCT r.host) AS n_hosts, string_agg(CAST(r.rank AS VARCH
 FROM (SELECT DISTINCT grp, rank FROM coll) g JOIN ranks r USING (rank) GROUP BY g.grp;
 
 -- The rows carry a group id, not the group's rank list: at 256 ranks that list is a kilobyte of
--- text, which every instance row would hold (comm_inst, the view, adds it for whoever reads
--- it). The id is the lowest of the groups with the same ranks, which are one unit.
+-- text, which every instance row would hold (the tables below join comm_groups for it). The id
+-- is the lowest of the groups with the same ranks, which are one unit.
 CREATE OR REPLACE TABLE _comm_inst AS
 WITH c AS (
     SELECT c.rank, u.grp, NULL AS unit, CASE WHEN g.n_hosts > 1 THEN 'inter' ELSE 'intra' END AS scope,
@@ -57,12 +55,6 @@ SELECT *, CASE WHEN transfer_ns > 0 THEN bytes / transfer_ns END AS algbw_gbps,
        CASE WHEN transfer_ns > 0 THEN bytes / transfer_ns * factor END AS busbw_gbps,
        CASE WHEN bytes > 0 THEN CAST(pow(2, floor(log2(bytes))) AS BIGINT) END AS bucket
 FROM f;
-
-CREATE OR REPLACE VIEW comm_inst AS
-SELECT i.rank, coalesce('group ' || g.ranks, i.unit) AS unit, i.scope, i.kind, i.start, i."end", i.wait_ns,
-       i.group_size, i.msg_bytes, coalesce(g.ranks, i.unit_ranks) AS unit_ranks, i.transfer_ns, i.bytes, i.factor,
-       i.algbw_gbps, i.busbw_gbps, i.bucket
-FROM _comm_inst i LEFT JOIN comm_groups g USING (grp);
 
 CREATE OR REPLACE TABLE comm_kind_table AS
 SELECT kind, bucket, scope, count(*) AS n, median(bytes) AS median_bytes, sum(transfer_ns) AS transfer_ns,

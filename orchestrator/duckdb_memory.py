@@ -1,4 +1,5 @@
-"""How much memory DuckDB may take in one orch process, and where it spills past that.
+"""How much memory DuckDB may take in one orch process, where it spills past that, and on how
+many threads it works.
 
 One setting for the collect and the analysis: `ORCH_DUCKDB_MEMORY` (default 512MB). Without a
 limit DuckDB takes up to 80 % of the machine and keeps every analysis table in memory; with a
@@ -10,6 +11,12 @@ The collect spills next to the store it writes (`.duckdb-spill`, as large as the
 be); the analysis, which only reads a store, to a fresh path under the system temp directory
 (never the user's working directory, DuckDB's default for an in-memory database). DuckDB
 creates the directory on first spill and removes it when the connection closes.
+
+The threads: `ORCH_DUCKDB_THREADS` (default: the machine's cores) caps DuckDB's threads, the
+analysis files run at once and the exports and ingests at once, wherever orch would take more:
+on a login node shared with others, or beside other work that already fills the cores, where
+one thread spends about a third less CPU on the same analysis than several
+(docs/benchmarks-code.md).
 """
 
 from __future__ import annotations
@@ -35,6 +42,18 @@ def memory_limit() -> str:
     if not _SIZE.match(value):
         raise OrchError(f"ORCH_DUCKDB_MEMORY={value!r} is not a size; use e.g. ORCH_DUCKDB_MEMORY=4GB")
     return value.strip()
+
+
+def cores() -> int:
+    """The threads one orch process works on: ORCH_DUCKDB_THREADS, checked (a bad value fails
+    in one line before any work), else the machine's cores."""
+    value = os.environ.get("ORCH_DUCKDB_THREADS", "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdecimal() or not 1 <= int(value) <= 1024:
+        raise OrchError(f"ORCH_DUCKDB_THREADS={value!r} is not a number of threads from 1 to 1024; "
+                        "use e.g. ORCH_DUCKDB_THREADS=4, or unset it for all the cores")
+    return int(value)
 
 
 def out_of_memory(e: BaseException, what: str) -> OrchError | None:

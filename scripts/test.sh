@@ -11,11 +11,16 @@ bash scripts/setup.sh >/dev/null
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
 "$py" -m ruff check orchestrator tests scripts
+# The package to bytecode first, as `pip install` does: an editable install started with
+# PYTHONDONTWRITEBYTECODE set (these machines' default) compiles every module again in each of the
+# suite's hundreds of orch processes (0.1 to 0.2 s of CPU each).
+"$py" -m compileall -q orchestrator
 shellcheck scripts/*.sh
 # Two pytest-xdist workers (ORCH_TEST_WORKERS=1: one process): tests/conftest.py hands each group
-# whole to one worker, every job in order on one, each other module whole, so the jobs' waiting
-# overlaps the replays' CPU (docs/development.md). The slowest tests and each lane's time close
-# every run: where the time goes.
+# whole to one worker, the jobs in order first on one, the Slurm tests in order first on the
+# other, each other module whole, so the jobs' waiting overlaps the replays' CPU; each worker's
+# orch processes take their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md). The
+# slowest tests and each lane's time close every run: where the time goes.
 workers=${ORCH_TEST_WORKERS:-2}
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers"); fi

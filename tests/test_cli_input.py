@@ -303,6 +303,40 @@ def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, m
     assert Path(spill).parent == Path(tempfile.gettempdir()) and Path(spill).name.startswith("orch-spill-")
 
 
+@pytest.mark.parametrize("value", ["many", "0", "-2", "1.5", "99999"])
+def test_bad_thread_cap_fails_before_any_work(gpu_fixtures: Path, tmp_path: Path, value: str) -> None:
+    p = run_orch("analyze", str(gpu_fixtures / "ddp_capture"), "--out", str(tmp_path / "store"),
+                 env={"ORCH_DUCKDB_THREADS": value})
+    _one_line_error(p, "ORCH_DUCKDB_THREADS", "ORCH_DUCKDB_THREADS=4")
+    assert _listing(tmp_path) == []
+
+
+def test_thread_cap_reaches_the_collect_and_the_analysis_with_the_same_report(
+        gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
+    """ORCH_DUCKDB_THREADS caps DuckDB's threads, the files analysed at once and the exports at
+    once where orch would take more (a store large enough for 4 threads), and the report is the
+    one the machine's cores make."""
+    from orchestrator.analyze import sqlrun
+    from orchestrator.analyze.build import build_report
+    from orchestrator.analyze.engine import Options, attach_store
+    from orchestrator.collect.collect import collect
+    from orchestrator.collect.gather import export_workers
+    from orchestrator.collect.identity import Layout
+
+    res = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "run", layout=Layout())
+    monkeypatch.delenv("ORCH_DUCKDB_THREADS", raising=False)
+    uncapped = build_report(res.store, Options()).model_dump(mode="json")
+    monkeypatch.setenv("ORCH_DUCKDB_THREADS", "1")
+    con = attach_store(res.store)
+    try:
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+    finally:
+        con.close()
+    assert sqlrun.workers() == 1 and export_workers(None) == 1 and export_workers(3) == 3  # (--workers wins)
+    capped = build_report(res.store, Options()).model_dump(mode="json")
+    assert capped == uncapped
+
+
 def test_full_disk_is_one_line_and_keeps_the_old_store(gpu_fixtures: Path, tmp_path: Path) -> None:
     """A store that does not fit (a real 1 MB tmpfs) fails in one line naming the folder and the
     fix, writes no partial store, and blames no rank; an earlier store there is untouched."""

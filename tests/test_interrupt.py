@@ -156,16 +156,32 @@ def _off_the_terminal(job: Job, tty: tuple[str, str]) -> None:
                 assert nr != tty_nr, (pid, argv)
 
 
+def _every_rank_up(job: Job, still_s: float = 120, most_s: float = 600) -> None:
+    """Until every rank's process runs. A busy machine starts nsys and the ranks slowly: the
+    wait goes on while the job's processes still change, and ends after `still_s` of no change
+    (a rank that died, a launcher that stopped) or `most_s` in all, showing the job's logs."""
+    start = last = time.monotonic()
+    seen = set(job.processes())
+    while len(job.ranks()) < job.nranks:
+        now = time.monotonic()
+        procs = set(job.processes())
+        if procs != seen:
+            seen, last = procs, now
+        if now - last > still_s or now - start > most_s:
+            logs = {str(p.relative_to(job.runs)): p.read_text(errors="replace")[-1500:]
+                    for p in sorted(job.runs.rglob("*")) if p.suffix in (".out", ".err", ".log") and p.is_file()}
+            raise AssertionError(f"{len(job.ranks())} of {job.nranks} ranks running after {now - start:.0f} s "
+                                 f"(no change for {now - last:.0f} s): {job.processes()}\nlogs: {logs}")
+        time.sleep(0.2)
+
+
 def _submit(job: Job, t: Terminal) -> tuple[str, str]:
     """Until every rank of the job `orch submit --wait` runs in `t` has run a few seconds."""
     tty = _tty(t.proc.pid)
     t.expect("as job ", timeout=120)
     t.expect(" RUNNING (", timeout=180)
     job.id = re.search(r"as job (\S+)", t.text).group(1)
-    deadline = time.monotonic() + 120
-    while len(job.ranks()) < job.nranks and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(job.ranks()) == job.nranks, job.processes()
+    _every_rank_up(job)
     time.sleep(4)  # a few steps
     _off_the_terminal(job, tty)  # also while orch follows it
     return tty

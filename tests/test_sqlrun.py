@@ -105,10 +105,12 @@ def test_a_failed_file_stops_the_files_after_it() -> None:
     assert made == {"a"}
 
 
-def test_threads_follow_the_store_rows(tmp_path: Path) -> None:
+def test_threads_follow_the_store_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DuckDB threads for the analysis come from the store's rows (DuckDB's catalog, no scan),
     the same for `orch report` (the file) and `orch analyze` (the collect's connection): the
-    catalog's count equals the rows counted table by table."""
+    catalog's count equals the rows counted table by table. (Uncapped: the suite's workers cap
+    their threads, tests/conftest.py.)"""
+    monkeypatch.delenv("ORCH_DUCKDB_THREADS", raising=False)
     inp = tmp_path / "in"
     inp.mkdir()
     for f in sorted(REAL.glob("resnet_nw2_r*_*.sqlite.gz")):

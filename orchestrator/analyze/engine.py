@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.tables import STORE_VERSION
 from orchestrator.collect.timings import phase
 from orchestrator.collect.views import relocate
+from orchestrator.duckdb_memory import cores as orch_cores
 from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
 from orchestrator.sqltext import attach, execute, set_option
@@ -126,7 +126,7 @@ def analysis_threads(store_rows: int, cores: int | None = None) -> int:
     A small store's statements are too small to share out; files run side by side anyway
     (sqlrun.py). Rows, not the file's size, measure the work: compression hides it, and a
     rule by file size keeps a large store at too few threads (docs/benchmarks-code.md)."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or orch_cores()
     return max(1, min(cores, max(4, int(store_rows) // 100_000)))
 
 

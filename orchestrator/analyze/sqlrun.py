@@ -21,7 +21,6 @@ a worker waits for is already running or done (no deadlock).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +31,7 @@ import duckdb
 from orchestrator import progress
 from orchestrator.analyze import sqlmodules
 from orchestrator.collect.timings import phase
+from orchestrator.duckdb_memory import cores
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,9 @@ def failed_file(e: BaseException) -> str | None:
 def workers() -> int:
     """Concurrent files: half the cores, 2 to 8. More files than half the cores compete for
     them (on 2 cores 4 files are slower than 2), and past 8 there is little left to gain
-    (docs/benchmarks-code.md)."""
-    return min(8, max(2, (os.cpu_count() or 2) // 2))
+    (docs/benchmarks-code.md); one where orch may take one thread (duckdb_memory.cores)."""
+    n = cores()
+    return min(8, n, max(2, n // 2))
 
 
 def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from orchestrator import __version__, progress
 from orchestrator.cli.common import Handler, err
-from orchestrator.duckdb_memory import memory_limit, out_of_memory
+from orchestrator.duckdb_memory import cores, memory_limit, out_of_memory
 from orchestrator.errors import OrchError
 from orchestrator.report.safe import plain
 
@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser, handlers = build_parser()
         a = parser.parse_args(argv)
         memory_limit()  # a bad ORCH_DUCKDB_MEMORY fails here, before any work
+        cores()  # and a bad ORCH_DUCKDB_THREADS
         progress.show_on(err)  # long work shows its progress where a person looks: a terminal
         return _run(handlers[a.command], a)
     except OrchError as e:

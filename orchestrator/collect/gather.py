@@ -24,6 +24,7 @@ from typing import IO
 from orchestrator import naming
 from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.collect.tables import export_tables
+from orchestrator.duckdb_memory import cores
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
 
@@ -175,8 +176,9 @@ def _nsys_export(nsys: str, origin: Path, tmp: Path, timeout_s: float,
 
 
 def export_workers(workers: int | None) -> int:
-    """How many exports run at a time: nsys export is single-threaded and memory-hungry."""
-    return workers or min(8, os.cpu_count() or 2)
+    """How many exports (and ingests) run at a time: nsys export is single-threaded and
+    memory-hungry; at most the threads orch may take (duckdb_memory.cores)."""
+    return workers or min(8, cores())
 
 
 def _tmp_name(out_dir: Path, stem: str) -> Path:

@@ -12,11 +12,11 @@ be); the analysis, which only reads a store, to a fresh path under the system te
 (never the user's working directory, DuckDB's default for an in-memory database). DuckDB
 creates the directory on first spill and removes it when the connection closes.
 
-The threads: `ORCH_DUCKDB_THREADS` (default: the machine's cores) caps DuckDB's threads, the
-analysis files run at once and the exports and ingests at once, wherever orch would take more:
-on a login node shared with others, or beside other work that already fills the cores, where
-one thread spends about a third less CPU on the same analysis than several
-(docs/benchmarks-code.md).
+The threads: `ORCH_DUCKDB_THREADS` (default: the machine's cores) caps the analysis' DuckDB
+threads and the files it runs at once (the collect's exports and ingests follow `--workers`),
+wherever orch would take more: on a login node shared with others, or beside other work that
+already fills the cores, where one thread spends up to a third less CPU on the same analysis
+than several (docs/benchmarks-code.md).
 """
 
 from __future__ import annotations

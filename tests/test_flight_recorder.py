@@ -7,6 +7,7 @@ dumps in torch 2.13: it looks process groups up by a name gloo leaves empty.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -61,25 +62,31 @@ def hung_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "hang.py").write_text(HANG)
     dumps = tmp / "dumps"
     env = {**os.environ, "PYTHONPATH": str(_hook(tmp)), "ORCH_DUMP_DIR": str(dumps), "TORCH_FR_BUFFER_SIZE": "2000"}
-    run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(tmp / "hang.py")],
-                           cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    out = tmp / "torchrun.out"
+    with open(out, "w") as fh:
+        run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                                str(tmp / "hang.py")], cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                               start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        ranks: list[int] = []
-        while time.monotonic() < deadline and len(ranks) < 2:
-            time.sleep(1)
-            ranks = _children(run.pid)
-        time.sleep(5)  # rank 0 waits in its 5th all-reduce, rank 1 sleeps before it
+        # Until rank 1 says it is stuck before its 5th all-reduce, however slowly a busy machine
+        # starts the job; rank 0 has then finished the 4th and waits in the 5th.
+        deadline = time.monotonic() + 600
+        while "stuck" not in out.read_text() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "stuck" in out.read_text(), out.read_text()[-3000:]
+        time.sleep(2)
+        ranks = _children(run.pid)
+        assert len(ranks) == 2, (ranks, out.read_text()[-3000:])
         for pid in ranks:
             os.kill(pid, signal.SIGWINCH)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # (a poll: a quiet machine dumps in about a second)
         want = [dumps / "flight_recorder" / f"rank_{r}" for r in (0, 1)] + [dumps / f"stacks.r{r}.txt" for r in (0, 1)]
         while time.monotonic() < deadline and not all(p.is_file() and p.stat().st_size for p in want):
             time.sleep(0.5)
     finally:
-        for pid in [run.pid, *_children(run.pid)]:  # torchrun starts each rank in a session of its own
-            os.kill(pid, signal.SIGKILL)
+        for pid in [*_children(run.pid), run.pid]:  # torchrun starts each rank in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         run.wait(timeout=30)
     return dumps
 

@@ -24,7 +24,6 @@ from typing import IO
 from orchestrator import naming
 from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
 from orchestrator.collect.tables import export_tables
-from orchestrator.duckdb_memory import cores
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
 
@@ -176,9 +175,8 @@ def _nsys_export(nsys: str, origin: Path, tmp: Path, timeout_s: float,
 
 
 def export_workers(workers: int | None) -> int:
-    """How many exports (and ingests) run at a time: nsys export is single-threaded and
-    memory-hungry; at most the threads orch may take (duckdb_memory.cores)."""
-    return workers or min(8, cores())
+    """How many exports run at a time: nsys export is single-threaded and memory-hungry."""
+    return workers or min(8, os.cpu_count() or 2)
 
 
 def _tmp_name(out_dir: Path, stem: str) -> Path:

@@ -32,7 +32,7 @@ EXAMPLES = REPO / "scripts" / "examples"
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 # Under pytest-xdist the workers already fill the cores: each orch process (in a worker, or one it
 # starts) takes its share (ORCH_DUCKDB_THREADS), where more threads than cores only cost CPU:
-# on 2 cores an analysis with one thread spends about a third less (docs/benchmarks-code.md).
+# on 2 cores a report with one thread spends 13 to 39 % less (docs/benchmarks-code.md).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("ORCH_DUCKDB_THREADS",
                           str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
@@ -285,21 +285,21 @@ def pytest_make_collect_report(collector: pytest.Collector):
     return report
 
 
+JOB_GROUPS = ("jobs", "slurm")  # the first groups handed out, the longest first
+
+
 def _group(item: pytest.Item, lane: str) -> str:
     """The tests that must share a pytest-xdist worker: every Slurm test, one after the other (the
     clusters' fixed ports and the session's clusters); every other job, one after the other; and
-    each other module whole (its module-scoped stores are built once). The two job groups start
-    first, on both workers: what waits longest overlaps, and the CPU work fills in beside it. A
-    job test holds what it times to what orch guarantees on a busy machine, so a job beside
-    another job, or beside an analysis, passes as one alone."""
+    each other module whole (its module-scoped stores are built once). The two job groups are the
+    longest chains, so they start first, one on each worker, and the other groups fill in beside
+    and after them. A job test holds what it times to what orch guarantees on a busy machine, so
+    a job beside another job, or beside an analysis, passes as one alone."""
     if item.get_closest_marker("slurm"):
         return JOB_GROUPS[1]
     if lane == "jobs":
         return JOB_GROUPS[0]
     return item.path.stem
-
-
-JOB_GROUPS = ("jobs", "slurm")  # the first groups handed out, the longest first
 
 
 def _groups_dir(controller_pid: int) -> Path:
@@ -334,8 +334,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # The job groups first, then the others by their number of tests, the largest first (what
-    # waits longest starts first, the CPU work fills in beside it). Only the groups are reordered:
+    # The job groups first, then the others by their number of tests, the largest first (the
+    # longest chains start first, the rest fills in beside them). Only the groups are reordered:
     # a worker runs the tests of the indexes it is sent in its own collection, which must keep
     # its order.
     config.option.loadscopereorder = True

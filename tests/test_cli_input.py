@@ -312,7 +312,7 @@ def test_bad_thread_cap_fails_before_any_work(gpu_fixtures: Path, tmp_path: Path
     assert _listing(tmp_path) == []
 
 
-def test_thread_cap_reaches_the_collect_and_the_analysis_with_the_same_report(
+def test_thread_cap_reaches_the_analysis_with_the_same_report(
         gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
     """ORCH_DUCKDB_THREADS caps DuckDB's threads and the files analysed at once where orch would
     take more (a store large enough for 4 threads), not the exports (nsys processes, `--workers`),

@@ -15,8 +15,8 @@ creates the directory on first spill and removes it when the connection closes.
 The threads: `ORCH_DUCKDB_THREADS` (default: the machine's cores) caps the analysis' DuckDB
 threads and the files it runs at once (the collect's exports and ingests follow `--workers`),
 wherever orch would take more: on a login node shared with others, or beside other work that
-already fills the cores, where one thread spends up to a third less CPU on the same analysis
-than several (docs/benchmarks-code.md).
+already fills the cores, where one thread spent 13 to 39 % less CPU on the same report than two
+(docs/benchmarks-code.md).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ bash scripts/setup.sh >/dev/null
 shellcheck scripts/*.sh
 # Two pytest-xdist workers (ORCH_TEST_WORKERS=1: one process): tests/conftest.py hands each group
 # whole to one worker, the jobs in order first on one, the Slurm tests in order first on the
-# other, each other module whole, so the jobs' waiting overlaps the replays' CPU; each worker's
-# orch processes take their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md). The
+# other, each other module whole beside and after them, largest first; each worker's orch processes take
+# their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md). The
 # slowest tests and each lane's time close every run: where the time goes.
 workers=${ORCH_TEST_WORKERS:-2}
 xdist=()

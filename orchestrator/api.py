@@ -6,7 +6,7 @@
     st = orch.open_store("runs/x/profile.duckdb")
     st.table("kernels")                     # pyarrow.Table
     st.sql("SELECT rank, count(*) FROM nvtx GROUP BY rank").fetchall()
-    st.view("rank_metrics")                 # any analysis view (analyze/sql/), as pyarrow
+    st.view("rank_metrics")                 # any analysis view (metrics/sql/), as pyarrow
 
 Everything here calls the same stage modules the CLI calls.
 """
@@ -20,16 +20,16 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze.engine import Options, check_regex, run_sql
-from orchestrator.analyze.engine import attach_store as _attach
 from orchestrator.analyze.model_report import Report
+from orchestrator.metrics.engine import Options, check_regex, run_sql
+from orchestrator.metrics.engine import attach_store as _attach
 from orchestrator.sqltext import execute
 
 
 def analyze(paths: Iterable[str | Path], *, layout: str | None = None, out: str | Path | None = None,
             workers: int | None = None, **options: Any) -> Report:
     """Collect the reports/exports under `paths` into a store (in `out`, else a temp dir) and
-    return the cross-rank `Report`. `options` are `analyze.engine.Options` fields
+    return the cross-rank `Report`. `options` are `metrics.engine.Options` fields
     (gap_ms, steps=(a, b), steps_from, microbatches, top_gaps)."""
     from orchestrator.analyze.build import build_report
     from orchestrator.collect.collect import collect

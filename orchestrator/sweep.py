@@ -22,42 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict
 
 from orchestrator import progress
+from orchestrator.analyze.model_sweep import Point, Sweep
 from orchestrator.errors import OrchError
 
 MAX_POINTS = 64
 
 
-class Point(BaseModel):
-    """One job of the sweep and what its report says."""
-
-    model_config = ConfigDict(extra="forbid")
-    values: dict[str, str]
-    job_id: str | None = None
-    run: str | None = None
-    state: str = "not run"
-    step_ms: float | None = None
-    gpu_idle_pct: float | None = None
-    waiting_ms_per_step: float | None = None
-    top_finding: str | None = None
-    report_html: str | None = None
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.values.items())
-
-
-class Sweep(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    job: str
-    keys: list[str]
-    gpu: bool = False
-    notes: list[str] = []
-    points: list[Point]
-    best: int | None = None
 
 
 def parse_set(text: str) -> tuple[str, list[str]]:
@@ -142,8 +114,8 @@ def job_step_ms(report: Any, extras: Any) -> float | None:
 def measure(point: Point, store: Path, run: Path) -> None:
     """Analyse one finished job; its report.html/json go in its run directory."""
     from orchestrator.analyze.build import build_analysis
-    from orchestrator.analyze.engine import Options
     from orchestrator.fsutil import write_text_atomic
+    from orchestrator.metrics.engine import Options
     from orchestrator.report.html import render_html
 
     report, extras = build_analysis(store, Options())

@@ -41,8 +41,8 @@ def phase_collect(d: Path, out: Path) -> dict:
 
 def phase_analyze(store: Path) -> dict:
     from orchestrator.analyze.build import build_report
-    from orchestrator.analyze.engine import Options
-    from orchestrator.collect.timings import TIMINGS
+    from orchestrator.metrics.engine import Options
+    from orchestrator.timings import TIMINGS
 
     TIMINGS.reset(True)
     rep = build_report(store, Options())

@@ -109,7 +109,7 @@ def timed_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
     """Every source table orch reads times from (the registry's tables with shifted columns,
     PROFILER_OVERHEAD and GPU memory included), with the time columns this export has: a
     synthetic rank moves all of them, or its profiler flushes land elsewhere than its events."""
-    from orchestrator.collect.tables import TABLES
+    from orchestrator.store.tables import TABLES
 
     have = _tables(con)
     out = {}
@@ -163,7 +163,7 @@ def _tables(con: sqlite3.Connection) -> set[str]:
 def phase_floor_py(d: Path, tables: list[str]) -> dict:
     """Plain sequential sqlite3 read of every row of `tables` (OSRT_API: the rows orch keeps,
     filtered by SQLite as any reader would)."""
-    from orchestrator.collect.tables import OSRT_MIN_NS
+    from orchestrator.store.tables import OSRT_MIN_NS
 
     rows = 0
     for f in sorted(d.glob("*.sqlite")):
@@ -214,7 +214,7 @@ def phase_ingest(d: Path, store_dir: Path) -> dict:
 
 
 def phase_analyze(store_dir: Path) -> dict:
-    from orchestrator.analyze.engine import Options
+    from orchestrator.metrics.engine import Options
 
     rep = _build_report()(store_dir / "profile.duckdb", Options())
     return {"ranks": len(rep.ranks)}
@@ -250,8 +250,8 @@ def phase_orch(d: Path, store_dir: Path) -> dict:
         return phase_analyze(store_dir)
     from rich.console import Console
 
-    from orchestrator.analyze.engine import Options
     from orchestrator.collect.identity import Layout
+    from orchestrator.metrics.engine import Options
 
     build_report = _build_report()
 

@@ -36,8 +36,8 @@ fresh() {  # a fresh copy of the reports: no export or recipe cache is reused
     echo "$d"
 }
 
-# The tables orch reads: what orch itself asks nsys 2024+ for (collect/tables.py).
-tables=$(python3 -c 'from orchestrator.collect.tables import export_tables; print(",".join(export_tables()))')
+# The tables orch reads: what orch itself asks nsys 2024+ for (store/tables.py).
+tables=$(python3 -c 'from orchestrator.store.tables import export_tables; print(",".join(export_tables()))')
 
 # 1. Export formats, every report in parallel (as orch does), with and without --tables.
 for fmt in sqlite arrowdir parquetdir; do

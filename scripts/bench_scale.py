@@ -10,7 +10,7 @@ workers are reported separately): (1) map: every rank -> Parquet parts in a loca
 the DuckDB store (a re-run with every part fresh: discover + freshness checks + reduce);
 (3) analysis of the store (every metric of the report). Plus `nsys export` cost of a real
 .nsys-rep made here with nsys, when nsys exists. `--map-stats`: every map also computes its
-rank's per-rank statistics (analyze/map_tables.py), which the analysis then takes instead of
+rank's per-rank statistics (store/map_tables.py), which the analysis then takes instead of
 computing them. Writes docs/scale.json and prints a Markdown table for docs/scale.md.
 """
 
@@ -57,7 +57,7 @@ def phase_collect(d: Path, out: Path, workers: int, map_stats: bool = False) -> 
 
 def phase_analyze(out: Path) -> dict:
     from orchestrator.analyze.build import build_report
-    from orchestrator.analyze.engine import Options
+    from orchestrator.metrics.engine import Options
 
     rep = build_report(out / "profile.duckdb", Options())
     return {"ranks": len(rep.ranks)}

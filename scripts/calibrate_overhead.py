@@ -1,4 +1,4 @@
-"""Reproduce the capture-overhead constants of orchestrator/analyze/sql/67_capture_overhead.sql
+"""Reproduce the capture-overhead constants of orchestrator/metrics/sql/67_capture_overhead.sql
 from the real H100 captures in tests/fixtures/modern (nsys 2025.3.1, --trace=cuda,nvtx,osrt).
 
 Plain sqlite3 over the exports, no orch code, so that the constants are checked against an
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODERN = ROOT / "tests" / "fixtures" / "modern"
-SQL = ROOT / "orchestrator" / "analyze" / "sql" / "67_capture_overhead.sql"
+SQL = ROOT / "orchestrator" / "metrics" / "sql" / "67_capture_overhead.sql"
 
 # Step time without nsys, ms: median of the 3 runs in tests/fixtures/modern/README.md
 # ("Step time without and with the profiler"), same machine, same script and arguments.

@@ -47,7 +47,7 @@ for work in /tmp/orch-gpu-faults.*; do
     python3 - "$run/profile.duckdb" "$out/$name.parts.json" "$out/$name.inproc.json" <<'PY'
 import json, sys
 from pathlib import Path
-from orchestrator.analyze.engine import Options, analysis
+from orchestrator.metrics.engine import Options, analysis
 a, b = (json.loads(Path(p).read_text()) for p in sys.argv[2:4])
 print("report keys that differ (parts, in process):", [k for k in a if k != "store" and a[k] != b.get(k)] or "none")
 con, _ = analysis(Path(sys.argv[1]), Options())

@@ -8,9 +8,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model_report import Finding, RankMetrics, Report, Window
 from orchestrator.analyze.rules.base import Context
+from orchestrator.metrics.engine import Options, Views
 
 
 def rank(rank: int, **kw: Any) -> RankMetrics:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
+from orchestrator.metrics.engine import Options
 from tests.independent import Rank
 from tests.stores import Stores
 

@@ -19,10 +19,10 @@ import pytest
 from rich.console import Console
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options, analysis
 from orchestrator.report.html import render_html
 from orchestrator.report.terminal import print_report
 

@@ -288,9 +288,9 @@ def test_a_memory_cap_too_small_for_the_store_says_so_in_one_line(gpu_fixtures: 
 def test_memory_limit_reaches_the_analysis(gpu_fixtures: Path, tmp_path: Path, monkeypatch) -> None:
     """The analysis connection is capped (the 512-rank report peaked at 3.9 GB without it) and
     spills under the system temp directory, never into the working directory."""
-    from orchestrator.analyze.engine import attach_store
     from orchestrator.collect.collect import collect
     from orchestrator.collect.identity import Layout
+    from orchestrator.metrics.engine import attach_store
 
     res = collect([gpu_fixtures / "ddp_capture"], tmp_path / "run", layout=Layout(), workers=1)
     monkeypatch.setenv("ORCH_DUCKDB_MEMORY", "300MB")
@@ -317,12 +317,12 @@ def test_thread_cap_reaches_the_analysis_with_the_same_report(
     """ORCH_DUCKDB_THREADS caps DuckDB's threads and the files analysed at once where orch would
     take more (a store large enough for 4 threads), not the exports (nsys processes, `--workers`),
     and the report is the one the machine's cores make."""
-    from orchestrator.analyze import sqlrun
     from orchestrator.analyze.build import build_report
-    from orchestrator.analyze.engine import Options, attach_store
     from orchestrator.collect.collect import collect
     from orchestrator.collect.gather import export_workers
     from orchestrator.collect.identity import Layout
+    from orchestrator.metrics import sqlrun
+    from orchestrator.metrics.engine import Options, attach_store
 
     res = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "run", layout=Layout())
     monkeypatch.delenv("ORCH_DUCKDB_THREADS", raising=False)

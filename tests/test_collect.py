@@ -68,7 +68,7 @@ def test_counts_and_one_clock(gpu_fixtures: Path, tmp_path: Path, engine: str) -
         assert row == (starts[rank], starts[rank] - base, "vm", "NVIDIA H200", "2025.3.2.0", "ok")
     # No classification is stored (analysis classifies NCCL kernels by name): the store's
     # columns are exactly the registry's.
-    from orchestrator.collect.tables import TABLES as REGISTRY
+    from orchestrator.store.tables import TABLES as REGISTRY
 
     for name, t in REGISTRY.items():
         cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
@@ -149,7 +149,7 @@ def test_bad_exports_are_marked_good_ranks_collected(gpu_fixtures: Path, tmp_pat
     assert con.execute("SELECT count(*) FROM kernels WHERE rank = 7").fetchone()[0] == 0
     assert status[9].startswith("missing")
     from orchestrator.analyze.build import build_report
-    from orchestrator.analyze.engine import Options
+    from orchestrator.metrics.engine import Options
 
     rep = build_report(res.store, Options()).model_dump()
     assert rep["missing_ranks"] == [9]
@@ -270,7 +270,7 @@ def test_exports_reused_when_newer_than_report(tmp_path: Path, nsys: str) -> Non
 def test_new_tables_osrt_threads_sync(gpu_fixtures: Path, tmp_path: Path, nsys: str) -> None:
     """osrt, threads and sync against plain sqlite3 over the exports: the real H200 exports
     (nsys 2025.3) and a real nsys 2022.4 CPU capture (no CUPTI: sync untraced, not an error)."""
-    from orchestrator.collect.tables import OSRT_MIN_NS
+    from orchestrator.store.tables import OSRT_MIN_NS
 
     files = sorted((gpu_fixtures / "ddp_straggler").glob("*.sqlite"))
     res = collect([gpu_fixtures / "ddp_straggler"], tmp_path / "gpu", layout=Layout())

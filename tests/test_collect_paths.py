@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
-from orchestrator.collect.tables import OSRT_MIN_NS
+from orchestrator.store.tables import OSRT_MIN_NS
 from tests.conftest import REPO, h200_fixtures
 
 pytestmark = pytest.mark.replay

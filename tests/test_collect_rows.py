@@ -19,8 +19,8 @@ import pytest
 from rich.console import Console
 
 from orchestrator.collect.collect import collect, collect_parts
-from orchestrator.collect.tables import OSRT_MIN_NS
 from orchestrator.layout import Layout
+from orchestrator.store.tables import OSRT_MIN_NS
 from tests.test_untrusted_collect import plant
 
 pytestmark = pytest.mark.replay

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options, analysis
 from tests.plant import LABEL, _shift, _step_range, plant
 from tests.test_parts import assert_same_report
 

@@ -1,4 +1,4 @@
-"""A store of the parts route reads its large event tables from the parts (collect/views.py):
+"""A store of the parts route reads its large event tables from the parts (store/views.py):
 the rows are the in-process store's (test_parts.py, every fixture); here, what the views add:
 a run directory moved with its parts still reports the same, a store whose parts are gone
 says so in one line with the fix, `--copy-events` gives a store that stands alone, and
@@ -16,8 +16,10 @@ from rich.console import Console
 
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
-from orchestrator.collect.tables import TABLES
-from orchestrator.collect.views import (
+from orchestrator.layout import Layout
+from orchestrator.sqltext import file_literal
+from orchestrator.store.tables import TABLES
+from orchestrator.store.views import (
     IF_MAPPED,
     UNREAD,
     VIEW_MIN_ROWS,
@@ -26,8 +28,6 @@ from orchestrator.collect.views import (
     parts_select,
     view_sql,
 )
-from orchestrator.layout import Layout
-from orchestrator.sqltext import file_literal
 from tests.conftest import run_orch
 from tests.stores import Stores
 from tests.test_parts import _has_rows, assert_same_report, assert_same_store, table_types

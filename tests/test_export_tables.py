@@ -16,8 +16,8 @@ import duckdb
 import pytest
 
 from orchestrator.collect.collect import collect
-from orchestrator.collect.tables import export_tables
 from orchestrator.layout import Layout
+from orchestrator.store.tables import export_tables
 from tests.conftest import store_differences
 
 pytestmark = pytest.mark.replay

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze import flight
-from orchestrator.collect import evidence
 from orchestrator.render.render import render
 from orchestrator.spec.load import load_job
+from orchestrator.submit import evidence
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.jobs

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
+from orchestrator.metrics.engine import Options
 from tests.independent import Rank
 
 pytestmark = pytest.mark.replay

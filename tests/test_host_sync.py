@@ -1,5 +1,5 @@
-"""Host syncs (analyze/sql/55_host_sync.sql, rules/host_sync.py) and inferred iterations
-(analyze/sql/12_inferred_steps.sql) on real H200 exports (tests/fixtures/gpu_e2e), checked
+"""Host syncs (metrics/sql/55_host_sync.sql, rules/host_sync.py) and inferred iterations
+(metrics/sql/12_inferred_steps.sql) on real H200 exports (tests/fixtures/gpu_e2e), checked
 against a plain sqlite3 computation over each export, never against orch's own output."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.analyze.engine import Options, analysis
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
+from orchestrator.metrics.engine import Options, analysis
 from tests.independent import Rank
 from tests.rulekit import context, rank
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
+from orchestrator.metrics.engine import Options
 from orchestrator.render import render
 from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec

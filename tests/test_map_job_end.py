@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.analyze import unread
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.run import collect_run
+from orchestrator.metrics import unread
+from orchestrator.metrics.engine import Options
 from tests import independent
 from tests.conftest import copy_run, run_orch
 from tests.test_parts import assert_same_report, rank_lists
@@ -52,7 +52,7 @@ def test_the_maps_of_a_stopped_job_cut_the_step_their_rank_was_stopped_in(name: 
 def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: Path) -> None:
     """The cancelled job with only the reports of the ranks that were furthest (the others
     lost): every rank was stopped in the same step, so every map's scope is the report's, and
-    the analysis runs over empty views of the gated event tables (analyze/unread.py). Their
+    the analysis runs over empty views of the gated event tables (metrics/unread.py). Their
     parts spoiled, the report is still the in-process one, without a second run."""
     runs = {}
     for route in ("in-process", "parts"):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options
 
 pytestmark = pytest.mark.replay
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options, analysis
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options, analysis
 
 pytestmark = pytest.mark.replay
 

@@ -1,4 +1,4 @@
-"""View capture_overhead (analyze/sql/67_capture_overhead.sql) on small hand-made tables: the
+"""View capture_overhead (metrics/sql/67_capture_overhead.sql) on small hand-made tables: the
 estimate's formula and the two ways a rank is flagged distorted (over 5 % of its window, or
 far above the other ranks), with the expected values computed here from the documented
 formula, not by orch."""
@@ -10,13 +10,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.analyze.map_tables import SUMMARIES
 from orchestrator.analyze.model_overhead import RankOverhead
 from orchestrator.analyze.overhead import overhead_line
+from orchestrator.store.map_tables import SUMMARIES
 
 pytestmark = pytest.mark.fast
 
-SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "analyze" / "sql"
+SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "metrics" / "sql"
 SQL = SQL_DIR / "67_capture_overhead.sql"
 CALL_NS = 7600
 WINDOW_NS = 1_000_000_000

@@ -14,13 +14,13 @@ import pytest
 from rich.console import Console
 
 from orchestrator.analyze.build import build_report, report_from_views
-from orchestrator.analyze.engine import Options, analysis
-from orchestrator.analyze.map_tables import STACK, SUMMARIES, stack_columns
 from orchestrator.collect.collect import collect, collect_parts
-from orchestrator.collect.schema import EVENT_SCHEMA
-from orchestrator.collect.tables import TABLES
-from orchestrator.collect.views import IF_MAPPED, OWN_MAPPED, VIEWABLE
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options, analysis
+from orchestrator.store.map_tables import STACK, SUMMARIES, stack_columns
+from orchestrator.store.schema import EVENT_SCHEMA
+from orchestrator.store.tables import TABLES
+from orchestrator.store.views import IF_MAPPED, OWN_MAPPED, VIEWABLE
 from tests.conftest import REPO, h200_fixtures, run_orch
 
 pytestmark = pytest.mark.replay

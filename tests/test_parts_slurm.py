@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.analyze.engine import Options
+from orchestrator.metrics.engine import Options
 from tests.conftest import run_orch
 from tests.test_e2e import _job_id, _manifest, _spec
 from tests.test_parts import assert_same_report, assert_same_store, mapped_ranks

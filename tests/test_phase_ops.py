@@ -1,4 +1,4 @@
-"""The phase table's GPU projection (`phase_ops` in analyze/sql/92_phases.sql): which NVTX
+"""The phase table's GPU projection (`phase_ops` in metrics/sql/92_phases.sql): which NVTX
 ranges enclose each kernel's CUDA launch on the launching thread. orch numbers a thread's
 launches by time and finds each range's first and last launch by two ASOF joins; checked here
 against a brute-force plain-sqlite3 computation over the export (every range of the thread
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.analyze.engine import Options, analysis
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
+from orchestrator.metrics.engine import Options, analysis
 from tests.synthetic import MS, TID, Export
 
 pytestmark = pytest.mark.fast

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.collect.extract import missing_columns
 from orchestrator.collect.parts import probe_from_json, probe_to_json
 from orchestrator.collect.probe import probe
-from orchestrator.collect.tables import TABLES
+from orchestrator.store.tables import TABLES
 
 pytestmark = pytest.mark.fast
 

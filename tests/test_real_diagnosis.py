@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options
 from tests import oracle
 from tests.conftest import run_orch
 
@@ -111,7 +111,7 @@ def test_critical_path_tiles_every_step(stores) -> None:
     """Every step's critical path is one rank's work after another, back to back from the step's
     first GPU work to its last (no gap, no overlap): checked in plain Python over the segments,
     on every capture with more than one step of communication."""
-    from orchestrator.analyze.engine import analysis
+    from orchestrator.metrics.engine import analysis
 
     for capture in ("resnet_nw2", "ddp_slowrank", "gpipe_m4", "1f1b_m8"):
         con, _ = analysis(stores[capture], Options(microbatches=PIPELINES.get(capture)))

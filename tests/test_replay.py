@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options
 from orchestrator.report.diff import diff_reports
 from orchestrator.report.html import render_html
 from tests.stores import Stores

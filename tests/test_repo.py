@@ -1,12 +1,17 @@
 """The repository stands on its own: nothing reads a folder beside the checkout, and the
 package's modules import each other without circles (an abstraction never imports its
-implementations)."""
+implementations), each stage only earlier ones and what lies below them
+(scripts/import_layers.py)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -99,3 +104,36 @@ def test_no_import_circles() -> None:
     assert graph["orchestrator.submit.core"] >= {"orchestrator.submit.local", "orchestrator.submit.slurm"}
     found = cycles(graph)
     assert not found, f"modules that import each other (directly or around a circle): {found}"
+
+
+def _layers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_layers", REPO / "scripts" / "import_layers.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_imports_run_one_way_through_the_layers() -> None:
+    assert _layers().back_imports() == []
+
+
+def test_the_layer_checker_finds_an_import_that_runs_back(tmp_path: Path) -> None:
+    """A copy of the package with the store importing collect (a later layer), a lazy import of
+    the analysis in the spec, and a new top-level module no layer names."""
+    pkg = tmp_path / "orchestrator"
+    shutil.copytree(REPO / "orchestrator", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.sql"))
+    tables = pkg / "store" / "tables.py"
+    n = len(tables.read_text().splitlines())
+    tables.write_text(tables.read_text() + "from orchestrator.collect.gather import discover  # noqa\n")
+    limits = pkg / "spec" / "limits.py"
+    m = len(limits.read_text().splitlines())
+    limits.write_text(limits.read_text() + "\n\ndef f() -> None:\n    from orchestrator import analyze  # noqa\n")
+    (pkg / "extra.py").write_text("X = 1\n")
+    assert sorted(_layers().back_imports(pkg)) == [
+        "orchestrator/extra.py: orchestrator.extra is in no layer (add it to LAYERS)",
+        f"orchestrator/spec/limits.py:{m + 4}: orchestrator.spec.limits imports orchestrator.analyze, a later layer",
+        f"orchestrator/store/tables.py:{n + 1}: orchestrator.store.tables imports orchestrator.collect.gather, "
+        "a later layer",
+    ]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options
 from tests.synthetic import MS, Export
 
 pytestmark = pytest.mark.fast

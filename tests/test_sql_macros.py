@@ -1,11 +1,11 @@
-"""The shared SQL macros (analyze/sql/00_macros.sql) against plain-Python computations."""
+"""The shared SQL macros (metrics/sql/00_macros.sql) against plain-Python computations."""
 
 from __future__ import annotations
 
 import duckdb
 import pytest
 
-from orchestrator.analyze.engine import SQL_DIR
+from orchestrator.metrics.engine import SQL_DIR
 
 pytestmark = pytest.mark.fast
 

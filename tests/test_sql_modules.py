@@ -18,14 +18,14 @@ from typing import ClassVar
 import duckdb
 import pytest
 
-from orchestrator.analyze import sqlmodules
-from orchestrator.analyze.engine import SQL_DIR, Options, Views, analysis
-from orchestrator.analyze.map_tables import SUMMARIES
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule
-from orchestrator.analyze.sqlmodules import HeaderError, Module
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
+from orchestrator.metrics import sqlmodules
+from orchestrator.metrics.engine import SQL_DIR, Options, Views, analysis
+from orchestrator.metrics.sqlmodules import HeaderError, Module
+from orchestrator.store.map_tables import SUMMARIES
 from tests import sqlcheck
 
 pytestmark = pytest.mark.replay
@@ -180,7 +180,7 @@ def test_metrics_doc_is_up_to_date() -> None:
 
 
 def test_map_tables_declare_what_the_analysis_makes(checked: Checked) -> None:
-    """Each map_* table (analyze/map_tables.py) has the columns of the analysis table it holds,
+    """Each map_* table (store/map_tables.py) has the columns of the analysis table it holds,
     in order: a column added there and not here would be NULL for every mapped rank."""
     for s in SUMMARIES:
         got = [r[0] for r in checked.full.execute(f"DESCRIBE SELECT * FROM {s.source}").fetchall()]

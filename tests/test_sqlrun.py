@@ -1,4 +1,4 @@
-"""The analysis SQL run concurrently (analyze/sqlrun.py): the dependencies it takes from the
+"""The analysis SQL run concurrently (metrics/sqlrun.py): the dependencies it takes from the
 files' declared headers, and the same tables as a plain run of every file in order, on a real capture."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from orchestrator.analyze import sqlrun
-from orchestrator.analyze.engine import (
+from orchestrator.collect.collect import collect, collecting
+from orchestrator.layout import Layout
+from orchestrator.metrics import sqlrun
+from orchestrator.metrics.engine import (
     SQL_DIR,
     Options,
     analysis,
@@ -20,8 +22,6 @@ from orchestrator.analyze.engine import (
     prepare,
     store_rows,
 )
-from orchestrator.collect.collect import collect, collecting
-from orchestrator.layout import Layout
 
 pytestmark = pytest.mark.fast
 

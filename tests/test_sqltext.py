@@ -122,7 +122,7 @@ def test_report_imports_no_pandas(tmp_path: Path) -> None:
 from orchestrator.api import analyze
 rep = analyze([{str(fx)!r}], out={str(tmp_path / 'run')!r})
 from orchestrator.analyze.build import build_analysis
-from orchestrator.analyze.engine import Options
+from orchestrator.metrics.engine import Options
 build_analysis(rep.store, Options(steps_from='^step'))
 print(json.dumps({{"modules": {{m: m in sys.modules for m in ('pandas', 'numpy')}}, "tried": tried}}))
 """)
@@ -142,7 +142,7 @@ from pathlib import Path
 from rich.console import Console
 from orchestrator.collect.collect import collect_parts
 from orchestrator.analyze.build import build_analysis
-from orchestrator.analyze.engine import Options
+from orchestrator.metrics.engine import Options
 from orchestrator.layout import Layout
 res = collect_parts([Path({str(fx)!r})], Path({str(tmp_path / 'run')!r}), layout=Layout(),
                     console=Console(stderr=True, quiet=True), workers=2, view_min_rows=0, summaries=True)

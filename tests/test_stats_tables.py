@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.analyze.stats_tables import _sources
 from orchestrator.collect.collect import collect
 from orchestrator.collect.identity import Layout
-from orchestrator.collect.tables import OSRT_MIN_NS
+from orchestrator.metrics.engine import Options
+from orchestrator.store.tables import OSRT_MIN_NS
 from tests.conftest import h200_fixtures
 
 pytestmark = pytest.mark.replay

@@ -13,9 +13,9 @@ from rich.console import Console
 
 from orchestrator.analyze import stats_tables as tables_mod
 from orchestrator.analyze.build import build_report
-from orchestrator.analyze.engine import Options
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
+from orchestrator.metrics.engine import Options
 from orchestrator.report.html import render_html
 from orchestrator.report.terminal import print_report
 from tests.synthetic import MS, Export

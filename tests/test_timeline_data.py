@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from orchestrator.analyze.build import report_from_views
-from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.timeline import _drawn_ops, _Frame, _hidden
+from orchestrator.metrics.engine import Options, Views, analysis
 from tests.stores import Stores
 
 pytestmark = pytest.mark.fast

@@ -1,5 +1,5 @@
 """Where every rank was mapped, the report's analysis runs over empty views of the gated event
-tables (analyze/unread.py): it never binds their parts, its report is the in-process store's,
+tables (metrics/unread.py): it never binds their parts, its report is the in-process store's,
 and where a gate opens after all (another scope than the maps', a rank whose map is not this
 SQL's) it runs again over the real views and gives what it gives without them."""
 
@@ -12,13 +12,13 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from orchestrator.analyze import unread
 from orchestrator.analyze.build import report_from_views
-from orchestrator.analyze.engine import Options, Views, attach_store, prepare, run_sql
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.collect.pipeline import CollectResult
-from orchestrator.collect.timings import TIMINGS
 from orchestrator.layout import Layout
+from orchestrator.metrics import unread
+from orchestrator.metrics.engine import Options, Views, attach_store, prepare, run_sql
+from orchestrator.timings import TIMINGS
 from tests.stores import Stores
 from tests.test_parts import edit_map_table
 

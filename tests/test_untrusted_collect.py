@@ -23,8 +23,8 @@ from orchestrator.collect.collect import collect
 from orchestrator.collect.extract import MAX_TEXT
 from orchestrator.collect.identity import Layout
 from orchestrator.collect.redact import redact_export
-from orchestrator.collect.tables import OSRT_MIN_NS, TABLES
 from orchestrator.errors import OrchError
+from orchestrator.store.tables import OSRT_MIN_NS, TABLES
 
 pytestmark = pytest.mark.replay
 

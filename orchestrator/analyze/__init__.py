@@ -1,12 +1,9 @@
-"""Analyze stage: SQL views over the merged store, the typed report, and the rules that turn
+"""Analyze stage: the typed report built from the metrics' views, and the rules that turn
 metrics into findings.
 
 The layout, in the order the analysis runs:
-- `sql/NN_*.sql`: every metric, one named view or table each; `sqlmodules.py` reads each file's
-  header (what it reads and provides), `sqlrun.py` runs the files in dependency order, and
-  `engine.py` opens the store, sets the session and the `params` table, and reads the views
-  (`Views`). `map_tables.py`: the per-rank tables a map computes next to each rank's data;
-  `unread.py`: the event views the analysis leaves unbound where every rank was mapped.
+- the metrics (orchestrator/metrics/: the SQL files and the engine that runs them over the
+  store and reads the views), which this package turns into the report;
 - one builder beside one model per part of the report: `build.py` -> `model_report.py` (the
   `Report`: ranks, steps, stages, stragglers, window, findings), `comm.py` -> `model_comm.py`,
   `critical.py` -> `model_critical.py`, `gpu_memory.py` -> `model_gpu_memory.py`, `outcome.py`

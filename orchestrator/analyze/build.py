@@ -1,6 +1,6 @@
 """Assemble the typed cross-rank `Report` from the analysis views, then run the rules.
 
-Every metric comes from a view in `analyze/sql/` (ns there); this module only converts units
+Every metric comes from a view in `metrics/sql/` (ns there); this module only converts units
 (ns -> ms) and shapes rows into the models of `analyze/model_report.py`.
 """
 
@@ -16,7 +16,6 @@ import duckdb
 from orchestrator import __version__
 from orchestrator.analyze.comm import build_comm
 from orchestrator.analyze.critical import build_critical_path
-from orchestrator.analyze.engine import Options, Views, analysis
 from orchestrator.analyze.gpu_memory import build_memory
 from orchestrator.analyze.model_columns import Column, columns
 from orchestrator.analyze.model_report import (
@@ -41,7 +40,8 @@ from orchestrator.analyze.rules.base import Context
 from orchestrator.analyze.stats_tables import build_tables
 from orchestrator.analyze.timeline import extras_from_views
 from orchestrator.analyze.units import ms, ms_or_none
-from orchestrator.collect.timings import phase
+from orchestrator.metrics.engine import Options, Views, analysis
+from orchestrator.timings import phase
 
 
 def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:

@@ -4,9 +4,9 @@ that says how to record sizes when the export has none."""
 
 from __future__ import annotations
 
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_comm import CommKindRow, CommReport, CommScopeRow, CommUnitRow, NominalLink
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import Views
 
 # Nominal NVLink rate per GPU and direction (GB/s), by GPU model. busbw (nccl-tests) is what
 # each GPU's link carries in one direction while the other direction carries as much, so it is

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_critical import CriticalPath, CriticalRoot, CriticalStep, PathSegment
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import Views
 
 
 def build_critical_path(v: Views) -> CriticalPath | None:

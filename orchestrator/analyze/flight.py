@@ -4,12 +4,12 @@ operations (a mismatch that never completes).
 
 Per process group every collective has a sequence number, the same on every member rank
 (NCCL and gloo alike): the ranks whose last one is below the group's highest never entered it.
-The input is each rank's last collective per group (collect/evidence.py reads the dumps).
+The input is each rank's last collective per group (submit/evidence.py reads the dumps).
 """
 
 from __future__ import annotations
 
-from orchestrator.collect.evidence import LastCollective
+from orchestrator.submit.evidence import LastCollective
 
 
 def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:
@@ -66,7 +66,7 @@ def odd_ones(last: list[LastCollective]) -> list[int]:
 
 def diverged(rows: list[LastCollective]) -> tuple[list[int], list[str]]:
     """The ranks that called a different collective where the ranks' collectives first differ
-    (collect/evidence.py: diverged_collectives) and that line in words; ([], []) without one."""
+    (submit/evidence.py: diverged_collectives) and that line in words; ([], []) without one."""
     if not rows:
         return [], []
     odd = odd_ones(rows)

@@ -1,12 +1,12 @@
-"""Shape the GPU memory views (analyze/sql/63_gpu_memory.sql) into `MemoryReport`: units only
+"""Shape the GPU memory views (metrics/sql/63_gpu_memory.sql) into `MemoryReport`: units only
 (ns -> ms, sums -> per step), and which ranks' curves the HTML draws."""
 
 from __future__ import annotations
 
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_gpu_memory import MEMORY_HINT, MemoryCurve, MemoryReport, RankMemory
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import Views
 
 MAX_CURVES = 16
 

@@ -1,6 +1,6 @@
 """GPU memory in the report: per rank in use at the window's start, peak and end, growth per
 step, the GPU's capacity and headroom (from nsys --cuda-memory-usage=true events, view
-`mem_rank` in analyze/sql/63_gpu_memory.sql), the cross-rank spread, a downsampled curve per
+`mem_rank` in metrics/sql/63_gpu_memory.sql), the cross-rank spread, a downsampled curve per
 rank for the HTML, and allocator calls per step (view `alloc_calls`, from the CUDA API trace,
 which every CUDA capture has)."""
 

@@ -1,5 +1,5 @@
 """What the capture itself cost each rank, estimated (view `capture_overhead`,
-analyze/sql/67_capture_overhead.sql): nsys's per-call cost inflates every step time a CPU-bound
+metrics/sql/67_capture_overhead.sql): nsys's per-call cost inflates every step time a CPU-bound
 loop shows, so a reader must know how much of what they see is the profiler before acting on
 it (docs/capture_overhead.md: the method, its calibration and its error)."""
 

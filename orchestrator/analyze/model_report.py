@@ -23,8 +23,8 @@ from orchestrator.analyze.model_outcome import Outcome
 from orchestrator.analyze.model_overhead import CaptureOverhead
 from orchestrator.analyze.model_replay import Replay, WhatIf
 from orchestrator.analyze.model_stats_tables import StatsTables
-from orchestrator.collect.loaders import LoaderSettings
 from orchestrator.errors import OrchError
+from orchestrator.submit.loaders import LoaderSettings
 
 SCHEMA_VERSION = 3
 Severity = Literal["high", "medium", "low", "info"]

@@ -3,7 +3,7 @@
 One row per rank and item, so that 8 or 800 ranks read side by side; the cross-rank columns
 (`*_median_*`, `outlier`) say which rank stands out. Times are ms with ns precision (6
 decimals): the tables are checked against NVIDIA's own `nsys stats` numbers, in ns.
-Definitions: analyze/sql/21_stats_scope.sql (scope, cross-rank comparison) and
+Definitions: metrics/sql/21_stats_scope.sql (scope, cross-rank comparison) and
 92_phases.sql .. 99_nsys_rules.sql (one header per table).
 """
 

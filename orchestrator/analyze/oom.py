@@ -1,5 +1,5 @@
 """What a rank that ran out of GPU memory held, for the outcome: from nsys' allocation events
-(`mem_peak`, analyze/sql/63_gpu_memory.sql) and from torch's own message (collect/evidence.py:
+(`mem_peak`, metrics/sql/63_gpu_memory.sql) and from torch's own message (submit/evidence.py:
 `torch_oom`).
 
 The two say different things and both are needed. The events are what the capture saw the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.analyze.engine import Views
+from orchestrator.metrics.engine import Views
 
 _SIZE = r"([\d.]+ [KMGTP]?i?B)"
 # torch 2.x: `Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.52 GiB

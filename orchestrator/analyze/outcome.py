@@ -1,6 +1,6 @@
 """How the job ended, for the report: the scheduler's state, the first rank to fail and how,
 the hang evidence (Flight Recorder, stacks: what `orch collect` kept in the store, see
-collect/evidence.py) and where each rank stood when its capture ended (`rank_end`,
+submit/evidence.py) and where each rank stood when its capture ended (`rank_end`,
 63_rank_end.sql).
 
 A report of a job that did not complete must say so first: the timings of a hung or stopped
@@ -16,9 +16,9 @@ import re
 from typing import Any
 
 from orchestrator.analyze import flight, oom, stacks
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_outcome import Outcome, RankOutcome, StackClassOut
-from orchestrator.collect.evidence import JobEvidence, LastCollective, TaskEnd
+from orchestrator.metrics.engine import Views
+from orchestrator.submit.evidence import JobEvidence, LastCollective, TaskEnd
 from orchestrator.submit.failure import first_words
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")

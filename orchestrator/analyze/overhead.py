@@ -1,5 +1,5 @@
 """Build `CaptureOverhead` (model_overhead.py) from the `capture_overhead` view
-(analyze/sql/67_capture_overhead.sql): units, the `calls_capped` flag and the report's header
+(metrics/sql/67_capture_overhead.sql): units, the `calls_capped` flag and the report's header
 line."""
 
 from __future__ import annotations

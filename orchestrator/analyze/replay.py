@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_replay import Replay, ReplayStep, WhatIf
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import Views
 
 
 def build_replay(v: Views) -> Replay | None:

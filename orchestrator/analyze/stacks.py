@@ -2,7 +2,7 @@
 
 A stop finds most ranks of a hung job at the same point, waiting for the few that never came:
 in a collective (torch.distributed), in backward (DDP's gradient all-reduce waits there), or in
-a CUDA synchronisation. Grouped by their whole stack (collect/evidence.py: `stack_classes`, the
+a CUDA synchronisation. Grouped by their whole stack (submit/evidence.py: `stack_classes`, the
 equivalence classes of LLNL's Stack Trace Analysis Tool), the waiting ranks are one large class
 and the few elsewhere are the root, wherever the NVTX ranges cannot tell them apart (every rank
 "in train_step") and wherever the Flight Recorder is empty (an older torch, a buffer left at 0).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 
 from orchestrator.analyze.model_outcome import StackClassOut
-from orchestrator.collect.evidence import StackClass
 from orchestrator.ranklist import ranges
+from orchestrator.submit.evidence import StackClass
 
 _FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) \((?P<func>.*)\)$")
 # Frames that are not the program's own: the interpreter's standard library, installed packages,

@@ -1,6 +1,6 @@
 """Build `Report.tables` (the nsys stats tables across ranks) from the analysis views.
 
-The views (analyze/sql/92..99) hold every row in ns; this module picks the rows worth showing
+The views (metrics/sql/92..99) hold every row in ns; this module picks the rows worth showing
 and converts units. Which items: the top ones by their largest per-rank total over every
 rank, so an item heavy on one rank only is kept. Which ranks: all of them up to TABLE_RANKS;
 past that the rows of the ranks that explain the run (table_ranks), so the report's size and
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model_report import Report
 from orchestrator.analyze.model_stats_tables import (
     ApiRow,
@@ -27,6 +26,7 @@ from orchestrator.analyze.model_stats_tables import (
 )
 from orchestrator.analyze.rank_pick import by_findings, median_step_rank, pick_ranks
 from orchestrator.analyze.units import ms_or_none
+from orchestrator.metrics.engine import Options, Views
 
 TOP_PHASES = 40  # range groups
 TOP_KERNELS = 25  # kernel names

@@ -15,12 +15,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.analyze.engine import Views
 from orchestrator.analyze.model_report import Report
 from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, PathSeg, Seg, StepView
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import Views
 
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
 NVTX_DEPTH = 2  # NVTX levels drawn below the step range (deeper ones are autograd noise)

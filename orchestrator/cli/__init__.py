@@ -70,7 +70,7 @@ def _run(handler: Handler, a: argparse.Namespace) -> int:
     """Run one subcommand; with --timings, its per-phase wall times go to stderr at the end."""
     if not getattr(a, "timings", False):
         return handler(a)
-    from orchestrator.collect.timings import TIMINGS
+    from orchestrator.timings import TIMINGS
 
     TIMINGS.reset(True)
     try:

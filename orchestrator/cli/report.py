@@ -33,9 +33,9 @@ from orchestrator.report.safe import cell, plain
 if TYPE_CHECKING:
     import duckdb
 
-    from orchestrator.analyze.engine import Options
     from orchestrator.analyze.model_report import Report
     from orchestrator.analyze.model_timeline import Extras
+    from orchestrator.metrics.engine import Options
 
 
 def _check_outputs(a: argparse.Namespace, created: str | None = None) -> None:
@@ -56,10 +56,10 @@ def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
 
 def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
     """Print, then write --json and --html."""
-    from orchestrator.collect.timings import phase
     from orchestrator.fsutil import write_text_atomic
     from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
+    from orchestrator.timings import phase
 
     with phase("report: terminal"):
         print_report(report, out, wide=getattr(a, "wide", False))
@@ -74,7 +74,7 @@ def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
 
 
 def _options(a: argparse.Namespace) -> Options:
-    from orchestrator.analyze.engine import Options, check_regex, parse_steps
+    from orchestrator.metrics.engine import Options, check_regex, parse_steps
 
     return Options(gap_ms=a.gap_ms, steps=parse_steps(a.steps), steps_from=check_regex(a.steps_from),
                    microbatches=a.microbatches, tables=a.tables)
@@ -111,7 +111,7 @@ def _collect_and_report(a: argparse.Namespace, dest: Path) -> None:
                 print_collect(res)
                 report, extras = _analyse(res.store, a, opts, writer)
         except Exception as e:  # (DuckDB is imported once the exports run: not before them)
-            from orchestrator.analyze.engine import checkpoint_race
+            from orchestrator.metrics.engine import checkpoint_race
 
             if not checkpoint_race(e):
                 raise
@@ -154,8 +154,8 @@ def cmd_analyze(a: argparse.Namespace) -> int:
 
 def _load_report(ref: str, runs: str | None) -> Report:
     from orchestrator.analyze.build import build_report
-    from orchestrator.analyze.engine import Options
     from orchestrator.analyze.model_report import load_report
+    from orchestrator.metrics.engine import Options
 
     p = Path(ref)
     if p.is_file() and p.suffix == ".json":
@@ -206,8 +206,8 @@ def cmd_export_trace(a: argparse.Namespace) -> int:
     def priority() -> list[int]:
         """The ranks the report blames and their victims, the median rank, rank 0."""
         from orchestrator.analyze.build import build_report
-        from orchestrator.analyze.engine import Options
         from orchestrator.analyze.rank_pick import trace_order
+        from orchestrator.metrics.engine import Options
 
         return trace_order(build_report(store, Options()))
 

@@ -17,8 +17,8 @@ from orchestrator.collect.ingest import writing_store
 from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.pipeline import Written
 from orchestrator.collect.probe import Probe, probe
-from orchestrator.collect.timings import phase
 from orchestrator.layout import Layout
+from orchestrator.timings import phase
 
 
 class DirectRows:

@@ -19,7 +19,7 @@ every other table.
 from __future__ import annotations
 
 from orchestrator.collect.probe import Probe
-from orchestrator.collect.tables import TABLES, Col, Table
+from orchestrator.store.tables import TABLES, Col, Table
 
 # NVTX event types: 59 push/pop range, 60 start/end range, 75 domain create.
 NVTX_RANGE_TYPES = (59, 60)

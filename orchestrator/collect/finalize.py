@@ -11,9 +11,9 @@ import duckdb
 from orchestrator import numbers
 from orchestrator.collect.identity import Layout, Member
 from orchestrator.collect.probe import ENV_ALLOW
-from orchestrator.collect.schema import finalize_sql, negative_durations_sql
 from orchestrator.collect.store import append_rows
-from orchestrator.collect.timings import phase
+from orchestrator.store.schema import finalize_sql, negative_durations_sql
+from orchestrator.timings import phase
 
 _RANK_COLS = ("rank", "host", "pid", "local_rank", "node", "stage", "dp_index", "tp_index", "gpu_name",
               "session_start_utc_ns", "clock_offset_ns", "clock_correction_ns", "nsys_version", "schema_version",

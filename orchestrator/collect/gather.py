@@ -23,8 +23,8 @@ from typing import IO
 
 from orchestrator import naming
 from orchestrator.collect.decompress import TooLarge, clean_stale, gunzip_capped
-from orchestrator.collect.tables import export_tables
 from orchestrator.errors import OrchError
+from orchestrator.nsys import UNKNOWN_OPTION_ERE, newer_export_options
 from orchestrator.runpaths import RunPaths
 
 SUFFIXES = (".nsys-rep", ".qdrep", ".sqlite.gz", ".sqlite")
@@ -97,8 +97,6 @@ def find_nsys(preferred: str | None = None) -> str | None:
 # Options of newer nsys (2024+) that orch asks for optimistically: an nsys that rejects one is
 # remembered (nsys path -> rejected option names) and asked without it from then on.
 _REJECTED: dict[str, set[str]] = {}
-# How nsys says it does not know an option (a POSIX ERE: the in-job export's grep uses it too).
-UNKNOWN_OPTION_ERE = r"(unrecogni[sz]ed|unknown|invalid) option"
 _UNKNOWN_OPTION = re.compile(UNKNOWN_OPTION_ERE + r"\W*(?P<option>--[a-z-]+)", re.IGNORECASE)
 
 
@@ -113,13 +111,6 @@ class Started:
     log: IO[bytes]  # stdout and stderr
     nsys: str
     options: tuple[str, ...]  # the newer options asked for (newer_export_options)
-
-
-def newer_export_options() -> dict[str, list[str]]:
-    """Options of nsys 2024+, by name. `--include-json`: without it NVTX extended payloads,
-    such as NCCL's message sizes (the report's bytes and bandwidth per collective), are left
-    out. `--tables`: only the tables orch reads, less to write (docs/benchmarks-code.md)."""
-    return {"--include-json": ["--include-json=true"], "--tables": ["--tables", ",".join(export_tables())]}
 
 
 def _start(nsys: str, origin: Path, tmp: Path) -> Started:

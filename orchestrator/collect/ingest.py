@@ -28,18 +28,18 @@ from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member
 from orchestrator.collect.pipeline import Written
 from orchestrator.collect.probe import open_ro
-from orchestrator.collect.schema import (
+from orchestrator.collect.store import Checkpoint, first_line, new_store, store_write_failed, write_meta
+from orchestrator.duckdb_memory import limit
+from orchestrator.errors import OrchError
+from orchestrator.sqltext import attach, detach, load, set_option
+from orchestrator.store.schema import (
     EVENT_SCHEMA,
     RANKS_DDL,
     align_clocks_sql,
     arrow_schema,
     create_event_tables_sql,
 )
-from orchestrator.collect.store import Checkpoint, first_line, new_store, store_write_failed, write_meta
-from orchestrator.collect.timings import phase
-from orchestrator.duckdb_memory import limit
-from orchestrator.errors import OrchError
-from orchestrator.sqltext import attach, detach, load, set_option
+from orchestrator.timings import phase
 
 _FETCH_ROWS = 65536
 

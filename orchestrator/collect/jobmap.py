@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.gather import discover, exports_dir
 from orchestrator.collect.mapper import MapTask, map_report, summary
 from orchestrator.runpaths import RunPaths
+from orchestrator.submit.evidence import JobEvidence
 
 
 def map_in_job(run: Path, report: Path, status: int = 0) -> tuple[bool, str]:

@@ -36,7 +36,6 @@ from orchestrator.collect.parts import (
     is_fresh,
     meta_path,
     part_files,
-    part_path,
     probe_to_json,
     read_meta,
     report_id,
@@ -45,10 +44,11 @@ from orchestrator.collect.parts import (
     tmp_part,
 )
 from orchestrator.collect.probe import Probe, open_ro, probe
-from orchestrator.collect.schema import EVENT_SCHEMA, arrow_schema
-from orchestrator.collect.tables import TABLES
 from orchestrator.fsutil import write_json_atomic
 from orchestrator.sqltext import attach, file_literal, quote, set_option
+from orchestrator.store.partpaths import part_path
+from orchestrator.store.schema import EVENT_SCHEMA, arrow_schema
+from orchestrator.store.tables import TABLES
 
 _INVALID_UNICODE = re.compile(r"[Ii]nvalid unicode|UTF-?8", re.IGNORECASE)
 COMPRESSION = "zstd"  # smallest parts for the CPU it costs (docs/scale.md)
@@ -87,7 +87,7 @@ class MapTask:
             return False
         if not self.summaries:
             return True
-        from orchestrator.analyze.engine import map_sql  # the analysis engine only when asked for
+        from orchestrator.metrics.engine import map_sql  # the analysis engine only when asked for
 
         return (meta.get("summaries") is not None and not meta.get("summary_error")
                 and meta.get("summary_sql") == map_sql())
@@ -263,8 +263,8 @@ def map_report(task: MapTask) -> dict[str, Any]:
     summaries: dict[str, str] | None = None
     meta["summary_error"] = meta["summary_sql"] = None
     if task.summaries and not error:
-        from orchestrator.analyze.engine import map_sql
         from orchestrator.collect.summarize import try_summarize  # loads the analysis: only when asked
+        from orchestrator.metrics.engine import map_sql
 
         summaries, meta["summary_error"] = (try_summarize(meta, task.parts, rank, rid, task.threads, task.job)
                                             if files else ({}, None))

@@ -21,7 +21,6 @@ from rich.console import Console
 
 from orchestrator import progress
 from orchestrator.collect.decompress import clean_stale
-from orchestrator.collect.evidence import JobEvidence
 from orchestrator.collect.gather import ReportFile, export_workers, exports_dir
 from orchestrator.collect.identity import Member
 from orchestrator.collect.mapper import MapTask, map_chunk, map_chunk_strict
@@ -30,9 +29,10 @@ from orchestrator.collect.parts import PART_TMP, probe_to_json, read_meta, repor
 from orchestrator.collect.pipeline import Written
 from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
-from orchestrator.collect.views import IF_MAPPED, VIEW_MIN_ROWS, VIEWABLE
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
+from orchestrator.store.views import IF_MAPPED, VIEW_MIN_ROWS, VIEWABLE
+from orchestrator.submit.evidence import JobEvidence
 
 if TYPE_CHECKING:
     from orchestrator.submit.array import TaskOutcome

@@ -26,13 +26,13 @@ class CollectOptions:
     `engine`: auto | scanner | sqlite3; `align`: align clocks on matched NCCL kernels;
     `extra_meta`: more keys for the store's meta table. Route: `parts` maps every report to
     Parquet parts in a local pool, `array` in a Slurm job array (implies parts); `summaries`:
-    the map also computes each rank's per-rank statistics (analyze/map_tables.py); None: in a
+    the map also computes each rank's per-rank statistics (store/map_tables.py); None: in a
     Slurm array only, where the maps run on the cluster's nodes (in a local pool a small rank's
     statistics cost the map more than they save the analysis: docs/scale.md); otherwise
     in process, where `started` are exports already running (gather.early_exports) and
     `background` checkpoints while the caller analyses the open store. `copy_events`: the
     parts route copies every event table into the store instead of leaving the large ones in
-    the parts, read through views (collect/views.py); `view_min_rows`: how large "large" is,
+    the parts, read through views (store/views.py); `view_min_rows`: how large "large" is,
     in rows a part file on average (None: views.VIEW_MIN_ROWS; the tests force views with 0)."""
 
     layout: Layout = field(default_factory=Layout)

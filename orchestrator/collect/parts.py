@@ -4,7 +4,7 @@
         table=<table>/rank=<N>/<id>.parquet       one file per report and event table
         table=map_stack/rank=<N>/<id>.parquet     the rank's statistics computed in the map, its
                                                    small tables stacked in one file
-        table=map_<name>/rank=<N>/<id>.parquet    a large one in its own (analyze/map_tables.py;
+        table=map_<name>/rank=<N>/<id>.parquet    a large one in its own (store/map_tables.py;
                                                    on the rank's clock)
         reports/<id>.json                          one per report: probe, identity, files, costs
 
@@ -50,25 +50,6 @@ def report_id(origin: Path, stem: str) -> str:
     across folders, and may hold characters a path segment or hive parser dislikes)."""
     digest = hashlib.sha1(str(origin.resolve()).encode(errors="surrogateescape")).hexdigest()[:10]
     return f"{_UNSAFE.sub('_', stem)[:80]}-{digest}"
-
-
-def rank_dir(rank: int | None) -> str:
-    # Unpadded: DuckDB, Arrow and Spark then infer an integer partition column.
-    return f"rank={rank}" if rank is not None and rank >= 0 else "rank=-1"
-
-
-def part_path(parts: Path, table: str, rank: int | None, rid: str) -> Path:
-    return parts / f"table={table}" / rank_dir(rank) / f"{rid}.parquet"
-
-
-_PART_RANK = re.compile(r"table=[^/=]+/rank=(-?[0-9]+)/[^/=]+\.parquet")
-
-
-def part_rank(rel: str) -> int | None:
-    """The rank a part's folder names (rank_dir), from its path relative to the parts folder;
-    None for a path part_path does not make."""
-    m = _PART_RANK.fullmatch(rel)
-    return int(m[1]) if m else None
 
 
 # A part being written, named by tmp_part; temps of killed maps match it (mapreduce cleans them).
@@ -156,5 +137,5 @@ def is_fresh(meta: dict[str, Any] | None, origin: Path, parts: Path, keep_env: b
 
 def part_files(meta: dict[str, Any]) -> list[str]:
     """Every Parquet file a meta lists, relative to the parts folder: event tables, then the
-    per-rank summaries (analyze/map_tables.py)."""
+    per-rank summaries (store/map_tables.py)."""
     return [*meta.get("files", {}).values(), *(meta.get("summaries") or {}).values()]

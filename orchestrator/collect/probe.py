@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import numbers
-from orchestrator.collect.tables import EVENT_TABLES, TABLES
+from orchestrator.store.tables import EVENT_TABLES, TABLES
 
 # Launcher/Slurm variables kept in the store; everything else nsys captured (tokens,
 # passwords, cloud keys) is dropped unless --keep-env.

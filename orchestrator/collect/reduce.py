@@ -21,17 +21,18 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze.engine import map_sql
-from orchestrator.analyze.map_tables import STACK, SUMMARIES, Summary, stack_columns
 from orchestrator.collect.extract import insert_sql, missing_columns
 from orchestrator.collect.finalize import finalize_store
 from orchestrator.collect.identity import Layout, Member, identify
 from orchestrator.collect.parts import probe_from_json, report_from_json
-from orchestrator.collect.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
 from orchestrator.collect.store import append_rows, new_store, write_meta
-from orchestrator.collect.tables import TABLES
-from orchestrator.collect.timings import phase
-from orchestrator.collect.views import (
+from orchestrator.duckdb_memory import limit
+from orchestrator.metrics.engine import map_sql
+from orchestrator.sqltext import execute, set_option
+from orchestrator.store.map_tables import STACK, SUMMARIES, Summary, stack_columns
+from orchestrator.store.schema import EVENT_SCHEMA, RANKS_DDL, align_clocks_sql, create_event_tables_sql
+from orchestrator.store.tables import TABLES
+from orchestrator.store.views import (
     EVENT_PARTS_DDL,
     VIEW_MIN_ROWS,
     choose,
@@ -40,8 +41,7 @@ from orchestrator.collect.views import (
     unfiltered,
     view_sql,
 )
-from orchestrator.duckdb_memory import limit
-from orchestrator.sqltext import execute, set_option
+from orchestrator.timings import phase
 
 
 def members_from_metas(metas: list[dict[str, Any]]) -> tuple[list[Member], list[str]]:
@@ -62,7 +62,7 @@ def _size(path: Path) -> int | None:
 
 def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[str, list[str]], *, own: bool,
                       viewed: Iterable[str] = ()) -> str | None:
-    """The map's per-rank statistics, on each rank's own clock (analyze/map_tables.py): the
+    """The map's per-rank statistics, on each rank's own clock (store/map_tables.py): the
     small tables, or (`own`) the large ones, of which those `viewed` stay in the parts
     (views.OWN_MAPPED, made with the event tables' views). The small ones are stored as the
     maps wrote them, stacked in one table (STACK, ordered by table: a table's read skips, by

@@ -1,6 +1,6 @@
 """`collect_run`: collect the reports a submitted job's manifest expects, the one entry that
 `orch collect JOB` and `orch sweep` share. The job's end (scheduler state, stack and Flight
-Recorder dumps; collect/evidence.py) is read now and kept in the store's meta (key `job`),
+Recorder dumps; submit/evidence.py) is read now and kept in the store's meta (key `job`),
 so a store copied away from its run directory still knows how its job ended.
 """
 
@@ -11,13 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator import naming
-from orchestrator.collect.evidence import gather
 from orchestrator.collect.gather import early_exports
 from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.pipeline import CollectResult
 from orchestrator.errors import OrchError
 from orchestrator.rundir import read_manifest
 from orchestrator.runpaths import RunPaths
+from orchestrator.submit.evidence import gather
 
 
 def run_options(run: Path, opts: CollectOptions) -> tuple[Path, CollectOptions]:

@@ -24,10 +24,10 @@ import duckdb
 from orchestrator import __version__, numbers
 from orchestrator.collect.decompress import clean_stale
 from orchestrator.collect.identity import Layout
-from orchestrator.collect.schema import STORE_VERSION
-from orchestrator.collect.timings import phase
 from orchestrator.errors import OrchError
 from orchestrator.sqltext import literal
+from orchestrator.store.schema import STORE_VERSION
+from orchestrator.timings import phase
 
 
 def first_line(e: BaseException) -> str:

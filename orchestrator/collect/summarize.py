@@ -1,5 +1,5 @@
 """The map's per-rank statistics: the analysis SQL that needs one rank's events only, run in the
-map task on that rank's fresh parts, written as small parts for the reduce (analyze/map_tables.py
+map task on that rank's fresh parts, written as small parts for the reduce (store/map_tables.py
 says which tables, and when the analysis takes them).
 
 The rank's parts become a one-rank store in memory through the reduce's own code (the same
@@ -17,13 +17,14 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze.engine import MAP_OPTIONS, analysis
-from orchestrator.analyze.map_tables import SQL_FILES, STACK, SUMMARIES, stacked_select
 from orchestrator.collect.identity import Layout
-from orchestrator.collect.parts import part_path, tmp_part
+from orchestrator.collect.parts import tmp_part
 from orchestrator.collect.reduce import reduce_into
 from orchestrator.duckdb_memory import limit
+from orchestrator.metrics.engine import MAP_OPTIONS, analysis
 from orchestrator.sqltext import quote, set_option
+from orchestrator.store.map_tables import SQL_FILES, STACK, SUMMARIES, stacked_select
+from orchestrator.store.partpaths import part_path
 
 
 def summarize(meta: dict[str, Any], parts: Path, rank: int | None, rid: str, threads: int = 1,

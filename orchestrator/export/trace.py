@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from orchestrator.analyze.engine import attach_store, check_store_version
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.errors import OrchError
 from orchestrator.export import perfetto
+from orchestrator.metrics.engine import attach_store, check_store_version
 from orchestrator.sqltext import execute
 
 if TYPE_CHECKING:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.collect.gather import newer_export_options
 from orchestrator.errors import OrchError
+from orchestrator.nsys import newer_export_options
 from orchestrator.spec.load import ResolvedJob
 
 

@@ -23,14 +23,14 @@ import jinja2
 
 import orchestrator
 from orchestrator import __version__, naming
-from orchestrator.collect.gather import UNKNOWN_OPTION_ERE
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
+from orchestrator.nsys import UNKNOWN_OPTION_ERE
 from orchestrator.render.nsys_args import metrics_args, newer_export_args, profile_args
 from orchestrator.runpaths import RunPaths
+from orchestrator.spec.limits import stop_timing
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
-from orchestrator.submit.limits import stop_timing
 
 SCRIPTS = ("sbatch.sh", "launch.sh", "rank_wrapper.sh", "keep_report.sh", "export_report.sh")
 HOOK_DIR = "pyhooks"  # launch.sh puts it first on the ranks' PYTHONPATH (sitecustomize: stack dumps)

@@ -15,8 +15,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.analyze.model_sweep import Point, Sweep
 from orchestrator.report.safe import cell, plain
-from orchestrator.sweep import Point, Sweep
 
 
 def _e(x: object) -> str:

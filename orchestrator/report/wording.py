@@ -40,7 +40,7 @@ def split_problems(report: Report) -> tuple[list[tuple[Problem, str]], list[tupl
 
 def no_gpu_banner(report: Report) -> str:
     """What a report without GPU activity says it is: a CPU-only capture, or a capture whose GPU
-    trace was lost (the ranks launched GPU work, or some rank kept its kernels; analyze/sql/15_gpu_lost.sql)."""
+    trace was lost (the ranks launched GPU work, or some rank kept its kernels; metrics/sql/15_gpu_lost.sql)."""
     lost = report.outcome.gpu_lost if report.outcome is not None else []
     if lost:
         return (f"GPU trace lost on rank(s) {', '.join(map(str, lost))} (its kernels never reached nsys; "

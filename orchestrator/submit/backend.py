@@ -23,8 +23,8 @@ from submitit.core.utils import FailedJobError, JobPaths
 from orchestrator.errors import OrchError
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
+from orchestrator.spec.limits import StopTiming, stop_timing
 from orchestrator.submit.failure import failed_at, failure_line, rank_traceback, root_cause
-from orchestrator.submit.limits import StopTiming, stop_timing
 from orchestrator.submit.node import NodeCommand
 
 # Slurm's terminal states; the local backend reports a subset of them.

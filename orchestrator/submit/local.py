@@ -24,8 +24,8 @@ import submitit
 
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
+from orchestrator.spec.limits import KILL_WAIT_S
 from orchestrator.submit.backend import SubmititBackend, job_stop_timing
-from orchestrator.submit.limits import KILL_WAIT_S
 from orchestrator.submit.node import (
     SETTLE_S,
     TERMINAL_SIGNALS,

@@ -26,8 +26,8 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from orchestrator.errors import OrchError
 from orchestrator.spec import ResolvedJob
+from orchestrator.spec.limits import KILL_WAIT_S, slurm_minutes
 from orchestrator.submit.backend import TERMINAL, SubmititBackend, job_stop_timing, tail
-from orchestrator.submit.limits import KILL_WAIT_S, slurm_minutes
 from orchestrator.submit.node import SETTLE_S, cancel_file, stop_file, supervisor_file
 
 __all__ = ["SlurmBackend", "normalize_state", "run_command", "scheduler_state", "slurm_minutes"]

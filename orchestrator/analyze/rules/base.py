@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
-from orchestrator.analyze.engine import Options, Views
 from orchestrator.analyze.model_report import Finding, Report, Severity
+from orchestrator.metrics.engine import Options, Views
 
 # NVTX range names that are the input pipeline in real code.
 

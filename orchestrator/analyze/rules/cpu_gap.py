@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
@@ -17,6 +16,7 @@ from orchestrator.analyze.rules.base import (
     python_line,
     worst_first,
 )
+from orchestrator.metrics.engine import DATA_RANGE
 
 PYTHON = "loop thread in Python between CUDA calls"
 PYTHON_FIX = (

@@ -16,10 +16,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import DATA_RANGE
 
 # Ranges that can contain a collective or a wait, so their excess may be waiting for others.
 ABSORBS_WAIT = re.compile(r"backward|bwd|all.?reduce|all.?gather|reduce.?scatter|broadcast|barrier|sync|wait|"

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
@@ -33,6 +32,7 @@ from orchestrator.analyze.rules.base import (
     python_line,
     worst_first,
 )
+from orchestrator.metrics.engine import DATA_RANGE
 from orchestrator.ranklist import ranges
 
 

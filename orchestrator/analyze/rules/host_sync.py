@@ -1,7 +1,7 @@
 """Host syncs in the hot loop: the CPU waits for the GPU every step (`.item()`, `print(tensor)`,
 `.cpu()`, `.tolist()`, `torch.cuda.synchronize()`, blocking DtoH copies), so the GPU's queue
 drains and the GPU idles while the CPU refills it. Cost: that GPU idle right after the syncs
-(view `sync_stats`, from analyze/sql/55_host_sync.sql), less the part the CPU spent in an
+(view `sync_stats`, from metrics/sql/55_host_sync.sql), less the part the CPU spent in an
 input-pipeline range or in work between steps (a data-loader stall or the between-steps
 work, reported by their own rules). Where the job was replayed, the cost is the replay's: the
 same job with no host sync (61_replay.sql, `no host syncs`: the CPU not blocked in them, the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_replay import SYNCS
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
@@ -23,6 +22,7 @@ from orchestrator.analyze.rules.base import (
     worst_first,
 )
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import DATA_RANGE
 
 FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`total += loss.detach()`) "
        "and call `.item()` / log every N steps; avoid `print(tensor)`, `.cpu()`, `.tolist()` and "

@@ -1,6 +1,6 @@
 """GPU memory in use grows every step: a leak on its way to out-of-memory.
 
-From `report.memory` (view `mem_rank`, analyze/sql/63_gpu_memory.sql): the least-squares slope
+From `report.memory` (view `mem_rank`, metrics/sql/63_gpu_memory.sql): the least-squares slope
 of the bytes in use at the start of each selected step. A steady loop returns to the same
 level every step (the caching allocator reuses its blocks), so a slope that is large, steady
 (R²) and seen in many steps is memory the loop keeps: tensors that hold their autograd graph

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.engine import DATA_RANGE
 from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
@@ -24,6 +23,7 @@ from orchestrator.analyze.rules.base import (
     severity_for,
 )
 from orchestrator.analyze.units import ms
+from orchestrator.metrics.engine import DATA_RANGE
 from orchestrator.ranklist import ranges
 
 NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare rank {rk}'s kernel times and GPU "

@@ -1,7 +1,7 @@
 """Synchronous copies and memsets (nsys analyze cuda-sync-memcpy / cuda-sync-memset), per rank.
 
 cudaMemcpy / cudaMemset without Async block the calling thread until the GPU has done them; the
-cost is the CPU time blocked in the calls (view `sync_copies`, analyze/sql/99_nsys_rules.sql).
+cost is the CPU time blocked in the calls (view `sync_copies`, metrics/sql/99_nsys_rules.sql).
 Small (<= 64000 B) host-to-device copies and device-to-device copies are left out, as nsys does.
 """
 

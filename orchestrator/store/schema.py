@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from importlib import resources
 
-from orchestrator.collect.tables import STORE_VERSION, TABLES
+from orchestrator.store.tables import STORE_VERSION, TABLES
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -26,7 +26,7 @@ __all__ = [
     "negative_durations_sql",
 ]
 
-_SQL_DIR = resources.files("orchestrator.collect") / "sql"
+_SQL_DIR = resources.files("orchestrator.store") / "sql"
 
 # table -> [(column, duckdb type)], rank first.
 EVENT_SCHEMA: dict[str, list[tuple[str, str]]] = {name: t.store_columns for name, t in TABLES.items()}
@@ -48,7 +48,7 @@ CREATE TABLE meta (key VARCHAR, value VARCHAR);
 def create_event_tables_sql(skip: Iterable[str] = ()) -> str:
     """The empty event tables, created before the ingest so that its workers insert straight
     into the store (no staging copy): the columns and types are the registry's, whatever
-    the inserted SELECTs produce. `skip`: tables that will be views (collect/views.py)."""
+    the inserted SELECTs produce. `skip`: tables that will be views (store/views.py)."""
     stmts = []
     for table, cols in EVENT_SCHEMA.items():
         if table in set(skip):

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import duckdb
 
-from orchestrator.analyze.map_tables import SUMMARIES, Summary
-from orchestrator.collect.tables import TABLES
 from orchestrator.errors import OrchError
 from orchestrator.sqltext import execute, file_literal, quote
+from orchestrator.store.map_tables import SUMMARIES, Summary
+from orchestrator.store.partpaths import part_rank
+from orchestrator.store.tables import TABLES
 
 # The tables that may stay in the parts: those with rows per event (a time column). The
 # per-thread and per-GPU tables are small and read often: a copy of them costs less than
@@ -33,7 +34,7 @@ from orchestrator.sqltext import execute, file_literal, quote
 # analysis files read them (launches, syncs, allocations, graph launches, the capture's
 # overhead), and a view decodes its parts again at each of those reads, which costs the report
 # more than the copy costs the reduce (docs/scale.md, "Real GPU ranks"); unless every report's
-# map computed what the analysis reads of them (analyze/map_tables.py): then the analysis reads
+# map computed what the analysis reads of them (store/map_tables.py): then the analysis reads
 # them only for the ranks no map did, and they stay in the parts, however small their files
 # (IF_MAPPED: the timeline reads the few ranks it draws). So do the copies, memsets, OS runtime
 # calls and threads, which the analysis reads little of but whose many small files a copy pays for,
@@ -65,8 +66,6 @@ def own_ranks(paths: Sequence[str], ranks: Sequence[int]) -> bool:
     view takes the rank from the folder names (hive partitioning), and a query that wants a few
     ranks (the critical path's, the timeline's) leaves the other ranks' files unopened; a rank
     from `event_parts`, joined on the file index, filters nothing before every file is read."""
-    from orchestrator.collect.parts import part_rank  # (here: the report's start need not import the map)
-
     return len(paths) == len(ranks) == len(set(ranks)) and all(
         part_rank(p) == r for p, r in zip(paths, ranks, strict=True))
 

@@ -30,12 +30,12 @@ Three keys, from the loosest to the strictest, each checked by the analysis itse
 - the scopes (map_ranks): the window statistics.
 With the three, the report reads a mapped rank's CUDA calls, kernels, copies, memsets and
 OS-runtime calls only for the ranks it draws in the timeline, and the reduce leaves them in the
-parts (collect/views.py, IF_MAPPED). Its NVTX ranges are still read (steps, NCCL's byte counts,
+parts (store/views.py, IF_MAPPED). Its NVTX ranges are still read (steps, NCCL's byte counts,
 the stages, where a stopped rank ended), and its compute islands by the critical path.
 
 The small tables travel stacked in one part per rank (STACK), the compute islands in their own.
 
-The tables' columns are declared here, as the event tables' are in collect/schema.py, so a
+The tables' columns are declared here, as the event tables' are in store/schema.py, so a
 store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
 A change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that
 parts of the old shape are mapped again instead of misread.

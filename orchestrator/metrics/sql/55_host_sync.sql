@@ -1,6 +1,6 @@
 -- Host syncs: CPU calls that wait for the GPU (what `.item()`, `print(tensor)`, `.cpu()`,
 -- `.tolist()`, `torch.cuda.synchronize()` become) and the GPU idle they leave behind. The ranks
--- in map_ranks are the map's (map_host_syncs, map_sync_idle, map_sync_stats: analyze/map_tables.py;
+-- in map_ranks are the map's (map_host_syncs, map_sync_idle, map_sync_stats: store/map_tables.py;
 -- times on the rank's own clock, shifted by map_ranks.off): a rank's syncs need its own calls only.
 -- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params, map_ranks, map_todo, map_host_syncs,
 -- map_sync_idle, map_sync_stats, is_sync_api, in_selected, overlapping, gap_attr.

@@ -13,7 +13,7 @@
 -- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
 -- code: no call to wait in).
 -- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
--- map_between_steps: analyze/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
+-- map_between_steps: store/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
 -- rank's gaps need its own events only.
 -- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
 -- map_gap_attr, map_between_steps, map_small_gaps, is_sync_api, overlapping, range_group. Provides:

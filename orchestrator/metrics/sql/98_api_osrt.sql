@@ -1,6 +1,6 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
 -- thread view of seed 000: which thread launched, which was blocked, per step. The rows of the
--- ranks in map_ranks are the map's (map_api_table, map_thread_table: analyze/map_tables.py).
+-- ranks in map_ranks are the map's (map_api_table, map_thread_table: store/map_tables.py).
 -- Reads: cuda_api, osrt, threads, stats_cpu, stats_cpu_todo, is_sync_api, union_length, rank_pid, loo_ref,
 -- map_ranks, map_api_table, map_thread_table. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)

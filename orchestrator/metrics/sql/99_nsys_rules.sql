@@ -1,7 +1,7 @@
 -- The `nsys analyze` rules orch did not have, across ranks (pageable async memcpy and sync
 -- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql). The rows of
 -- the ranks in map_ranks are the map's (map_sync_copies, map_sync_api_calls, map_gpu_slices:
--- analyze/map_tables.py; slice bounds there are on the rank's own clock, shifted by map_ranks.off).
+-- store/map_tables.py; slice bounds there are on the rank's own clock, shifted by map_ranks.off).
 -- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, stats_cpu_todo, stats_gpu_todo,
 -- is_sync_api, union_intervals, map_ranks, map_todo, map_sync_copies, map_sync_api_calls, map_gpu_slices.
 -- Provides:

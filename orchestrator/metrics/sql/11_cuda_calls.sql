@@ -1,6 +1,6 @@
 -- What needs a rank's CUDA calls alone: how many it made, which thread made most, its device
 -- allocator calls. The map's (map_done) are taken: after a job the calls of a rank are read only
--- where no map did it, so the store can leave them in the parts (collect/views.py).
+-- where no map did it, so the store can leave them in the parts (store/views.py).
 -- Reads: cuda_api, threads, map_done, map_none, map_cuda_calls, map_busy_thread, map_alloc_api.
 -- Provides:
 --   cuda_calls(rank, calls, launches)  per rank with CUDA calls: their number, and the kernel and

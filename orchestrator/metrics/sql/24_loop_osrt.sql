@@ -1,7 +1,7 @@
 -- The loop thread's OS-runtime calls, read once: the gaps (40_gaps.sql) and what the loop
 -- thread did in them (45_cpu_state.sql) both look up where it was blocked, and the OS-runtime
 -- calls of every thread can be the largest table of a CPU-heavy capture (then a view over the
--- Parquet parts, read at every query: collect/views.py). Only ranks with GPU work can have GPU
+-- Parquet parts, read at every query: store/views.py). Only ranks with GPU work can have GPU
 -- idle gaps: a CPU-only capture's calls are not read here at all; nor are those of the ranks
 -- whose gaps are the map's (map_ranks).
 -- Reads: osrt, loop_thread, step_ops, map_todo. Provides:

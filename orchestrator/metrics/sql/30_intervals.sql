@@ -1,8 +1,8 @@
 -- GPU time per rank by class, as interval unions clipped to the window. The ranks in map_ranks
--- are the map's (map_compute_islands, map_gpu_time: analyze/map_tables.py; their islands on the
+-- are the map's (map_compute_islands, map_gpu_time: store/map_tables.py; their islands on the
 -- rank's own clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only. Of their
 -- islands only the compute ones are read, which the critical path reads across ranks, where they
--- are (the parts, collect/views.py OWN_MAPPED): what the other classes are read for (the gaps, the
+-- are (the parts, store/views.py OWN_MAPPED): what the other classes are read for (the gaps, the
 -- slices, the time split) is the map's too.
 -- Reads: gpu_ops, win, map_ranks, map_todo, map_compute_islands, map_gpu_time, is_p2p, is_comm,
 -- union_intervals, union_length. Provides:

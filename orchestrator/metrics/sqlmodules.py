@@ -1,7 +1,7 @@
 """The analysis SQL modules' headers, read as declarations (after Perfetto's SQL standard
 library: every module says what it reads and what it provides, and a checker holds it to it).
 
-Each `analyze/sql/NN_*.sql` opens with a comment block; three of its lines are machine-read:
+Each `metrics/sql/NN_*.sql` opens with a comment block; three of its lines are machine-read:
 
     -- Reads: gpu_ops, win (any note in parentheses), params.
     -- Writes: steps, step_source.        (optional: earlier modules' tables it adds rows to)

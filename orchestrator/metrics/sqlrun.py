@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import duckdb
 
 from orchestrator import progress
-from orchestrator.analyze import sqlmodules
-from orchestrator.collect.timings import phase
 from orchestrator.duckdb_memory import cores
+from orchestrator.metrics import sqlmodules
+from orchestrator.timings import phase
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 -- Where a rank's CPU blocked on its GPU: every CUDA call of a millisecond or more (a sync waits
 -- until the GPU finished what was launched before it; a launch into a full queue until the GPU
 -- drained it). The replay (61_replay.sql) bounds each rank's launches by them. One rank's events
--- alone: the map computes it next to the rank's data (analyze/map_tables.py), so a report of
+-- alone: the map computes it next to the rank's data (store/map_tables.py), so a report of
 -- mapped ranks reads no CUDA call.
 -- Reads: cuda_api, gpu_ops, is_sync_api, map_done, map_none, map_cpu_blocks. Provides:
 --   cpu_blocks(rank, start, end, sync, done, lb)   one row per blocking call; sync: it waited for

@@ -1,7 +1,7 @@
 """What a job that did not end by itself left in its run directory, read once at collect time so
 the store keeps it (a store copied elsewhere still knows how its job ended): the scheduler's
 state (`orch status`'s own code), the stack dumps and PyTorch's Flight Recorder dumps, and each
-rank's DataLoader settings (collect/loaders.py).
+rank's DataLoader settings (submit/loaders.py).
 
 The rank hook (templates/sitecustomize.py.j2) writes `dumps/stacks.r<RANK>.txt` and
 `dumps/flight_recorder/rank_<RANK>` when orch stops a job; NCCL's watchdog writes the latter
@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.collect.loaders import LOADERS_BYTES, LOADERS_NAME, LoaderSettings, loaders
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
+from orchestrator.submit.loaders import LOADERS_BYTES, LOADERS_NAME, LoaderSettings, loaders
 
 MAX_DUMP_BYTES = 256 << 20  # a recorder of 20,000 entries with stacks is a few MiB
 MAX_STACK_BYTES = 1 << 20  # the last dumps of a stack file; a rank dumped many times appends

@@ -1,7 +1,7 @@
 """Run the analysis SQL over a merged store; hand named views to the report and the rules.
 
 All row-level work (interval unions, gap attribution, collective matching, step detection)
-is SQL in `analyze/sql/NN_*.sql`, executed in an in-memory DuckDB that attaches the store
+is SQL in `metrics/sql/NN_*.sql`, executed in an in-memory DuckDB that attaches the store
 read-only (independent files at the same time: sqlrun.py). Each file's header says what it
 reads and which tables/views it provides; shared idioms are macros in `00_macros.sql`.
 Python only reads the small result views.
@@ -21,18 +21,19 @@ from typing import Any
 
 import duckdb
 
-from orchestrator.analyze import map_tables, sqlmodules, sqlrun, unread
-from orchestrator.collect.evidence import JobEvidence
-from orchestrator.collect.tables import STORE_VERSION
-from orchestrator.collect.timings import phase
-from orchestrator.collect.views import relocate
 from orchestrator.duckdb_memory import cores as orch_cores
 from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
+from orchestrator.metrics import sqlmodules, sqlrun, unread
 from orchestrator.sqltext import attach, execute, set_option
+from orchestrator.store import map_tables
+from orchestrator.store.tables import STORE_VERSION
+from orchestrator.store.views import relocate
+from orchestrator.submit.evidence import JobEvidence
+from orchestrator.timings import phase
 
-SQL_DIR = resources.files("orchestrator.analyze") / "sql"
-# The store layout this analysis reads is the one collect writes (history: collect/tables.py).
+SQL_DIR = resources.files("orchestrator.metrics") / "sql"
+# The store layout this analysis reads is the one collect writes (history: store/tables.py).
 STORE_VERSIONS = {str(STORE_VERSION)}
 # DuckDB's own assertion failures, and the invalidated database they leave (see `analysis`).
 INTERNAL = (duckdb.InternalException, duckdb.FatalException)

@@ -83,7 +83,7 @@ def render(results: list[dict], meta: dict) -> str:
     if 512 in syn:
         v = max(syn[512][k]["rss_mb"] for k in ("orch", "ingest", "analyze"))
         lines.append(f"- peak RSS <= 2 GiB at 512 ranks: {v:.0f} MB ({_verdict(v <= 2048)})")
-    lines += ["", "Where the time goes, before and after, with proposals: docs/benchmarks-profile.md.", "", GPU_PLAN]
+    lines += ["", "Where the time went, round by round: docs/history/ (docs/history/README.md).", "", GPU_PLAN]
     return "\n".join(lines) + "\n"
 
 
@@ -100,6 +100,16 @@ docs/benchmarks-16core.md.
 
 What a user waits for after a job of 256 real GPU ranks whose maps ran in the job (`orch collect`
 of fresh parts, then `orch report --json`), against the per-rank analysis moved into the map:
-`scripts/bench_real_ranks.py`, in docs/benchmarks-after-job.md, beside `orch analyze` of 4 real
-ResNet-50 ranks (`scripts/bench.py --ranks --real resnet_ddp4 resnet_nw2`).
+`scripts/bench_real_ranks.py`, beside `orch analyze` of 4 real ResNet-50 ranks (`scripts/bench.py
+--ranks --real resnet_ddp4 resnet_nw2`). The latest numbers (2-core AMD EPYC, 24 GiB, main at e6b7392,
+2026-11-29; each run's details in docs/history/benchmarks-after-job.md):
+
+| what | measured | goal |
+|---|---|---|
+| 256 real GPU ranks: `orch collect`, `orch report --json` | 6.9 s (6.25-7.61), CPU 9.1 s, 450 MiB | <= 5 s: missed |
+| `orch analyze` of 4 ResNet-50 ranks / C read floor | 2.67-2.79x (CPU 3.88-3.93x) | <= 1.5x: missed |
+| `orch analyze` of 2 (resnet_nw2) | 2.59x (CPU 3.3x) | |
+
+Both need the analysis at a third to a half of its CPU: fewer and smaller statements (168 a
+report), not faster ones.
 """

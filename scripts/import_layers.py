@@ -18,7 +18,7 @@ PACKAGE = ROOT / "orchestrator"
 # Lowest first. A name is a top-level module or subpackage of orchestrator/.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "numbers", "fsutil", "runpaths", "progress", "ranklist", "naming", "sqltext", "duckdb_memory",
-     "timings", "layout"),
+     "timings", "layout", "limits"),
     ("store", "nsys"),
     ("spec",),
     ("render",),

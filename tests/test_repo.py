@@ -127,13 +127,13 @@ def test_the_layer_checker_finds_an_import_that_runs_back(tmp_path: Path) -> Non
     tables = pkg / "store" / "tables.py"
     n = len(tables.read_text().splitlines())
     tables.write_text(tables.read_text() + "from orchestrator.collect.gather import discover  # noqa\n")
-    limits = pkg / "spec" / "limits.py"
+    limits = pkg / "spec" / "ranks.py"
     m = len(limits.read_text().splitlines())
     limits.write_text(limits.read_text() + "\n\ndef f() -> None:\n    from orchestrator import analyze  # noqa\n")
     (pkg / "extra.py").write_text("X = 1\n")
     assert sorted(_layers().back_imports(pkg)) == [
         "orchestrator/extra.py: orchestrator.extra is in no layer (add it to LAYERS)",
-        f"orchestrator/spec/limits.py:{m + 4}: orchestrator.spec.limits imports orchestrator.analyze, a later layer",
+        f"orchestrator/spec/ranks.py:{m + 4}: orchestrator.spec.ranks imports orchestrator.analyze, a later layer",
         f"orchestrator/store/tables.py:{n + 1}: orchestrator.store.tables imports orchestrator.collect.gather, "
         "a later layer",
     ]

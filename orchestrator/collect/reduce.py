@@ -68,7 +68,7 @@ def _insert_summaries(con: duckdb.DuckDBPyConnection, root: Path, files: dict[st
     maps wrote them, stacked in one table (STACK, ordered by table: a table's read skips, by
     their zone maps, the row groups that hold none of its rows), each behind a view of its
     declared columns: one table costs the reduce's commit and checkpoint less than thirty small
-    ones (docs/benchmarks-after-job.md). They only spare the analysis work: a part that cannot
+    ones (docs/history/benchmarks-after-job.md). They only spare the analysis work: a part that cannot
     be read leaves them all out (and says why)."""
     skip = set(viewed)
     tables = [s for s in SUMMARIES if s.own == own and s.table not in skip]

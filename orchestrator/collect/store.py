@@ -90,7 +90,7 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, names: tuple[str, ..
     from a temporary JSON-lines file that DuckDB reads as the table's own column types: no
     pyarrow import (a fixed cost on every collect), no bound Python lists and no VALUES
     literals, both far slower past a few thousand rows (the parts' index of 2,048 ranks holds
-    55k rows; docs/benchmarks-after-job.md). Strings pass through `numbers.text`: a file name
+    55k rows; docs/history/benchmarks-after-job.md). Strings pass through `numbers.text`: a file name
     in another encoding never fails it."""
     if not rows:
         return

@@ -6,7 +6,7 @@ every read of them is joined to one of the gates below, which then hold no rank.
 route those tables are views over one Parquet file per rank, and DuckDB binds such a view at
 every statement that names it, checking and parsing every file's path however few rows the
 gate lets through: a cost per statement that grows with the ranks, for reads that return
-nothing (docs/benchmarks-after-job.md). So where the store says every rank was mapped, the
+nothing (docs/history/benchmarks-after-job.md). So where the store says every rank was mapped, the
 analysis runs over empty views of the same columns in their place; afterwards the gates say
 whether a rank needed its events after all (another scope than its map's): then the real
 views come back and the analysis runs again. The real views are back before anything else

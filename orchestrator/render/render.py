@@ -25,10 +25,10 @@ import orchestrator
 from orchestrator import __version__, naming
 from orchestrator.errors import OrchError
 from orchestrator.fsutil import write_text_atomic
+from orchestrator.limits import stop_timing
 from orchestrator.nsys import UNKNOWN_OPTION_ERE
 from orchestrator.render.nsys_args import metrics_args, newer_export_args, profile_args
 from orchestrator.runpaths import RunPaths
-from orchestrator.spec.limits import stop_timing
 from orchestrator.spec.load import ResolvedJob
 from orchestrator.spec.ranks import format_ranges, to_ranges
 

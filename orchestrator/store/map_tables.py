@@ -8,7 +8,7 @@ window of 90_gpu_work.sql, the per-rank rows of the phase, kernel and memory-ope
 92, 94 and 96, the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze
 tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
 the analysis a pass over every event of every rank: at 1,024 CPU ranks most of the report's SQL
-(docs/scale.md); at 256 real GPU ranks half of it (docs/benchmarks-after-job.md). The map
+(docs/scale.md); at 256 real GPU ranks half of it (docs/history/benchmarks-after-job.md). The map
 (collect/summarize.py) runs the same SQL on its one rank with the default options and writes the
 small results as parts; the reduce stores them in the `map_*` tables below. The analysis takes a
 rank's mapped rows only where the map's scopes are the ones it would use itself (the same
@@ -193,7 +193,7 @@ SUMMARIES = (
 # A rank's small tables travel as one part, stacked: one row per table row, the table's name,
 # the rank and typed slots that each table maps its columns onto (Summary.slots). Reading a
 # part costs per file and per column more than per row, and the small tables are most of a
-# map's tables and few of its rows (docs/scale.md, "One stacked part per rank").
+# map's tables and few of its rows (docs/history/scale-map-stats.md, "One stacked part per rank").
 STACK = "map_stack"
 
 

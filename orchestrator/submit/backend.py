@@ -21,9 +21,9 @@ import submitit
 from submitit.core.utils import FailedJobError, JobPaths
 
 from orchestrator.errors import OrchError
+from orchestrator.limits import StopTiming, stop_timing
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.spec.limits import StopTiming, stop_timing
 from orchestrator.submit.failure import failed_at, failure_line, rank_traceback, root_cause
 from orchestrator.submit.node import NodeCommand
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import submitit
 
+from orchestrator.limits import KILL_WAIT_S
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
-from orchestrator.spec.limits import KILL_WAIT_S
 from orchestrator.submit.backend import SubmititBackend, job_stop_timing
 from orchestrator.submit.node import (
     SETTLE_S,

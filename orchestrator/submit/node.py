@@ -42,7 +42,7 @@ from typing import Any
 
 from submitit.core.utils import FailedJobError, copy_process_streams
 
-from orchestrator.spec.limits import KILL_WAIT_S, StopTiming
+from orchestrator.limits import KILL_WAIT_S, StopTiming
 
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.2

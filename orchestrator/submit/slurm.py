@@ -25,8 +25,8 @@ import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from orchestrator.errors import OrchError
+from orchestrator.limits import KILL_WAIT_S, slurm_minutes
 from orchestrator.spec import ResolvedJob
-from orchestrator.spec.limits import KILL_WAIT_S, slurm_minutes
 from orchestrator.submit.backend import TERMINAL, SubmititBackend, job_stop_timing, tail
 from orchestrator.submit.node import SETTLE_S, cancel_file, stop_file, supervisor_file
 

@@ -84,6 +84,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-sync", action="store_true",
                    help="do not read the loss every step (lets the CPU run ahead of the GPU)")
     p.add_argument("--loader-workers", type=int, default=0, help="batches from a DataLoader with N workers")
+    p.add_argument("--log-every", type=int, default=0, metavar="N",
+                   help="print `rank R finished step S` every N steps (no GPU sync: the step's number only)")
     return p.parse_args()
 
 
@@ -202,6 +204,8 @@ def main() -> None:
                 opt.zero_grad(set_to_none=True)
             if last and not a.no_sync:  # logging the loss syncs with the GPU, as real loops do
                 last_loss = sum(float(o.detach()) for o in outs) / len(outs)
+        if a.log_every and (step + 1) % a.log_every == 0:
+            print(f"rank {rank} finished step {step}", flush=True)
     if use_cuda:
         torch.cuda.synchronize()
     dist.barrier()

@@ -1,4 +1,4 @@
-"""A job's time limit and its stop timing (from the spec), shared by the rendered scripts and the executors.
+"""A job's time limit and its stop timing, shared by the rendered scripts and the executors.
 
 The order in which a job that does not end by itself is stopped (time limit, cancel):
   1. the early warning (SIGUSR2), `lead` seconds before the limit: Slurm sends it through

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analyze.outcome import first_failure
-from orchestrator.submit.evidence import TaskEnd
+from orchestrator.store.evidence import TaskEnd
 from orchestrator.submit.failure import exit_words, failed_at, failure_line, rank_traceback, root_cause
 from tests.conftest import run_orch
 from tests.test_e2e import _spec

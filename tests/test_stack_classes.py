@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.analyze import stacks
 from orchestrator.analyze.model_outcome import StackClassOut
-from orchestrator.submit.evidence import StackClass
+from orchestrator.store.evidence import StackClass
 from tests.conftest import REPO, run_orch
 
 FIXTURE = REPO / "tests" / "fixtures" / "gloo-hangs" / "stuck-rank"

@@ -9,7 +9,7 @@ The input is each rank's last collective per group (submit/evidence.py reads the
 
 from __future__ import annotations
 
-from orchestrator.submit.evidence import LastCollective
+from orchestrator.store.evidence import LastCollective
 
 
 def mismatch(last: list[LastCollective]) -> tuple[list[int], str, list[str]]:

@@ -24,7 +24,7 @@ from orchestrator.analyze.model_overhead import CaptureOverhead
 from orchestrator.analyze.model_replay import Replay, WhatIf
 from orchestrator.analyze.model_stats_tables import StatsTables
 from orchestrator.errors import OrchError
-from orchestrator.submit.loaders import LoaderSettings
+from orchestrator.store.loaders import LoaderSettings
 
 SCHEMA_VERSION = 3
 Severity = Literal["high", "medium", "low", "info"]

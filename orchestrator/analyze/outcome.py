@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.analyze import flight, oom, stacks
 from orchestrator.analyze.model_outcome import Outcome, RankOutcome, StackClassOut
 from orchestrator.metrics.engine import Views
-from orchestrator.submit.evidence import JobEvidence, LastCollective, TaskEnd
+from orchestrator.store.evidence import JobEvidence, LastCollective, TaskEnd
 from orchestrator.submit.failure import first_words
 
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory")

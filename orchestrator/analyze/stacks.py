@@ -15,7 +15,7 @@ import re
 
 from orchestrator.analyze.model_outcome import StackClassOut
 from orchestrator.ranklist import ranges
-from orchestrator.submit.evidence import StackClass
+from orchestrator.store.evidence import StackClass
 
 _FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) \((?P<func>.*)\)$")
 # Frames that are not the program's own: the interpreter's standard library, installed packages,

@@ -26,7 +26,7 @@ from pathlib import Path
 from orchestrator.collect.gather import discover, exports_dir
 from orchestrator.collect.mapper import MapTask, map_report, summary
 from orchestrator.runpaths import RunPaths
-from orchestrator.submit.evidence import JobEvidence
+from orchestrator.store.evidence import JobEvidence
 
 
 def map_in_job(run: Path, report: Path, status: int = 0) -> tuple[bool, str]:

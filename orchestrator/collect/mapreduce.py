@@ -31,8 +31,8 @@ from orchestrator.collect.probe import Probe
 from orchestrator.collect.reduce import build_store_from_parts, members_from_metas
 from orchestrator.layout import Layout
 from orchestrator.runpaths import RunPaths
+from orchestrator.store.evidence import JobEvidence
 from orchestrator.store.views import IF_MAPPED, VIEW_MIN_ROWS, VIEWABLE
-from orchestrator.submit.evidence import JobEvidence
 
 if TYPE_CHECKING:
     from orchestrator.submit.array import TaskOutcome

@@ -27,9 +27,9 @@ from orchestrator.errors import OrchError
 from orchestrator.metrics import sqlmodules, sqlrun, unread
 from orchestrator.sqltext import attach, execute, set_option
 from orchestrator.store import map_tables
+from orchestrator.store.evidence import JobEvidence
 from orchestrator.store.tables import STORE_VERSION
 from orchestrator.store.views import relocate
-from orchestrator.submit.evidence import JobEvidence
 from orchestrator.timings import phase
 
 SQL_DIR = resources.files("orchestrator.metrics") / "sql"

@@ -6,4 +6,6 @@ the other for it.
   alignment).
 - `map_tables.py`: the per-rank tables a map computes next to each rank's data, declared once.
 - `views.py`: event tables as views over the parts; `partpaths.py`: the parts' file names.
+- `evidence.py`: how the job ended (`JobEvidence`, meta key `job`) and `loaders.py`: its ranks'
+  DataLoader settings, as the store keeps them.
 """

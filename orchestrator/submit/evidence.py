@@ -1,7 +1,7 @@
 """What a job that did not end by itself left in its run directory, read once at collect time so
 the store keeps it (a store copied elsewhere still knows how its job ended): the scheduler's
 state (`orch status`'s own code), the stack dumps and PyTorch's Flight Recorder dumps, and each
-rank's DataLoader settings (submit/loaders.py).
+rank's DataLoader settings (store/loaders.py).
 
 The rank hook (templates/sitecustomize.py.j2) writes `dumps/stacks.r<RANK>.txt` and
 `dumps/flight_recorder/rank_<RANK>` when orch stops a job; NCCL's watchdog writes the latter
@@ -11,9 +11,8 @@ unpickler that builds nothing but plain types; a dump that needs anything else i
 the last collective of each rank and process group is kept: that is what tells the ranks apart,
 and it does not grow with the recorder's buffer.
 
-`JobEvidence` is that evidence as one typed model: collect writes it into the store (meta key
-`job`, its JSON) and the analysis reads it from there alone, so a new kind of evidence is a field
-here and its reader, and a store copied elsewhere reads the same.
+This module reads it into `JobEvidence` (store/evidence.py), which collect writes into the store
+and the analysis reads from there alone.
 """
 
 from __future__ import annotations
@@ -24,103 +23,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
-from orchestrator.submit.loaders import LOADERS_BYTES, LOADERS_NAME, LoaderSettings, loaders
+from orchestrator.store.evidence import JobEvidence, LastCollective, StackClass, StopRecord, TaskEnd
+from orchestrator.store.loaders import LOADERS_BYTES, LOADERS_NAME, loaders
 
 MAX_DUMP_BYTES = 256 << 20  # a recorder of 20,000 entries with stacks is a few MiB
 MAX_STACK_BYTES = 1 << 20  # the last dumps of a stack file; a rank dumped many times appends
 _FR_NAME = re.compile(r"rank_(\d{1,7})")
 _STACK_NAME = re.compile(r"stacks\.r(\d{1,7})\.txt")
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)')
-
-
-class _Kept(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)  # a newer orch's store: its extra fields are skipped
-
-
-class LastCollective(_Kept):
-    """A rank's last collective in one process group, from its Flight Recorder dump."""
-
-    rank: int
-    pg: str
-    pg_desc: str
-    seq: int
-    op: str
-    sizes: str = ""
-    state: str = ""
-    frame: str = ""  # where the program called it (file:line (function)), "" without a Python stack
-    thread: str = ""  # the thread that issued it (DDP's gradient all-reduce: the autograd thread)
-    created_utc_ns: int | None = None  # when the rank called it (the recorder's time_created_ns, UTC)
-
-
-class TaskEnd(_Kept):
-    """How one task (a node's launch) ended, as `orch status` read it from submitit's files."""
-
-    task: int
-    result: str
-    error: str = ""
-    failed_rank: int | None = None  # the task's first failing rank, by torchrun's log
-    failed_exit: str | None = None  # how it ended, in words
-    failed_by_peer: bool = False  # its own error only says it lost a peer
-    failed_at: str | None = None
-    # its own Python traceback's frames, innermost first, `file:line (function)` (where it raised)
-    failed_frames: list[str] = []
-
-
-class StopRecord(_Kept):
-    """Why and when orch stopped the job (submitit/<job>_<node>_stop.json)."""
-
-    reason: str | None = None  # timeout, cancelled, step_ended
-    signal: str | None = None
-    after_s: float | None = None
-    at_utc_ns: int | None = None  # when the stop began (UTC): the ranks' progress is judged up to it
-
-
-class StackClass(_Kept):
-    """Ranks whose main thread had the same Python stack when it was dumped (an equivalence
-    class of the ranks' stacks, as LLNL's Stack Trace Analysis Tool merges them)."""
-
-    ranks: list[int]
-    frames: list[str]  # innermost first, each `file:line (function)` with the file's whole path
-
-
-class JobEvidence(_Kept):
-    """What a job run under orch left about how it ended, read once at collect time."""
-
-    job_id: str
-    executor: str
-    state: str  # the scheduler's word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...
-    tasks: list[TaskEnd] = []
-    stop: StopRecord | None = None
-    dumps: list[str] = []
-    flight_recorder: list[LastCollective] = []
-    flight_diverged: list[LastCollective] = []  # each rank's collective where the ranks' first differ
-    stacks: dict[int, list[str]] = {}
-    stack_classes: list[StackClass] = []  # the ranks grouped by their main thread's whole stack
-    oom: dict[int, str] = {}  # rank -> torch's out-of-memory message, whole (what it asked, what it held)
-    reports_lost: dict[int, str] = {}  # rank -> why its report was lost, in the rank wrapper's words
-    loaders: dict[int, list[LoaderSettings]] = {}  # rank -> its DataLoaders' settings (orch's loop marks)
-
-    @property
-    def ended_early(self) -> bool:
-        return self.state not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN")
-
-    def end_only(self) -> str:
-        """How the job ended and nothing else, as a store keeps it (meta `job`): what a map's
-        one-rank store needs to cut the step its rank was stopped in, as the job's store does
-        (collect/summarize.py), without every rank's stacks and dumps in each map task."""
-        return JobEvidence(job_id=self.job_id, executor=self.executor, state=self.state).model_dump_json()
-
-    @classmethod
-    def from_store(cls, text: str | None) -> JobEvidence | None:
-        """The evidence a store keeps, or None (a store of reports alone, or unreadable)."""
-        try:
-            return cls.model_validate_json(text) if text else None
-        except ValidationError:
-            return None
 
 
 def gather(run: Path) -> JobEvidence | None:

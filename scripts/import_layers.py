@@ -50,23 +50,34 @@ def layer_of(module: str) -> int | None:
     return None
 
 
-def _is_module(package: Path, name: str) -> bool:
-    """Whether orchestrator.<name> is a module or subpackage (not an attribute of the package,
-    such as __version__)."""
-    return (package / f"{name}.py").is_file() or (package / name / "__init__.py").is_file()
+def _is_module(root: Path, name: str) -> bool:
+    """Whether the dotted `name` is a module or package under `root` (not an attribute of one,
+    such as `orchestrator.__version__`)."""
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
-    """(imported orchestrator module, line) of every import in the file, at any depth; the
-    package's own attributes (`from orchestrator import __version__`) are left out."""
-    out = []
+    """(imported orchestrator module, line) of every import in the file, at any depth, relative
+    ones resolved: `from X import name` imports the module X.name where that is one, else X; an
+    attribute of the package itself (`from orchestrator import __version__`) imports no module."""
+    root = package.parent
+    me = ".".join(path.relative_to(root).with_suffix("").parts)
+    here = me.removesuffix(".__init__") if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        found: list[str] = []
         if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("orchestrator.")]
-        elif isinstance(node, ast.ImportFrom) and node.module == "orchestrator":
-            out += [(f"orchestrator.{a.name}", node.lineno) for a in node.names if _is_module(package, a.name)]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator."):
-            out.append((node.module, node.lineno))
+            found = [a.name for a in node.names if a.name.startswith("orchestrator.")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = here.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
+            if base == "orchestrator" or base.startswith("orchestrator."):
+                found = [f"{base}.{a.name}" if _is_module(root, f"{base}.{a.name}") else base for a in node.names]
+                found = [t for t in found if t != "orchestrator"]
+        out += [(t, node.lineno) for t in dict.fromkeys(found)]
     return out
 
 

@@ -5,7 +5,6 @@ implementations), each stage only earlier ones and what lies below them
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 import shutil
@@ -46,20 +45,9 @@ def import_graph() -> dict[str, set[str]]:
     an enclosing package (`from orchestrator import numbers` names the module; `__version__`
     the package) is no edge: Python loads a package before any module inside it."""
     files = {_module(f): f for f in (REPO / "orchestrator").rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for mod, f in files.items():
-        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(f.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
-            graph[mod] |= {t for t in targets if t in files and t != mod and not mod.startswith(t + ".")}
-    return graph
+    read = _layers().imports  # scripts/import_layers.py: the one reader of the package's imports
+    return {mod: {t for t, _ in read(f) if t in files and t != mod and not mod.startswith(t + ".")}
+            for mod, f in files.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

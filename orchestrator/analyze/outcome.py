@@ -1,6 +1,6 @@
 """How the job ended, for the report: the scheduler's state, the first rank to fail and how,
 the hang evidence (Flight Recorder, stacks: what `orch collect` kept in the store, see
-submit/evidence.py) and where each rank stood when its capture ended (`rank_end`,
+store/evidence.py) and where each rank stood when its capture ended (`rank_end`,
 63_rank_end.sql).
 
 A report of a job that did not complete must say so first: the timings of a hung or stopped

@@ -30,8 +30,6 @@ from orchestrator.errors import OrchError
 MAX_POINTS = 64
 
 
-
-
 def parse_set(text: str) -> tuple[str, list[str]]:
     """`a.b.c=v1,v2` -> ("a.b.c", ["v1", "v2"])."""
     key, sep, vals = text.partition("=")

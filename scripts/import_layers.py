@@ -57,13 +57,19 @@ def _is_module(root: Path, name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def module_of(path: Path, root: Path) -> str:
+    """The dotted name of the module at `path` under `root` (a package: its own name)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
     """(imported orchestrator module, line) of every import in the file, at any depth, relative
     ones resolved: `from X import name` imports the module X.name where that is one, else X; an
     attribute of the package itself (`from orchestrator import __version__`) imports no module."""
     root = package.parent
-    me = ".".join(path.relative_to(root).with_suffix("").parts)
-    here = me.removesuffix(".__init__") if path.name == "__init__.py" else me.rpartition(".")[0]
+    me = module_of(path, root)
+    here = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: list[tuple[str, int]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         found: list[str] = []
@@ -87,7 +93,7 @@ def back_imports(package: Path = PACKAGE) -> list[str]:
     found = []
     root = package.parent
     for path in sorted(package.rglob("*.py")):
-        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        module = module_of(path, root)
         where = f"{path.relative_to(root)}"
         mine = layer_of(module)
         if mine is None and module != "orchestrator":

@@ -5,6 +5,7 @@ implementations), each stage only earlier ones and what lies below them
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shutil
@@ -34,19 +35,14 @@ def test_nothing_names_a_folder_beside_the_checkout() -> None:
     assert not named, f"these lines read a folder a clone does not have; copy what they need into the repo: {named}"
 
 
-def _module(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def import_graph() -> dict[str, set[str]]:
     """Every import between the package's modules, wherever it stands (a function's import and
     one under TYPE_CHECKING count: each is a dependency a reader has to follow). An import of
     an enclosing package (`from orchestrator import numbers` names the module; `__version__`
     the package) is no edge: Python loads a package before any module inside it."""
-    files = {_module(f): f for f in (REPO / "orchestrator").rglob("*.py")}
-    read = _layers().imports  # scripts/import_layers.py: the one reader of the package's imports
-    return {mod: {t for t, _ in read(f) if t in files and t != mod and not mod.startswith(t + ".")}
+    layers = _layers()  # scripts/import_layers.py: the one reader of the package's imports
+    files = {layers.module_of(f, REPO): f for f in (REPO / "orchestrator").rglob("*.py")}
+    return {mod: {t for t, _ in layers.imports(f) if t in files and t != mod and not mod.startswith(t + ".")}
             for mod, f in files.items()}
 
 
@@ -94,6 +90,7 @@ def test_no_import_circles() -> None:
     assert not found, f"modules that import each other (directly or around a circle): {found}"
 
 
+@functools.cache
 def _layers() -> ModuleType:
     spec = importlib.util.spec_from_file_location("import_layers", REPO / "scripts" / "import_layers.py")
     assert spec and spec.loader
@@ -115,9 +112,9 @@ def test_the_layer_checker_finds_an_import_that_runs_back(tmp_path: Path) -> Non
     tables = pkg / "store" / "tables.py"
     n = len(tables.read_text().splitlines())
     tables.write_text(tables.read_text() + "from orchestrator.collect.gather import discover  # noqa\n")
-    limits = pkg / "spec" / "ranks.py"
-    m = len(limits.read_text().splitlines())
-    limits.write_text(limits.read_text() + "\n\ndef f() -> None:\n    from orchestrator import analyze  # noqa\n")
+    ranks = pkg / "spec" / "ranks.py"
+    m = len(ranks.read_text().splitlines())
+    ranks.write_text(ranks.read_text() + "\n\ndef f() -> None:\n    from orchestrator import analyze  # noqa\n")
     (pkg / "extra.py").write_text("X = 1\n")
     assert sorted(_layers().back_imports(pkg)) == [
         "orchestrator/extra.py: orchestrator.extra is in no layer (add it to LAYERS)",

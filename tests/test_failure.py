@@ -16,6 +16,7 @@ from tests.conftest import run_orch
 from tests.test_e2e import _spec
 
 pytestmark = pytest.mark.jobs
+FIXTURES = Path(__file__).parent / "fixtures" / "failure"
 
 RANKS = """
 import os, signal, time
@@ -52,6 +53,21 @@ def test_names_the_rank_that_failed_first(tmp_path: Path, how: str, want: str) -
     text = _torchrun(tmp_path, how)
     assert text.splitlines()[-1].startswith("=====")  # what the task table used to show
     assert failure_line(text) == want, text[-3000:]
+
+
+def test_a_retried_nsys_start_is_not_how_the_rank_ended() -> None:
+    """A real task log (tests/fixtures/failure/README.md): nsys failed to start rank 1 once and the
+    wrapper started it again ("... starting it again"); the program then raised in step 3. The
+    rank ended on its own error, which the line gives, not on the wrapper's note."""
+    text = (FIXTURES / "nsys-retry-then-raise.err").read_text()
+    assert "orch: rank 1: nsys exited with status 1 before the program started (attempt 1 of 3)" in text
+    assert failure_line(text) == "rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3"
+    assert root_cause(text) == (1, "exit status 1", False)
+    # Where nsys never started, the wrapper's last message is how the rank ended.
+    gave_up = text + ("orch: rank 1: nsys exited with status 1 before the program started, 3 time(s); its own "
+                      "messages are above\n")
+    assert failure_line(gave_up) == ("rank 1 failed first (exit status 1): nsys exited with status 1 before the "
+                                     "program started, 3 time(s); its own messages are above")
 
 
 def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:

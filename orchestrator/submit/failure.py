@@ -37,6 +37,9 @@ _FIELD = re.compile(r"^\s+(\w[\w ]*?)\s*:\s?(.*?)\s*$")
 _STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _TAG = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _WRAPPER = re.compile(r"^orch: rank (\d+): (.*)$", re.M)
+# The wrapper's notes on a rank that went on: nsys failed to start and is started again, or nsys
+# exited while its program ran on. What the rank did after them (its traceback) is how it ended.
+_WRAPPER_NOTE = re.compile(r"starting it again$|waiting for the program")
 # A C++ exception nobody caught (gloo's and NCCL's checks): std::terminate prints its type and
 # message, then aborts; there is no Python traceback to quote.
 _NATIVE = re.compile(r"terminate called after throwing an instance of '([^'\n]+)'\s*\n\s*what\(\):\s*(.+)")
@@ -89,13 +92,15 @@ def _rank(fields: dict[str, str]) -> str:
 
 
 def _words(text: str, fields: dict[str, str], root: bool) -> str | None:
-    """A failed rank's own last words: orch's wrapper's message, else its exception line; for
-    torchrun's root also an untagged traceback or a C++ abort's message (neither names a rank)."""
+    """A failed rank's own last words: orch's wrapper's message that ended it (nsys never
+    started), else its exception line; for torchrun's root also an untagged traceback or a C++
+    abort's message (neither names a rank); else the wrapper's last note on it."""
     rank = _rank(fields)
     said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
+    ended = [s for s in said if not _WRAPPER_NOTE.search(s)]
     blocks = _tracebacks(text)
     block = next((b for r, b in blocks if r == rank), None) or (_own(text, rank) if root else None)
-    own = said[-1:] or ([block[-1].strip()] if block else []) or (_native(text) if root else [])
+    own = ended[-1:] or ([block[-1].strip()] if block else []) or (_native(text) if root else []) or said[-1:]
     return own[0] if own else None
 
 

@@ -551,6 +551,26 @@ def test_how_the_job_ended_leads_every_finding() -> None:
     assert {r.kind for r in registry() if r.leads} == {"job_outcome"}
 
 
+def test_a_failed_job_names_the_first_rank_to_fail_and_not_the_ranks_that_lost_it() -> None:
+    """2 nodes x 2 ranks on the local Slurm (the job of tests/fixtures/failure/): rank 1 raised;
+    rank 2, on the other node, then failed on the connection rank 1 closed. Both exited with
+    status 1; the first to fail by its own error is the root, every other rank its victim."""
+    from orchestrator.analyze.model_outcome import Outcome, RankOutcome
+
+    exits = {1: "exit status 1", 2: "exit status 1"}
+    o = Outcome(state="failed", scheduler_state="FAILED", failed_first=1, failed_step=3,
+                line="failed (FAILED): rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3",
+                failed_how="rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3",
+                ranks=[RankOutcome(rank=r, last_done_step=2, exit=exits.get(r)) for r in range(4)])
+    ranks = [rank(r) for r in range(4)]
+    (f,) = _run("job_outcome", context(ranks, outcome=o))
+    assert (f.ranks, f.victims, f.severity) == ([1], [0, 2, 3], "high")
+    assert f.title == f"the job failed (FAILED): {o.failed_how}"
+    # No rank known to have failed first: the ranks that exited, as before.
+    (g,) = _run("job_outcome", context(ranks, outcome=o.model_copy(update={"failed_first": None})))
+    assert (g.ranks, g.victims) == ([1, 2], [])
+
+
 def test_straggler_many_victims_are_ranges() -> None:
     """39 victims of one root: the title and the evidence give them as rank ranges, one line."""
     victims = [v for v in range(40) if v != 17]

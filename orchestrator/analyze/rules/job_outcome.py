@@ -51,7 +51,10 @@ class JobOutcome(Rule):
             + (f", in {' > '.join(r.open_ranges)} when its capture ended" if r.open_ranges else "")
             + (f", {r.exit}" if r.exit else "")
             for r in o.ranks] + list(o.flight_recorder)
-        ranks = o.behind or [r.rank for r in o.ranks if r.exit] or [r.rank for r in o.ranks]
+        # The first rank to fail by its own error, not every rank that exited: on several nodes the
+        # other nodes' ranks exit too, on the peer they lost.
+        first = [o.failed_first] if o.failed_first is not None else []
+        ranks = o.behind or first or [r.rank for r in o.ranks if r.exit] or [r.rank for r in o.ranks]
         evidence += [f"rank {r.rank} stack when it ended: {' <- '.join(r.stack)}" for r in o.ranks
                      if r.stack and r.rank in ranks][:4]
         if said := stack_line(o.stack_classes):
@@ -68,8 +71,9 @@ class JobOutcome(Rule):
         fix = _mismatch_fix(o) if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
             _oom_fix(o, oom) if oom is not None else \
             _failed_fix(o) if o.failed_first is not None else _FIX.get(o.state, _FIX["failed"])
-        # A hang's victims: every other rank, the one whose watchdog fired first included.
-        victims = [r.rank for r in o.ranks if r.rank not in o.behind] if o.behind else []
+        # A hang's victims: every other rank, the one whose watchdog fired first included; a
+        # failure's: every other rank, stopped after the first (or failing on the peer it lost).
+        victims = [r.rank for r in o.ranks if r.rank not in ranks] if o.behind or first else []
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high", victims=victims)]
 
 

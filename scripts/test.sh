@@ -20,7 +20,8 @@ shellcheck scripts/*.sh
 # whole to one worker, the jobs in order first on one, the Slurm tests in order first on the
 # other, each other module whole beside and after them, largest first; each worker's orch processes take
 # their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md). The
-# slowest tests and each lane's time close every run: where the time goes.
+# slowest tests, each lane's time and CPU, and the modules that spent most CPU close every run:
+# where the time goes.
 workers=${ORCH_TEST_WORKERS:-2}
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers"); fi

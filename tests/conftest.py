@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -362,19 +363,53 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 # Each lane's share of the run: the summed durations (setup, call, teardown) of its tests. Under
-# pytest-xdist the lanes overlap, so their sum exceeds the run's wall time.
+# pytest-xdist the lanes overlap, so their sum exceeds the run's wall time. Beside it, the CPU
+# each phase spent in the worker and in the processes it waited for (orch's CLI, the jobs'
+# launchers and ranks; not daemons such as a session's Slurm cluster): on 2 cores the suite is
+# CPU-bound, so CPU, not wall time, says what a change to a test saves.
 _lane_tests: Counter[str] = Counter()
 _lane_s: Counter[str] = Counter()
+_lane_cpu: Counter[str] = Counter()
+_module_cpu: Counter[str] = Counter()
+_cpu_mark: dict[str, float] = {}
+
+
+def _cpu_s() -> float:
+    """CPU seconds, user and system, of this process and of its waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _cpu_mark[nodeid] = _cpu_s()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Each phase's report carries the CPU since the previous phase ended (`cpu_s`)."""
+    report = yield
+    now = _cpu_s()
+    report.user_properties.append(("cpu_s", round(now - _cpu_mark.get(item.nodeid, now), 3)))
+    _cpu_mark[item.nodeid] = now
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    name = dict(report.user_properties).get("lane", "?")
+    props = dict(report.user_properties)
+    name = props.get("lane", "?")
     _lane_tests[name] += report.when == "setup"
     _lane_s[name] += report.duration
+    _lane_cpu[name] += props.get("cpu_s", 0.0)
+    _module_cpu[report.nodeid.split("::")[0]] += props.get("cpu_s", 0.0)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _lane_s:
-        terminalreporter.write_sep("=", "lane times (summed test durations)")
+        terminalreporter.write_sep("=", "lane times (summed test durations and CPU)")
         for name, seconds in _lane_s.most_common():
-            terminalreporter.write_line(f"{name:<7} {_lane_tests[name]:>4} tests {seconds:8.1f} s")
+            terminalreporter.write_line(f"{name:<7} {_lane_tests[name]:>4} tests {seconds:8.1f} s "
+                                        f"{_lane_cpu[name]:8.1f} CPU s")
+        terminalreporter.write_sep("=", "the modules that spent most CPU")
+        for module, cpu in _module_cpu.most_common(15):
+            terminalreporter.write_line(f"{cpu:8.1f} CPU s  {module}")

@@ -85,8 +85,10 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
                             "-o", str(out), sys.executable, str(prog)], capture_output=True, text=True,
                            env={**os.environ, **(env or {})}, timeout=300, check=False)
         # nsys 2022.4 loses the race with a program that ends at once on a busy machine: its
-        # process waiter finds the program's semaphore gone (sem_open) and fails the capture.
-        if not (p.returncode != 0 and "sem_open" in p.stderr):
+        # process waiter finds the program's semaphore gone (sem_open) and fails the capture;
+        # and with another nsys starting beside it, it may fail before the program starts
+        # ("Local Endpoint is not available"). orch's rank wrapper starts nsys again then too.
+        if not (p.returncode != 0 and ("sem_open" in p.stderr or "Local Endpoint is not available" in p.stderr)):
             break
     prog.unlink()
     assert p.returncode == 0, p.stderr

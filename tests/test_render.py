@@ -168,9 +168,13 @@ def test_wrapper_starts_nsys_again_only_when_the_program_never_ran(tmp_path: Pat
     markers = set(tmp.glob("orch-started.*"))
     p = _run_wrapper(r.script_dir / "rank_wrapper.sh", 0, 0, runs)
     assert p.returncode == 3, p.stderr
-    assert runs.read_text() == "ran\n" and "starting it again" not in p.stderr  # ran once, not retried
+    # Ran once, not retried after it ran: a start again is only ever for an nsys that failed before
+    # the program started (on a busy machine the real nsys 2022.4 sometimes does, "Local Endpoint
+    # is not available").
+    assert runs.read_text() == "ran\n", p.stderr
+    assert all("before the program started" in x for x in p.stderr.splitlines() if "starting it again" in x), p.stderr
     assert len(list((tmp_path / "b" / "reports").glob("*.nsys-rep"))) == 1
-    assert set(tmp.glob("orch-started.*")) == markers  # the wrapper removed its marker
+    assert not set(tmp.glob("orch-started.*")) - markers  # the wrapper removed its marker (others' may go)
 
 
 SLEEPER = """

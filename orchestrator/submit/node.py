@@ -87,6 +87,18 @@ def signal_tree(root: int, sig: int) -> int:
     return len(pids)
 
 
+def _named(pids: list[int], most: int = 8) -> str:
+    """`pid 123 (nsys), pid 130 (python)`: which processes the supervisor stops, so that the log
+    says whether it was a rank's program or nsys' agent that outlived the launch."""
+    names = []
+    for pid in pids[:most]:
+        try:
+            names.append(f"pid {pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})")
+        except OSError:
+            names.append(f"pid {pid} (ended)")
+    return ", ".join(names) + (f" and {len(pids) - most} more" if len(pids) > most else "")
+
+
 def _reap(keep: int | None = None) -> None:
     """Collect adopted orphans that have exited, by pid: never `keep` (the launch, which Popen
     waits for: a status taken from under it would read as success)."""
@@ -285,7 +297,8 @@ class NodeCommand:
         for sig, wait_s in ((0, SETTLE_S), (signal.SIGTERM, KILL_WAIT_S)):
             left = descendants(me)
             if left and sig:
-                self._say(f"{len(left)} process(es) still running after the launch ended: {signal.Signals(sig).name}")
+                self._say(f"{len(left)} process(es) still running after the launch ended: "
+                          f"{signal.Signals(sig).name} to {_named(left)}")
                 signal_tree(me, sig)
             deadline = time.monotonic() + wait_s
             while descendants(me) and time.monotonic() < deadline:
@@ -293,7 +306,7 @@ class NodeCommand:
                 time.sleep(_POLL_S)
         left = descendants(me)
         if left:
-            self._say(f"{len(left)} process(es) still running after SIGTERM: SIGKILL")
+            self._say(f"{len(left)} process(es) still running after SIGTERM: SIGKILL to {_named(left)}")
         for _ in range(50):
             if not signal_tree(me, signal.SIGKILL):
                 break

@@ -16,13 +16,14 @@ bash scripts/setup.sh >/dev/null
 # suite's hundreds of orch processes (0.1 to 0.2 s of CPU each).
 "$py" -m compileall -q orchestrator
 shellcheck scripts/*.sh
-# Two pytest-xdist workers (ORCH_TEST_WORKERS=1: one process): tests/conftest.py hands each group
-# whole to one worker, the jobs in order first on one, the Slurm tests in order first on the
-# other, each other module whole beside and after them, largest first; each worker's orch processes take
-# their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md). The
-# slowest tests, each lane's time and CPU, and the modules that spent most CPU close every run:
-# where the time goes.
-workers=${ORCH_TEST_WORKERS:-2}
+# A pytest-xdist worker per core and two more (ORCH_TEST_WORKERS=1: one process): tests/conftest.py
+# hands each group whole to one worker, the jobs in order first on one, the Slurm tests in order
+# first on another, each other module whole beside and after them, largest first. The two job
+# chains mostly wait for their jobs, so the other workers keep every core busy meanwhile; each
+# worker's orch processes take their share of the cores, ORCH_DUCKDB_THREADS (docs/development.md).
+# The slowest tests, each lane's time and CPU, and the modules that spent most CPU close every
+# run: where the time goes.
+workers=${ORCH_TEST_WORKERS:-$(( $(nproc) + 2 ))}
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers"); fi
 "$py" -m pytest -q -p no:cacheprovider "${xdist[@]}" --durations=25 "$@"

@@ -40,13 +40,20 @@ fi
 stamp="$venv/.orch-setup"
 want_stamp="$want $torch_pin $(sha256sum pyproject.toml | cut -d' ' -f1) $PWD"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
-  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  # --no-compile, then every installed module to bytecode at once on all cores: pip compiles one
+  # file at a time, most of torch's install (docs/benchmarks-code.md). Bytecode is still made
+  # here, once: these machines set PYTHONDONTWRITEBYTECODE, so what is not compiled now is
+  # compiled again by every process that imports it.
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
   # torch first, pinned to the CPU build this machine carries; a later `torch>=2.1` in the
   # extras is then already satisfied instead of pulling a multi-GB CUDA build.
   if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     "${pip[@]}" "$torch_pin"
   fi
   "${pip[@]}" -e ".[test]"
+  # A few files are not this Python's (torch's tests of newer syntax): pip skips them the same way.
+  "$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1 || true
   printf '%s\n' "$want_stamp" >"$stamp"
 fi
 echo "setup: orch is installed in $venv (run $venv/bin/orch, or: source $venv/bin/activate)" >&2

@@ -245,3 +245,52 @@ def test_early_warning_is_rendered_and_checked(tmp_path: Path) -> None:
     long.write_text(yaml.safe_dump(spec))
     short = render(load_job(long), tmp_path / "long" / "scripts")
     assert "\n#SBATCH --signal=USR2@30\n" in short.scripts["sbatch.sh"]
+
+
+# A stand-in for nsys, for the one moment the real one gives only now and then: its program has
+# died (SIGKILL, as by the OOM killer) and nsys, its parent, has not reaped it yet while it
+# writes the report. It notes a SIGTERM it gets (the real nsys would abort the report), then
+# exits as nsys does, with the program's status.
+HOLDING_NSYS = """#!{python}
+import os, signal, subprocess, sys, time
+out = os.environ["NSYS_STUB_OUT"]
+signal.signal(signal.SIGTERM, lambda *_: open(out + "/nsys-got-sigterm", "w").close())
+app = subprocess.Popen(sys.argv[sys.argv.index("/bin/sh"):])
+while open(f"/proc/{{app.pid}}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+    time.sleep(0.05)
+open(out + "/program-died", "w").close()
+deadline = time.monotonic() + 3  # writing the report
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(128 - app.wait())
+"""
+
+
+def test_wrapper_stopped_after_its_program_died_lets_nsys_write(tmp_path: Path) -> None:
+    """torchrun stops a rank (SIGTERM to its process group) whose program was already killed,
+    while nsys still writes its report: the dead program is no reason to stop nsys, and the
+    rank ends with its program's status (137), not as if the stop had ended it."""
+    import signal
+    import time
+
+    stub = tmp_path / "nsys"
+    stub.write_text(HOLDING_NSYS.format(python=sys.executable))
+    stub.chmod(0o755)
+    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
+    (tmp_path / "prog.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4244", "ORCH_CTL_DIR": str(ctl),
+           "NSYS_STUB_OUT": str(tmp_path), "ORCH_RELEASE_WAIT_S": "1"}  # shorter than the report's write
+    p = subprocess.Popen(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable, str(tmp_path / "prog.py")],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "program-died").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "program-died").exists(), p.communicate(timeout=60)[0]
+    os.killpg(p.pid, signal.SIGTERM)
+    out = p.communicate(timeout=60)[0]
+    assert not (tmp_path / "nsys-got-sigterm").exists(), out
+    assert p.returncode == 137, out

@@ -9,8 +9,6 @@ from pydantic import Field
 
 from orchestrator.analyze.model_base import Strict
 
-DISTORTED_PCT = 5.0  # a rank whose estimated overhead passes this share of its window is distorted
-
 
 class RankOverhead(Strict):
     rank: int
@@ -30,6 +28,3 @@ class CaptureOverhead(Strict):
     call_ns: int = Field(description="the calibrated cost per traced CUDA call (nsys 2025.3, cuda,nvtx,osrt)")
     ranks: list[RankOverhead]
     line: str = Field(description="the header line; empty when no rank is distorted")
-
-    def worst(self) -> RankOverhead | None:
-        return max(self.ranks, key=lambda r: r.share_pct, default=None)

@@ -58,6 +58,17 @@ rm -f "$started"
 # nsys is asked once, and not after the program ended: nsys is then writing its report, and a
 # SIGTERM would abort it instead.
 # A program nsys left behind (below) is stopped by the wrapper itself, as nsys would have.
+# A program that ended is a zombie until nsys, its parent, reaps it, which nsys does only once
+# it wrote the report: `kill -0` would call it alive and ask nsys to stop mid-write (aborting
+# the report, and ending the rank with 143 as if torchrun's stop were how it failed).
+
+# running PID: is PID a live process (a zombie is not: its program has ended)?
+running() {
+  local st
+  [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st:0:1}" != Z ]
+}
 stop=0
 asked=0
 nsys_pid=""
@@ -70,7 +81,7 @@ stop_capture() {
   if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return; fi
   local app
   app=$(cat "$started" 2>/dev/null || true)
-  if [ -z "$app" ] || kill -0 "$app" 2>/dev/null; then
+  if [ -z "$app" ] || running "$app"; then
     asked=1
     release "$app"
     kill -TERM "$nsys_pid" 2>/dev/null || true
@@ -85,7 +96,7 @@ release() {
   # `return 0`, never a bare return: in a trap, that returns the interrupted `wait`'s status.
   if [ -z "$ctl" ] || [ -z "$app" ]; then return 0; fi
   if [ ! -e "$marker" ]; then kill -WINCH "$app" 2>/dev/null || return 0; fi
-  while [ ! -e "$marker" ] && kill -0 "$app" 2>/dev/null && [ "$waited" -lt $(( ${ORCH_RELEASE_WAIT_S:-10} * 10 )) ]; do
+  while [ ! -e "$marker" ] && running "$app" && [ "$waited" -lt $(( ${ORCH_RELEASE_WAIT_S:-10} * 10 )) ]; do
     sleep 0.1 || true
     waited=$((waited + 1))
   done
@@ -93,13 +104,6 @@ release() {
 }
 trap stop_capture TERM INT HUP
 
-# running PID: is PID a live process (a zombie is not: its program has ended)?
-running() {
-  local st
-  [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  st=${st##*) }
-  [ "${st:0:1}" != Z ]
-}
 
 # nsys first records into a raw stream (.qdstrm, under TMPDIR), then turns it into the report.
 # A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every

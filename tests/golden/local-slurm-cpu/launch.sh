@@ -79,6 +79,14 @@ export PYTHONPATH="$here/pyhooks${PYTHONPATH:+:$PYTHONPATH}"
 
 stopping=""
 torchrun_pid=""
+# running PID: is PID a live process? A program that ended stays a zombie until its nsys wrote
+# the report and reaped it; it has nothing left to release.
+running() {
+  local st
+  [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st:0:1}" != Z ]
+}
 # shellcheck disable=SC2317 # called by the traps (on_stop)
 stop_node() {
   if [ -n "$stopping" ]; then return; fi
@@ -99,7 +107,7 @@ stop_node() {
       app=$(cat "$f" 2>/dev/null || true)
       r=${f##*/app.r}
       r=${r%.pid}
-      if [ -n "$app" ] && kill -0 "$app" 2>/dev/null && [ ! -e "$ORCH_CTL_DIR/released.r$r" ]; then left=1; fi
+      if running "$app" && [ ! -e "$ORCH_CTL_DIR/released.r$r" ]; then left=1; fi
     done
     if [ "$left" -eq 1 ]; then sleep 0.1; waited=$((waited + 1)); fi
   done

@@ -63,6 +63,11 @@ def test_a_retried_nsys_start_is_not_how_the_rank_ended() -> None:
     assert "orch: rank 1: nsys exited with status 1 before the program started (attempt 1 of 3)" in text
     assert failure_line(text) == "rank 1 failed first (exit status 1): RuntimeError: planted failure at step 3"
     assert root_cause(text) == (1, "exit status 1", False)
+    # Nor is its note on a start that hung and was killed, before that retry.
+    hung = text.replace("orch: rank 1: nsys exited with status 1 before",
+                        "orch: rank 1: nsys started no program in 120 s (ORCH_NSYS_START_S): killing it\n"
+                        "orch: rank 1: nsys exited with status 1 before")
+    assert failure_line(hung) == failure_line(text), hung
     # Where nsys never started, the wrapper's last message is how the rank ended.
     gave_up = text + ("orch: rank 1: nsys exited with status 1 before the program started, 3 time(s); its own "
                       "messages are above\n")

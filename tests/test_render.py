@@ -294,3 +294,43 @@ def test_wrapper_stopped_after_its_program_died_lets_nsys_write(tmp_path: Path) 
     out = p.communicate(timeout=60)[0]
     assert not (tmp_path / "nsys-got-sigterm").exists(), out
     assert p.returncode == 137, out
+
+
+# A stand-in for an nsys that hangs as it starts (nsys 2022.4 did, 3 of 8 ranks started at once
+# on 2 busy cores: launcher gone, agent waiting, no program): the first call starts nothing and
+# ignores SIGTERM; a later call runs the program as nsys would.
+HANGING_NSYS = """#!{python}
+import os, signal, subprocess, sys, time
+out = os.environ["NSYS_STUB_OUT"]
+calls = len(os.listdir(out + "/calls"))
+open(f"{{out}}/calls/{{os.getpid()}}", "w").close()
+if calls == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
+sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
+"""
+
+
+def test_wrapper_starts_nsys_again_when_it_hangs_before_the_program(tmp_path: Path) -> None:
+    """An nsys that started no program ORCH_NSYS_START_S after it started is killed and
+    started again; the program then runs once, and the rank ends with its status."""
+    stub = tmp_path / "nsys"
+    stub.write_text(HANGING_NSYS.format(python=sys.executable))
+    stub.chmod(0o755)
+    (tmp_path / "calls").mkdir()
+    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    marker = tmp_path / "ran"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4245", "ORCH_CTL_DIR": str(ctl),
+           "NSYS_STUB_OUT": str(tmp_path), "ORCH_NSYS_START_S": "2"}
+    p = subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable, str(tmp_path / "prog.py"),
+                        str(marker)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert marker.read_text() == "0", p.stderr  # the program ran, once
+    assert "nsys started no program in 2 s (ORCH_NSYS_START_S): killing it" in p.stderr, p.stderr
+    assert "(attempt 1 of 3); starting it again" in p.stderr and "attempt 2" not in p.stderr, p.stderr
+    calls = [int(c.name) for c in sorted((tmp_path / "calls").iterdir(), key=lambda c: c.stat().st_mtime_ns)]
+    assert len(calls) == 2 and not Path(f"/proc/{calls[0]}").exists(), calls  # the hung nsys is gone

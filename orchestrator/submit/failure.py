@@ -37,9 +37,10 @@ _FIELD = re.compile(r"^\s+(\w[\w ]*?)\s*:\s?(.*?)\s*$")
 _STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 _TAG = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _WRAPPER = re.compile(r"^orch: rank (\d+): (.*)$", re.M)
-# The wrapper's notes on a rank that went on: nsys failed to start and is started again, or nsys
-# exited while its program ran on. What the rank did after them (its traceback) is how it ended.
-_WRAPPER_NOTE = re.compile(r"starting it again$|waiting for the program")
+# The wrapper's notes on a rank that went on: nsys failed or hung as it started and is started
+# again, or nsys exited while its program ran on. What the rank did after them (its traceback)
+# is how it ended.
+_WRAPPER_NOTE = re.compile(r"starting it again$|waiting for the program|started no program in")
 # A C++ exception nobody caught (gloo's and NCCL's checks): std::terminate prints its type and
 # message, then aborts; there is no Python traceback to quote.
 _NATIVE = re.compile(r"terminate called after throwing an instance of '([^'\n]+)'\s*\n\s*what\(\):\s*(.+)")

@@ -48,6 +48,11 @@ else
 fi
 attempts=3
 if ! { : > "$started"; } 2>/dev/null; then attempts=1; fi
+# nsys can also hang while it starts: its launcher gone, its agent waiting, the program never
+# started (nsys 2022.4 starting 8 ranks at once on 2 busy cores: 3 of them for over 10 minutes,
+# while their peers waited in the rendezvous). An attempt whose program has not started
+# ORCH_NSYS_START_S after nsys did is killed, and counts as a start that failed.
+start_s=${ORCH_NSYS_START_S:-120}
 rm -f "$started"
 # How the capture ends when the job does not end by itself: torchrun passes a stop (the time
 # limit's warning, a cancel, another rank's failure) as SIGTERM to this wrapper's process
@@ -142,7 +147,19 @@ for attempt in $(seq 1 "$attempts"); do
   if [ "$stop" -eq 1 ]; then stop_capture; fi
   # `|| true` on every sleep: torchrun's SIGTERM to the process group kills a sleep too, and under
   # `set -e` its status would end the wrapper before nsys wrote the report.
-  while kill -0 "$nsys_pid" 2>/dev/null && ! link_stream; do sleep 0.2 || true; done
+  t0=$SECONDS
+  linked=0
+  while kill -0 "$nsys_pid" 2>/dev/null; do
+    if [ "$linked" -eq 0 ] && link_stream; then linked=1; fi
+    if [ -e "$started" ]; then
+      if [ "$linked" -eq 1 ]; then break; fi
+    elif [ "$attempts" -gt 1 ] && [ $((SECONDS - t0)) -ge "$start_s" ]; then
+      echo "orch: rank $rank: nsys started no program in $start_s s (ORCH_NSYS_START_S): killing it" >&2
+      kill -KILL -- "-$nsys_pid" 2>/dev/null || kill -KILL "$nsys_pid" 2>/dev/null || true
+      break
+    fi
+    sleep 0.2 || true
+  done
   while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
   wait "$nsys_pid" || rc=$?
   nsys_pid=""

@@ -98,15 +98,18 @@ def _first_failure(line: str, ends: tuple[str, ...]) -> bool:
 
 
 def test_hang_until_the_time_limit(tmp_path: Path, nsys: str, tree: JobTree) -> None:
-    """Rank 1 hangs in step 3 before its backward; rank 0 waits in the all-reduce. The 60 s
-    limit's warning (33 s ahead) stops both captures: both reports, with the unfinished step."""
-    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "01:00")
+    """Rank 1 hangs in step 3 before its backward; rank 0 waits in the all-reduce. The 90 s
+    limit's warning (33 s ahead) stops both captures: both reports, with the unfinished step.
+    The ranks get 57 s to reach the hang: on 2 busy cores, starting a rank and importing torch
+    can take more than the 27 s a 60 s limit would leave, and a rank warned before its first
+    NVTX range has none to show."""
+    spec = _spec(tmp_path, ["--steps", "50", "--fault", "hang", "--fault-rank", "1", "--fault-step", "3"], "01:30")
     t0 = time.monotonic()
     p = tree.orch("submit", str(spec), "--wait", "--timeout", "200")
     took = time.monotonic() - t0
     assert p.returncode == 1, p.stdout + p.stderr
     assert "TIMEOUT" in p.stdout and p.stderr.strip().splitlines()[-1].endswith("TIMEOUT (2/2 reports)"), p.stderr
-    assert took < 60 + 15, took  # the job ended at its limit, not at gloo's 30-minute timeout
+    assert took < 90 + 15, took  # the job ended at its limit, not at gloo's 30-minute timeout
     assert tree.survivors() == []
     reports = _reports(_run_dir(tmp_path))
     assert sorted(reports) == [0, 1]

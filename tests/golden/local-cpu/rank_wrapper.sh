@@ -45,8 +45,8 @@ fi
 attempts=3
 if ! { : > "$started"; } 2>/dev/null; then attempts=1; fi
 # nsys can also hang while it starts: its launcher gone, its agent waiting, the program never
-# started (nsys 2022.4 starting 8 ranks at once on 2 busy cores: 3 of them for over 10 minutes,
-# while their peers waited in the rendezvous). An attempt whose program has not started
+# started (nsys 2022.4, several ranks starting it at once on a busy machine), while the peers wait
+# in the rendezvous until their timeout. An attempt whose program has not started
 # ORCH_NSYS_START_S after nsys did is killed, and counts as a start that failed.
 start_s=${ORCH_NSYS_START_S:-120}
 rm -f "$started"
@@ -104,7 +104,6 @@ release() {
   return 0
 }
 trap stop_capture TERM INT HUP
-
 
 # nsys first records into a raw stream (.qdstrm, under TMPDIR), then turns it into the report.
 # A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every

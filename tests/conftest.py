@@ -74,6 +74,9 @@ def nsys() -> str:
     return path  # type: ignore[return-value]
 
 
+_NSYS_START_RACES = ("sem_open", "Local Endpoint is not available", "End of file")
+
+
 def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
                 env: dict[str, str] | None = None) -> None:
     """A real nsys capture of a small Python `program` on this CPU-only machine: `out` is the
@@ -87,8 +90,9 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
         # nsys 2022.4 loses the race with a program that ends at once on a busy machine: its
         # process waiter finds the program's semaphore gone (sem_open) and fails the capture;
         # and with another nsys starting beside it, it may fail before the program starts
-        # ("Local Endpoint is not available"). orch's rank wrapper starts nsys again then too.
-        if not (p.returncode != 0 and ("sem_open" in p.stderr or "Local Endpoint is not available" in p.stderr)):
+        # ("Local Endpoint is not available", or only "End of file" from its agent's
+        # connection). orch's rank wrapper starts nsys again then too.
+        if not (p.returncode != 0 and any(m in p.stderr for m in _NSYS_START_RACES)):
             break
     prog.unlink()
     assert p.returncode == 0, p.stderr

@@ -79,8 +79,8 @@ export PYTHONPATH="$here/pyhooks${PYTHONPATH:+:$PYTHONPATH}"
 
 stopping=""
 torchrun_pid=""
-# running PID: is PID a live process? A program that ended stays a zombie until its nsys wrote
-# the report and reaped it; it has nothing left to release.
+# running PID: is PID a live process? A program that ended is a zombie until its parent (nsys)
+# reaps it, which nsys does only once it wrote the report: it is not running.
 running() {
   local st
   [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1

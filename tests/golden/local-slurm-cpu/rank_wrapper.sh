@@ -62,8 +62,8 @@ rm -f "$started"
 # A program that ended is a zombie until nsys, its parent, reaps it, which nsys does only once
 # it wrote the report: `kill -0` would call it alive and ask nsys to stop mid-write (aborting
 # the report, and ending the rank with 143 as if torchrun's stop were how it failed).
-
-# running PID: is PID a live process (a zombie is not: its program has ended)?
+# running PID: is PID a live process? A program that ended is a zombie until its parent (nsys)
+# reaps it, which nsys does only once it wrote the report: it is not running.
 running() {
   local st
   [ -n "$1" ] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1

@@ -213,7 +213,8 @@ def test_a_launch_bound_jobs_slowest_launcher_ranks_below_the_shared_cause(pairs
     sqlite3, optimizer steps 1-10), and which rank waits longest changed between the runs. orch
     names that rank, as its launches are slower, but as `info` and after the launch-bound finding:
     the loop is launch-bound on every rank, and the slowest launcher is run-to-run noise, not a
-    property of the rank."""
+    property of the rank. The launch-bound finding names every rank in both runs: the one whose
+    gaps nsys' per-call cost explains waited for its peer's launches in their all-reduces."""
     slowest = {}
     for name in ("ddp-accum", "ddp-accum-rerun"):
         run, rep = pairs[name]
@@ -227,6 +228,8 @@ def test_a_launch_bound_jobs_slowest_launcher_ranks_below_the_shared_cause(pairs
         assert f["severity"] == "info"
         kinds = [g["kind"] for g in rep["findings"]]
         assert kinds.index("launch_bound") < kinds.index("straggler")
+        (lb,) = [g for g in rep["findings"] if g["kind"] == "launch_bound"]
+        assert lb["ranks"] == sorted(gaps), (name, lb["ranks"], lb["evidence"])
     assert slowest["ddp-accum"] != slowest["ddp-accum-rerun"]
 
 

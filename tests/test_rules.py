@@ -155,6 +155,19 @@ def test_launch_bound() -> None:
     (m,) = _run("launch_bound", context([rank(0), rank(1)], two))
     assert m.ranks == [1] and m.cost_ms == 15.0 and "capture steady-state steps with CUDA graphs" in m.fix
     assert m.evidence[-1].startswith("rank(s) 0: the gaps left after nsys' share are under 10 % of the window")
+    # The nsys-explained rank runs the same kernels and its GPU waited 30 ms of its 100 in
+    # collectives: it waited there for rank 1's launches, the same loop, named with it (the cost
+    # stays rank 1's own gaps). Waiting under 10 % of the window, or other kernels: not named.
+    (s,) = _run("launch_bound", context([rank(0, exposed_wait_ms=30.0), rank(1)], two))
+    assert s.ranks == [0, 1] and s.cost_ms == 15.0
+    assert s.evidence[-1] == ("rank 0: the same kernels as launch-bound rank 1 (2000, median 8.0 us): the same loop; "
+                              "its GPU waited 30.0 ms in collectives not overlapped with compute, for its peers' "
+                              "launches, where its own launch gaps would show")
+    (w,) = _run("launch_bound", context([rank(0, exposed_wait_ms=9.0), rank(1)], two))
+    assert w.ranks == [1]
+    two["kernel_stats"][0]["n"] = 2100  # 5 % more kernels: another loop
+    (o,) = _run("launch_bound", context([rank(0, exposed_wait_ms=30.0), rank(1)], two))
+    assert o.ranks == [1]
     # The same rank already replaying CUDA graphs is told to capture what is left, not to adopt them.
     tables["graph_usage"] = [{"rank": 0}]
     tables["capture_overhead"] = [{"rank": 0, "est_ns": 2_000_000, "api_calls": 300}]

@@ -33,6 +33,12 @@ class LaunchBound(Rule):
     # nsys's per-call cost lengthens every launch: where the estimate explains this share of the
     # launch gaps, the finding says so and counts only the rest as the loop's own cost.
     temper_share: float = 0.25
+    # A rank whose kernels match a launch-bound rank's (count within this share, median within
+    # same_median_share) runs the same loop. Where its own gaps fall within nsys' share and its GPU
+    # waited in collectives at least min_share of the window, it waited there for that rank's
+    # launches instead of its own: the loop's fix speeds both.
+    same_count_share: float = 0.01
+    same_median_share: float = 0.1
 
     def _many_gaps(self, ns: float, window_ms: float) -> bool:
         """Sub-threshold gaps worth a finding: at least min_share of the window."""
@@ -65,6 +71,15 @@ class LaunchBound(Rule):
         if not real:
             return [finding(self.kind, own, "launch gaps within what the profiler itself added", evidence,
                             FIX_PROFILER, 0.0, severity="info")]
+        wait = {r.rank: r.exposed_wait_ms for r in ctx.report.ranks}
+        same = [(rk, of, k) for rk, of, k in self._same_loop(hit, real)
+                if self._many_gaps(wait.get(rk, 0.0) * 1e6, win[rk])]
+        if same:
+            evidence += [f"rank {rk}: the same kernels as launch-bound rank {of} ({k['n']}, median "
+                         f"{k['median_ns'] / 1e3:.1f} us): the same loop; its GPU waited "
+                         f"{wait.get(rk) or 0.0} ms in collectives not overlapped with compute, for its peers' "
+                         "launches, where its own launch gaps would show" for rk, of, k in same]
+            real += [rk for rk, _, _ in same]
         left = sorted(own.keys() - set(real))
         if left:
             evidence.append(f"rank(s) {', '.join(map(str, left))}: the gaps left after nsys' share are under "
@@ -74,6 +89,22 @@ class LaunchBound(Rule):
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
             FIX_GRAPHS if graphs else FIX, max(ms(own[rk]) for rk in real),
             pct=max(100 * ms(own[rk]) / win[rk] for rk in real))]
+
+    def _same_loop(self, hit: list[tuple[int, dict, dict]], real: list[int]) -> list[tuple[int, int, dict]]:
+        """(rank, the launch-bound rank it matches, its kernel_stats row) for each rank of `hit`
+        not in `real` that launches the kernels of a rank in `real`: as many a step, as short."""
+        stats = {rk: k for rk, k, _ in hit}
+        out = []
+        for rk, k, _ in hit:
+            if rk in real:
+                continue
+            for of in real:
+                o = stats[of]
+                if (k["n_steps"] == o["n_steps"] and abs(k["n"] - o["n"]) <= self.same_count_share * o["n"]
+                        and abs(k["median_ns"] - o["median_ns"]) <= self.same_median_share * o["median_ns"]):
+                    out.append((rk, of, k))
+                    break
+        return out
 
 
 RULE = LaunchBound()

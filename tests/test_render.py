@@ -213,7 +213,10 @@ def test_wrapper_stopped_by_its_launcher_keeps_the_report(tmp_path: Path, nsys: 
     # launcher may tear the node down right after.
     reports = list((tmp_path / "reports").glob("wrap_4243_r0_*.nsys-rep"))
     out = log.read_text()
-    assert len(reports) == 1 and "starting it again" not in out, out
+    assert len(reports) == 1, out
+    # Nothing started again after the stop. An nsys that failed to start before the program (a
+    # busy machine's "Connection reset by peer") is started again, and says so.
+    assert all("before the program started" in x for x in out.splitlines() if "starting it again" in x), out
 
 
 def test_early_warning_is_rendered_and_checked(tmp_path: Path) -> None:

@@ -42,9 +42,13 @@ def test_collective_called_on_the_main_process_only(tmp_path: Path, nsys: str, t
     assert "Is there a distributed collective mismatch in your code?" in o["line"]
     ends = {x["rank"]: x for x in o["ranks"]}
     # A process that aborts loses the NVTX events its nsys injection had not flushed yet: the
-    # `evaluate` range, pushed a few ms before the abort, is there on most runs, not on all. The
-    # stack below says where the rank was either way.
-    assert ends[0]["open_ranges"] in (["step 10"], ["step 10", "evaluate"]), ends[0]
+    # `evaluate` range, pushed a few ms before the abort, is there on most runs, not on all, and
+    # on a busy machine the loss can reach back to `backward`'s end (`backward` then reads open).
+    # What orch reports is what was recorded: step 10, open, and at most one of its own ranges
+    # inside it. The stack below says where the rank was either way.
+    opened = ends[0]["open_ranges"]
+    assert opened[0] == "step 10" and len(opened) <= 2, ends[0]
+    assert set(opened[1:]) <= {"backward", "optimizer", "evaluate"}, ends[0]
     assert ends[0]["last_done_step"] == 9
     assert ends[1]["open_ranges"] == ["step 11", "backward"] and ends[1]["last_done_step"] == 10
     # Where rank 0 was when it aborted, from the stack the rank hook wrote on SIGABRT.

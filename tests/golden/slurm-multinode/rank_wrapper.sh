@@ -65,9 +65,9 @@ rm -f "$started"
 # nsys is asked once, and not after the program ended: nsys is then writing its report, and a
 # SIGTERM would abort it instead.
 # A program nsys left behind (below) is stopped by the wrapper itself, as nsys would have.
-# A program that ended is a zombie until nsys, its parent, reaps it, which nsys does only once
-# it wrote the report: `kill -0` would call it alive and ask nsys to stop mid-write (aborting
-# the report, and ending the rank with 143 as if torchrun's stop were how it failed).
+# Hence `running` below, not `kill -0`: that would call the ended program's zombie alive and ask
+# nsys to stop mid-write (aborting the report, and ending the rank with 143 as if torchrun's
+# stop were how it failed).
 # running PID: is PID a live process? A program that ended is a zombie until its parent (nsys)
 # reaps it, which nsys does only once it wrote the report: it is not running.
 running() {

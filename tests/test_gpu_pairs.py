@@ -6,12 +6,15 @@ time its run took longer than the healthy one, both measured here with plain sql
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import json
 import statistics
 from pathlib import Path
 
 import pytest
 
+from orchestrator import open_store
 from tests.conftest import REPO, run_orch
 from tests.independent import export_rank, gpu_memory_peak, per_rank, small_gaps_ms
 from tests.stores import Stores
@@ -141,6 +144,39 @@ def test_a_cpu_side_straggler_is_named_with_the_call_its_loop_thread_makes(pairs
     assert "`clock_nanosleep` each step" in f["fix"]
     measured = _measured(run, pairs["healthy"][0])
     assert measured > 0 and abs(f["cost_ms"] - measured) <= 0.25 * measured, (f["cost_ms"], measured)
+
+
+def test_the_replay_takes_the_short_calls_waits_out_of_the_cpus_own_time(pairs) -> None:
+    """The replay's queue_wait: at each NCCL kernel's launch, the time the rank's CUDA calls under
+    1 ms took beyond their API's median on the rank, summed from the capture's start, as plain
+    sqlite3 and Python's median give it over each export. The ranks the CPU straggler holds up
+    wait so more than it does, since their launches meet a full queue while they wait for it."""
+    run, _ = pairs["cpu-straggler"]
+    calls = per_rank(run, "SELECT r.start, r.\"end\", s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                          "JOIN StringIds s ON s.id = r.nameId")
+    launches = per_rank(run, "SELECT DISTINCT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                             "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+                             "JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'nccl%'")
+    want = {}
+    for rk, rows in calls.items():
+        by_api: dict[str, list[int]] = {}
+        for s, e, name in rows:
+            by_api.setdefault(name, []).append(e - s)
+        med = {name: statistics.median(d) for name, d in by_api.items()}
+        excess = sorted((e, max(e - s - med[name], 0)) for s, e, name in rows if e - s < 1_000_000)
+        ends = [e for e, _ in excess]
+        cum = [0.0, *itertools.accumulate(x for _, x in excess)]
+        want[rk] = sorted(cum[bisect.bisect_right(ends, launch)] for (launch,) in launches[rk])
+    with open_store(run / "profile.duckdb") as st:
+        got: dict[int, list[float]] = {}
+        for r in st.view("queue_wait").to_pylist():
+            got.setdefault(r["rank"], []).append(r["cum"])
+    assert sorted(got) == sorted(want)
+    for rk, w in want.items():
+        assert len(got[rk]) == len(w) and all(abs(a - b) <= 1.0 for a, b in zip(sorted(got[rk]), w, strict=True)), rk
+    (straggler,) = json.loads((REPO / "tests" / "fixtures" / "truth" / "pairs-cpu-straggler.json").read_text())["root"]
+    total = {rk: w[-1] for rk, w in want.items()}
+    assert all(total[rk] > total[straggler] for rk in total if rk != straggler), total
 
 
 def test_an_uneven_pipeline_costs_what_balancing_its_stages_saves(pairs) -> None:

@@ -149,6 +149,7 @@ SUMMARIES = (
     # Where the CPU blocked on its GPU (56_cpu_blocks.sql): the replay's bounds on its launches.
     Summary("map_cpu_blocks", "cpu_blocks",
             (("rank", _I), ("start", _B), ("end", _B), ("sync", "BOOLEAN"), ("done", _B), ("lb", _B))),
+    Summary("map_queue_wait", "queue_wait", (("rank", _I), ("launch", _B), ("cum", _B))),
     Summary("map_sync_stats", "sync_stats",
             (("rank", _I), ("n_syncs", _B), ("n_steps", _B), ("sync_per_step", _D), ("blocked_ns", _B),
              ("idle_after_ns", _B), ("idle_after_ns_per_step", _D), ("top_name", _V), ("names", _V))),

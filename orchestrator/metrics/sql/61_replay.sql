@@ -2,7 +2,8 @@
 -- ByteDance's study, OSDI'25). The graph: each rank's NCCL kernels in order, a node each. A rank
 -- reaches a node after its own work since its previous node ended (w: compute, input, host
 -- syncs, launch gaps: all it did alone), and not before its CPU launched it: its CPU's own time
--- since the previous launch (dc), or, where the CPU blocked on its GPU in between (any CUDA call
+-- since the previous launch (dc; what its shorter calls waited for room in the launch queue is
+-- the GPU's, queue_wait), or, where the CPU blocked on its GPU in between (any CUDA call
 -- of a millisecond or more: a sync, a launch into a full queue), after that block returned:
 -- when the CPU got there (pre, then post after it), or when the GPU let it go (gw, counted from
 -- the previous node's end, which it moves with; a sync whose GPU work followed the CPU moves
@@ -26,8 +27,8 @@
 -- next batch) removed, from its GPU work and from its CPU's time before the launch. `no host
 -- syncs`: every block that waited for the GPU's work gone (the CPU runs on), and the GPU's idle
 -- after it.
--- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, gap_attr, sync_idle, loo_ref, ranks, meta, first_step, params,
--- in_selected.
+-- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
+-- first_step, params, in_selected.
 -- Provides:
 --   replay_nodes(rank, step, pos, gpos, inst, s, e, w, t, dur, buffered, l, anchor, lp, dc, pre, bw, post, gw,
 --                bsync)
@@ -105,10 +106,13 @@ WITH c AS (  -- collective nodes: the k-th kernel of one name in one communicato
 SELECT a.rank, a.step, row_number() OVER (PARTITION BY a.rank, a.step ORDER BY a.s, a.inst) AS pos,
        row_number() OVER (PARTITION BY a.rank ORDER BY a.s, a.inst) AS gpos,
        a.inst, a.s, a.e, coalesce(a.w, 0) AS w, a.t, a.dur, a.buffered, a.l, a.anchor, a.lp,
-       a.l - a.lp - coalesce(b.blocked, 0) AS dc,
+       -- the CPU's own time: neither blocked nor waiting for room in the launch queue
+       a.l - a.lp - coalesce(b.blocked, 0)
+           - least(greatest(coalesce(q.cum - qp.cum, 0), 0), a.l - a.lp - coalesce(b.blocked, 0)) AS dc,
        b.bs - a.lp - (b.blocked - (b.be - b.bs)) AS pre, b.be - b.bs AS bw, a.l - b.be AS post,
        CASE WHEN b.sync THEN b.done ELSE b.be END - (a.s - coalesce(a.w, 0)) AS gw, b.sync AS bsync
-FROM a LEFT JOIN b USING (rank, s, inst);
+FROM a LEFT JOIN b USING (rank, s, inst)
+LEFT JOIN queue_wait q ON q.rank = a.rank AND q.launch = a.l LEFT JOIN queue_wait qp ON qp.rank = a.rank AND qp.launch = a.lp;
 
 -- Each node's own work and CPU times, one row a value, keyed by what it is and where (the stage,
 -- the step, the place in it): what loo_ref compares each rank with its stage's other ranks by.
@@ -141,8 +145,11 @@ FROM replay_nodes n LEFT JOIN peer p USING (rank, step, pos) LEFT JOIN own o USI
 
 -- Each rank's factors in the stages-balanced what-if, one for its GPU and one for its CPU: its
 -- stage's compute (kernels other than NCCL's in the steps) and CPU time between launches (blocks
--- out; the time around them scaled alike), each the mean over the stage's ranks, against the
--- mean over the stages. Moving
+-- out; the time around them scaled alike), against the mean over the stages. A stage's compute
+-- is its fastest rank's: its ranks run the same kernels, and one whose kernels run slower is a
+-- straggler its own what-if costs (one delay counted once). Its CPU time is the mean over its
+-- ranks: each rank's loop does more than launch the stage's kernels (its input, its logging), all
+-- of it the stage's to carry. Moving
 -- layers moves both, but not in one proportion (a stage's launches, input and loss are its own),
 -- so each is evened on its own (a pipeline of >= 2 stages whose layout is known, as
 -- stage_metrics reads it).
@@ -154,7 +161,7 @@ WITH c AS (
     WHERE r.stage IS NOT NULL AND r.rank IN (SELECT rank FROM replay_nodes)
       AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
     GROUP BY ALL
-), s AS (SELECT stage, avg(gpu) AS gpu, avg(cpu) AS cpu FROM c GROUP BY stage)
+), s AS (SELECT stage, min(gpu) AS gpu, avg(cpu) AS cpu FROM c GROUP BY stage)
 SELECT c.rank, (SELECT avg(gpu) FROM s) / s.gpu AS f, (SELECT avg(cpu) FROM s) / s.cpu AS fc
 FROM c JOIN s USING (stage)
 WHERE (SELECT count(*) FROM s) > 1 AND (SELECT min(gpu) FROM s) > 0 AND (SELECT min(cpu) FROM s) > 0;

@@ -38,15 +38,17 @@ FROM map_cpu_blocks m JOIN map_done k USING (rank);
 CREATE OR REPLACE TABLE queue_wait AS
 WITH a AS (SELECT rank, name, start, "end" FROM cuda_api SEMI JOIN map_none USING (rank)),
 m AS (SELECT rank, name, median("end" - start) AS med FROM a GROUP BY ALL),
-x AS (  -- one row per end (calls on two threads may end together): a sum that does not depend
-    -- on the order rows are read in
-    SELECT a.rank, a."end" AS t, sum(greatest(a."end" - a.start - m.med, 0)) AS ns
-    FROM a JOIN m USING (rank, name) WHERE a."end" - a.start < 1000000
-    GROUP BY a.rank, a."end"
-), c AS (SELECT rank, t, sum(ns) OVER (PARTITION BY rank ORDER BY t) AS cum FROM x)
-SELECT o.rank, o.launch, coalesce(c.cum, 0) AS cum
-FROM (SELECT DISTINCT rank, launch FROM gpu_ops SEMI JOIN map_none USING (rank)
-      WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL) o
-ASOF LEFT JOIN c ON c.rank = o.rank AND c.t <= o.launch
+o AS (
+    SELECT DISTINCT rank, launch FROM gpu_ops SEMI JOIN map_none USING (rank)
+    WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL
+), x AS (  -- each short call's excess, at the first NCCL launch at or after its end (a sum per
+    -- launch, then a running sum over the launches: no running sum over every call)
+    SELECT o.rank, o.launch, sum(a."end" - a.start - m.med) AS ns
+    FROM a JOIN m USING (rank, name) ASOF JOIN o ON o.rank = a.rank AND o.launch >= a."end"
+    WHERE a."end" - a.start < 1000000 AND a."end" - a.start > m.med
+    GROUP BY ALL
+)
+SELECT o.rank, o.launch, coalesce(sum(x.ns) OVER (PARTITION BY o.rank ORDER BY o.launch), 0) AS cum
+FROM o LEFT JOIN x USING (rank, launch)
 UNION ALL
 SELECT m.rank, m.launch + k.off, m.cum FROM map_queue_wait m JOIN map_done k USING (rank);

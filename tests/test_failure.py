@@ -80,7 +80,15 @@ def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:
     tb = rank_traceback(text).splitlines()
     assert tb[0] == "Traceback (most recent call last):" and tb[-1] == "ValueError: batch 7 has no labels", tb
     assert any("raise ValueError" in ln for ln in tb) and not any("torch/distributed/run.py" in ln for ln in tb)
-    assert rank_traceback(_torchrun(tmp_path, "kill")) is None  # a killed rank printed nothing
+    killed = _torchrun(tmp_path, "kill")
+    assert rank_traceback(killed) is None  # a killed rank printed nothing
+    # A busy machine's run once held an untagged traceback too (another process's: a connection
+    # to the killed rank broke while it still set up): a rank killed by SIGKILL printed nothing,
+    # so it is not the killed rank's, nor its last words.
+    mixed = "\n".join(tb) + "\n" + killed  # the raising run's traceback, its rank tags gone
+    assert rank_traceback(mixed) is None
+    assert failure_line(mixed) == failure_line(killed) == (
+        "rank 1 failed first (killed by SIGKILL (out of memory? the OOM killer sends it))")
 
 
 def test_a_rank_that_lost_its_peer_is_not_the_first_failure(tmp_path: Path) -> None:

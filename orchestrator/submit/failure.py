@@ -99,8 +99,7 @@ def _words(text: str, fields: dict[str, str], root: bool) -> str | None:
     rank = _rank(fields)
     said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
     ended = [s for s in said if not _WRAPPER_NOTE.search(s)]
-    blocks = _tracebacks(text)
-    block = next((b for r, b in blocks if r == rank), None) or (_own(text, rank) if root else None)
+    block = _own(text, rank, untagged=root and not _killed(fields))
     own = ended[-1:] or ([block[-1].strip()] if block else []) or (_native(text) if root else []) or said[-1:]
     return own[0] if own else None
 
@@ -110,6 +109,12 @@ def _code(fields: dict[str, str]) -> int | None:
         return int(fields.get("exitcode", "?").split()[0])
     except (ValueError, IndexError):
         return None
+
+
+def _killed(fields: dict[str, str]) -> bool:
+    """The rank ended by SIGKILL: it printed nothing as it died, so an untagged traceback in the
+    output is another rank's (one whose connection to it broke while it still set up)."""
+    return _code(fields) in (-9, 137)
 
 
 def _stopped(fields: dict[str, str]) -> bool:
@@ -143,10 +148,10 @@ def first_words(rank: int | str, how: str) -> str:
     return f"rank {rank} failed first" + (f" ({how})" if how else "")
 
 
-def _own(text: str, rank: str) -> list[str] | None:
-    """The failing rank's traceback: its `[rankN]:` lines, else the first untagged one."""
+def _own(text: str, rank: str, untagged: bool = True) -> list[str] | None:
+    """The failing rank's traceback: its `[rankN]:` lines, else (`untagged`) the first untagged one."""
     blocks = _tracebacks(text)
-    mine = [b for r, b in blocks if r == rank] or [b for r, b in blocks if r is None]
+    mine = [b for r, b in blocks if r == rank] or [b for r, b in blocks if r is None and untagged]
     return mine[0] if mine else None
 
 
@@ -232,5 +237,5 @@ def rank_traceback(text: str, lines: int = 12) -> str | None:
     first = _first(text)
     if first is None:
         return None
-    block = _own(text, _rank(first[0]))
+    block = _own(text, _rank(first[0]), untagged=not _killed(first[0]))
     return "\n".join(block[-lines:]) if block else None

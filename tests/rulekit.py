@@ -9,6 +9,7 @@ import duckdb
 import pyarrow as pa
 
 from orchestrator.analyze.model_report import Finding, RankMetrics, Report, Window
+from orchestrator.analyze.rules import registry
 from orchestrator.analyze.rules.base import Context
 from orchestrator.metrics.engine import Options, Views
 
@@ -25,8 +26,9 @@ def rank(rank: int, **kw: Any) -> RankMetrics:
 def context(ranks: list[RankMetrics], tables: dict[str, list[dict[str, Any]]] | None = None,
             opts: Options | None = None, findings: list[Finding] | None = None, **report: Any) -> Context:
     con = duckdb.connect()
-    # No Python samples unless a test gives some (most captures have none).
-    for name, rows in {"gap_python": [], **(tables or {})}.items():
+    # Every view a rule reads is empty unless the test gives its rows (most captures have no
+    # Python samples, no allocator gaps, ...).
+    for name, rows in {**{v: [] for r in registry() for v in r.reads}, **(tables or {})}.items():
         # An empty view still has a column: DuckDB registers no table without one.
         con.register(name, pa.Table.from_pylist(rows) if rows else pa.table({"rank": pa.array([], pa.int64())}))
     fields: dict[str, Any] = dict(

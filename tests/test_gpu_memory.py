@@ -109,6 +109,26 @@ class Truth:
         inside = [op for s, op, _ in self.events if self.w0 <= s <= self.w1]
         return inside.count(0), inside.count(1)
 
+    def alloc_gaps(self, path: Path) -> tuple[int, int]:
+        """(count, ns) of the GPU's idle gaps in the window (between the union of its kernels,
+        copies and memsets) that the allocation and free calls fill at least a quarter of."""
+        con = sqlite3.connect(path)
+        ops = sorted((max(s, self.w0), min(e, self.w1)) for table in (
+            "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+            for s, e in con.execute(f"SELECT start, end FROM {table} WHERE end > ? AND start < ?", (self.w0, self.w1)))
+        con.close()
+        gaps, end = [], ops[0][1]
+        for s, e in ops[1:]:
+            if s > end:
+                gaps.append((end, s))
+            end = max(end, e)
+        n = ns = 0
+        for a, b in gaps:
+            filled = sum(min(b, e) - max(a, s) for s, e, _ in self.calls if s < b and e > a)
+            if 4 * filled >= b - a:
+                n, ns = n + 1, ns + b - a
+        return n, ns
+
     def api_per_step(self) -> tuple[float, float]:
         placed = [name for s, _e, name in self.calls if any(a <= s < b for a, b in self.iterations)]
         n = len(self.iterations)
@@ -217,6 +237,19 @@ def test_leak_and_churn_found_their_twins_clean(captures) -> None:
     c = captures[CHURN][1].memory.rank(0)
     assert c.sync_frees_per_step == c.free_calls_per_step > 2  # every free here is a cudaFree
     assert "empty_cache()" in churn.fix and churn.cost_ms > 0
+
+
+def test_allocator_churn_costs_the_gpu_gaps_its_calls_fill(captures) -> None:
+    """The churning loop's finding counts the GPU gaps in the window that its cudaMalloc/cudaFree
+    calls fill at least a quarter of, as plain sqlite3 finds them (the union of kernels, copies
+    and memsets; the window from orch's steps); the plain loop has no such finding."""
+    export, rep, truth = captures[CHURN]
+    n, ns = truth.alloc_gaps(export)
+    (f,) = [f for f in rep.findings if f.kind == "allocator_churn"]
+    line = next(e for e in f.evidence if "gaps they fill at least a quarter of" in e)
+    assert f"{n} gaps they fill at least a quarter of, {round(ns / 1e6, 3)} ms" in line, (line, n, ns)
+    assert 0 < f.cost_ms < ns / 1e6
+    assert not [f for f in captures[FLAT][1].findings if f.kind == "allocator_churn"]
 
 
 def test_diff_flags_the_leaking_run(captures, tmp_path: Path) -> None:

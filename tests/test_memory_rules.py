@@ -35,13 +35,17 @@ def _mem(rk: int, **kw: Any) -> RankMemory:
     return RankMemory(**base)
 
 
-def _ctx(ranks: list[RankMemory], **report: Any):
+def _ctx(ranks: list[RankMemory], tables: dict[str, list[dict[str, Any]]] | None = None,
+         gaps: dict[int, dict[str, float]] | None = None, **report: Any):
+    """A context of these ranks' memory, the analysis views `tables` and each rank's GPU gaps
+    >= gap_ms by the range or call they fell in (`gaps`)."""
     peaks = {r.rank: r.peak_bytes or 0 for r in ranks}
     top = max(peaks, key=lambda k: (peaks[k], -k))
     mem = MemoryReport(source="cuda_memory_usage", ranks=ranks, peak_rank=top, max_peak_bytes=max(peaks.values()),
                        min_peak_bytes=min(peaks.values()), spread_bytes=max(peaks.values()) - min(peaks.values()),
                        median_peak_bytes=float(sorted(peaks.values())[len(peaks) // 2]))
-    return context([rank(r.rank) for r in ranks], memory=mem, **report)
+    return context([rank(r.rank, gaps_by_range_ms=(gaps or {}).get(r.rank, {})) for r in ranks], tables,
+                   memory=mem, **report)
 
 
 def test_memory_growth_rate_and_steps_left() -> None:
@@ -102,6 +106,33 @@ def test_allocator_churn_cost_and_quiet_loop() -> None:
     assert _run("allocator_churn", _ctx([rare])) == []
     many_cheap = _mem(0, alloc_calls_per_step=4.0, free_calls_per_step=4.0, alloc_api_pct=0.5)
     assert _run("allocator_churn", _ctx([many_cheap])) == []
+
+
+def test_allocator_churn_costs_the_gaps_its_calls_fill_and_the_other_rules_leave_them() -> None:
+    """Rank 0 churns: 100 GPU gaps its allocator calls fill (30 ms, 80 of them under the gap
+    threshold, 8 ms); its other 1,000 short gaps average 20 us, the gap each of those 100 would
+    have had anyway: the finding costs 30 - 100 x 0.02 = 28 ms. Its launch gaps leave those 80
+    out, and its 12 ms of long gaps in cudaFree are no CPU-gap finding's; rank 1 does not churn,
+    and its own gaps in cudaFree are."""
+    churn = _mem(0, alloc_calls_per_step=12.0, free_calls_per_step=12.0, sync_frees_per_step=12.0,
+                 alloc_api_ms_per_step=2.5, alloc_api_pct=9.0)
+    tables = {"alloc_gaps": [{"rank": 0, "n": 100, "ns": 30_000_000, "small_n": 80, "small_ns": 8_000_000},
+                             {"rank": 1, "n": 3, "ns": 12_000_000, "small_n": 0, "small_ns": 0}],
+              "small_gaps": [{"rank": 0, "n": 1080, "ns": 28_000_000}, {"rank": 1, "n": 10, "ns": 100_000}],
+              "kernel_stats": [{"rank": 0, "n": 2000, "median_ns": 8000, "n_steps": 4}],
+              "graph_usage": [], "capture_overhead": []}
+    gaps = {0: {"loop thread in cudaFree": 12.0}, 1: {"loop thread in cudaFree_v3020": 12.0}}
+    ctx = _ctx([churn, _mem(1)], tables, gaps)
+    (f,) = _run("allocator_churn", ctx)
+    assert f.ranks == [0] and f.cost_ms == 28.0 and f.severity == "high"
+    assert f.evidence[-1] == ("rank 0: the GPU waited 28.0 ms for them: 100 gaps they fill at least a quarter of, "
+                              "30.0 ms, less the rank's usual launch gap each")
+    (lb,) = _run("launch_bound", ctx)
+    assert lb.cost_ms == 20.0 and lb.evidence[0].endswith(
+        "1000 sub-threshold gaps totalling 20.0 ms (and 80 more, 8.0 ms, that device allocations and frees fill: "
+        "the allocator churn finding's)")
+    (cpu,) = _run("cpu_gap", ctx)
+    assert cpu.ranks == [1] and cpu.cost_ms == 12.0
 
 
 def test_curves_kept_for_the_extremes_and_a_sample() -> None:

@@ -136,6 +136,7 @@ SUMMARIES = (
     # the OS calls the loop thread was in during the long ones and the Python functions it ran,
     # the idle of each slice.
     Summary("map_small_gaps", "small_gaps", (("rank", _I), ("n", _B), ("ns", _B))),
+    Summary("map_alloc_gaps", "alloc_gaps", (("rank", _I), ("n", _B), ("ns", _B), ("small_n", _B), ("small_ns", _B))),
     Summary("map_osrt_traced", "osrt_traced", (("rank", _I),)),
     Summary("map_gap_cpu", "gap_cpu", (("rank", _I), ("range_group", _V), ("call", _V), ("ns", _B))),
     Summary("map_gap_python", "gap_python",

@@ -5,15 +5,23 @@ family calls per selected iteration and the CPU time in them. PyTorch's caching 
 reuses its blocks, so a steady loop makes almost none after its first steps; calls every step
 mean the cache is emptied (`torch.cuda.empty_cache()` in the loop) or shapes keep changing.
 cudaFree also waits for the whole device, so each call stalls the CPU behind the GPU's queue.
-The cost is the CPU time in the calls (severity: its share of the iterations).
+The cost is what the GPU waited for them (alloc_gaps, 40_gaps.sql): the gaps the calls fill at
+least a quarter of, each less the rank's usual launch gap (its other gaps under the gap threshold,
+on average), which it would have had without them; the allocator's host work around a call
+(finding a block, its bookkeeping) is in that gap too, and the CPU time in the calls alone misses
+it. A capture with no GPU gaps (CPU only) is costed by the CPU time in the calls. Those gaps are
+then this finding's: launch_bound and cpu_gap leave them out on the ranks it names (one delay
+counted once).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.analyze.model_gpu_memory import RankMemory
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.units import ms
 
 FIX = ("Keep the caching allocator's blocks: remove torch.cuda.empty_cache() (and gc.collect() + empty_cache) "
        "from the training loop; if it was added against fragmentation or out-of-memory, set "
@@ -24,17 +32,35 @@ FIX = ("Keep the caching allocator's blocks: remove torch.cuda.empty_cache() (an
 @dataclass
 class AllocatorChurn(Rule):
     kind = "allocator_churn"
-    reads = ()
+    explains_idle = True
+    reads = ("alloc_gaps", "small_gaps")
     min_calls_per_step: float = 2.0  # allocations + frees per iteration
     min_share_pct: float = 1.0  # CPU time in them, of the iterations
 
-    def evaluate(self, ctx: Context) -> list[Finding]:
+    def churning(self, ctx: Context) -> list[RankMemory]:
+        """The ranks that allocate and free device memory every step: this finding's, whose
+        allocator gaps the launch-gap and CPU-gap findings leave to it."""
         mem = ctx.report.memory
-        if mem is None:
-            return []
-        hit = [r for r in mem.ranks
-               if r.alloc_api_pct is not None and r.alloc_api_pct >= self.min_share_pct
-               and (r.alloc_calls_per_step or 0) + (r.free_calls_per_step or 0) >= self.min_calls_per_step]
+        return [] if mem is None else [
+            r for r in mem.ranks
+            if r.alloc_api_pct is not None and r.alloc_api_pct >= self.min_share_pct
+            and (r.alloc_calls_per_step or 0) + (r.free_calls_per_step or 0) >= self.min_calls_per_step]
+
+    def waited_ms(self, ctx: Context) -> dict[int, tuple[float, dict]]:
+        """Per churning rank with allocator gaps: what the GPU waited for the calls (ms), and its
+        alloc_gaps row."""
+        gaps, small = ctx.views.by_rank("alloc_gaps"), ctx.views.by_rank("small_gaps")
+        out = {}
+        for r in self.churning(ctx):
+            g, sg = gaps.get(r.rank), small.get(r.rank) or {"n": 0, "ns": 0}
+            if g and g["n"]:
+                n_other = sg["n"] - g["small_n"]
+                usual = (sg["ns"] - g["small_ns"]) / n_other if n_other > 0 else 0.0
+                out[r.rank] = (ms(max(g["ns"] - g["n"] * usual, 0.0)), g)
+        return out
+
+    def evaluate(self, ctx: Context) -> list[Finding]:
+        hit = self.churning(ctx)
         if not hit:
             return []
         hit.sort(key=lambda r: (-(r.alloc_api_pct or 0), r.rank))
@@ -49,10 +75,18 @@ class AllocatorChurn(Rule):
         if len(hit) > 8:
             ev.append(f"... and {len(hit) - 8} more rank(s)")
         win = ctx.window_ms()
-        worst = hit[0]
-        cost = (worst.alloc_api_pct or 0) / 100 * win.get(worst.rank, 0.0)
+        waited = self.waited_ms(ctx)
+        for rk, (w, g) in sorted(waited.items(), key=lambda kv: -kv[1][0])[:8]:
+            ev.append(f"rank {rk}: the GPU waited {w} ms for them: {g['n']} gaps they fill at least a quarter of, "
+                      f"{ms(g['ns'])} ms, less the rank's usual launch gap each")
+        if waited:
+            rk = max(waited, key=lambda r: (waited[r][0], -r))
+            cost, pct = waited[rk][0], 100 * waited[rk][0] / win[rk] if win.get(rk) else 0.0
+        else:
+            worst = hit[0]
+            cost, pct = (worst.alloc_api_pct or 0) / 100 * win.get(worst.rank, 0.0), worst.alloc_api_pct
         return [finding(self.kind, [r.rank for r in hit], "memory allocated and freed every step (allocator churn)",
-                        ev, FIX, cost, pct=worst.alloc_api_pct)]
+                        ev, FIX, cost, pct=pct)]
 
 
 RULE = AllocatorChurn()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
     OTHER_WORK_FIX,
@@ -19,6 +21,9 @@ from orchestrator.analyze.rules.base import (
 from orchestrator.metrics.engine import DATA_RANGE
 
 PYTHON = "loop thread in Python between CUDA calls"
+# The loop thread in a device allocation or free (cudaMalloc, cudaFree, cuMemFree, ..., as
+# alloc_api counts them): 40_gaps.sql names such a gap by the call.
+ALLOC_CALL = re.compile(r"loop thread in (cudaMalloc|cudaFree|cuMemAlloc|cuMemFree|cuMemCreate|cuMemRelease)")
 PYTHON_FIX = (
     "The loop thread runs {func} while the GPU has nothing queued: vectorise it or run it on the GPU, move it "
     "into the Dataset or collate_fn (the DataLoader's workers then run it ahead of the step), or do it less often."
@@ -35,10 +40,12 @@ class CpuGap(Rule):
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
+        # A churning rank's gaps in its allocator calls are the allocator churn finding's.
+        churn = {r.rank for r in ALLOCATOR.churning(ctx)}
         per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         for r in ctx.report.ranks:
             for name, ms in r.gaps_by_range_ms.items():
-                if not DATA_RANGE.search(name):
+                if not DATA_RANGE.search(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
                     per[name][r.rank] += ms
         out = []
         for name, by_rank in per.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
+from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
 
@@ -26,7 +27,7 @@ FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in t
 class LaunchBound(Rule):
     kind = "launch_bound"
     explains_idle = True
-    reads = ("kernel_stats", "small_gaps", "graph_usage", "capture_overhead")
+    reads = ("kernel_stats", "small_gaps", "alloc_gaps", "graph_usage", "capture_overhead")
     max_median_ns: int = 20_000  # kernels shorter than this (median) are "tiny"
     min_per_step: int = 200  # kernels per step
     min_share: float = 0.1  # sub-threshold gaps as a share of the window
@@ -46,7 +47,12 @@ class LaunchBound(Rule):
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
-        small = ctx.views.by_rank("small_gaps")
+        # The gaps that device allocations and frees fill on a churning rank are the allocator
+        # churn finding's (one delay counted once).
+        churn = {r.rank for r in ALLOCATOR.churning(ctx)}
+        alloc = {rk: g for rk, g in ctx.views.by_rank("alloc_gaps").items() if rk in churn and g["small_n"]}
+        small = {rk: {**g, "n": g["n"] - alloc[rk]["small_n"], "ns": g["ns"] - alloc[rk]["small_ns"]}
+                 if rk in alloc else g for rk, g in ctx.views.by_rank("small_gaps").items()}
         hit = []
         for k in ctx.views.rows("kernel_stats"):
             rk, sg = k["rank"], small.get(k["rank"])
@@ -64,7 +70,10 @@ class LaunchBound(Rule):
         # launch-bound by the loop's own doing: advising CUDA graphs there would chase the profiler.
         real = [rk for rk in own if self._many_gaps(own[rk], win[rk])]
         evidence = [f"rank {rk}: {k['n']} kernels (median {k['median_ns'] / 1e3:.1f} us), "
-                    f"{sg['n']} sub-threshold gaps totalling {ms(sg['ns'])} ms" for rk, k, sg in hit]
+                    f"{sg['n']} sub-threshold gaps totalling {ms(sg['ns'])} ms"
+                    + (f" (and {alloc[rk]['small_n']} more, {ms(alloc[rk]['small_ns'])} ms, that device allocations "
+                       "and frees fill: the allocator churn finding's)" if rk in alloc else "")
+                    for rk, k, sg in hit]
         evidence += [f"rank {rk}: ≈ {ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
                      f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the loop is less "
                      f"launch-bound than it looks here" for rk, ns in sorted(nsys.items())]

@@ -15,8 +15,9 @@
 -- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
 -- map_between_steps: store/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
 -- rank's gaps need its own events only.
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
--- map_gap_attr, map_between_steps, map_small_gaps, is_sync_api, overlapping, range_group. Provides:
+-- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, alloc_api, params, map_ranks, map_todo,
+-- map_gap_attr, map_between_steps, map_small_gaps, map_alloc_gaps, is_sync_api, overlapping, range_group.
+-- Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the map_todo ranks
 --   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
 --   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
@@ -26,6 +27,11 @@
 --   small_gaps(rank, n, ns)
 --       per rank, the count and time of gaps shorter than gap_ns (the launch-bound signature;
 --       the map's for map_ranks)
+--   alloc_gaps(rank, n, ns, small_n, small_ns)
+--       per rank, the gaps (any length) that device allocations and frees (alloc_api) fill at
+--       least a quarter of, and those of them shorter than gap_ns: the GPU waited for the launch
+--       that came after the allocator's call and its host work around it (a long wait for
+--       something else, the next batch, with one allocation inside is not theirs)
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s
@@ -119,3 +125,15 @@ SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
 WHERE g.dur < p.gap_ns GROUP BY g.rank
 UNION ALL BY NAME
 SELECT * FROM map_small_gaps SEMI JOIN map_ranks USING (rank);
+
+CREATE OR REPLACE TABLE alloc_gaps AS
+WITH o AS (
+    SELECT g.rank, g.s, g.dur, sum(least(g.e, a."end") - greatest(g.s, a.start)) AS filled
+    FROM busy_gaps g JOIN alloc_api a ON a.rank = g.rank AND a.start < g.e AND a."end" > g.s
+    GROUP BY g.rank, g.s, g.dur
+)
+SELECT o.rank, count(*) AS n, sum(o.dur) AS ns, count(*) FILTER (WHERE o.dur < p.gap_ns) AS small_n,
+       coalesce(sum(o.dur) FILTER (WHERE o.dur < p.gap_ns), 0) AS small_ns
+FROM o, params p WHERE 4 * o.filled >= o.dur GROUP BY o.rank
+UNION ALL BY NAME
+SELECT * FROM map_alloc_gaps SEMI JOIN map_ranks USING (rank);

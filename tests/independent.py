@@ -137,6 +137,14 @@ def per_rank(run: Path, sql: str, params: tuple = ()) -> dict[int, list[tuple]]:
     return out
 
 
+def kernel_launches(run: Path, like: str) -> dict[int, list[tuple[int]]]:
+    """Per rank, the start of the CUDA call that launched each kernel whose short name is LIKE
+    `like`, over its export in `run`/exports."""
+    return per_rank(run, "SELECT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                    "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
+                    "JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE ?", (like,))
+
+
 def last_steps(run: Path, prefix: str, suffix: str = "") -> dict[int, int]:
     """Per rank, the number N of its last NVTX range named `<prefix>N<suffix>` (the workload's
     steps), over its export in `run`/exports."""

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator import open_store
 from tests.conftest import REPO, run_orch
-from tests.independent import export_rank, gpu_memory_peak, per_rank, small_gaps_ms
+from tests.independent import export_rank, gpu_memory_peak, kernel_launches, per_rank, small_gaps_ms
 from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
@@ -154,9 +154,7 @@ def test_the_replay_takes_the_short_calls_waits_out_of_the_cpus_own_time(pairs) 
     run, _ = pairs["cpu-straggler"]
     calls = per_rank(run, "SELECT r.start, r.\"end\", s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
                           "JOIN StringIds s ON s.id = r.nameId")
-    launches = per_rank(run, "SELECT DISTINCT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                             "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
-                             "JOIN StringIds s ON s.id = k.shortName WHERE s.value LIKE 'nccl%'")
+    launches = {rk: sorted(set(rows)) for rk, rows in kernel_launches(run, "nccl%").items()}
     want = {}
     for rk, rows in calls.items():
         by_api: dict[str, list[int]] = {}
@@ -214,9 +212,7 @@ def test_gradient_accumulation_steps_are_the_optimizer_steps(pairs) -> None:
     run, rep = pairs["ddp-accum"]
     ranges = per_rank(run, "SELECT e.start, e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
                       "WHERE coalesce(e.text, s.value) LIKE 'Step % Start' ORDER BY e.start")
-    launches = per_rank(run, "SELECT r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                        "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId "
-                        "JOIN StringIds s ON s.id = k.shortName WHERE s.value = 'multi_tensor_apply_kernel'")
+    launches = kernel_launches(run, "multi_tensor_apply_kernel")
     for rank, rows in ranges.items():
         ends = [i for i, (a, b) in enumerate(rows) if any(a <= t < b for (t,) in launches[rank])]
         assert len(rows) == 4 * len(ends) and ends == list(range(3, len(rows), 4)), ends

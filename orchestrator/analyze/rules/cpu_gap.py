@@ -21,9 +21,11 @@ from orchestrator.analyze.rules.base import (
 from orchestrator.metrics.engine import DATA_RANGE
 
 PYTHON = "loop thread in Python between CUDA calls"
-# The loop thread in a device allocation or free (cudaMalloc, cudaFree, cuMemFree, ..., as
-# alloc_api counts them): 40_gaps.sql names such a gap by the call.
-ALLOC_CALL = re.compile(r"loop thread in (cudaMalloc|cudaFree|cuMemAlloc|cuMemFree|cuMemCreate|cuMemRelease)")
+# The loop thread in a device allocation or free, the calls alloc_api counts (11_cuda_calls.sql;
+# not cudaMallocHost's pinned host memory): 40_gaps.sql names such a gap by the call.
+ALLOC_CALL = re.compile(r"loop thread in (cudaMalloc(Async|FromPoolAsync|Managed|Pitch|3D)?|cudaFree(Async)?|"
+                        r"cuMemAlloc(Async|FromPoolAsync|Managed|Pitch)?|cuMemCreate|cuMemFree(Async)?|"
+                        r"cuMemRelease)(_v\d+)?$")
 PYTHON_FIX = (
     "The loop thread runs {func} while the GPU has nothing queued: vectorise it or run it on the GPU, move it "
     "into the Dataset or collate_fn (the DataLoader's workers then run it ahead of the step), or do it less often."

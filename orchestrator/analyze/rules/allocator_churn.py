@@ -46,25 +46,17 @@ class AllocatorChurn(Rule):
             if r.alloc_api_pct is not None and r.alloc_api_pct >= self.min_share_pct
             and (r.alloc_calls_per_step or 0) + (r.free_calls_per_step or 0) >= self.min_calls_per_step]
 
-    def launch_gaps(self, ctx: Context) -> tuple[dict[int, dict], dict[int, dict]]:
-        """(small_gaps per rank, less on a churning rank the short gaps its allocations and frees
-        fill; those ranks' alloc_gaps rows): the launch gaps, each counted once, that launch_bound
-        costs and this finding takes a rank's usual gap from. A rule calling it reads both views."""
-        churn = {r.rank for r in self.churning(ctx)}
-        alloc = {rk: g for rk, g in ctx.views.by_rank("alloc_gaps").items() if rk in churn and g["n"]}
-        small = {rk: {**g, "n": g["n"] - alloc[rk]["small_n"], "ns": g["ns"] - alloc[rk]["small_ns"]}
-                 if rk in alloc else g for rk, g in ctx.views.by_rank("small_gaps").items()}
-        return small, alloc
-
     def waited_ms(self, ctx: Context) -> dict[int, tuple[float, dict]]:
         """Per churning rank with allocator gaps: what the GPU waited for the calls (ms), and its
         alloc_gaps row."""
-        small, alloc = self.launch_gaps(ctx)
+        gaps, small = ctx.views.by_rank("alloc_gaps"), ctx.views.by_rank("small_gaps")
         out = {}
-        for rk, g in alloc.items():
-            other = small.get(rk) or {"n": 0, "ns": 0}
-            usual = other["ns"] / other["n"] if other["n"] > 0 else 0.0
-            out[rk] = (ms(max(g["ns"] - g["n"] * usual, 0.0)), g)
+        for r in self.churning(ctx):
+            g, sg = gaps.get(r.rank), small.get(r.rank) or {"n": 0, "ns": 0}
+            if g and g["n"]:
+                n_other = sg["n"] - g["small_n"]
+                usual = (sg["ns"] - g["small_ns"]) / n_other if n_other > 0 else 0.0
+                out[r.rank] = (ms(max(g["ns"] - g["n"] * usual, 0.0)), g)
         return out
 
     def evaluate(self, ctx: Context) -> list[Finding]:

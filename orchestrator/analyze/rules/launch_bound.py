@@ -49,7 +49,10 @@ class LaunchBound(Rule):
         win = ctx.window_ms()
         # The gaps that device allocations and frees fill on a churning rank are the allocator
         # churn finding's (one delay counted once).
-        small, alloc = ALLOCATOR.launch_gaps(ctx)
+        churn = {r.rank for r in ALLOCATOR.churning(ctx)}
+        alloc = {rk: g for rk, g in ctx.views.by_rank("alloc_gaps").items() if rk in churn and g["small_n"]}
+        small = {rk: {**g, "n": g["n"] - alloc[rk]["small_n"], "ns": g["ns"] - alloc[rk]["small_ns"]}
+                 if rk in alloc else g for rk, g in ctx.views.by_rank("small_gaps").items()}
         hit = []
         for k in ctx.views.rows("kernel_stats"):
             rk, sg = k["rank"], small.get(k["rank"])
@@ -69,7 +72,7 @@ class LaunchBound(Rule):
         evidence = [f"rank {rk}: {k['n']} kernels (median {k['median_ns'] / 1e3:.1f} us), "
                     f"{sg['n']} sub-threshold gaps totalling {ms(sg['ns'])} ms"
                     + (f" (and {alloc[rk]['small_n']} more, {ms(alloc[rk]['small_ns'])} ms, that device allocations "
-                       "and frees fill: the allocator churn finding's)" if alloc.get(rk, {}).get("small_n") else "")
+                       "and frees fill: the allocator churn finding's)" if rk in alloc else "")
                     for rk, k, sg in hit]
         evidence += [f"rank {rk}: ≈ {ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
                      f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the loop is less "

@@ -223,6 +223,13 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     assert "4.0 ms per step" in f.evidence[1] and "75% in no CUDA call" in f.evidence[1]
     assert "adopt" not in f.fix and "Capture more of the step" in f.fix
     assert RULE.evaluate(context([rank(0)], {"graph_usage": [row | {"rank": 3}]})) == []
+    # nsys' estimated per-call cost (12 ms) is the profiler's share of the 20 ms idle, not the loop's.
+    over = {"rank": 0, "est_ns": 12_000_000, "api_calls": 1500}
+    (g,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
+                                 {"graph_usage": [row], "capture_overhead": [over]}))
+    assert g.cost_ms == 8.0 and g.severity == "medium"
+    assert "rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls)" in \
+        g.evidence[2]
 
 
 def test_timeline_export_shows_graph_replays(stores, truth, tmp_path: Path) -> None:

@@ -101,6 +101,19 @@ def test_exposed_communication_excludes_waiting_and_p2p() -> None:
     assert f.ranks == [0] and f.cost_ms == 35.0 and f.severity == "high"
 
 
+def test_exposed_communication_saves_at_most_the_compute_it_could_hide_under() -> None:
+    """Overlap hides communication under compute not already overlapping it: with 3 ms of such
+    compute the fix saves 3 ms of 35 (a collectives benchmark, with none, saves nothing: info)."""
+    small = rank(0, comm_ms=40.0, exposed_comm_ms=40.0, comm_overlap_pct=0.0, nccl_wait_ms=5.0, compute_ms=4.0,
+                 overlap_ms=1.0)
+    (f,) = _run("exposed_communication", context([small]))
+    assert f.cost_ms == 3.0 and f.severity == "low"
+    assert "rank 0: only 3.0 ms of compute does not already overlap communication" in f.evidence[1]
+    (g,) = _run("exposed_communication", context([rank(0, comm_ms=40.0, exposed_comm_ms=40.0, comm_overlap_pct=0.0,
+                                                       compute_ms=0.0, overlap_ms=0.0)]))
+    assert g.cost_ms == 0.0 and g.severity == "info"
+
+
 def test_stage_imbalance_names_victims() -> None:
     stages = [StageMetrics(stage=0, ranks=[0, 2, 4, 5, 6, 7], compute_ms=40.0, bubble_pct=60.0, gpu_idle_pct=1.0),
               StageMetrics(stage=1, ranks=[1], compute_ms=80.0, bubble_pct=20.0, gpu_idle_pct=1.0)]
@@ -218,6 +231,10 @@ def test_straggler_quiet_on_small_or_single_skews() -> None:
     assert _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 90.0, None, [1])]))) == []
     (f,) = _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 20.0, None, [1]), (2, 0, 30.0, None, [1])])))
     assert f.ranks == [0] and f.cost_ms == 50.0 and f.title == "rank 0 holds up rank(s) 1 (GPU computing)"
+    # A rank with no computing kernels at all (a collectives benchmark): its collectives start late.
+    (g,) = _run("straggler", context([rank(0, compute_ms=0.0), rank(1, compute_ms=0.0)],
+                                     _cp([(1, 0, 20.0, None, [1]), (2, 0, 30.0, None, [1])])))
+    assert g.title == "rank 0 holds up rank(s) 1 (GPU work starting late)"
 
 
 def test_straggler_computing_says_which_kernels_or_that_its_work_starts_late() -> None:

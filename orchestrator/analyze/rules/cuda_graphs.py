@@ -23,7 +23,7 @@ GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the defa
 @dataclass
 class CudaGraphs(Rule):
     kind = "cuda_graphs"
-    reads = ("graph_usage",)
+    reads = ("graph_usage", "capture_overhead")
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
@@ -50,6 +50,14 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
+        # Between replays the loop thread runs eager CUDA calls, each lengthened by nsys' per-call
+        # cost (capture_overhead): that share of the idle is the profiler's, not the loop's.
+        over = ctx.views.by_rank("capture_overhead")
+        nsys = {rk: min(ms(over[rk]["est_ns"]), idle[rk]) for rk in idle if rk in over and over[rk]["est_ns"]}
+        evidence += [f"rank {rk}: ≈ {round(ns, 3)} ms of that idle is nsys' own per-call cost (estimated from "
+                     f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the GPU idles less"
+                     for rk, ns in sorted(nsys.items()) if ns]
+        idle = {rk: idle[rk] - nsys.get(rk, 0.0) for rk in idle}
         if any(r["graph_level"] for r in rows):
             evidence.append(GRAPH_SPAN_NOTE)
         worst = max(idle, key=lambda rk: idle[rk] / win[rk])

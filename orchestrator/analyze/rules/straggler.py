@@ -293,8 +293,8 @@ class Straggler(Rule):
         evidence lines, the kernels that make it longer in words (for the fix), and whether its
         kernels take no longer than the others' (then its GPU work starts late)."""
         tot = next((r for r in ctx.views.rows("kernel_excess_rank") if r["rank"] == rk), None)
-        if tot is None:
-            return [], "", False
+        if tot is None:  # a rank with no computing kernels (a collectives benchmark): its collectives start late
+            return [], "", any(r.rank == rk and not r.compute_ms for r in ctx.report.ranks)
         ks = [k for k in ctx.views.rows("kernel_excess")
               if k["rank"] == rk and ms(k["excess_ns_per_step"]) >= self.shown_kernel_ms]
         named = "; ".join(f"`{k['short_name']}` {k['n_per_step']:.3g} a step against {k['median_n_per_step']:.3g}, "

@@ -32,9 +32,11 @@
 --      regular candidate with that count and the lowest robust CV (ties: a host sync first,
 --      then by name).
 --   5. Gradient accumulation: an iteration is an optimizer step. When a regular candidate
---      launched by the optimizer or gradient clipping (is_optimizer_kernel) repeats every k >= 2
---      periods of the beat (period ratio within 0.2 of an integer), it becomes the beat and the
---      old beat's period its micro-batch: micro_batches = k.
+--      launched by the optimizer or gradient clipping (is_optimizer_kernel), at least 1.5 x the
+--      beat's period, holds the same k >= 2 of the beat's bursts between its own in at least
+--      three quarters of its intervals, it becomes the beat and the old beat its micro-batch:
+--      micro_batches = k. Counted, not read off the period ratio: the optimizer's own time
+--      lengthens its period (4 micro-batches of 15 ms and a 5 ms optimizer: 4.33 periods).
 --   6. The beat's run is then extended over its neighbouring bursts while each interval stays
 --      within [1/4, 8] x its period: a step that also logs breaks a 25 % run but is no warm-up.
 --      The CPU runs ahead of a busy GPU, so a `.item()` every N steps waits for several queued
@@ -146,14 +148,27 @@ WITH long_runs AS (
         SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.src = 'sync' DESC, c.name) AS j
         FROM long_runs c JOIN votes v ON v.rank = c.rank AND v.bursts = c.bursts AND v.i = 1)
     WHERE j = 1
+), opt_cand AS (  -- regular optimizer kernels slower than the beat
+    SELECT c.rank, c.src, c.name, c.cand, c.t0, c.t1, c.bursts, c.period_ns, c.rcv, v.src AS v_src, v.name AS micro_name
+    FROM beat_candidates c JOIN voted v USING (rank)
+    WHERE c.regular AND c.src = 'kernel' AND is_optimizer_kernel(c.name) AND c.period_ns >= 1.5 * v.period_ns
+), opt_iv AS (  -- each interval between two optimizer bursts of its regular run
+    SELECT * FROM (
+        SELECT o.*, b.ts, lead(b.ts) OVER (PARTITION BY o.cand ORDER BY b.ts) AS nxt
+        FROM opt_cand o JOIN beat_bursts b ON b.cand = o.cand AND b.ts BETWEEN o.t0 AND o.t1)
+    WHERE nxt IS NOT NULL
+), opt_k AS (  -- the beat's bursts in each interval: k micro-batches per optimizer step
+    SELECT i.cand, i.ts, count(vb.ts) AS k
+    FROM opt_iv i LEFT JOIN beat_bursts vb
+        ON vb.rank = i.rank AND vb.src = i.v_src AND vb.name = i.micro_name AND vb.ts >= i.ts AND vb.ts < i.nxt
+    GROUP BY i.cand, i.ts
+), opt_mode AS (  -- the usual count, held by at least three quarters of the intervals
+    SELECT cand, any_value(m.k) AS k FROM opt_k JOIN (SELECT cand, mode(k) AS k FROM opt_k GROUP BY cand) m USING (cand)
+    GROUP BY cand HAVING any_value(m.k) >= 2 AND count(*) FILTER (WHERE opt_k.k = m.k) >= 0.75 * count(*)
 ), optimizer AS (  -- an optimizer step every k >= 2 beats: gradient accumulation
     SELECT rank, src, name, t0, t1, bursts, period_ns, rcv, k, micro_name FROM (
-        SELECT c.*, round(c.period_ns / v.period_ns) AS k, v.name AS micro_name,
-               row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.name) AS j
-        FROM beat_candidates c JOIN voted v USING (rank)
-        WHERE c.regular AND c.src = 'kernel' AND is_optimizer_kernel(c.name)
-          AND c.period_ns >= 1.5 * v.period_ns
-          AND abs(c.period_ns / v.period_ns - round(c.period_ns / v.period_ns)) < 0.2)
+        SELECT o.*, m.k, row_number() OVER (PARTITION BY o.rank ORDER BY o.rcv, o.name) AS j
+        FROM opt_cand o JOIN opt_mode m USING (cand))
     WHERE j = 1
 )
 SELECT rank, src, name, t0, t1, bursts, period_ns, rcv, CAST(k AS INTEGER) AS micro_batches, micro_name

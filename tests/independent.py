@@ -224,3 +224,22 @@ def small_gaps_ms(export: Path, first: str, until: str) -> float:
             small += s - busy_until
         busy_until = max(busy_until, e)
     return small / 1e6
+
+
+def long_gaps_ms(export: Path, first: str, until: str, min_ns: int = 1_000_000) -> float:
+    """ms the GPU sat idle in gaps of `min_ns` or more between its ops (kernels, copies,
+    memsets) that begin from the start of the NVTX range named `first` to that of `until`."""
+    con = sqlite3.connect(export)
+    try:
+        a, b = range_start(con, first), range_start(con, until)
+        ops = sorted(con.execute(" UNION ALL ".join(
+            f"SELECT start, \"end\" FROM {t}" for t in
+            ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"))))
+    finally:
+        con.close()
+    idle, busy_until = 0, ops[0][1]
+    for s, e in ops[1:]:
+        if s - busy_until >= min_ns and a <= busy_until < b:
+            idle += s - busy_until
+        busy_until = max(busy_until, e)
+    return idle / 1e6

@@ -228,6 +228,14 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     (g,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
                                  {"graph_usage": [row], "capture_overhead": [over]}))
     assert g.cost_ms == 8.0 and g.severity == "medium"
+    # The step that recorded the graphs (a one-off: 30 ms against a median 5 ms) idled 6 ms of the rest.
+    rec = [{"rank": 0, "step": 1, "step_ns": 30_000_000, "median_ns": 5_000_000, "range_group": rg, "ns": ns}
+           for rg, ns in (("loop thread in cudaGraphInstantiateWithFlags", 4_000_000), ("orch: next batch", 2_000_000))]
+    (h,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
+                                 {"graph_usage": [row], "capture_overhead": [over], "oneoff_gaps": rec}))
+    assert h.cost_ms == 2.0 and h.severity == "low"
+    assert ("rank 0: 6.0 ms of it fell in step 1 (30.0 ms against a median 5.0 ms), a one-off (warm-up, graph "
+            "recording, a checkpoint) that no other step repeats: left out of the cost") in h.evidence
     assert "rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls)" in \
         g.evidence[2]
 

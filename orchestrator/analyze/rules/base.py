@@ -113,6 +113,32 @@ def cpu_state(ctx: Context, rank: int, groups: Callable[[str], bool]) -> str | N
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class OneOff:
+    """A rank's GPU idle in its one-off steps (oneoff_gaps: a step over 3x its median, such as
+    torch.compile's graph recording or DDP's first bucket rebuild), in ms by range, and the
+    steps: idle that recurs in no other step, which a fix of the loop's own pattern won't save."""
+
+    by_range: dict[str, float]
+    steps: dict[int, tuple[float, float]]  # step -> (its ms, the rank's median step ms)
+
+    def line(self, rank: int, what: float) -> str:
+        shown = ", ".join(f"step {s} ({round(ns, 1)} ms against a median {round(med, 1)} ms)"
+                          for s, (ns, med) in sorted(self.steps.items()))
+        return (f"rank {rank}: {round(what, 3)} ms of it fell in {shown}, a one-off (warm-up, graph recording, a "
+                "checkpoint) that no other step repeats: left out of the cost")
+
+
+def one_offs(ctx: Context) -> dict[int, OneOff]:
+    """Each rank's one-off steps and their idle; the rule must read `oneoff_gaps`."""
+    out: dict[int, OneOff] = {}
+    for r in ctx.views.rows("oneoff_gaps"):
+        o = out.setdefault(r["rank"], OneOff({}, {}))
+        o.by_range[r["range_group"]] = o.by_range.get(r["range_group"], 0.0) + float(r["ns"]) / 1e6
+        o.steps[r["step"]] = (r["step_ns"] / 1e6, r["median_ns"] / 1e6)
+    return out
+
+
 def worst_first(by_rank: dict[int, T], cost: Callable[[T], float] = float) -> list[tuple[int, T]]:
     """(rank, value) pairs by `cost(value)`, the highest first (ties: the lower rank): per-rank
     evidence is listed in this order, since a large job's terminal and HTML show a finding's

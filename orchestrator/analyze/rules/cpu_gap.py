@@ -14,6 +14,7 @@ from orchestrator.analyze.rules.base import (
     Context,
     Rule,
     finding,
+    one_offs,
     python_in_gaps,
     python_line,
     worst_first,
@@ -36,7 +37,7 @@ PYTHON_FIX = (
 class CpuGap(Rule):
     kind = "cpu_gap"
     explains_idle = True
-    reads = ("gap_python",)  # what orch's Python samples found in the gaps
+    reads = ("gap_python", "oneoff_gaps")  # what orch's Python samples found in the gaps; one-off steps' idle
     # Reported when the GPU idles in one range for at least this share of a rank's window.
     min_share: float = 0.1
 
@@ -44,11 +45,12 @@ class CpuGap(Rule):
         win = ctx.window_ms()
         # A churning rank's gaps in its allocator calls are the allocator churn finding's.
         churn = {r.rank for r in ALLOCATOR.churning(ctx)}
+        once = one_offs(ctx)
         per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         for r in ctx.report.ranks:
             for name, ms in r.gaps_by_range_ms.items():
                 if not DATA_RANGE.search(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
-                    per[name][r.rank] += ms
+                    per[name][r.rank] += ms - (once[r.rank].by_range.get(name, 0.0) if r.rank in once else 0.0)
         out = []
         for name, by_rank in per.items():
             hit = {rk: ms for rk, ms in by_rank.items() if win.get(rk) and ms >= self.min_share * win[rk]}
@@ -62,6 +64,8 @@ class CpuGap(Rule):
                      if name == PYTHON else f"GPU idle while the loop thread is in `{call}`")
             evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                         f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
+            evidence += [once[rk].line(rk, once[rk].by_range[name]) for rk in sorted(hit)
+                         if rk in once and once[rk].by_range.get(name)]
             fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
             py = {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))}
             cost = max(hit.values())

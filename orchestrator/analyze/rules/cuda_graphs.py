@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, one_offs
 from orchestrator.analyze.units import ms
 
 FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
@@ -23,7 +23,7 @@ GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the defa
 @dataclass
 class CudaGraphs(Rule):
     kind = "cuda_graphs"
-    reads = ("graph_usage", "capture_overhead")
+    reads = ("graph_usage", "capture_overhead", "oneoff_gaps")
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
@@ -58,6 +58,10 @@ class CudaGraphs(Rule):
                      f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the GPU idles less"
                      for rk, ns in sorted(nsys.items()) if ns]
         idle = {rk: idle[rk] - nsys.get(rk, 0.0) for rk in idle}
+        # A one-off step's idle (the step that records the graphs) recurs nowhere else.
+        once = {rk: o for rk, o in one_offs(ctx).items() if rk in idle}
+        evidence += [o.line(rk, sum(o.by_range.values())) for rk, o in sorted(once.items())]
+        idle = {rk: max(0.0, idle[rk] - (sum(once[rk].by_range.values()) if rk in once else 0.0)) for rk in idle}
         if any(r["graph_level"] for r in rows):
             evidence.append(GRAPH_SPAN_NOTE)
         worst = max(idle, key=lambda rk: idle[rk] / win[rk])

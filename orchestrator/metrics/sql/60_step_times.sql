@@ -3,10 +3,15 @@
 -- the last step ends at its range end or its GPU work's end, whichever is later (`complete` is
 -- false: what followed it is unknown, so it stays out of the statistics). Every step, the
 -- first one included (marked warm-up). s/e: the span of the step's GPU work.
--- Reads: steps, step_ops, first_step, params, in_selected. Provides:
+-- Reads: steps, step_ops, first_step, params, in_selected, gap_attr. Provides:
 --   step_gpu(rank, step, s, e, ns, warmup, complete)
 --       per rank and step: the GPU span of the ops its CUDA calls launched
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
+--   oneoff_gaps(rank, step, step_ns, median_ns, range_group, ns)
+--       the GPU's idle (gap_attr, by range) in each one-off step: an analysed, complete step
+--       over 3 x its rank's median analysed step, where such steps are at most a quarter of them
+--       (torch.compile's CUDA-graph recording, DDP's first bucket rebuild, a checkpoint). What
+--       the GPU idles there recurs in no other step: the rules that cost idle leave it out.
 CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, s, e FROM step_ops WHERE step IS NOT NULL
@@ -23,3 +28,18 @@ SELECT g.rank, avg(g.ns) AS mean_ns, median(g.ns) AS median_ns, quantile_cont(g.
 FROM step_gpu g JOIN first_step f USING (rank), params p
 WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
 GROUP BY g.rank;
+
+CREATE OR REPLACE TABLE oneoff_gaps AS
+WITH sel AS (
+    SELECT g.rank, g.step, st.start, g.ns FROM step_gpu g JOIN steps st USING (rank, step) JOIN first_step f USING (rank),
+        params p
+    WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
+), med AS (
+    SELECT rank, median(ns) AS median_ns, count(*) AS n FROM sel GROUP BY rank
+), one AS (
+    SELECT sel.*, med.median_ns FROM sel JOIN med USING (rank) WHERE sel.ns > 3 * med.median_ns
+    QUALIFY count(*) OVER (PARTITION BY sel.rank) <= 0.25 * any_value(med.n) OVER (PARTITION BY sel.rank)
+)
+SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns
+FROM one o JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns
+GROUP BY ALL;

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, one_offs
+from orchestrator.analyze.rules.base import Context, Rule, finding, one_offs, severity_for
 from orchestrator.analyze.units import ms
 
 FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
@@ -50,18 +50,18 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
-        # Between replays the loop thread runs eager CUDA calls, each lengthened by nsys' per-call
-        # cost (capture_overhead): that share of the idle is the profiler's, not the loop's.
-        over = ctx.views.by_rank("capture_overhead")
-        nsys = {rk: min(ms(over[rk]["est_ns"]), idle[rk]) for rk in idle if rk in over and over[rk]["est_ns"]}
-        evidence += [f"rank {rk}: ≈ {round(ns, 3)} ms of that idle is nsys' own per-call cost (estimated from "
-                     f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the GPU idles less"
-                     for rk, ns in sorted(nsys.items()) if ns]
-        idle = {rk: idle[rk] - nsys.get(rk, 0.0) for rk in idle}
         # A one-off step's idle (the step that records the graphs) recurs nowhere else.
         once = {rk: o for rk, o in one_offs(ctx).items() if rk in idle}
         evidence += [o.line(rk, sum(o.by_range.values())) for rk, o in sorted(once.items())]
         idle = {rk: max(0.0, idle[rk] - (sum(once[rk].by_range.values()) if rk in once else 0.0)) for rk in idle}
+        # Between replays the loop thread runs eager CUDA calls, each lengthened by nsys' per-call
+        # cost (capture_overhead): the saving is this capture's idle, the severity what is left
+        # of it without the profiler (as launch_bound's).
+        over = ctx.views.by_rank("capture_overhead")
+        nsys = {rk: min(ms(over[rk]["est_ns"]), idle[rk]) for rk in idle if rk in over and over[rk]["est_ns"]}
+        evidence += [f"rank {rk}: ≈ {round(ns, 3)} ms of that idle is nsys' own per-call cost (estimated from "
+                     f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the GPU idles about "
+                     f"{round(idle[rk] - ns, 3)} ms" for rk, ns in sorted(nsys.items()) if ns]
         if any(r["graph_level"] for r in rows):
             evidence.append(GRAPH_SPAN_NOTE)
         worst = max(idle, key=lambda rk: idle[rk] / win[rk])
@@ -70,7 +70,8 @@ class CudaGraphs(Rule):
             self.kind, [r["rank"] for r in rows],
             f"CUDA graphs replayed: {share}% of GPU time inside graphs, the GPU idle "
             f"{round(100 * idle[worst] / win[worst], 1)}% of the window between them",
-            evidence, FIX, idle[worst], pct=100 * idle[worst] / win[worst])]
+            evidence, FIX, idle[worst], pct=100 * idle[worst] / win[worst],
+            severity=severity_for(max(100 * (idle[rk] - nsys.get(rk, 0.0)) / win[rk] for rk in idle)))]
 
 
 RULE = CudaGraphs()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
-from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, severity_for
 from orchestrator.analyze.units import ms
 
 FIX = ("The GPU waits on kernel launches: capture steady-state steps with CUDA graphs "
@@ -89,6 +89,14 @@ class LaunchBound(Rule):
                          f"{wait.get(rk) or 0.0} ms in collectives not overlapped with compute, for its peers' "
                          "launches, where its own launch gaps would show" for rk, of, k in same]
             real += [rk for rk, _, _ in same]
+        # The saving is this capture's (what the replay of it, or its twin captured with the fix,
+        # shows: the fix removes nsys' per-call cost with the calls); the severity is the loop's
+        # own share, what is left without the profiler.
+        gaps = {rk: ms(small[rk]["ns"]) for rk in real}
+        unprofiled = max(ms(own[rk]) for rk in real)
+        if unprofiled < max(gaps.values()):
+            evidence.append(f"without the profiler the fix saves about {unprofiled} ms (the gaps less nsys' "
+                            "estimated share)")
         left = sorted(own.keys() - set(real))
         if left:
             evidence.append(f"rank(s) {', '.join(map(str, left))}: the gaps left after nsys' share are under "
@@ -96,8 +104,8 @@ class LaunchBound(Rule):
         graphs = {r["rank"] for r in ctx.views.rows("graph_usage")} & set(real)
         return [finding(
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
-            FIX_GRAPHS if graphs else FIX, max(ms(own[rk]) for rk in real),
-            pct=max(100 * ms(own[rk]) / win[rk] for rk in real))]
+            FIX_GRAPHS if graphs else FIX, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
+            severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)))]
 
     def _same_loop(self, hit: list[tuple[int, dict, dict]], real: list[int]) -> list[tuple[int, int, dict]]:
         """(rank, the launch-bound rank it matches, its kernel_stats row) for each rank of `hit`

@@ -78,11 +78,26 @@ TIMINGS=(
   "gpt_eager_accum4|--accum 4 --steps 20"
 )
 TIMINGS_AFTER=gpt_eager_accum4  # the capture after which the other timings run
+# CAPTURE_SET=graphs: a launch-only fix measured as a pair in one call (tests/fixtures/graphs/):
+# the eager GPT with NVTX steps, and the same step captured whole in one CUDA graph (the same
+# kernels, nothing fused), each timed without a profiler too.
+GRAPH_CAPTURES=(
+  "gpt_eager_nvtx||--nvtx|--nvtx --steps 8 $GPT_TINY"
+  "gpt_eager_graphed_nvtx||--cuda-graph --nvtx|--cuda-graph --nvtx --steps 8 $GPT_TINY"
+)
+GRAPH_TIMINGS=(
+  "gpt_eager_graphed|--cuda-graph"
+  "gpt_eager|"
+)
 REHEARSE=0
 if [ "${CAPTURE_SET:-modern}" = loops ]; then
   CAPTURES=("${LOOP_CAPTURES[@]}")
   TIMINGS=("${LOOP_TIMINGS[@]}")
   TIMINGS_AFTER=${TIMINGS_AFTER_LOOPS:-hf_gpt2_tokenise_w0}
+elif [ "${CAPTURE_SET:-modern}" = graphs ]; then
+  CAPTURES=("${GRAPH_CAPTURES[@]}")
+  TIMINGS=("${GRAPH_TIMINGS[@]}")
+  TIMINGS_AFTER=gpt_eager_graphed_nvtx
 fi
 
 wanted() {  # wanted NAME LIST: LIST empty, or NAME in it (CAPTURE_ONLY, TIMINGS_ONLY)

@@ -12,6 +12,7 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --sample-ms 15 --workers 0    # each sample tokenised in Python
     python modern_loops.py --model gpt --fused --accum 4             # fused AdamW, 4 micro-batches a step
     python modern_loops.py --model gpt --mask                        # BERT-style masking in the loop thread
+    python modern_loops.py --model gpt --cuda-graph                  # the eager step captured whole in one CUDA graph
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -126,7 +127,8 @@ class Images(Dataset):
 def build(args: argparse.Namespace, device: torch.device):
     if args.model == "gpt":
         model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.fused or None)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.fused or None,
+                                capturable=args.cuda_graph)
         data = Tokens(args.batch * args.accum * (args.steps + 1), args.seq, args.vocab, args.sample_ms)
     else:
         import torchvision
@@ -145,6 +147,53 @@ def loss_of(model, args, x, y):
         return model(x, y)
     logits = model(x)
     return logits, F.cross_entropy(logits, y)
+
+
+def graphed_step(args: argparse.Namespace, model, opt, sample, device: torch.device):
+    """The whole eager step (forward, backward, clipping, AdamW) captured in one CUDA graph, as
+    PyTorch's CUDA-graph docs capture a whole network: warm-up on a side stream, then capture with
+    the gradients unset so that backward allocates them from the graph's pool. The same kernels
+    as the eager loop (nothing fused): a replay saves only their launches."""
+    static_x, static_y = (t.to(device) for t in sample)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss_of(model, args, static_x, static_y)[1].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = loss_of(model, args, static_x, static_y)[1]
+        static_loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return graph, static_x, static_y, static_loss
+
+
+def run_graphed(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
+    """`run` for --cuda-graph: each step copies its batch into the graph's inputs and replays it."""
+    batches = iter(loader)
+    graph, static_x, static_y, static_loss = graphed_step(args, model, opt, next(batches), device)
+    t_start = None
+    for step in range(args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize(device)
+            t_start = time.perf_counter()
+        rng = torch.cuda.nvtx.range(f"step {step}") if args.nvtx else contextlib.nullcontext()
+        with rng:
+            x, y = next(batches)
+            static_x.copy_(x, non_blocking=True)
+            static_y.copy_(y, non_blocking=True)
+            graph.replay()
+            if step % args.log_every == 0:
+                print(f"step {step} loss {static_loss.item():.4f}", flush=True)
+    torch.cuda.synchronize(device)
+    n = args.steps - args.warmup
+    return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
 
 
 def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
@@ -209,13 +258,18 @@ def main() -> None:
     p.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
     p.add_argument("--keep-outputs", action="store_true", help="keep every step's (logits, loss)")
     p.add_argument("--nvtx", action="store_true", help="an NVTX range 'step N' around every step")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="capture the whole eager step in one CUDA graph (AdamW capturable); --accum 1 only")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the printed step time")
     p.add_argument("--repeat", type=int, default=1, help="run the whole loop this many times")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
-    if args.device == "cpu" and (args.compile == "reduce-overhead" or args.empty_cache):
-        args.compile, args.empty_cache = None, False  # CPU smoke runs: no CUDA graphs, no CUDA cache
+    if args.device == "cpu" and (args.compile == "reduce-overhead" or args.empty_cache or args.cuda_graph):
+        # CPU smoke runs: no CUDA graphs, no CUDA cache
+        args.compile, args.empty_cache, args.cuda_graph = None, False, False
+    if args.cuda_graph and (args.accum != 1 or args.compile or args.model != "gpt"):
+        p.error("--cuda-graph captures one eager GPT step: use it with --accum 1, without --compile")
 
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -227,7 +281,7 @@ def main() -> None:
     n = sum(q.numel() for q in model.parameters())
     print(f"{args.model}: {n / 1e6:.1f}M parameters, compile={args.compile}, batch {args.batch} x {args.accum}")
     model.train()
-    times = [run(args, model, opt, loader, device) for _ in range(args.repeat)]
+    times = [(run_graphed if args.cuda_graph else run)(args, model, opt, loader, device) for _ in range(args.repeat)]
     print("steady step ms per run: " + " ".join(f"{t:.3f}" for t in times))
     print(f"steady step ms median: {statistics.median(times):.3f}")
 

@@ -58,6 +58,24 @@ def test_bad_spec_text(tmp_path: Path, text: str, needles: list[str]) -> None:
     assert _listing(tmp_path) == ["job.yaml", "train.py"]
 
 
+def test_a_local_jobs_python_without_torch_fails_before_any_job(tmp_path: Path) -> None:
+    """The shell's python3 where the training virtualenv is not activated: `orch submit` on this
+    machine checks the job's python first and says, in one line, which python lacks torch and
+    where to name another, with no run directory made and no job started."""
+    import sys
+
+    bare = tmp_path / "bare-python"  # this python without its site-packages: no torch
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    for python, needles in ((str(bare), ["`" + str(bare) + "`", "has no torch", "`launch.python` in the job file",
+                                         f"orch's own has it: {sys.executable}"]),
+                            ("no-such-python-3.99", ["`no-such-python-3.99` is not on this machine's PATH"])):
+        spec = {**SPEC, "run_root": str(tmp_path / "runs"), "launch": {**SPEC["launch"], "python": python}}
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+        _one_line_error(run_orch("submit", "job.yaml", cwd=tmp_path), *needles)
+        assert not (tmp_path / "runs").exists()
+
+
 def test_partial_layout_in_spec_infers_dp(tmp_path: Path) -> None:
     spec = {**SPEC, "launch": {**SPEC["launch"], "nproc_per_node": 4}, "layout": {"pp": 2}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))

@@ -37,6 +37,10 @@ class Backend(Protocol):
 
     name: str
 
+    def preflight(self, job: ResolvedJob) -> None:
+        """Check what can be checked before anything is created; raise OrchError with the fix."""
+        ...
+
     def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
         """Submit one task per node; returns the job id."""
         ...
@@ -71,6 +75,10 @@ class SubmititBackend:
 
     def make_executor(self, job: ResolvedJob, folder: Path) -> submitit.Executor:
         raise NotImplementedError
+
+    def preflight(self, job: ResolvedJob) -> None:
+        """What can be checked before anything is created or submitted; raises OrchError. A Slurm
+        job's python lives on its nodes, out of reach from here: nothing to check."""
 
     def ntasks(self, nodes: int) -> int:
         return nodes

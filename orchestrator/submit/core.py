@@ -51,6 +51,7 @@ def expected_reports(job: ResolvedJob, report_dir: Path, job_id: str) -> list[Ex
 
 def submit(job: ResolvedJob, root: Path | None = None) -> tuple[Path, Manifest]:
     """Render into a new run directory and submit; on failure nothing is left behind."""
+    backend_for(job.cluster.executor).preflight(job)
     root = Path(root or job.spec.run_root or default_root())
     run = new_run_dir(job, root)
     paths = RunPaths(run)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -22,6 +25,7 @@ from typing import Any
 
 import submitit
 
+from orchestrator.errors import OrchError
 from orchestrator.limits import KILL_WAIT_S
 from orchestrator.render import Rendered
 from orchestrator.spec import ResolvedJob
@@ -36,6 +40,9 @@ from orchestrator.submit.node import (
     stop_file,
     supervisor_file,
 )
+
+# Exits 1 where torch cannot be imported: its spec only, not the import (seconds of CPU).
+HAS_TORCH = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
 
 
 class LocalBackend(SubmititBackend):
@@ -54,6 +61,29 @@ class LocalBackend(SubmititBackend):
         ex.update_parameters(timeout_min=-(-budget_s // 60), signal_delay_s=0, nodes=1, tasks_per_node=1,
                              gpus_per_node=job.gpus_per_node)
         return ex
+
+    def preflight(self, job: ResolvedJob) -> None:
+        """The job runs here, so its python is checked before a job is made of it: torchrun runs
+        as `python -m torch.distributed.run`, and a python without torch (the shell's python3
+        where the training environment is a virtualenv not activated) would fail every node at
+        once, with no fix in sight."""
+        python = job.spec.launch.python or job.cluster.python
+        where = ("`launch.python` in the job file" if job.spec.launch.python
+                 else f"`launch.python` in the job file (or `python:` in cluster config {job.cluster.name})")
+        ours = f" (orch's own has it: {sys.executable})" if importlib.util.find_spec("torch") else ""
+        exe = shutil.which(python, path=job.env.get("PATH", os.environ.get("PATH")))
+        if exe is None:
+            raise OrchError(f"the job's python `{python}` is not on this machine's PATH: set {where} to your "
+                            f"training environment's interpreter{ours}")
+        try:
+            p = subprocess.run([exe, "-c", HAS_TORCH], capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise OrchError(f"the job's python `{python}` ({exe}) does not run: {e}; set {where} to your training "
+                            f"environment's interpreter{ours}") from None
+        if p.returncode == 1:
+            raise OrchError(f"the job's python `{python}` ({exe}) has no torch, which torchrun needs: set {where} "
+                            "to the interpreter of the environment you train in, or activate that environment before "
+                            f"`orch submit`{ours}")
 
     def submit(self, job: ResolvedJob, rendered: Rendered, folder: Path) -> str:
         """Start submitit's controller detached from what `orch submit` runs in.

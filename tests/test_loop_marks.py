@@ -11,6 +11,7 @@ no sample, and the program's exit status is its own either way."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sqlite3
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_orch
+
+WORKLOAD = REPO / "scripts" / "workloads" / "modern_loops.py"
 
 pytestmark = [pytest.mark.jobs, pytest.mark.nsys]
 
@@ -29,7 +32,7 @@ ARGS = ["--device", "cpu", "--dim", "64", "--layers", "2", "--heads", "2", "--se
 
 def _run(tmp: Path, marks: bool) -> tuple[Path, dict]:
     spec = {"name": "marks", "cluster": "local", "run_root": str(tmp / "runs"),
-            "launch": {"script": str(REPO / "scripts" / "workloads" / "modern_loops.py"), "nproc_per_node": 1,
+            "launch": {"script": str(WORKLOAD), "nproc_per_node": 1,
                        "args": ARGS},
             "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks, "module_marks": marks,
                         "python_sampling_ms": 1 if marks else 0}}
@@ -83,8 +86,18 @@ def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_pa
     assert loader["num_workers"] == 0 and loader["batch_size"] == 4 and loader["dataset"] == "Tokens"
     samples = _samples(run)
     assert samples and all(" (" in t for t in samples)
-    assert any(t.split(" | ")[0].endswith(("(modern_loops.py:44)", "(modern_loops.py:59)", "(modern_loops.py:150)"))
-               for t in samples), samples[:20]  # Block.forward, GPT.forward, run: the program's own
+    own = tuple(f"(modern_loops.py:{line})" for line in _def_lines(WORKLOAD, ("Block.forward", "GPT.forward", "run")))
+    assert any(t.split(" | ")[0].endswith(own) for t in samples), (own, samples[:20])  # the program's own frames
+
+
+def _def_lines(path: Path, names: tuple[str, ...]) -> list[int]:
+    """The `def` lines (a sample names a frame by its function's first line) of `names`, each
+    `func` or `Class.method`, in the source at `path`."""
+    tree = ast.parse(path.read_text())
+    found = {f"{c.name}.{f.name}": f.lineno for c in tree.body if isinstance(c, ast.ClassDef)
+             for f in c.body if isinstance(f, ast.FunctionDef)}
+    found |= {f.name: f.lineno for f in tree.body if isinstance(f, ast.FunctionDef)}
+    return [found[n] for n in names]
 
 
 def test_loop_marks_false_makes_none(tmp_path: Path, nsys: str) -> None:

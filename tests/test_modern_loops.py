@@ -237,7 +237,7 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     (h,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
                                  {"graph_usage": [row], "capture_overhead": [over], "oneoff_gaps": rec}))
     assert h.cost_ms == 14.0 and h.severity == "low"
-    assert ("rank 0: 6.0 ms of it fell in step 1 (30.0 ms against a median 5.0 ms), a one-off (warm-up, graph "
+    assert ("rank 0: 6.0 ms more fell in step 1 (30.0 ms against a median 5.0 ms), a one-off (warm-up, graph "
             "recording, a checkpoint) that no other step repeats: left out of the cost") in h.evidence
 
 

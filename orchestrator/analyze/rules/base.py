@@ -125,7 +125,7 @@ class OneOff:
     def line(self, rank: int, what: float) -> str:
         shown = ", ".join(f"step {s} ({round(ns, 1)} ms against a median {round(med, 1)} ms)"
                           for s, (ns, med) in sorted(self.steps.items()))
-        return (f"rank {rank}: {round(what, 3)} ms of it fell in {shown}, a one-off (warm-up, graph recording, a "
+        return (f"rank {rank}: {round(what, 3)} ms more fell in {shown}, a one-off (warm-up, graph recording, a "
                 "checkpoint) that no other step repeats: left out of the cost")
 
 

@@ -10,6 +10,11 @@
 #                                      report `orch redact`ed; pack into OUT. CAPTURE_ONLY="A B"
 #                                      makes only those; CAPTURE_TIMINGS=0 times only the compile
 #                                      loop
+#   capture_modern.sh --bundle         here, before a device call: .cap/ as --device unpacks it
+#                                      (wheels.tar.xz: one folder per wheel of
+#                                      scripts/device_bundle.sh, unzipped; libs/: libdw and libelf
+#                                      for the nsys inside Nsight Compute). Untracked, it travels
+#                                      with the working tree; delete it after
 #   capture_modern.sh --fixtures SRC DEST
 #                                      unpack SRC/fx*.tar into DEST as committed fixtures (the
 #                                      OS-runtime rows of threads that never touch CUDA dropped,
@@ -27,7 +32,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-mode=${1:?usage: $0 --rehearse OUT | --device OUT | --fixtures SRC DEST}
+mode=${1:?usage: $0 --bundle | --rehearse OUT | --device OUT | --fixtures SRC DEST}
 shift
 
 # name | profile lines (YAML, under profile:) | args on the GPU | tiny args (CPU) | script
@@ -340,7 +345,25 @@ EOF
   rm -rf "$tmp"
 }
 
+bundle() {  # .cap/ from scripts/device_bundle.sh's wheels and debs (orch itself installs from the tree)
+  local tmp w
+  tmp=$(mktemp -d /tmp/orch-cap.XXXXXX)
+  bash "$repo/scripts/device_bundle.sh" "$tmp/b" >/dev/null
+  mkdir -p "$tmp/w" "$tmp/deb" "$repo/.cap/libs"
+  for w in "$tmp"/b/wheels/*.whl; do
+    case $(basename "$w") in orch-*) continue ;; esac
+    mkdir -p "$tmp/w/$(basename "$w" .whl)"
+    python3 -m zipfile -e "$w" "$tmp/w/$(basename "$w" .whl)"
+  done
+  for w in "$tmp"/b/debs/*.deb; do dpkg-deb -x "$w" "$tmp/deb"; done
+  cp -L "$tmp"/deb/usr/lib/x86_64-linux-gnu/{libdw.so.1,libelf.so.1} "$repo/.cap/libs/"
+  tar -C "$tmp/w" -cJf "$repo/.cap/wheels.tar.xz" .
+  rm -rf "$tmp"
+  du -sh "$repo/.cap"
+}
+
 case $mode in
+  --bundle) bundle ;;
   --device) device_run "${1:?--device OUT}" ;;
   --rehearse) REHEARSE=1 CAPTURE_DEADLINE_S=${CAPTURE_DEADLINE_S:-3000} device_run "${1:?--rehearse OUT}" ;;
   --fixtures) make_fixtures "$(realpath -m "${1:?--fixtures SRC DEST}")" "$(realpath -m "${2:?--fixtures SRC DEST}")" ;;

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model_gpu_memory import RankMemory
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding
+from orchestrator.analyze.rules.base import Context, Rule, finding, launch_gaps
 from orchestrator.analyze.units import ms
 
 FIX = ("Keep the caching allocator's blocks: remove torch.cuda.empty_cache() (and gc.collect() + empty_cache) "
@@ -49,14 +49,14 @@ class AllocatorChurn(Rule):
     def waited_ms(self, ctx: Context) -> dict[int, tuple[float, dict]]:
         """Per churning rank with allocator gaps: what the GPU waited for the calls (ms), and its
         alloc_gaps row."""
-        gaps, small = ctx.views.by_rank("alloc_gaps"), ctx.views.by_rank("small_gaps")
+        churn = {r.rank for r in self.churning(ctx)}
+        gaps, own = ctx.views.by_rank("alloc_gaps"), launch_gaps(ctx, churn)
         out = {}
-        for r in self.churning(ctx):
-            g, sg = gaps.get(r.rank), small.get(r.rank) or {"n": 0, "ns": 0}
+        for rk in churn:
+            g, lg = gaps.get(rk), own.get(rk) or {"n": 0, "ns": 0}
             if g and g["n"]:
-                n_other = sg["n"] - g["small_n"]
-                usual = (sg["ns"] - g["small_ns"]) / n_other if n_other > 0 else 0.0
-                out[r.rank] = (ms(max(g["ns"] - g["n"] * usual, 0.0)), g)
+                usual = lg["ns"] / lg["n"] if lg["n"] > 0 else 0.0
+                out[rk] = (ms(max(g["ns"] - g["n"] * usual, 0.0)), g)
         return out
 
     def evaluate(self, ctx: Context) -> list[Finding]:

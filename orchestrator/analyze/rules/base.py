@@ -122,6 +122,10 @@ class OneOff:
     by_range: dict[str, float]
     steps: dict[int, tuple[float, float]]  # step -> (its ms, the rank's median step ms)
 
+    @property
+    def total_ms(self) -> float:
+        return sum(self.by_range.values())
+
     def line(self, rank: int, what: float) -> str:
         shown = ", ".join(f"step {s} ({round(ns, 1)} ms against a median {round(med, 1)} ms)"
                           for s, (ns, med) in sorted(self.steps.items()))
@@ -136,6 +140,19 @@ def one_offs(ctx: Context) -> dict[int, OneOff]:
         o = out.setdefault(r["rank"], OneOff({}, {}))
         o.by_range[r["range_group"]] = o.by_range.get(r["range_group"], 0.0) + float(r["ns"]) / 1e6
         o.steps[r["step"]] = (r["step_ns"] / 1e6, r["median_ns"] / 1e6)
+    return out
+
+
+def launch_gaps(ctx: Context, churning: set[int]) -> dict[int, dict[str, Any]]:
+    """Per rank, its gaps under the gap threshold (small_gaps: count `n`, time `ns`), less on a
+    rank in `churning` those device allocations and frees fill (alloc_gaps' small_n, small_ns):
+    the launch gaps of the loop's own, launch_bound's cost and allocator churn's usual gap. The
+    rule must read `small_gaps` and `alloc_gaps`."""
+    alloc = ctx.views.by_rank("alloc_gaps")
+    out = {}
+    for rk, g in ctx.views.by_rank("small_gaps").items():
+        a = alloc.get(rk) if rk in churning else None
+        out[rk] = {**g, "n": g["n"] - a["small_n"], "ns": g["ns"] - a["small_ns"]} if a else g
     return out
 
 

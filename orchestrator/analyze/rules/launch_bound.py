@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
-from orchestrator.analyze.rules.base import Context, Rule, finding, severity_for
+from orchestrator.analyze.rules.base import Context, Rule, finding, launch_gaps, severity_for
 from orchestrator.analyze.units import ms
 
 FIX = ("The GPU waits on kernel launches: capture steady-state steps with CUDA graphs "
@@ -51,8 +51,7 @@ class LaunchBound(Rule):
         # churn finding's (one delay counted once).
         churn = {r.rank for r in ALLOCATOR.churning(ctx)}
         alloc = {rk: g for rk, g in ctx.views.by_rank("alloc_gaps").items() if rk in churn and g["small_n"]}
-        small = {rk: {**g, "n": g["n"] - alloc[rk]["small_n"], "ns": g["ns"] - alloc[rk]["small_ns"]}
-                 if rk in alloc else g for rk, g in ctx.views.by_rank("small_gaps").items()}
+        small = launch_gaps(ctx, churn)
         hit = []
         for k in ctx.views.rows("kernel_stats"):
             rk, sg = k["rank"], small.get(k["rank"])

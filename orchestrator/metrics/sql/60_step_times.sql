@@ -30,15 +30,12 @@ WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
 GROUP BY g.rank;
 
 CREATE OR REPLACE TABLE oneoff_gaps AS
-WITH sel AS (
-    SELECT g.rank, g.step, st.start, g.ns FROM step_gpu g JOIN steps st USING (rank, step) JOIN first_step f USING (rank),
+WITH one AS (  -- step_stats: the median and count over the same selected, complete steps
+    SELECT g.rank, g.step, st.start, g.ns, s.median_ns
+    FROM step_gpu g JOIN steps st USING (rank, step) JOIN first_step f USING (rank) JOIN step_stats s USING (rank),
         params p
-    WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
-), med AS (
-    SELECT rank, median(ns) AS median_ns, count(*) AS n FROM sel GROUP BY rank
-), one AS (
-    SELECT sel.*, med.median_ns FROM sel JOIN med USING (rank) WHERE sel.ns > 3 * med.median_ns
-    QUALIFY count(*) OVER (PARTITION BY sel.rank) <= 0.25 * any_value(med.n) OVER (PARTITION BY sel.rank)
+    WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete AND g.ns > 3 * s.median_ns
+    QUALIFY count(*) OVER (PARTITION BY g.rank) <= 0.25 * any_value(s.n) OVER (PARTITION BY g.rank)
 )
 SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns
 FROM one o JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns

@@ -207,23 +207,35 @@ def range_start(con: sqlite3.Connection, name: str) -> int:
                        "WHERE coalesce(n.text, s.value) = ?", (name,)).fetchone()[0]
 
 
+GPU_OP_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+def gpu_ops(con: sqlite3.Connection, where: str = "", params: tuple = ()) -> list[tuple[int, int]]:
+    """(start, end) of every GPU op (kernels, copies, memsets) of an export, `where` (with its
+    `params`) applied to each table, sorted."""
+    return sorted(con.execute(" UNION ALL ".join(f"SELECT start, \"end\" FROM {t} {where}" for t in GPU_OP_TABLES),
+                              params * len(GPU_OP_TABLES)))
+
+
+def gpu_gaps(ops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The idle gaps (start, end) between the union of sorted `ops`, in order."""
+    out, busy_until = [], ops[0][1]
+    for s, e in ops[1:]:
+        if s > busy_until:
+            out.append((busy_until, s))
+        busy_until = max(busy_until, e)
+    return out
+
+
 def small_gaps_ms(export: Path, first: str, until: str) -> float:
     """ms the GPU sat idle for under 1 ms between two of its ops (kernels, copies, memsets) that
     start from the start of the NVTX range named `first` to that of the range named `until`."""
     con = sqlite3.connect(export)
     try:
-        a, b = range_start(con, first), range_start(con, until)
-        ops = sorted(con.execute(" UNION ALL ".join(
-            f"SELECT start, \"end\" FROM {t} WHERE start >= ? AND start < ?" for t in
-            ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")), (a, b) * 3))
+        ops = gpu_ops(con, "WHERE start >= ? AND start < ?", (range_start(con, first), range_start(con, until)))
     finally:
         con.close()
-    small, busy_until = 0, ops[0][1]
-    for s, e in ops[1:]:
-        if 0 < s - busy_until < 1_000_000:
-            small += s - busy_until
-        busy_until = max(busy_until, e)
-    return small / 1e6
+    return sum(e - s for s, e in gpu_gaps(ops) if e - s < 1_000_000) / 1e6
 
 
 def long_gaps_ms(export: Path, first: str, until: str, min_ns: int = 1_000_000) -> float:
@@ -232,14 +244,7 @@ def long_gaps_ms(export: Path, first: str, until: str, min_ns: int = 1_000_000) 
     con = sqlite3.connect(export)
     try:
         a, b = range_start(con, first), range_start(con, until)
-        ops = sorted(con.execute(" UNION ALL ".join(
-            f"SELECT start, \"end\" FROM {t}" for t in
-            ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"))))
+        ops = gpu_ops(con)
     finally:
         con.close()
-    idle, busy_until = 0, ops[0][1]
-    for s, e in ops[1:]:
-        if s - busy_until >= min_ns and a <= busy_until < b:
-            idle += s - busy_until
-        busy_until = max(busy_until, e)
-    return idle / 1e6
+    return sum(e - s for s, e in gpu_gaps(ops) if e - s >= min_ns and a <= s < b) / 1e6

@@ -149,25 +149,23 @@ def test_store_keeps_nvtx_payload_and_old_exports_say_how(tmp_path: Path) -> Non
     assert not [p for p in rep.problems if "jsonText" in (p.reason or "")]
 
 
-def test_ddps_first_iteration_is_a_one_off_no_gap_finding_costs(reports: dict[str, Report], tmp_path: Path) -> None:
+def test_ddps_first_iteration_is_a_one_off_no_gap_finding_costs(reports: dict[str, Report]) -> None:
     """The DDP capture's second step (DDP's first iteration after the warm-up step: bucket rebuild)
     takes 4-5x the median step, and its GPU idle in `aten::add_` (about a quarter of the window)
     recurs in no other step: oneoff_gaps holds that step's idle, as plain sqlite3 over the
     export finds it (gaps of 1 ms or more beginning in `step 1`), and no cpu_gap finding costs it."""
-    import gzip
-
     from orchestrator.api import open_store
-    from tests.independent import long_gaps_ms
+    from tests.independent import export_rank, long_gaps_ms
+    from tests.oracle import decompressed
 
     rep = reports["ddp"]
     assert not any(f.kind == "cpu_gap" for f in rep.findings), [(f.kind, f.cost_ms) for f in rep.findings]
     once = open_store(rep.store).view("oneoff_gaps").to_pylist()
     assert {(r["rank"], r["step"]) for r in once} == {(0, 1), (1, 1)}
     for f in FX.glob("ddp_r*_*.sqlite.gz"):
-        rk = int(f.name.split("_r")[1].split("_")[0])
-        export = tmp_path / f.name.removesuffix(".gz")
-        export.write_bytes(gzip.decompress(f.read_bytes()))
-        want = long_gaps_ms(export, "step 1", "step 2")
+        rk = export_rank(f)
+        with decompressed(str(f)) as export:
+            want = long_gaps_ms(Path(export), "step 1", "step 2")
         got = sum(float(r["ns"]) for r in once if r["rank"] == rk) / 1e6
         assert got == pytest.approx(want, abs=0.01), (rk, got, want)
         assert want > 0.2 * next(r.window_ms for r in rep.ranks if r.rank == rk)

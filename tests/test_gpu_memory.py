@@ -23,6 +23,7 @@ from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
 from orchestrator.metrics.engine import Options, analysis
 from tests.conftest import REPO, need, run_orch
+from tests.independent import gpu_gaps, gpu_ops
 
 pytestmark = pytest.mark.replay
 
@@ -113,17 +114,11 @@ class Truth:
         """(count, ns) of the GPU's idle gaps in the window (between the union of its kernels,
         copies and memsets) that the allocation and free calls fill at least a quarter of."""
         con = sqlite3.connect(path)
-        ops = sorted((max(s, self.w0), min(e, self.w1)) for table in (
-            "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-            for s, e in con.execute(f"SELECT start, end FROM {table} WHERE end > ? AND start < ?", (self.w0, self.w1)))
+        ops = sorted((max(s, self.w0), min(e, self.w1))
+                     for s, e in gpu_ops(con, 'WHERE "end" > ? AND start < ?', (self.w0, self.w1)))
         con.close()
-        gaps, end = [], ops[0][1]
-        for s, e in ops[1:]:
-            if s > end:
-                gaps.append((end, s))
-            end = max(end, e)
         n = ns = 0
-        for a, b in gaps:
+        for a, b in gpu_gaps(ops):
             filled = sum(min(b, e) - max(a, s) for s, e, _ in self.calls if s < b and e > a)
             if 4 * filled >= b - a:
                 n, ns = n + 1, ns + b - a

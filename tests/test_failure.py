@@ -198,3 +198,22 @@ def test_other_nodes_say_they_were_stopped() -> None:
             "torch.distributed.elastic.multiprocessing.api.SignalException: Process 26304 got signal: 15\n")
     assert failure_line(text).startswith("stopped by SIGTERM: another node's rank failed")
     assert failure_line("Traceback (most recent call last):\nKeyError: 'x'\n") is None
+
+
+def test_status_says_why_orch_stopped_a_node() -> None:
+    """A node whose Slurm step ended because another node failed: its stop record's reason is
+    said in words (one space between them), as the time limit's and a cancel's are."""
+    from orchestrator.cli.common import out
+    from orchestrator.cli.submit import print_status
+
+    st = {"job_id": "7", "name": "j", "executor": "slurm", "state": "FAILED", "source": "sacct", "tasks": [],
+          "profiled_ranks": [], "reports": {},
+          "stop": {"reason": "step_ended", "signal": "SIGTERM", "after_s": 14.8}}
+    with out.capture() as cap:
+        print_status(st)
+    assert ("stopped by orch when Slurm ended the step (another node failed) (SIGTERM) after 14.8 s: captures first, "
+            "then the ranks") in " ".join(cap.get().split())
+    st["stop"]["reason"] = "something new"
+    with out.capture() as cap:
+        print_status(st)
+    assert "stopped by orch (SIGTERM) after 14.8 s" in " ".join(cap.get().split())

@@ -154,8 +154,10 @@ def print_status(st: dict[str, Any]) -> None:
               f"(from {escape(st['source'])})")
     stop = st.get("stop")
     if stop:  # orch's node supervisor stopped it: say why and when
-        why = {"timeout": "at the time limit's early warning", "cancelled": "on a cancel"}.get(stop.get("reason"), "")
-        out.print(f"stopped by orch {why} ({stop.get('signal', '?')}) after {stop.get('after_s', '?')} s: "
+        why = {"timeout": "at the time limit's early warning", "cancelled": "on a cancel",
+               "step_ended": "when Slurm ended the step (another node failed)"}.get(stop.get("reason"))
+        out.print(f"stopped by orch{' ' + why if why else ''} ({stop.get('signal', '?')}) after "
+                  f"{stop.get('after_s', '?')} s: "
                   "captures first, then the ranks", markup=False)
     t = Table(title="tasks (one per node)")
     for c in ("task", "result", "error"):

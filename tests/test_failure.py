@@ -24,11 +24,12 @@ import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 how = os.environ.get("HOW", "raise")
 if dist.get_rank() == 1:
-    if how == "kill":
+    if how in ("kill", "kill_victim"):
+        time.sleep(0.5 if how == "kill_victim" else 0)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5 if how == "victim" else 0)
     raise ValueError("batch 7 has no labels")
-if how == "victim":
+if how in ("victim", "kill_victim"):
     dist.all_reduce(torch.ones(4))  # waits for rank 1, which raises instead of coming
 time.sleep(60)
 """
@@ -129,6 +130,24 @@ def test_a_rank_torchrun_stopped_can_be_the_first_failure(tmp_path: Path) -> Non
                                   "(torchrun names rank 0, which lost its peer)")
     assert root_cause(text) == (1, "", False)
     assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
+
+
+def test_a_killed_rank_torchrun_stopped_is_named_by_its_status(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed while rank 0 waits for it in an all-reduce. A wrapper that traps
+    SIGTERM (as orch's does, to let nsys finish) holds rank 1's process 5 s after its program
+    died: torchrun sees rank 0, which lost its peer, fail first and stops rank 1, whose wrapper
+    still ends with its program's status. That status, not torchrun's root, names the rank."""
+    wrap = tmp_path / "slow_exit.sh"
+    wrap.write_text('#!/bin/bash\ntrap "stopped=1" TERM\n"$@"; rc=$?\n'
+                    'if [ "$RANK" = 1 ]; then for _ in $(seq 50); do sleep 0.1; done; fi\nexit $rc\n')
+    wrap.chmod(0o755)
+    text = _torchrun(tmp_path, "kill_victim", "--no-python", str(wrap), sys.executable)
+    failures = text[text.index("Failures:"):]
+    assert "rank      : 1 (local_rank: 1)\n  exitcode  : 137" in failures, text[-3000:]
+    assert "rank      : 0 (local_rank: 0)" in failures[failures.index("Root Cause"):], text[-3000:]
+    assert failure_line(text) == ("rank 1 failed first (killed by SIGKILL (exit status 137; out of memory? the OOM "
+                                  "killer sends it)) (torchrun names rank 0, which lost its peer)")
+    assert root_cause(text)[:2] == (1, "killed by SIGKILL (exit status 137; out of memory? the OOM killer sends it)")
 
 
 def _node(tmp_path: Path, node: int, port: int) -> subprocess.Popen[str]:

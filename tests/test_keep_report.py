@@ -101,3 +101,30 @@ def test_report_made_from_the_kept_stream_when_nsys_is_signalled_while_writing(
         (n,) = c.execute("SELECT count(*) FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
                          "WHERE s.value = 'work' AND e.\"end\" IS NOT NULL").fetchone()
     assert n == RANGES
+
+
+def test_a_stop_after_the_program_ended_keeps_its_exit_status(tmp_path: Path, nsys: str) -> None:
+    """The program dies by SIGKILL; while its wrapper exports the report, torchrun, which saw
+    another rank fail (the one that lost its connection to this one), stops the wrapper with
+    SIGTERM. The wrapper ends with its program's status (137), not the stop's: torchrun's
+    failure list is how `orch status` tells the killed rank from the one that lost its peer."""
+    (tmp_path / "killed.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    wrapper = _rendered(tmp_path)
+    ctl, tmp = tmp_path / "ctl", tmp_path / "tmp"
+    for d in (ctl, tmp):
+        d.mkdir()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4245", "ORCH_CTL_DIR": str(ctl),
+           "TMPDIR": str(tmp)}
+    log = tmp_path / "wrapper.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen(["bash", str(wrapper), sys.executable, str(tmp_path / "killed.py")],
+                             env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    pid_file, deadline = ctl / "nsys.r0.pid", time.monotonic() + 120
+    while not pid_file.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while pid_file.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the wrapper removes it once nsys has exited, before the export
+    assert p.poll() is None, log.read_text()  # still exporting
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=120) == 137, log.read_text()
+    assert len(list((tmp_path / "reports").glob("keep_4245_r0_*.nsys-rep"))) == 1, log.read_text()

@@ -4,6 +4,7 @@ several (RANK, LOCAL_RANK) combinations with the REAL nsys around a tiny NVTX pr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,12 @@ def test_bash_n_and_shellcheck(tmp_path: Path) -> None:
     p = subprocess.run(["shellcheck", "-S", "style", *map(str, files)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
     assert len(files) == len(SCRIPTS) * len(list(EXAMPLES.glob("*.yaml")))
+    # Under `set -e`, a bare `return` in a function a trap calls returns the status of the
+    # command the signal interrupted (a `wait`: 143), and the script ends there, with the
+    # signal's status instead of its program's: every return says its status.
+    bare = [f"{f.name}:{i}: {ln.strip()}" for f in files if f.suffix == ".sh"
+            for i, ln in enumerate(f.read_text().splitlines(), 1) if re.search(r"\breturn\s*(;|$)", ln)]
+    assert bare == [], bare
 
 
 PROGRAM = """

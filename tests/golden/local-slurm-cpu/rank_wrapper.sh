@@ -79,7 +79,7 @@ stop_capture() {
   stop=1
   if [ -n "$export_pid" ]; then kill -TERM -- "-$export_pid" 2>/dev/null || true; fi
   if [ -n "$orphan" ]; then kill -TERM -- "-$orphan" 2>/dev/null || kill -TERM "$orphan" 2>/dev/null || true; fi
-  if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return; fi
+  if [ -z "$nsys_pid" ] || [ "$asked" -eq 1 ]; then return 0; fi
   local app
   app=$(cat "$started" 2>/dev/null || true)
   if [ -z "$app" ] || running "$app"; then

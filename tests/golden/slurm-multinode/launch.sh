@@ -89,7 +89,7 @@ running() {
 }
 # shellcheck disable=SC2317 # called by the traps (on_stop)
 stop_node() {
-  if [ -n "$stopping" ]; then return; fi
+  if [ -n "$stopping" ]; then return 0; fi
   stopping=$1
   echo "orch: node $node_rank: $1: stack dumps, then stopping the captures, then the ranks" >&2
   local f app r waited=0 left=1

@@ -170,9 +170,11 @@ WHERE (SELECT count(*) FROM s) > 1 AND (SELECT min(gpu) FROM s) > 0 AND (SELECT 
 -- an input-pipeline range or phase (params.input_re: a data-loading range, the wait between
 -- steps for the next batch), what the `input on time` what-if removes.
 CREATE OR REPLACE TABLE _rp_input AS
+WITH grp AS (  -- the input's range groups: the pattern, a parameter, is compiled once a group, not once a gap
+    SELECT range_group FROM (SELECT DISTINCT range_group FROM gap_attr), params p WHERE regexp_matches(range_group, p.input_re)
+), g AS (SELECT rank, s, e FROM gap_attr SEMI JOIN grp USING (range_group))
 SELECT n.rank, n.step, n.pos, sum(least(g.e, n.s) - greatest(g.s, n.s - n.w)) AS ns
-FROM replay_nodes n JOIN gap_attr g ON g.rank = n.rank AND g.s < n.s AND g.e > n.s - n.w, params p
-WHERE regexp_matches(g.range_group, p.input_re)
+FROM replay_nodes n JOIN g ON g.rank = n.rank AND g.s < n.s AND g.e > n.s - n.w
 GROUP BY ALL;
 
 -- Each node's GPU idle after host syncs since the previous node ended (sync_idle: from a sync's
@@ -180,12 +182,16 @@ GROUP BY ALL;
 -- CPU spent waiting for input or in work between steps (in such a gap at its middle), which is
 -- theirs, counted once.
 CREATE OR REPLACE TABLE _rp_sync AS
-WITH y AS (
-    SELECT y.rank, y."end" AS s, y."end" + y.idle_ns AS e FROM sync_idle y, params p
-    WHERE y.idle_ns > 0 AND NOT EXISTS (
-        SELECT 1 FROM gap_attr g
-        WHERE g.rank = y.rank AND g.s <= y."end" + y.idle_ns // 2 AND g.e > y."end" + y.idle_ns // 2
-          AND (regexp_matches(g.range_group, p.input_re) OR g.range_group = 'between steps (other work)'))
+WITH grp AS (  -- the input's range groups and the between-steps work's (a regex compiled once a group)
+    SELECT range_group FROM (SELECT DISTINCT range_group FROM gap_attr), params p
+    WHERE regexp_matches(range_group, p.input_re) OR range_group = 'between steps (other work)'
+), g AS (  -- their gaps (GPU idle gaps: none overlaps another on a rank)
+    SELECT rank, s, e FROM gap_attr SEMI JOIN grp USING (range_group)
+), i AS (
+    SELECT rank, "end" AS s, "end" + idle_ns AS e, "end" + idle_ns // 2 AS mid FROM sync_idle WHERE idle_ns > 0
+), y AS (  -- the one gap that can hold a sync's idle's middle: the last to start at or before it
+    SELECT i.rank, i.s, i.e FROM i ASOF LEFT JOIN g ON g.rank = i.rank AND g.s <= i.mid
+    WHERE g.e IS NULL OR g.e <= i.mid
 )
 SELECT n.rank, n.step, n.pos, sum(least(y.e, n.s) - greatest(y.s, n.s - n.w)) AS ns
 FROM replay_nodes n JOIN y ON y.rank = n.rank AND y.s < n.s AND y.e > n.s - n.w
@@ -215,26 +221,33 @@ FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
 -- counted; its block left out where the CPU does not wait in it), so that a round joins one table.
 CREATE OR REPLACE TABLE _rp_sw AS
 WITH inst AS (SELECT inst, row_number() OVER (ORDER BY inst) AS id, count(*) AS size FROM replay_nodes GROUP BY inst),
-x AS (
-SELECT sc.scn, p.rank, p.step, p.pos,
-       CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med WHEN sc.scn = -1 THEN CAST(round(p.w * f.f) AS BIGINT)
-            WHEN sc.scn = -2 THEN p.w - coalesce(i.ns, 0) WHEN sc.scn = -3 THEN p.w - coalesce(y.ns, 0)
-            ELSE p.w END AS w,
-       CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med WHEN sc.scn = -1 THEN CAST(round(p.dc * f.fc) AS BIGINT)
-            WHEN sc.scn = -2 THEN greatest(p.dc - coalesce(i.ns, 0), 0) ELSE p.dc END AS dc,
-       CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med WHEN sc.scn = -1 THEN CAST(round(p.pre * f.fc) AS BIGINT)
-            WHEN sc.scn = -2 THEN greatest(p.pre - coalesce(i.ns, 0), 0) ELSE p.pre END AS pre,
-       CASE WHEN sc.rank = p.rank AND p.post_med < p.post THEN p.post_med WHEN sc.scn = -1 THEN CAST(round(p.post * f.fc) AS BIGINT)
-            WHEN sc.scn = -2 THEN greatest(p.post - greatest(coalesce(i.ns, 0) - coalesce(p.pre, 0), 0), 0)
-            ELSE p.post END AS post,
-       sc.scn = -3 AS nosync
-FROM replay_scenarios sc CROSS JOIN _rp_peer p LEFT JOIN _rp_stage_f f ON f.rank = p.rank
-LEFT JOIN _rp_input i ON sc.scn = -2 AND i.rank = p.rank AND i.step = p.step AND i.pos = p.pos
-LEFT JOIN _rp_sync y ON sc.scn = -3 AND y.rank = p.rank AND y.step = p.step AND y.pos = p.pos
+-- Each node once with all it reads, joined on its own keys (hash joins); only then one row a
+-- scenario: a scenario's condition in a join's ON clause would leave the optimizer a nested loop
+-- over every node of every scenario.
+node AS (
+    SELECT p.*, f.f, f.fc, i.ns AS input_ns, y.ns AS sync_ns, n.gpos, n.t, n.dur, n.buffered, n.bw, n.bsync,
+           n.gw, d.id AS inst, d.size
+    FROM _rp_peer p JOIN replay_nodes n USING (rank, step, pos) JOIN inst d ON d.inst = n.inst
+    LEFT JOIN _rp_stage_f f ON f.rank = p.rank
+    LEFT JOIN _rp_input i ON i.rank = p.rank AND i.step = p.step AND i.pos = p.pos
+    LEFT JOIN _rp_sync y ON y.rank = p.rank AND y.step = p.step AND y.pos = p.pos
 )
-SELECT x.scn, n.rank, n.gpos, i.id AS inst, i.size, n.t, n.dur, n.buffered, x.w, x.dc, x.pre, x.post,
-       CASE WHEN NOT coalesce(x.nosync AND n.bsync, false) THEN n.bw END AS bw, n.gw
-FROM x JOIN replay_nodes n USING (rank, step, pos) JOIN inst i USING (inst);
+SELECT sc.scn, p.rank, p.gpos, p.inst, p.size, p.t, p.dur, p.buffered,
+       CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med WHEN sc.scn = -1 THEN CAST(round(p.w * p.f) AS BIGINT)
+            WHEN sc.scn = -2 THEN p.w - coalesce(p.input_ns, 0) WHEN sc.scn = -3 THEN p.w - coalesce(p.sync_ns, 0)
+            ELSE p.w END AS w,
+       CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med WHEN sc.scn = -1 THEN CAST(round(p.dc * p.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.dc - coalesce(p.input_ns, 0), 0) ELSE p.dc END AS dc,
+       CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med WHEN sc.scn = -1 THEN CAST(round(p.pre * p.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.pre - coalesce(p.input_ns, 0), 0) ELSE p.pre END AS pre,
+       CASE WHEN sc.rank = p.rank AND p.post_med < p.post THEN p.post_med WHEN sc.scn = -1 THEN CAST(round(p.post * p.fc) AS BIGINT)
+            WHEN sc.scn = -2 THEN greatest(p.post - greatest(coalesce(p.input_ns, 0) - coalesce(p.pre, 0), 0), 0)
+            ELSE p.post END AS post,
+       CASE WHEN NOT coalesce(sc.scn = -3 AND p.bsync, false) THEN p.bw END AS bw, p.gw
+FROM replay_scenarios sc CROSS JOIN node p
+-- In node order: a replay round's cursors stand at nodes close together in gpos, and its join
+-- reads the table faster in that order (docs/benchmarks-code.md).
+ORDER BY p.gpos, sc.scn, p.rank;
 
 -- The replay: every (scenario, rank) is a cursor at its next node, through the whole capture (a
 -- delay in one step moves the next one's start, as in the job). Each round, a cursor arrives at

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -401,3 +402,26 @@ def test_part_cut_short_is_mapped_again(table: str, tmp_path: Path, refs: Refere
     lists, report = lists_and_report(b, Options(), "map_ranks")
     assert lists == [[0, 1]]
     same_reports(refs.report("real/ddp_slowrank"), report)
+
+
+def test_temp_part_of_a_killed_map_is_removed_when_its_rank_is_mapped_again(tmp_path: Path) -> None:
+    """A map killed mid-write leaves its temp part (named with its dead pid) and no meta, so its
+    report is mapped again by the next collect, which removes the temp first."""
+    _parts("real/ddp_slowrank", tmp_path)
+    parts = tmp_path / "b" / "parts"
+    meta = sorted((parts / "reports").glob("*.json"))[1]
+    final = next((parts / f"table={STACK}" / "rank=1").glob("*.parquet"))
+    dead = _dead_pid()
+    temp = final.with_name(f".{final.stem}.tmp-{dead}.parquet")
+    temp.write_bytes(b"PAR1 half a part")
+    meta.unlink()  # the map wrote no meta: its report is not fresh
+    b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    assert (b2.mapped, b2.reused) == (1, 1)
+    assert not temp.exists() and final.exists()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid

@@ -92,10 +92,16 @@ class PartsRows:
                          summaries=array is not None if o.summaries is None else o.summaries, job=job)
                  for r in reports]
         self.parts.mkdir(parents=True, exist_ok=True)
-        for d in self.parts.glob("table=*/rank=*"):  # temps of killed maps (we hold the lock: none runs)
-            clean_stale(d, PART_TMP)
         metas = {t.rid: read_meta(t.meta) for t in tasks}
         todo = [t for t in tasks if not t.fresh(metas[t.rid])]
+        # Temps of killed maps (we hold the lock: none runs). A map writes its rank's meta last, so
+        # a killed one leaves its rank to map again: with nothing to map (the parts the job
+        # mapped, every collect after the first) there are none, and the parts' folders, one a
+        # table and rank, are not listed (thousands, on a shared filesystem, every collect).
+        # The reduce reads the files the metas name, never a temp.
+        if todo:
+            for d in self.parts.glob("table=*/rank=*"):
+                clean_stale(d, PART_TMP)
         lost: dict[str, str] = {}
         failed: list[TaskOutcome] = []
         if todo and array is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -31,17 +31,18 @@ from orchestrator.analyze.model_report import (
     Straggler,
     Window,
 )
-from orchestrator.analyze.model_timeline import Extras
 from orchestrator.analyze.outcome import build_outcome, evidence
 from orchestrator.analyze.overhead import build_overhead
 from orchestrator.analyze.replay import build_replay
 from orchestrator.analyze.rules import find_all
 from orchestrator.analyze.rules.base import Context
 from orchestrator.analyze.stats_tables import build_tables
-from orchestrator.analyze.timeline import extras_from_views
 from orchestrator.analyze.units import ms, ms_or_none
 from orchestrator.metrics.engine import Options, Views, analysis
 from orchestrator.timings import phase
+
+if TYPE_CHECKING:
+    from orchestrator.analyze.model_timeline import Extras
 
 
 def _rank_metrics(v: Views, opts: Options) -> list[RankMetrics]:
@@ -165,6 +166,8 @@ def build_analysis(store: Path, opts: Options, writer: duckdb.DuckDBPyConnection
         report = report_from_views(v, store, opts)
         if not timeline:
             return report, None
+        from orchestrator.analyze.timeline import extras_from_views  # (drawn by the HTML alone)
+
         with phase("report: timeline extras"):
             return report, extras_from_views(v, report)
     finally:

@@ -57,7 +57,6 @@ def _analyse(store: Path, a: argparse.Namespace, opts: Options | None = None,
 def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
     """Print, then write --json and --html."""
     from orchestrator.fsutil import write_text_atomic
-    from orchestrator.report.html import render_html
     from orchestrator.report.terminal import print_report
     from orchestrator.timings import phase
 
@@ -68,6 +67,8 @@ def _emit(report: Report, extras: Extras | None, a: argparse.Namespace) -> None:
             write_text_atomic(Path(a.json), report.model_dump_json(indent=1))
         out.print(f"wrote {plain(a.json)}", markup=False)
     if a.html:
+        from orchestrator.report.html import render_html  # (its templates and charts: only for --html)
+
         with phase("report: write html"), progress.task("HTML report"):
             write_text_atomic(Path(a.html), render_html(report, extras))
         out.print(f"wrote {plain(a.html)}", markup=False)

@@ -10,7 +10,9 @@
 --   p2p_rank(rank, n_p2p, n_matched, p2p_wait_ns)
 --       per rank: send/recv kernels, how many matched a peer's, their waiting
 --   nccl_waits(rank, s, e, waited_for, kind)   every wait of every rank for another rank:
---       collectives (for the group's last starter: coll_last) and p2p (for the peer)
+--       collectives (for the group's last starter: coll_last) and p2p (for the peer). A view:
+--       only the HTML's timeline reads it (analyze/timeline.py), so a report without HTML
+--       never computes it
 --   _p2p_all(rank, stage, dp_index, tp_index, start, end, kth, in_win)
 --       every send/recv kernel, numbered per rank
 --   _p2p_pairs(rank, peer)  the rank pairs that talk to each other only
@@ -61,7 +63,7 @@ SELECT o.rank, count(*) AS n_p2p, count(m.rank) AS n_matched, coalesce(sum(m.wai
 FROM _p2p_ops o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
 GROUP BY o.rank;
 
-CREATE OR REPLACE TABLE nccl_waits AS
+CREATE OR REPLACE VIEW nccl_waits AS
 SELECT c.rank, c.start AS s, c.start + c.wait_ns AS e, l.rank AS waited_for, 'collective' AS kind
 FROM coll c JOIN coll_last l ON l.grp = c.grp AND l.name = c.name AND l.kth = c.kth
 WHERE c.wait_ns > 0 AND c.rank <> l.rank

@@ -59,7 +59,8 @@
 --   _rp_sync(rank, step, pos, ns)   each node's GPU idle after host syncs before it
 --   _rp_sw(scn, rank, gpos, inst, size, t, dur, buffered, w, dc, pre, post, bw, gw)   the same as
 --       each scenario has it, with what a replay round reads of the node (inst numbered; size: its
---       members; bw: the block the CPU waits in, none in `no host syncs` where it was a sync)
+--       members; bw: the block the CPU waits in, none in `no host syncs` where it was a sync); a
+--       rank's what-if holds that rank's nodes only (every other rank's are the unchanged trace's)
 --   _rp_run(scn, rank, gpos, e, forced)   each node's replayed end per scenario
 --   _rp_steps(scn, step, forced, measured_ns, replayed_ns)   each step per scenario
 CREATE OR REPLACE TABLE replay_nodes AS
@@ -244,7 +245,7 @@ SELECT sc.scn, p.rank, p.gpos, p.inst, p.size, p.t, p.dur, p.buffered,
             WHEN sc.scn = -2 THEN greatest(p.post - greatest(coalesce(p.input_ns, 0) - coalesce(p.pre, 0), 0), 0)
             ELSE p.post END AS post,
        CASE WHEN NOT coalesce(sc.scn = -3 AND p.bsync, false) THEN p.bw END AS bw, p.gw
-FROM replay_scenarios sc CROSS JOIN node p
+FROM replay_scenarios sc JOIN node p ON sc.rank IS NULL OR sc.rank = p.rank
 -- In node order: a replay round's cursors stand at nodes close together in gpos, and its join
 -- reads the table faster in that order (docs/benchmarks-code.md).
 ORDER BY p.gpos, sc.scn, p.rank;
@@ -257,11 +258,14 @@ ORDER BY p.gpos, sc.scn, p.rank;
 -- its waiting nodes are then forced to end after their own transfer, and counted.
 CREATE OR REPLACE TABLE _rp_run AS
 WITH RECURSIVE
-run(scn, rank, gpos, clock, cpu, forced) AS (
-    SELECT sc.scn, k.rank, 1, k.anchor, NULL::BIGINT, 0
+-- (nodes: the scenario whose rows of _rp_sw the cursor reads, the unchanged trace's for a rank
+-- another rank's what-if leaves as it was)
+run(scn, nodes, rank, gpos, clock, cpu, forced) AS (
+    SELECT sc.scn, CASE WHEN sc.rank IS NULL OR sc.rank = k.rank THEN sc.scn ELSE 0 END, k.rank, 1, k.anchor,
+           NULL::BIGINT, 0
     FROM replay_scenarios sc CROSS JOIN (SELECT rank, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank) k
     UNION ALL
-    SELECT scn, rank,
+    SELECT scn, nodes, rank,
            CASE WHEN done OR NOT moved THEN gpos + 1 ELSE gpos END,
            CASE WHEN buffered THEN arr + dur WHEN done THEN greatest(last_arr + t, arr) WHEN NOT moved THEN arr + t
                 ELSE clock END,
@@ -275,7 +279,8 @@ run(scn, rank, gpos, clock, cpu, forced) AS (
             SELECT *, buffered OR here = size AS done FROM (
                 SELECT *, count(*) OVER peers AS here, max(arr) OVER peers AS last_arr FROM (
                     SELECT *, greatest(clock + w, c) AS arr FROM (
-                        SELECT r.scn, r.rank, r.gpos, r.clock, r.cpu, r.forced, n.inst, n.t, n.dur, n.buffered, n.size,
+                        SELECT r.scn, r.nodes, r.rank, r.gpos, r.clock, r.cpu, r.forced, n.inst, n.t, n.dur, n.buffered,
+                               n.size,
                                n.w,
                                -- the CPU launches the node after its own work since the previous launch;
                                -- when it blocked on the GPU in between, after its last block returned: when
@@ -284,7 +289,7 @@ run(scn, rank, gpos, clock, cpu, forced) AS (
                                CASE WHEN n.bw IS NULL THEN r.cpu + n.dc
                                     WHEN n.gw IS NULL THEN r.cpu + n.pre + n.bw + n.post
                                     ELSE greatest(r.cpu + n.pre, r.clock + n.gw) + n.post END AS c
-                        FROM run r JOIN _rp_sw n ON n.scn = r.scn AND n.rank = r.rank AND n.gpos = r.gpos))
+                        FROM run r JOIN _rp_sw n ON n.scn = r.nodes AND n.rank = r.rank AND n.gpos = r.gpos))
                 WINDOW peers AS (ORDER BY scn, inst RANGE BETWEEN CURRENT ROW AND CURRENT ROW))))
 )
 SELECT scn, rank, gpos - 1 AS gpos, any_value(clock) AS e, max(forced) AS forced  -- a node's end: the clock

@@ -99,7 +99,7 @@ stop_node() {
   # Each rank's hook dumps, then releases its GPU (aborts its NCCL groups, so a kernel waiting
   # for a peer ends and CUPTI can hand its records to nsys) and writes released.r<RANK>. The
   # captures are stopped once every live program has, or after ORCH_RELEASE_WAIT_S.
-  sleep 0.2
+  sleep 0.2 || true
   while [ "$left" -eq 1 ] && [ "$waited" -lt $(( ORCH_RELEASE_WAIT_S * 10 )) ]; do
     left=0
     for f in "$ORCH_CTL_DIR"/app.r*.pid; do
@@ -109,7 +109,7 @@ stop_node() {
       r=${r%.pid}
       if running "$app" && [ ! -e "$ORCH_CTL_DIR/released.r$r" ]; then left=1; fi
     done
-    if [ "$left" -eq 1 ]; then sleep 0.1; waited=$((waited + 1)); fi
+    if [ "$left" -eq 1 ]; then sleep 0.1 || true; waited=$((waited + 1)); fi
   done
   if [ -n "$torchrun_pid" ]; then kill -TERM "$torchrun_pid" 2>/dev/null || true; fi
 }
@@ -135,7 +135,7 @@ for f in "$ORCH_CTL_DIR"/nsys.r*.pid; do
   pid=$(cat "$f" 2>/dev/null || true)
   r=${f##*/nsys.r}
   r=${r%.pid}
-  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
+  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5 || true; done
   app=$(cat "$ORCH_CTL_DIR/app.r$r.pid" 2>/dev/null || true)
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
     echo "orch: rank $r: nsys was still writing its report ${ORCH_STOP_GRACE_S} s after the stop;" \

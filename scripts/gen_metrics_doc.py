@@ -1,5 +1,5 @@
 """Write docs/metrics.md, the reference of every public analysis view, from the SQL modules'
-headers (orchestrator/metrics/sqlmodules.py): the headers are checked against what DuckDB runs
+headers (orchestrator/sqlmodules.py): the headers are checked against what DuckDB runs
 (tests/test_sql_modules.py), so a reference made from them cannot drift from the SQL, and
 tests/test_sql_modules.py fails when the file here is older than the headers.
 
@@ -13,10 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from orchestrator.metrics import sqlmodules
+from orchestrator import sqlmodules
 from orchestrator.metrics.engine import SQL_DIR
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+
+
+def _typed(p: sqlmodules.Provided) -> list[str]:
+    """The columns, each with its type where the header gives them (what the map writes)."""
+    return [f"{c} {t}" for c, t in zip(p.columns, p.types, strict=True)] if p.types else list(p.columns)
 
 
 def _cell(text: str) -> str:
@@ -44,7 +49,7 @@ def render() -> str:
         if m.writes:
             lines.append(f"Adds rows to: {', '.join(f'`{w}`' for w in m.writes)}.")
         lines += ["", "| name | columns | what it is |", "|---|---|---|"]
-        lines += [f"| `{p.name}` | {', '.join(p.columns)} | {_cell(p.doc)} |" for p in m.public]
+        lines += [f"| `{p.name}` | {', '.join(_typed(p))} | {_cell(p.doc)} |" for p in m.public]
         lines.append("")
     return "\n".join(lines)
 

@@ -17,8 +17,8 @@ PACKAGE = ROOT / "orchestrator"
 
 # Lowest first. A name is a top-level module or subpackage of orchestrator/.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "numbers", "fsutil", "runpaths", "progress", "ranklist", "naming", "sqltext", "duckdb_memory",
-     "timings", "layout", "limits"),
+    ("errors", "numbers", "fsutil", "runpaths", "progress", "ranklist", "naming", "sqltext", "sqlmodules",
+     "duckdb_memory", "timings", "layout", "limits"),
     ("store", "nsys"),
     ("metrics",),
     ("spec",),

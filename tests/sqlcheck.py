@@ -1,4 +1,4 @@
-"""Hold the SQL modules' headers (orchestrator/metrics/sqlmodules.py) and the rules' `reads` to
+"""Hold the SQL modules' headers (orchestrator/sqlmodules.py) and the rules' `reads` to
 what really runs. Each module is executed by DuckDB on a connection that holds ONLY what its
 header declares it reads (store tables, `params`, earlier modules' names, copied from a full
 analysis of a real store): a name it reads without declaring it fails to bind. What it leaves
@@ -24,7 +24,7 @@ import duckdb
 
 from orchestrator.analyze import rules as rules_pkg
 from orchestrator.analyze.rules import base
-from orchestrator.metrics.sqlmodules import Module
+from orchestrator.sqlmodules import Module
 
 _OBJECTS = """
     SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = 'memory'

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator import sqlmodules
 from orchestrator.analyze.model_columns import columns, diff_columns, html_columns, terminal_columns
 from orchestrator.analyze.model_report import RankMetrics
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.units import ms, ms_or_none
-from orchestrator.metrics import sqlmodules
 from orchestrator.metrics.engine import SQL_DIR
 
 pytestmark = pytest.mark.fast

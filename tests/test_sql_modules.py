@@ -18,13 +18,13 @@ from typing import ClassVar
 import duckdb
 import pytest
 
+from orchestrator import sqlmodules
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
-from orchestrator.metrics import sqlmodules
 from orchestrator.metrics.engine import SQL_DIR, Options, Views, analysis
-from orchestrator.metrics.sqlmodules import HeaderError, Module
+from orchestrator.sqlmodules import HeaderError, Module
 from orchestrator.store.map_tables import SUMMARIES
 from tests import sqlcheck
 
@@ -105,7 +105,8 @@ def test_the_report_reads_only_public_views(checked: Checked) -> None:
 
 @pytest.mark.parametrize(("edit", "expected"), [
     ({"55_host_sync.sql": (", gap_attr.", ".")}, "55_host_sync.sql reads gap_attr without declaring it"),
-    ({"40_gaps.sql": ("small_gaps(rank, n, ns)", "small_gaps(rank, n, total_ns)")},
+    ({"40_gaps.sql": ("small_gaps(rank INTEGER, n BIGINT, ns BIGINT)", "small_gaps(rank INTEGER, n BIGINT, "
+                                                                       "total_ns BIGINT)")},
      "40_gaps.sql: small_gaps(rank, n, total_ns) is really small_gaps(rank, n, ns)"),
     ({"90_gpu_work.sql": ("\nCREATE", "\nCREATE TABLE undeclared AS SELECT 1 AS x;\nCREATE")},
      "90_gpu_work.sql creates undeclared, which its header does not provide"),
@@ -168,9 +169,25 @@ def test_header_parse() -> None:
     for bad in ("-- Provides:\n--   t(x)\n",  # no Reads
                 "-- Reads: a.\n",  # no Provides
                 "-- Reads: a.\n-- Provides:\n--   t  doc\n",  # no columns
-                "-- Reads: a.\n-- Provides:\n--   t(x, y (note))\n"):
+                "-- Reads: a.\n-- Provides:\n--   t(x, y (note))\n",
+                "-- Reads: a.\n-- Provides:\n--   t(rank INTEGER, n)\n",  # a type for some columns only
+                "-- Reads: a.\n-- Provides:\n--   t(rank INT)\n"):  # not one of the map's types
         with pytest.raises(HeaderError):
             sqlmodules.parse("x.sql", bad + "SELECT 1;")
+    typed = sqlmodules.parse("x.sql", "-- Reads: a.\n-- Provides:\n--   t(rank INTEGER, n BIGINT)  doc\nSELECT 1;")
+    assert [(p.columns, p.types) for p in typed.provides] == [(("rank", "n"), ("INTEGER", "BIGINT"))]
+
+
+def test_typed_header_entries_are_the_map_tables() -> None:
+    """A header gives its columns types exactly where the map writes the table: store/map_tables.py
+    reads them from there, the one declaration of the map's columns."""
+    files = sorted(SQL_DIR.iterdir())
+    typed = {p.name for f in files if f.name.endswith(".sql") for p in sqlmodules.parse(f.name, f.read_text()).provides
+             if p.types}
+    assert typed == {s.source for s in SUMMARIES}
+    assert {s.table: s.columns for s in SUMMARIES}["map_steps"] == (
+        ("rank", "INTEGER"), ("tid", "BIGINT"), ("start", "BIGINT"), ("end", "BIGINT"), ("step", "INTEGER"),
+        ("family", "INTEGER"))
 
 
 def test_metrics_doc_is_up_to_date() -> None:

@@ -21,10 +21,11 @@ from typing import Any
 
 import duckdb
 
+from orchestrator import sqlmodules
 from orchestrator.duckdb_memory import cores as orch_cores
 from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
-from orchestrator.metrics import sqlmodules, sqlrun, unread
+from orchestrator.metrics import sqlrun, unread
 from orchestrator.sqltext import attach, execute, set_option
 from orchestrator.store import map_tables
 from orchestrator.store.evidence import JobEvidence

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 
 import duckdb
 
-from orchestrator import progress
+from orchestrator import progress, sqlmodules
 from orchestrator.duckdb_memory import cores
-from orchestrator.metrics import sqlmodules
 from orchestrator.timings import phase
 
 

@@ -35,17 +35,23 @@ the stages, where a stopped rank ended), and its compute islands by the critical
 
 The small tables travel stacked in one part per rank (STACK), the compute islands in their own.
 
-The tables' columns are declared here, as the event tables' are in store/schema.py, so a
-store without them (the in-process ingest, an older store) gets them empty and the SQL binds.
-A change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that
-parts of the old shape are mapped again instead of misread.
+Each table's columns and their types are declared once, in the header entry of the analysis
+table it holds (metrics/sql, read by orchestrator/sqlmodules.py: `name(rank INTEGER, ...)`); the
+store's schema, the map's parts and the stacked part's slots all come from it, so a store
+without them (the in-process ingest, an older store) gets them empty and the SQL binds. A
+change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that parts
+of the old shape are mapped again instead of misread (the analysis' digest of them, engine.map_sql,
+changes too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
+
+from orchestrator import sqlmodules
 
 # The slot type of each declared column type in the stacked part (below): integers share BIGINT
 # slots, the other types have their own.
@@ -93,105 +99,88 @@ class Summary:
         return f"SELECT \"rank\"{cols} FROM {stack} WHERE tbl = '{self.table}'"
 
 
-_I, _B, _D, _V = "INTEGER", "BIGINT", "DOUBLE", "VARCHAR"
-
-SUMMARIES = (
+# Each mapped table: its store name and the analysis table or view it holds, whose entry in its
+# file's header (metrics/sql) gives its columns their types: the one declaration of them.
+_MAPPED: tuple[tuple[str, str], ...] = (
     # The key (21_stats_scope.sql, rank_scope): in the map's one-rank store the rank's clock
     # offset is 0, so its times are on the rank's own clock; the analysis adds the store's.
-    Summary("map_scope", "rank_scope",
-            (("rank", _I), ("s", _B), ("e", _B), ("n_steps", _B), ("gs", _B), ("ge", _B), ("pid", _B),
-             ("sql", _V))),
-    Summary("map_phase_rows", "phase_rows",
-            (("rank", _I), ("grp", _V), ("n", _B), ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D),
-             ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("n_steps", _B), ("per_step_ns", _D), ("gpu_ns", _B),
-             ("gpu_per_step_ns", _D), ("gpu_ops", _B), ("gpu_span_ns", _B))),
-    Summary("map_api_table", "api_table",
-            (("rank", _I), ("api", _V), ("name", _V), ("tid", _B), ("thread", _V), ("role", _V), ("n", _B),
-             ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D), ("min_ns", _B), ("max_ns", _B), ("std_ns", _D),
-             ("n_steps", _B), ("per_step_ns", _D), ("pct", _D))),
-    Summary("map_thread_table", "thread_table",
-            (("rank", _I), ("tid", _B), ("thread", _V), ("role", _V), ("span_ns", _B), ("launch_ns", _B),
-             ("sync_ns", _B), ("wait_ns", _B), ("blocked_ns", _B), ("n_steps", _B), ("top_wait", _V),
-             ("blocked_per_step_ns", _D), ("blocked_pct", _D), ("launch_pct", _D))),
-    Summary("map_sync_copies", "sync_copies",
-            (("rank", _I), ("what", _V), ("n", _B), ("api_ns", _B), ("gpu_ns", _B), ("bytes", _B), ("n_steps", _B),
-             ("top_api", _V))),
-    Summary("map_sync_api_calls", "sync_api_calls",
-            (("rank", _I), ("name", _V), ("n", _B), ("ns", _B), ("max_ns", _B), ("n_steps", _B))),
+    ("map_scope", "rank_scope"),
+    ("map_phase_rows", "phase_rows"),
+    ("map_api_table", "api_table"),
+    ("map_thread_table", "thread_table"),
+    ("map_sync_copies", "sync_copies"),
+    ("map_sync_api_calls", "sync_api_calls"),
     # Slice bounds on the rank's own clock, shifted by the analysis.
-    Summary("map_gpu_slices", "gpu_slices",
-            (("rank", _I), ("slice", _B), ("s", _B), ("e", _B), ("busy_ns", _B), ("util_pct", _D))),
+    ("map_gpu_slices", "gpu_slices"),
     # The GPU's compute intervals (what the critical path reads across ranks), on the rank's own
     # clock, with their running total (upto); then each class's time in the window.
-    Summary("map_compute_islands", "compute_islands", (("rank", _I), ("s", _B), ("e", _B), ("upto", _B)), own=True),
-    Summary("map_gpu_time", "gpu_time",
-            (("rank", _I), ("compute_ns", _B), ("comm_ns", _B), ("busy_ns", _B), ("p2p_ns", _B),
-             ("overlap_ns", _B))),
+    ("map_compute_islands", "compute_islands"),
+    ("map_gpu_time", "gpu_time"),
     # The GPU's idle gaps of at least --gap-ms with the CPU range that explains each (the map's
     # threshold is in its scope key), on the rank's own clock.
-    Summary("map_gap_attr", "gap_attr",
-            (("rank", _I), ("s", _B), ("e", _B), ("dur", _B), ("range_group", _V), ("range_text", _V))),
-    Summary("map_between_steps", "between_steps", (("rank", _I), ("s", _B), ("e", _B), ("other_work", "BOOLEAN"))),
+    ("map_gap_attr", "gap_attr"),
+    ("map_between_steps", "between_steps"),
     # What the gaps are made of (40_gaps.sql, 45_cpu_state.sql, 99_slice_idle.sql): the short ones,
     # the OS calls the loop thread was in during the long ones and the Python functions it ran,
     # the idle of each slice.
-    Summary("map_small_gaps", "small_gaps", (("rank", _I), ("n", _B), ("ns", _B))),
-    Summary("map_alloc_gaps", "alloc_gaps", (("rank", _I), ("n", _B), ("ns", _B), ("small_n", _B), ("small_ns", _B))),
-    Summary("map_osrt_traced", "osrt_traced", (("rank", _I),)),
-    Summary("map_gap_cpu", "gap_cpu", (("rank", _I), ("range_group", _V), ("call", _V), ("ns", _B))),
-    Summary("map_gap_python", "gap_python",
-            (("rank", _I), ("range_group", _V), ("func", _V), ("leaf", _V), ("n", _B))),
-    Summary("map_slice_idle", "slice_idle", (("rank", _I), ("slice", _B), ("short_ns", _B), ("long_ns", _B))),
+    ("map_small_gaps", "small_gaps"),
+    ("map_alloc_gaps", "alloc_gaps"),
+    ("map_osrt_traced", "osrt_traced"),
+    ("map_gap_cpu", "gap_cpu"),
+    ("map_gap_python", "gap_python"),
+    ("map_slice_idle", "slice_idle"),
     # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
-    Summary("map_host_syncs", "host_syncs",
-            (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("name", _V), ("step", _B))),
-    Summary("map_sync_idle", "sync_idle",
-            (("rank", _I), ("start", _B), ("end", _B), ("tid", _B), ("idle_ns", _B))),
+    ("map_host_syncs", "host_syncs"),
+    ("map_sync_idle", "sync_idle"),
     # Where the CPU blocked on its GPU (56_cpu_blocks.sql): the replay's bounds on its launches.
-    Summary("map_cpu_blocks", "cpu_blocks",
-            (("rank", _I), ("start", _B), ("end", _B), ("sync", "BOOLEAN"), ("done", _B), ("lb", _B))),
-    Summary("map_queue_wait", "queue_wait", (("rank", _I), ("launch", _B), ("cum", _B))),
-    Summary("map_sync_stats", "sync_stats",
-            (("rank", _I), ("n_syncs", _B), ("n_steps", _B), ("sync_per_step", _D), ("blocked_ns", _B),
-             ("idle_after_ns", _B), ("idle_after_ns_per_step", _D), ("top_name", _V), ("names", _V))),
+    ("map_cpu_blocks", "cpu_blocks"),
+    ("map_queue_wait", "queue_wait"),
+    ("map_sync_stats", "sync_stats"),
     # What derives from the rank's own events and steps alone (05_mapped.sql, 14_gpu_ops.sql):
     # taken wherever the map ran this SQL (the optimizer's launches) and its steps are the
     # report's (the GPU ops per step, the NCCL kernels, the compute between steps), whatever
     # the options; on the rank's own clock.
-    Summary("map_opt_launch", "opt_launch", (("rank", _I), ("start", _B))),
-    Summary("map_steps", "steps",
-            (("rank", _I), ("tid", _B), ("start", _B), ("end", _B), ("step", _I), ("family", _I))),
-    Summary("map_step_ops", "step_ops", (("rank", _I), ("step", _I), ("n", _B), ("s", _B), ("e", _B))),
-    Summary("map_comm_ops", "comm_ops",
-            (("rank", _I), ("kind", _V), ("is_comm", "BOOLEAN"), ("start", _B), ("end", _B), ("correlation_id", _B),
-             ("name", _V), ("step", _I), ("tid", _B), ("launch", _B), ("graph", "BOOLEAN"))),
-    Summary("map_offstep", "offstep_islands", (("rank", _I), ("s", _B), ("e", _B))),
+    ("map_opt_launch", "opt_launch"),
+    ("map_steps", "steps"),
+    ("map_step_ops", "step_ops"),
+    ("map_comm_ops", "comm_ops"),
+    ("map_offstep", "offstep_islands"),
     # The rank's CUDA calls, counted and picked (11_cuda_calls.sql): taken wherever the map ran
     # this SQL, so that the calls themselves stay in the parts.
-    Summary("map_cuda_calls", "cuda_calls", (("rank", _I), ("calls", _B), ("launches", _B))),
-    Summary("map_busy_thread", "busy_thread", (("rank", _I), ("tid", _B))),
-    Summary("map_alloc_api", "alloc_api", (("rank", _I), ("start", _B), ("end", _B), ("base", _V))),
-    Summary("map_rank_device", "rank_device", (("rank", _I), ("device", _I))),
+    ("map_cuda_calls", "cuda_calls"),
+    ("map_busy_thread", "busy_thread"),
+    ("map_alloc_api", "alloc_api"),
+    ("map_rank_device", "rank_device"),
     # Window statistics (map_ranks, as above): the CUDA calls in the window, the copies', the
     # kernels' and memory operations' tables, the CUDA graphs'.
-    Summary("map_capture_api", "capture_api", (("rank", _I), ("api_calls", _B), ("launches", _B))),
-    Summary("map_kernel_stats", "kernel_stats", (("rank", _I), ("n", _B), ("median_ns", _D), ("n_steps", _B))),
-    Summary("map_memcpy_window", "memcpy_window",
-            (("rank", _I), ("kind", _V), ("src_kind", _V), ("n", _B), ("bytes", _B), ("ns", _B))),
-    Summary("map_mem_rows", "mem_rows",
-            (("rank", _I), ("op", _V), ("host_kind", _V), ("n", _B), ("total_ns", _B), ("mean_ns", _D), ("med_ns", _D),
-             ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("bytes", _B), ("mean_bytes", _D), ("med_bytes", _D),
-             ("min_bytes", _B), ("max_bytes", _B), ("n_steps", _B), ("per_step_ns", _D), ("is_total", _B))),
-    Summary("map_kernel_rows", "kernel_rows",
-            (("rank", _I), ("name", _V), ("short_name", _V), ("cls", _V), ("origin", _V), ("n", _B), ("total_ns", _B),
-             ("mean_ns", _D), ("med_ns", _D), ("min_ns", _B), ("max_ns", _B), ("std_ns", _D), ("n_steps", _B),
-             ("per_step_ns", _D))),
-    Summary("map_graph_usage", "graph_usage",
-            (("rank", _I), ("replays", _B), ("n_steps", _B), ("graph_level", "BOOLEAN"), ("graph_busy_ns", _B),
-             ("busy_ns", _B), ("graph_share_pct", _D), ("eager_kernels", _B), ("eager_kernel_ns", _B),
-             ("top_eager", _V), ("between_ns", _B), ("launch_ns", _B), ("sync_ns", _B), ("copy_ns", _B),
-             ("other_api_ns", _B), ("python_ns", _B))),
+    ("map_capture_api", "capture_api"),
+    ("map_kernel_stats", "kernel_stats"),
+    ("map_memcpy_window", "memcpy_window"),
+    ("map_mem_rows", "mem_rows"),
+    ("map_kernel_rows", "kernel_rows"),
+    ("map_graph_usage", "graph_usage"),
 )
+# Written as parts of their own (large tables), not in the rank's stacked part.
+_OWN = ("map_compute_islands",)
+_SQL_DIR = Path(__file__).resolve().parent.parent / "metrics" / "sql"
+
+
+def _typed() -> dict[str, sqlmodules.Provided]:
+    """Every name an analysis file provides with typed columns, from the files' headers."""
+    return {p.name: p for f in sorted(_SQL_DIR.glob("*.sql"))
+            for p in sqlmodules.parse(f.name, f.read_text()).provides if p.types}
+
+
+def _summaries() -> tuple[Summary, ...]:
+    typed = _typed()
+    missing = [src for _, src in _MAPPED if src not in typed]
+    if missing:  # a header that lost its types: the map's columns would be unknown
+        raise sqlmodules.HeaderError(f"the map writes {missing}, whose headers give their columns no types")
+    return tuple(Summary(table, src, tuple(zip(typed[src].columns, typed[src].types, strict=True)), table in _OWN)
+                 for table, src in _MAPPED)
+
+
+SUMMARIES = _summaries()
 # A rank's small tables travel as one part, stacked: one row per table row, the table's name,
 # the rank and typed slots that each table maps its columns onto (Summary.slots). Reading a
 # part costs per file and per column more than per row, and the small tables are most of a
@@ -207,7 +196,7 @@ def stack_columns() -> list[tuple[str, str]]:
             for _, _, slot in s.slots():
                 k, n = slot.rsplit("_", 1)
                 need[k] = max(need.get(k, 0), int(n) + 1)
-    return [("tbl", _V), ("rank", _I), *((f"{k}_{i}", k) for k, n in need.items() for i in range(n))]
+    return [("tbl", "VARCHAR"), ("rank", "INTEGER"), *((f"{k}_{i}", k) for k, n in need.items() for i in range(n))]
 
 
 def stacked_select() -> str:

@@ -1,13 +1,14 @@
 -- Steps: which NVTX ranges mark training iterations.
 -- Reads: nvtx, params, kernels, cuda_api, is_optimizer_kernel, map_done, map_none, map_opt_launch.
 -- Provides:
---   opt_launch(rank, start)   the launches of the optimizer's kernels (the map's where map_done)
+--   opt_launch(rank INTEGER, start BIGINT)   the launches of the optimizer's kernels (the map's where
+--       map_done)
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
 --   step_ranges(rank, tid, start, end, step, family, i, has_opt)  the chosen ranges, numbered;
 --       i: their order on the rank; has_opt: the optimizer launched a kernel inside
 --   step_accum(rank, k)   ranks whose ranges are micro-batches, k to an optimizer step
---   steps(rank, tid, start, end, step, family)       the steps: the ranges, or with gradient
---       accumulation the optimizer steps they make up
+--   steps(rank INTEGER, tid BIGINT, start BIGINT, end BIGINT, step INTEGER, family INTEGER)       the steps:
+--       the ranges, or with gradient accumulation the optimizer steps they make up
 --   step_source(family, pattern)                     which family was chosen (one row or none)
 --   open_steps(rank, tid, start, end, step, family)  when the job did not complete
 --       (params.ended_early), the step it was stopped in and any after it, on every rank: the

@@ -3,12 +3,13 @@
 -- where no map did it, so the store can leave them in the parts (store/views.py).
 -- Reads: cuda_api, threads, map_done, map_none, map_cuda_calls, map_busy_thread, map_alloc_api.
 -- Provides:
---   cuda_calls(rank, calls, launches)  per rank with CUDA calls: their number, and the kernel and
---       graph launches among them (cudaLaunch*, cuLaunch*, cudaGraphLaunch*)
---   busy_thread(rank, tid)  the thread that makes the most CUDA calls, autograd threads
+--   cuda_calls(rank INTEGER, calls BIGINT, launches BIGINT)  per rank with CUDA calls: their number, and the
+--       kernel and graph launches among them (cudaLaunch*, cuLaunch*, cudaGraphLaunch*)
+--   busy_thread(rank INTEGER, tid BIGINT)  the thread that makes the most CUDA calls, autograd threads
 --       (pt_autograd_N) excluded; ties: the lowest tid
---   alloc_api(rank, start, end, base)  device allocations and frees (base: the call's name without
---       its _vN suffix): cudaMalloc*, cuMemAlloc*, cuMemCreate, cudaFree*, cuMemFree*, cuMemRelease
+--   alloc_api(rank INTEGER, start BIGINT, end BIGINT, base VARCHAR)  device allocations and frees (base: the
+--       call's name without its _vN suffix): cudaMalloc*, cuMemAlloc*, cuMemCreate, cudaFree*, cuMemFree*,
+--       cuMemRelease
 CREATE OR REPLACE TABLE cuda_calls AS
 SELECT rank, count(*) AS calls,
        count(*) FILTER (WHERE name LIKE 'cudaLaunch%' OR name LIKE 'cuLaunch%' OR name LIKE 'cudaGraphLaunch%')

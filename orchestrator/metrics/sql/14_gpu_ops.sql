@@ -17,13 +17,14 @@
 --       kind 'graph': one CUDA graph replay (graph-level tracing), GPU work like a kernel;
 --       graph: the op ran inside a CUDA graph (a replay, or a node kernel whose correlation id
 --       is its cudaGraphLaunch's, with --cuda-graph-trace=node)
---   step_ops(rank, step, n, s, e)  per rank and launching step (NULL: launched outside every
---       step): the ops, the first start and the last end; every rank's
+--   step_ops(rank INTEGER, step INTEGER, n BIGINT, s BIGINT, e BIGINT)  per rank and launching step (NULL:
+--       launched outside every step): the ops, the first start and the last end; every rank's
 --   offstep_raw(rank, cls, s, e)  compute kernels launched outside every step (the critical path's
 --       `between steps (other work)`), of the ranks gpu_ops has them for
---   offstep_islands(rank, s, e)  their union (what a map writes)
---   comm_ops(rank, kind, is_comm, start, end, correlation_id, name, step, tid, launch, graph)
---       the NCCL kernels of gpu_ops (what a map writes)
+--   offstep_islands(rank INTEGER, s BIGINT, e BIGINT)  their union (what a map writes)
+--   comm_ops(rank INTEGER, kind VARCHAR, is_comm BOOLEAN, start BIGINT, end BIGINT, correlation_id BIGINT,
+--       name VARCHAR, step INTEGER, tid BIGINT, launch BIGINT, graph BOOLEAN) the NCCL kernels of gpu_ops
+--       (what a map writes)
 --   first_step(rank, first_step)  each rank's first step (in_selected leaves it out by default)
 -- A GPU op belongs to the step during which its CUDA launch happened, on any thread of the
 -- rank: backward kernels are launched by the autograd engine's thread (pt_autograd_N) while

@@ -9,11 +9,11 @@
 --   stats_gpu(rank, s, e, n_steps)   GPU-side scope: `win` (or everything)
 --   rank_pid(rank, pid)  the rank's process: the one whose thread drives the steps (the pid in
 --       ranks can come from a file name), else ranks.pid
---   rank_scope(rank, s, e, n_steps, gs, ge, pid, sql)  what a rank's per-rank stats tables
---       depend on besides its events: the CPU scope (s, e, n_steps), the GPU scope (gs, ge), the
---       process (names its main thread) and the SQL that computes them (params.map_sql, and the
---       gap threshold the gaps are attributed with: params.gap_ns); a map
---       writes its own as map_scope, on the rank's own clock (store/map_tables.py)
+--   rank_scope(rank INTEGER, s BIGINT, e BIGINT, n_steps BIGINT, gs BIGINT, ge BIGINT, pid BIGINT, sql
+--       VARCHAR)  what a rank's per-rank stats tables depend on besides its events: the CPU scope (s, e,
+--       n_steps), the GPU scope (gs, ge), the process (names its main thread) and the SQL that computes them
+--       (params.map_sql, and the gap threshold the gaps are attributed with: params.gap_ns); a map writes its
+--       own as map_scope, on the rank's own clock (store/map_tables.py)
 --   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
 --       correction of the rank) is their rank_scope: the stats files take their rows from the map
 --   map_todo(rank)  every other rank, and -1: the per-rank files compute these themselves. A SEMI

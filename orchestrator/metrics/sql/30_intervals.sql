@@ -10,9 +10,10 @@
 --       kernels and CUDA graph replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL
 --       send/recv); upto: the class's time on the rank up to the island's end (what any span
 --       holds of the class is two lookups: the last island starting before each end)
---   compute_islands(rank, s, e, upto)  the compute class of every rank (what a map writes)
---   gpu_time(rank, compute_ns, comm_ns, busy_ns, p2p_ns, overlap_ns)
---       per rank, each class's union inside the window; overlap = compute and comm at once
+--   compute_islands(rank INTEGER, s BIGINT, e BIGINT, upto BIGINT)  the compute class of every rank (what a
+--       map writes)
+--   gpu_time(rank INTEGER, compute_ns BIGINT, comm_ns BIGINT, busy_ns BIGINT, p2p_ns BIGINT, overlap_ns
+--       BIGINT) per rank, each class's union inside the window; overlap = compute and comm at once
 --   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
 CREATE OR REPLACE TABLE _clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e

@@ -19,19 +19,20 @@
 -- map_gap_attr, map_between_steps, map_small_gaps, map_alloc_gaps, is_sync_api, overlapping, range_group.
 -- Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the map_todo ranks
---   between_steps(rank, s, e, other_work)  the intervals between consecutive step ranges
+--   between_steps(rank INTEGER, s BIGINT, e BIGINT, other_work BOOLEAN)  the intervals between consecutive
+--       step ranges
 --   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
 --       are not steps; nvtx_row = the range's rowid in nvtx: its name is read back only for the few
 --       ranges a result names (a million names copied here took 40 % of this table's time)
---   gap_attr(rank, s, e, dur, range_group, range_text)  gaps >= gap_ns with their CPU range
---   small_gaps(rank, n, ns)
---       per rank, the count and time of gaps shorter than gap_ns (the launch-bound signature;
---       the map's for map_ranks)
---   alloc_gaps(rank, n, ns, small_n, small_ns)
---       per rank, the gaps (any length) that device allocations and frees (alloc_api) fill at
---       least a quarter of, and those of them shorter than gap_ns: the GPU waited for the launch
---       that came after the allocator's call and its host work around it (a long wait for
---       something else, the next batch, with one allocation inside is not theirs)
+--   gap_attr(rank INTEGER, s BIGINT, e BIGINT, dur BIGINT, range_group VARCHAR, range_text VARCHAR)  gaps >=
+--       gap_ns with their CPU range
+--   small_gaps(rank INTEGER, n BIGINT, ns BIGINT)  per rank, the count and time of gaps shorter than gap_ns
+--       (the launch-bound signature; the map's for map_ranks)
+--   alloc_gaps(rank INTEGER, n BIGINT, ns BIGINT, small_n BIGINT, small_ns BIGINT)  per rank, the gaps (any
+--       length) that device allocations and frees (alloc_api) fill at least a quarter of, and those of them
+--       shorter than gap_ns: the GPU waited for the launch that came after the allocator's call and its host
+--       work around it (a long wait for something else, the next batch, with one allocation inside is not
+--       theirs)
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s

@@ -9,12 +9,12 @@
 -- where the sample was in a library.
 -- Reads: loop_osrt, osrt, gap_attr, ranks (untraced), overlapping, map_todo, map_ranks, map_osrt_traced,
 -- map_gap_cpu, nvtx, map_gap_python. Provides:
---   gap_cpu(rank, range_group, call, ns)   per gap group, time the loop thread spent in each
---       OS call inside those gaps (call NULL: the rest, when it was not blocked)
---   osrt_traced(rank)                      ranks with GPU idle gaps whose capture traced the OS
+--   gap_cpu(rank INTEGER, range_group VARCHAR, call VARCHAR, ns BIGINT)   per gap group, time the loop thread
+--       spent in each OS call inside those gaps (call NULL: the rest, when it was not blocked)
+--   osrt_traced(rank INTEGER)                      ranks with GPU idle gaps whose capture traced the OS
 --       runtime (the calls are not read for a capture without such gaps: a CPU-only one)
---   gap_python(rank, range_group, func, leaf, n)  per gap group, the samples taken in its gaps,
---       by function (leaf: the library function under it, or NULL)
+--   gap_python(rank INTEGER, range_group VARCHAR, func VARCHAR, leaf VARCHAR, n BIGINT)  per gap group, the
+--       samples taken in its gaps, by function (leaf: the library function under it, or NULL)
 CREATE OR REPLACE TABLE osrt_traced AS
 SELECT rank FROM ranks SEMI JOIN map_todo USING (rank)
 WHERE NOT regexp_matches(coalesce(untraced, ''), '(^|[ ,])osrt([ ,]|$)')

@@ -5,22 +5,21 @@
 -- Reads: cuda_api, memcpy, gpu_ops, steps, first_step, win, params, map_ranks, map_todo, map_host_syncs,
 -- map_sync_idle, map_sync_stats, is_sync_api, in_selected, overlapping, gap_attr.
 -- Provides:
---   host_syncs(rank, tid, start, end, name, step)  sync calls inside the rank's window: every
---       is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy (same correlation_id)
---       is DtoH into pageable memory (those block until the copy is done); name without the
---       `_vNNNN` suffix; step = the step whose range holds the call's start (any thread).
---       Not a host sync: the stream sync PyTorch makes right after a host-to-device copy from
---       pageable memory (the thread's previous CUDA call is that copy): the copy's own wait,
---       which pageable_memcpy reports with the copy
---   sync_idle(rank, start, end, tid, idle_ns)
---       per sync: GPU idle from its return (end) until the next GPU
---       op on the rank starts, the cost that matters (after a sync the CPU must refill the
---       queue). 0 when GPU work is running at the return; cut at the next sync's return (so idle
---       after back-to-back syncs is counted once) and at the window's end.
---   sync_stats(rank, n_syncs, n_steps, sync_per_step, blocked_ns, idle_after_ns,
---       idle_after_ns_per_step, top_name, names)  per rank with a window, 0 syncs included (names: `api xN, ...`,
---       most frequent first); n_steps = the selected
---       steps (NULL without steps, and then the per-step columns are NULL too)
+--   host_syncs(rank INTEGER, tid BIGINT, start BIGINT, end BIGINT, name VARCHAR, step BIGINT)  sync calls
+--       inside the rank's window: every is_sync_api call, and cudaMemcpy*/cudaMemcpyAsync calls whose copy
+--       (same correlation_id) is DtoH into pageable memory (those block until the copy is done); name without
+--       the `_vNNNN` suffix; step = the step whose range holds the call's start (any thread). Not a host
+--       sync: the stream sync PyTorch makes right after a host-to-device copy from pageable memory (the
+--       thread's previous CUDA call is that copy): the copy's own wait, which pageable_memcpy reports with
+--       the copy
+--   sync_idle(rank INTEGER, start BIGINT, end BIGINT, tid BIGINT, idle_ns BIGINT)  per sync: GPU idle from its
+--       return (end) until the next GPU op on the rank starts, the cost that matters (after a sync the CPU
+--       must refill the queue). 0 when GPU work is running at the return; cut at the next sync's return (so
+--       idle after back-to-back syncs is counted once) and at the window's end.
+--   sync_stats(rank INTEGER, n_syncs BIGINT, n_steps BIGINT, sync_per_step DOUBLE, blocked_ns BIGINT,
+--       idle_after_ns BIGINT, idle_after_ns_per_step DOUBLE, top_name VARCHAR, names VARCHAR)  per rank with
+--       a window, 0 syncs included (names: `api xN, ...`, most frequent first); n_steps = the selected steps
+--       (NULL without steps, and then the per-step columns are NULL too)
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
 CREATE OR REPLACE TABLE host_syncs AS
 WITH cp AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql): the pageable copies

@@ -7,12 +7,12 @@
 -- and a rank held up by a peer through its collectives spends much of its time between launches
 -- so; the replay counts that time as the GPU's, not as the CPU's own (queue_wait).
 -- Reads: cuda_api, gpu_ops, is_sync_api, map_done, map_none, map_cpu_blocks, map_queue_wait. Provides:
---   cpu_blocks(rank, start, end, sync, done, lb)   one row per blocking call; sync: it waited for
---       the GPU's work (a sync, a copy to the host); done: the end of the last GPU op launched
---       before it (what a sync waits for); lb: the start of the last op up to then that started
---       within 0.1 ms of its launch (the GPU had been waiting for the CPU)
---   queue_wait(rank, launch, cum)   at each NCCL kernel's launch, the time the rank's CUDA calls
---       under a millisecond that ended by then took beyond their API's median on the rank, summed
+--   cpu_blocks(rank INTEGER, start BIGINT, end BIGINT, sync BOOLEAN, done BIGINT, lb BIGINT)   one row per
+--       blocking call; sync: it waited for the GPU's work (a sync, a copy to the host); done: the end of the
+--       last GPU op launched before it (what a sync waits for); lb: the start of the last op up to then that
+--       started within 0.1 ms of its launch (the GPU had been waiting for the CPU)
+--   queue_wait(rank INTEGER, launch BIGINT, cum BIGINT)   at each NCCL kernel's launch, the time the rank's
+--       CUDA calls under a millisecond that ended by then took beyond their API's median on the rank, summed
 --       from the capture's start
 CREATE OR REPLACE TABLE cpu_blocks AS
 WITH c AS (  -- one row per interval (calls on two threads may share one): the report must not

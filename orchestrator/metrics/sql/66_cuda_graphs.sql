@@ -5,17 +5,17 @@
 -- its kernels that node-level tracing (--cuda-graph-trace=node) shows.
 -- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params,
 -- is_sync_api, union_length, in_selected, overlapping, map_ranks, map_todo, map_graph_usage. Provides:
---   graph_usage(rank, replays, n_steps, graph_level, graph_busy_ns, busy_ns, graph_share_pct, eager_kernels,
---       eager_kernel_ns, top_eager, between_ns, launch_ns, sync_ns, copy_ns, other_api_ns, python_ns)
---       per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
---       cudaGraphLaunch calls in the window (any thread: torch.compile's backward graph is
---       launched by the autograd engine's thread); graph_level: the replays are traced as
---       one row each (graph-level tracing), not as their kernels; graph_share_pct = graph GPU time (union) over all
---       GPU busy time; eager_* = kernels outside graphs (top_eager: the three with the most
---       time); between_ns = the time from the end of one graph launch to the next (any
---       thread), split by what the loop thread was in: kernel launches, host syncs, copies,
---       other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in backward()
---       for the autograd engine); the map's (map_graph_usage) for map_ranks
+--   graph_usage(rank INTEGER, replays BIGINT, n_steps BIGINT, graph_level BOOLEAN, graph_busy_ns BIGINT,
+--       busy_ns BIGINT, graph_share_pct DOUBLE, eager_kernels BIGINT, eager_kernel_ns BIGINT, top_eager
+--       VARCHAR, between_ns BIGINT, launch_ns BIGINT, sync_ns BIGINT, copy_ns BIGINT, other_api_ns BIGINT,
+--       python_ns BIGINT) per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
+--       cudaGraphLaunch calls in the window (any thread: torch.compile's backward graph is launched by the
+--       autograd engine's thread); graph_level: the replays are traced as one row each (graph-level tracing),
+--       not as their kernels; graph_share_pct = graph GPU time (union) over all GPU busy time; eager_* =
+--       kernels outside graphs (top_eager: the three with the most time); between_ns = the time from the end
+--       of one graph launch to the next (any thread), split by what the loop thread was in: kernel launches,
+--       host syncs, copies, other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in
+--       backward() for the autograd engine); the map's (map_graph_usage) for map_ranks
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
 --       (the map_todo ranks': the helpers below compute those only)
 --   _graph_launches(rank, start, end)  the graph launch calls in the window, on the ranks with graph work

@@ -12,8 +12,8 @@
 -- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref, map_ranks, map_todo, map_capture_api.
 -- Provides:
 --   overhead_call_ns()  nsys's cost per traced CUDA call, ns (the calibrated constant)
---   capture_api(rank, api_calls, launches)  per rank, the CUDA calls starting in its window and the
---       kernel and graph launches among them (the map's for map_ranks)
+--   capture_api(rank INTEGER, api_calls BIGINT, launches BIGINT)  per rank, the CUDA calls starting in its
+--       window and the kernel and graph launches among them (the map's for map_ranks)
 --   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, share,
 --       distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
 --       api_calls = CUDA calls starting in it (any thread), launches = the kernel and graph

@@ -1,9 +1,9 @@
 -- GPU work tables the rules read: memory copies and kernel statistics inside the window.
 -- Reads: memcpy, gpu_ops, win, map_ranks, map_todo, map_memcpy_window, map_kernel_stats. Provides:
---   memcpy_window(rank, kind, src_kind, n, bytes, ns)  copies by direction and host memory kind
+--   memcpy_window(rank INTEGER, kind VARCHAR, src_kind VARCHAR, n BIGINT, bytes BIGINT, ns BIGINT)  copies by
+--       direction and host memory kind (the map's for map_ranks)
+--   kernel_stats(rank INTEGER, n BIGINT, median_ns DOUBLE, n_steps BIGINT)          kernels inside the window
 --       (the map's for map_ranks)
---   kernel_stats(rank, n, median_ns, n_steps)          kernels inside the window (the map's for
---       map_ranks)
 CREATE OR REPLACE TABLE memcpy_window AS
 SELECT m.rank, m.kind, m.src_kind, count(*) AS n, sum(m.bytes) AS bytes,
        sum(least(m."end", w.w1) - greatest(m.start, w.w0)) AS ns

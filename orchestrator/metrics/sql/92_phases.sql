@@ -10,10 +10,10 @@
 --       gid numbers the groups (integers sort and hash faster than names, for the joins below)
 --   phase_ops(rank, gid, s, e, tid, inst)   GPU ops launched (CUDA call start, same thread) inside
 --       each range instance: the range's projection onto the GPU
---   phase_rows(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
---       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns)  the per-rank part of
---       phase_table: computed from phase_inst and phase_ops, and for map_ranks the map's
---       (map_phase_rows)
+--   phase_rows(rank INTEGER, grp VARCHAR, n BIGINT, total_ns BIGINT, mean_ns DOUBLE, med_ns DOUBLE, min_ns
+--       BIGINT, max_ns BIGINT, std_ns DOUBLE, n_steps BIGINT, per_step_ns DOUBLE, gpu_ns BIGINT,
+--       gpu_per_step_ns DOUBLE, gpu_ops BIGINT, gpu_span_ns BIGINT)  the per-rank part of phase_table:
+--       computed from phase_inst and phase_ops, and for map_ranks the map's (map_phase_rows)
 --   phase_table(rank, grp, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, n_steps,
 --       per_step_ns, gpu_ns, gpu_per_step_ns, gpu_ops, gpu_span_ns, cpu_median_ns, gpu_median_ns,
 --       cpu_outlier, gpu_outlier)

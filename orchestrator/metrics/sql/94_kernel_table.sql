@@ -6,10 +6,11 @@
 --   kernel_origin(short_name)  generated (Triton kernels, as torch.compile/Inductor names them:
 --       triton_poi_/_red_/_per_/_tem_...) / library (cuBLAS, cuDNN, ATen, NCCL, ...) / graph
 --       (one CUDA graph replay, `CUDA graph <id>`, with graph-level tracing: its kernels have no rows)
---   kernel_rows(rank, name, short_name, cls, origin, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
---       std_ns, n_steps, per_step_ns)   one row per rank and kernel (demangled name, as nsys
---       groups it; nsys also splits by grid/block) started inside stats_gpu: the rank's own
---       statistics, which a map computes (map_kernel_rows, taken for map_ranks)
+--   kernel_rows(rank INTEGER, name VARCHAR, short_name VARCHAR, cls VARCHAR, origin VARCHAR, n BIGINT,
+--       total_ns BIGINT, mean_ns DOUBLE, med_ns DOUBLE, min_ns BIGINT, max_ns BIGINT, std_ns DOUBLE, n_steps
+--       BIGINT, per_step_ns DOUBLE)   one row per rank and kernel (demangled name, as nsys groups it; nsys
+--       also splits by grid/block) started inside stats_gpu: the rank's own statistics, which a map computes
+--       (map_kernel_rows, taken for map_ranks)
 --   kernel_table(rank, name, short_name, cls, origin, n, total_ns, mean_ns, med_ns, min_ns,
 --       max_ns, std_ns, n_steps, per_step_ns, pct, median_total_ns, min_total_ns, max_total_ns,
 --       n_ranks, outlier)

@@ -1,8 +1,9 @@
 -- Memory operations across ranks (`cuda_gpu_mem_time_sum` + `cuda_gpu_mem_size_sum` per rank).
 -- Reads: memcpy, memset, stats_gpu_todo, map_mem_rows, map_ranks, loo_ref, is_outlier. Provides:
---   mem_rows(rank, op, host_kind, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, bytes,
---       mean_bytes, med_bytes, min_bytes, max_bytes, n_steps, per_step_ns, is_total)   the rank's
---       own statistics per op and host memory kind, and per op (is_total = 1, host_kind `all`),
+--   mem_rows(rank INTEGER, op VARCHAR, host_kind VARCHAR, n BIGINT, total_ns BIGINT, mean_ns DOUBLE, med_ns
+--       DOUBLE, min_ns BIGINT, max_ns BIGINT, std_ns DOUBLE, bytes BIGINT, mean_bytes DOUBLE, med_bytes
+--       DOUBLE, min_bytes BIGINT, max_bytes BIGINT, n_steps BIGINT, per_step_ns DOUBLE, is_total BIGINT)
+--       the rank's own statistics per op and host memory kind, and per op (is_total = 1, host_kind `all`),
 --       which a map computes (map_mem_rows, taken for map_ranks)
 --   mem_table(rank, op, host_kind, n, total_ns, mean_ns, med_ns, min_ns, max_ns, std_ns, bytes, mean_bytes,
 --       med_bytes, min_bytes, max_bytes, n_steps, per_step_ns, pct, median_total_ns, outlier)

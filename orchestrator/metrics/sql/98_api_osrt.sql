@@ -12,21 +12,23 @@
 --   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu, of
 --       the ranks not in map_ranks; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
 --       blocking = is_sync_api (CUDA) or is_wait_call (OS)
---   api_table(rank, api, name, tid, thread, role, n, total_ns, mean_ns, med_ns, min_ns, max_ns,
---       std_ns, n_steps, per_step_ns, pct)  tid NULL: the call over all threads (the nsys row);
---       else per thread; pct = share of the rank's time in that api
+--   api_table(rank INTEGER, api VARCHAR, name VARCHAR, tid BIGINT, thread VARCHAR, role VARCHAR, n BIGINT,
+--       total_ns BIGINT, mean_ns DOUBLE, med_ns DOUBLE, min_ns BIGINT, max_ns BIGINT, std_ns DOUBLE, n_steps
+--       BIGINT, per_step_ns DOUBLE, pct DOUBLE)  tid NULL: the call over all threads (the nsys row); else per
+--       thread; pct = share of the rank's time in that api
 --   cpu_call_excess(rank, name, ns_per_step, median_ns_per_step, excess_ns_per_step)
 --       per rank its (up to 3) OS calls on the main thread whose time per step most exceeds the
 --       other ranks' median (loo_ref; a rank with OS calls traced that never makes one counts 0
 --       of it): what the loop thread of a rank whose GPU work starts late does that the others do
 --       not. Waits for its own threads (is_thread_wait) are left out: a loop thread in
 --       pthread_cond_wait during backward waits for the autograd thread's launches
---   thread_table(rank, tid, thread, role, span_ns, launch_ns, sync_ns, wait_ns, blocked_ns,
---       n_steps, top_wait, blocked_per_step_ns, blocked_pct, launch_pct)  per thread with calls:
---       launch_ns = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking
---       CUDA calls (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union
---       of both (a sync that polls inside counts once), all clipped to the scope's end; span =
---       the scope (or the thread's own first..last call for the whole capture)
+--   thread_table(rank INTEGER, tid BIGINT, thread VARCHAR, role VARCHAR, span_ns BIGINT, launch_ns BIGINT,
+--       sync_ns BIGINT, wait_ns BIGINT, blocked_ns BIGINT, n_steps BIGINT, top_wait VARCHAR,
+--       blocked_per_step_ns DOUBLE, blocked_pct DOUBLE, launch_pct DOUBLE)  per thread with calls: launch_ns
+--       = union of non-blocking CUDA calls (launches, async copies), sync_ns = blocking CUDA calls
+--       (is_sync_api), wait_ns = blocking OS calls (is_wait_call), blocked_ns = union of both (a sync that
+--       polls inside counts once), all clipped to the scope's end; span = the scope (or the thread's own
+--       first..last call for the whole capture)
 --   _thread_names(rank, tid, thread, role)  thread names of the rank's process
 --   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
 --   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones

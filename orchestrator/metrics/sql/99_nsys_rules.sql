@@ -5,17 +5,18 @@
 -- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, stats_cpu_todo, stats_gpu_todo,
 -- is_sync_api, union_intervals, map_ranks, map_todo, map_sync_copies, map_sync_api_calls, map_gpu_slices.
 -- Provides:
---   sync_copies(rank, what, n, api_ns, gpu_ns, bytes, n_steps, top_api)  per rank, what =
---       `memcpy`: cudaMemcpy* calls without Async whose copy is not a small (<= 64000 B) HtoD and
---       not device-to-device (nsys cuda-sync-memcpy); `memset`: cudaMemset* calls without Async
---       with a memset (nsys cuda-sync-memset also requires pinned/managed memory, which the store
---       does not keep); api_ns = time the CPU spent in the calls (the cost), gpu_ns = on the GPU
---   sync_api_calls(rank, name, n, ns, max_ns, n_steps)  cudaDeviceSynchronize/StreamSynchronize
---       and the other is_sync_api calls (nsys cuda-sync-api: the first two only)
---   gpu_slices(rank, slice, s, e, busy_ns, util_pct)  nsys gpu-low-util per rank: the rank's
---       GPU span inside stats_gpu ([first op start, last op end]) cut in 30 equal slices; busy =
---       union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops up,
---       so its in-use can pass 100 % and hide idle time)
+--   sync_copies(rank INTEGER, what VARCHAR, n BIGINT, api_ns BIGINT, gpu_ns BIGINT, bytes BIGINT, n_steps
+--       BIGINT, top_api VARCHAR)  per rank, what = `memcpy`: cudaMemcpy* calls without Async whose copy is
+--       not a small (<= 64000 B) HtoD and not device-to-device (nsys cuda-sync-memcpy); `memset`: cudaMemset*
+--       calls without Async with a memset (nsys cuda-sync-memset also requires pinned/managed memory, which
+--       the store does not keep); api_ns = time the CPU spent in the calls (the cost), gpu_ns = on the GPU
+--   sync_api_calls(rank INTEGER, name VARCHAR, n BIGINT, ns BIGINT, max_ns BIGINT, n_steps BIGINT)
+--       cudaDeviceSynchronize/StreamSynchronize and the other is_sync_api calls (nsys cuda-sync-api: the
+--       first two only)
+--   gpu_slices(rank INTEGER, slice BIGINT, s BIGINT, e BIGINT, busy_ns BIGINT, util_pct DOUBLE)  nsys
+--       gpu-low-util per rank: the rank's GPU span inside stats_gpu ([first op start, last op end]) cut in 30
+--       equal slices; busy = union of every GPU op on the rank clipped to the slice (nsys adds concurrent ops
+--       up, so its in-use can pass 100 % and hide idle time)
 --   _slice_ops(rank, cls, s, e, start, end)  GPU ops clipped to each slice
 CREATE OR REPLACE TABLE sync_copies AS
 WITH a AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql)

@@ -3,8 +3,8 @@
 -- and longer gaps, where the CPU side kept the GPU waiting (gap_attr names their ranges). The
 -- symptom rule costs only what no cause claims, so it needs the split.
 -- Reads: gpu_slices, busy_gaps, params, map_ranks, map_slice_idle. Provides:
---   slice_idle(rank, slice, short_ns, long_ns)  per slice with idle: its idle in gaps under
---       gap_ns and in gaps of gap_ns or more (the two add up to the slice's idle); the map's for
+--   slice_idle(rank INTEGER, slice BIGINT, short_ns BIGINT, long_ns BIGINT)  per slice with idle: its idle in
+--       gaps under gap_ns and in gaps of gap_ns or more (the two add up to the slice's idle); the map's for
 --       map_ranks (busy_gaps holds the other ranks only)
 CREATE OR REPLACE TABLE slice_idle AS
 SELECT s.rank, s.slice,

@@ -8,13 +8,17 @@ Each `metrics/sql/NN_*.sql` opens with a comment block; three of its lines are m
     -- Provides:
     --   name(col, col, ...)  what it is, continued on lines indented deeper
     --   _helper(col, ...)    a leading `_`: private to this file
+    --   mapped(rank INTEGER, n BIGINT, ...)  columns with their types: what the map writes
 
 `Reads` lists store tables, `params` and earlier modules' public names; it may wrap onto the
 next comment lines and ends with a period. A `Provides` entry starts at three spaces after
 `--`; its parentheses hold the columns of a table or view, or the parameters of a macro. The
-block ends at the first line indented less. The scheduler builds its DAG from these
-declarations (sqlrun.py), tests/test_sql_modules.py checks them against what DuckDB runs,
-and scripts/gen_metrics_doc.py turns them into docs/metrics.md.
+block ends at the first line indented less. A table the map writes for the reduce
+(store/map_tables.py) gives each column its type (INTEGER, BIGINT, DOUBLE, VARCHAR, BOOLEAN):
+the header is the one declaration of its columns, which the store and the map read from it.
+The scheduler builds its DAG from these declarations (sqlrun.py), tests/test_sql_modules.py
+checks them against what DuckDB runs, and scripts/gen_metrics_doc.py turns them into
+docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 _NOTE = re.compile(r"\([^()]*\)")  # `ranks (untraced)`: a note on a read, not part of its name
 _ENTRY = re.compile(r"^--   (\w+)\s*\(")
 _NAME = re.compile(r"^\w+$")
+_TYPED = re.compile(r"^(\w+) (INTEGER|BIGINT|DOUBLE|VARCHAR|BOOLEAN)$")
 
 
 class HeaderError(ValueError):
@@ -39,6 +44,7 @@ class Provided:
     name: str
     columns: tuple[str, ...]
     doc: str
+    types: tuple[str, ...] = ()  # the columns' types, where the header gives them (every column's)
 
     @property
     def private(self) -> bool:
@@ -126,9 +132,23 @@ def _provides(lines: list[str], file: str) -> tuple[Provided, ...]:
         cols, close, doc = rest.partition(")")
         if not close or "(" in cols:
             raise HeaderError(f"{file}: `{text[:60]}...`: columns are plain names in one pair of parentheses")
-        out.append(Provided(name.strip(), _name_list(cols, file, f"{name.strip()} columns") if cols.strip() else (),
-                            " ".join(doc.split())))
+        names, types = _columns(cols, file, name.strip())
+        out.append(Provided(name.strip(), names, " ".join(doc.split()), types))
     return tuple(out)
+
+
+def _columns(text: str, file: str, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(names, types) of a Provides entry's columns: plain names, or each with its type."""
+    if not text.strip():
+        return (), ()
+    parts = [" ".join(c.split()) for c in _NOTE.sub("", text).split(",")]
+    typed = [_TYPED.match(c) for c in parts]
+    if any(typed):
+        if not all(typed):
+            raise HeaderError(f"{file}: {name} columns {parts}: give every column its type or none "
+                              "(`rank INTEGER, n BIGINT`)")
+        return tuple(m.group(1) for m in typed if m), tuple(m.group(2) for m in typed if m)
+    return _name_list(text, file, f"{name} columns"), ()
 
 
 def parse(file: str, sql: str) -> Module:

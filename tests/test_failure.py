@@ -115,39 +115,37 @@ def test_a_rank_that_lost_its_peer_is_not_the_first_failure(tmp_path: Path) -> N
     assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
 
 
-def test_a_rank_torchrun_stopped_can_be_the_first_failure(tmp_path: Path) -> None:
-    """Under nsys a rank's process ends only once its report is written. Here a wrapper keeps
-    rank 1's process 5 s after its program raised: torchrun sees rank 0 (which lost its peer)
-    fail first and stops rank 1 with SIGTERM. Rank 1's own traceback says it failed first."""
-    wrap = tmp_path / "slow_exit.sh"
-    wrap.write_text('#!/bin/bash\n"$@"; rc=$?\nif [ "$RANK" = 1 ]; then sleep 5; fi\nexit $rc\n')
-    wrap.chmod(0o755)
-    text = _torchrun(tmp_path, "victim", "--no-python", str(wrap), sys.executable)
-    failures = text[text.index("Failures:"):]
-    assert "rank      : 1 (local_rank: 1)\n  exitcode  : -15" in failures, text[-3000:]
-    assert "rank      : 0 (local_rank: 0)" in failures[failures.index("Root Cause"):], text[-3000:]
-    assert failure_line(text) == ("rank 1 failed first: ValueError: batch 7 has no labels "
-                                  "(torchrun names rank 0, which lost its peer)")
-    assert root_cause(text) == (1, "", False)
-    assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
+# Wrappers that hold rank 1's process 5 s after its program ended, as nsys holds it until its
+# report is written: one that torchrun's SIGTERM ends (-15), one that traps it, as orch's does,
+# and still ends with its program's status.
+_SLOW_EXIT = '#!/bin/bash\n"$@"; rc=$?\nif [ "$RANK" = 1 ]; then sleep 5; fi\nexit $rc\n'
+_SLOW_EXIT_TRAPPED = ('#!/bin/bash\ntrap "stopped=1" TERM\n"$@"; rc=$?\n'
+                      'if [ "$RANK" = 1 ]; then for _ in $(seq 50); do sleep 0.1; done; fi\nexit $rc\n')
 
 
-def test_a_killed_rank_torchrun_stopped_is_named_by_its_status(tmp_path: Path) -> None:
-    """Rank 1 is SIGKILLed while rank 0 waits for it in an all-reduce. A wrapper that traps
-    SIGTERM (as orch's does, to let nsys finish) holds rank 1's process 5 s after its program
-    died: torchrun sees rank 0, which lost its peer, fail first and stops rank 1, whose wrapper
-    still ends with its program's status. That status, not torchrun's root, names the rank."""
+@pytest.mark.parametrize(("how", "wrapper", "code", "line", "root"), [
+    ("victim", _SLOW_EXIT, "-15", "rank 1 failed first: ValueError: batch 7 has no labels", (1, "", False)),
+    ("kill_victim", _SLOW_EXIT_TRAPPED, "137",
+     "rank 1 failed first (killed by SIGKILL (exit status 137; out of memory? the OOM killer sends it))",
+     (1, "killed by SIGKILL (exit status 137; out of memory? the OOM killer sends it)", False)),
+], ids=["raised", "sigkilled"])
+def test_a_rank_torchrun_stopped_can_be_the_first_failure(tmp_path: Path, how: str, wrapper: str, code: str,
+                                                          line: str, root: tuple) -> None:
+    """Rank 1's program raises (or is SIGKILLed) while rank 0 waits for it in an all-reduce; the
+    wrapper keeps rank 1's process after its program ended, so torchrun sees rank 0 (which lost
+    its peer) fail first and stops rank 1 with SIGTERM. Rank 1's own traceback, or the status
+    its wrapper ended with, says it failed first."""
     wrap = tmp_path / "slow_exit.sh"
-    wrap.write_text('#!/bin/bash\ntrap "stopped=1" TERM\n"$@"; rc=$?\n'
-                    'if [ "$RANK" = 1 ]; then for _ in $(seq 50); do sleep 0.1; done; fi\nexit $rc\n')
+    wrap.write_text(wrapper)
     wrap.chmod(0o755)
-    text = _torchrun(tmp_path, "kill_victim", "--no-python", str(wrap), sys.executable)
+    text = _torchrun(tmp_path, how, "--no-python", str(wrap), sys.executable)
     failures = text[text.index("Failures:"):]
-    assert "rank      : 1 (local_rank: 1)\n  exitcode  : 137" in failures, text[-3000:]
+    assert f"rank      : 1 (local_rank: 1)\n  exitcode  : {code}" in failures, text[-3000:]
     assert "rank      : 0 (local_rank: 0)" in failures[failures.index("Root Cause"):], text[-3000:]
-    assert failure_line(text) == ("rank 1 failed first (killed by SIGKILL (exit status 137; out of memory? the OOM "
-                                  "killer sends it)) (torchrun names rank 0, which lost its peer)")
-    assert root_cause(text)[:2] == (1, "killed by SIGKILL (exit status 137; out of memory? the OOM killer sends it)")
+    assert failure_line(text) == f"{line} (torchrun names rank 0, which lost its peer)"
+    assert root_cause(text) == root
+    if how == "victim":
+        assert rank_traceback(text).splitlines()[-1] == "ValueError: batch 7 has no labels"
 
 
 def _node(tmp_path: Path, node: int, port: int) -> subprocess.Popen[str]:

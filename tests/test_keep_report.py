@@ -48,6 +48,22 @@ def _rendered(tmp_path: Path) -> Path:
     return r.script_dir / "rank_wrapper.sh"
 
 
+def _started(tmp_path: Path, program: str, job: str) -> tuple[subprocess.Popen, Path, Path, Path]:
+    """The rendered wrapper running `python tmp_path/program` as rank 0 of job `job`, in a session of
+    its own: (the process, its log, ORCH_CTL_DIR, nsys' TMPDIR, where its raw stream goes)."""
+    wrapper = _rendered(tmp_path)
+    ctl, tmp = tmp_path / "ctl", tmp_path / "tmp"
+    for d in (ctl, tmp):
+        d.mkdir()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": job, "ORCH_CTL_DIR": str(ctl),
+           "TMPDIR": str(tmp)}
+    log = tmp_path / "wrapper.log"
+    with open(log, "w") as fh:
+        p = subprocess.Popen(["bash", str(wrapper), sys.executable, str(tmp_path / program)],
+                             env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return p, log, ctl, tmp
+
+
 def _writers(nsys_pid: int, tmp: Path) -> list[int]:
     """nsys and the QdstrmImporter its agent runs on the stream: the processes writing the
     report. The agent itself is left alive: nsys 2022.4's agent killed by SIGKILL leaves its
@@ -66,16 +82,7 @@ def _writers(nsys_pid: int, tmp: Path) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_report_made_from_the_kept_stream_when_nsys_is_signalled_while_writing(
         tmp_path: Path, nsys: str, sig: signal.Signals) -> None:
-    wrapper = _rendered(tmp_path)
-    ctl, tmp = tmp_path / "ctl", tmp_path / "tmp"  # nsys' TMPDIR: its raw stream goes there
-    for d in (ctl, tmp):
-        d.mkdir()
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4244", "ORCH_CTL_DIR": str(ctl),
-           "TMPDIR": str(tmp)}
-    log = tmp_path / "wrapper.log"
-    with open(log, "w") as fh:
-        p = subprocess.Popen(["bash", str(wrapper), sys.executable, str(tmp_path / "prog.py")],
-                             env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    p, log, ctl, tmp = _started(tmp_path, "prog.py", "4244")
     deadline = time.monotonic() + 120
     while "Generating" not in log.read_text() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -109,16 +116,7 @@ def test_a_stop_after_the_program_ended_keeps_its_exit_status(tmp_path: Path, ns
     SIGTERM. The wrapper ends with its program's status (137), not the stop's: torchrun's
     failure list is how `orch status` tells the killed rank from the one that lost its peer."""
     (tmp_path / "killed.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    wrapper = _rendered(tmp_path)
-    ctl, tmp = tmp_path / "ctl", tmp_path / "tmp"
-    for d in (ctl, tmp):
-        d.mkdir()
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4245", "ORCH_CTL_DIR": str(ctl),
-           "TMPDIR": str(tmp)}
-    log = tmp_path / "wrapper.log"
-    with open(log, "w") as fh:
-        p = subprocess.Popen(["bash", str(wrapper), sys.executable, str(tmp_path / "killed.py")],
-                             env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    p, log, ctl, _ = _started(tmp_path, "killed.py", "4245")
     pid_file, deadline = ctl / "nsys.r0.pid", time.monotonic() + 120
     while not pid_file.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

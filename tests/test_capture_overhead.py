@@ -130,6 +130,10 @@ def test_header_and_tempered_launch_bound_on_eager(eager: Report, modern: dict[s
     assert lb.cost_ms == pytest.approx(row["gaps"] / 1e6, abs=1e-3)
     own = round((row["gaps"] - row["est_ns"]) / 1e6, 3)
     assert f"without the profiler the fix saves about {own} ms (the gaps less nsys' estimated share)" in lb.evidence
+    # ... and beside the saving, wherever it is shown (the terminal's and the HTML's cost).
+    assert lb.unprofiled_ms == own
+    said = f"fixing it saves ~{lb.cost_ms:,.1f} ms, {lb.cost_pct:g}% of the steps' time (about {own:,.1f} ms without"
+    assert said in " ".join(_terminal(eager).split()) and said in render_html(eager).replace("&#x27;", "'")
 
 
 def test_launch_gaps_the_profiler_explains_get_no_cuda_graph_advice(modern: dict[str, Path]) -> None:

@@ -211,6 +211,7 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     """The rule alone: costs the window's GPU idle (severity by its share), splits the time
     between replays, and stays silent for a rank without graphs."""
     from orchestrator.analyze.rules.cuda_graphs import RULE
+    from orchestrator.report.wording import cost
     from tests.rulekit import context, rank
 
     row = {"rank": 0, "replays": 20, "n_steps": 10, "graph_level": True, "graph_busy_ns": 60_000_000,
@@ -228,7 +229,8 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     over = {"rank": 0, "est_ns": 12_000_000, "api_calls": 1500}
     (g,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
                                  {"graph_usage": [row], "capture_overhead": [over]}))
-    assert g.cost_ms == 20.0 and g.severity == "medium"
+    assert g.cost_ms == 20.0 and g.severity == "medium" and g.unprofiled_ms == 8.0 and f.unprofiled_ms is None
+    assert cost(g) == "fixing it saves ~20.0 ms, 20% of the steps' time (about 8.0 ms without the profiler)"
     assert ("rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls): "
             "without the profiler the GPU idles about 8.0 ms") in g.evidence
     # The step that recorded the graphs (a one-off: 30 ms against a median 5 ms) idled 6 ms of the rest.

@@ -169,6 +169,10 @@ class Finding(Strict):
                                                      "(a symptom whose cause another finding names); none for a "
                                                      "finding with no measured cost")
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
+    unprofiled_ms: float | None = Field(None, description="what the fix would save without the profiler, "
+                                        "estimated: cost_ms less nsys' own per-call cost in it (capture_overhead), "
+                                        "where the cost is GPU idle that traced CUDA calls lengthen; the severity "
+                                        "follows it; none where the capture's saving is the fix's")
 
 
 class Window(Strict):

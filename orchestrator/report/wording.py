@@ -54,4 +54,5 @@ def cost(f: Finding) -> str:
     if f.cost_ms <= 0:
         return ""
     share = f", {f.cost_pct:g}% of the steps' time" if f.cost_pct is not None else ""
-    return f"fixing it saves ~{f.cost_ms:,.1f} ms{share}"
+    bare = f" (about {f.unprofiled_ms:,.1f} ms without the profiler)" if f.unprofiled_ms is not None else ""
+    return f"fixing it saves ~{f.cost_ms:,.1f} ms{share}{bare}"

@@ -174,13 +174,14 @@ def severity_for(pct_of_window: float) -> Severity:
 
 def finding(kind: str, ranks: Iterable[int], title: str, evidence: list[str], fix: str, cost_ms: float,
             *, pct: float | None = None, severity: Severity | None = None,
-            victims: Iterable[int] = ()) -> Finding:
+            victims: Iterable[int] = (), unprofiled_ms: float | None = None) -> Finding:
     """The one way a rule makes a finding: severity from `pct` (of the window) unless given."""
     if severity is None:
         severity = severity_for(pct or 0.0)
     return Finding(kind=kind, severity=severity, ranks=sorted(set(ranks)), title=title, evidence=evidence,
                    fix=fix, cost_ms=round(cost_ms, 3), cost_pct=None if pct is None else round(pct, 2),
-                   victims=sorted(set(victims)))
+                   victims=sorted(set(victims)),
+                   unprofiled_ms=None if unprofiled_ms is None else round(unprofiled_ms, 3))
 
 
 class DeclaredViews(Views):

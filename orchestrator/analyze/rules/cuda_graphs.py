@@ -71,7 +71,8 @@ class CudaGraphs(Rule):
             f"CUDA graphs replayed: {share}% of GPU time inside graphs, the GPU idle "
             f"{round(100 * idle[worst] / win[worst], 1)}% of the window between them",
             evidence, FIX, idle[worst], pct=100 * idle[worst] / win[worst],
-            severity=severity_for(max(100 * (idle[rk] - nsys.get(rk, 0.0)) / win[rk] for rk in idle)))]
+            severity=severity_for(max(100 * (idle[rk] - nsys.get(rk, 0.0)) / win[rk] for rk in idle)),
+            unprofiled_ms=idle[worst] - nsys[worst] if nsys.get(worst) else None)]
 
 
 RULE = CudaGraphs()

@@ -104,7 +104,8 @@ class LaunchBound(Rule):
         return [finding(
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
             FIX_GRAPHS if graphs else FIX, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
-            severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)))]
+            severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)),
+            unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None)]
 
     def _same_loop(self, hit: list[tuple[int, dict, dict]], real: list[int]) -> list[tuple[int, int, dict]]:
         """(rank, the launch-bound rank it matches, its kernel_stats row) for each rank of `hit`

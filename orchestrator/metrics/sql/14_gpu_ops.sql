@@ -23,7 +23,7 @@
 --       `between steps (other work)`), of the ranks gpu_ops has them for
 --   offstep_islands(rank INTEGER, s BIGINT, e BIGINT)  their union (what a map writes)
 --   comm_ops(rank INTEGER, kind VARCHAR, is_comm BOOLEAN, start BIGINT, end BIGINT, correlation_id BIGINT,
---       name VARCHAR, step INTEGER, tid BIGINT, launch BIGINT, graph BOOLEAN) the NCCL kernels of gpu_ops
+--       name VARCHAR, step INTEGER, tid BIGINT, launch BIGINT, graph BOOLEAN)  the NCCL kernels of gpu_ops
 --       (what a map writes)
 --   first_step(rank, first_step)  each rank's first step (in_selected leaves it out by default)
 -- A GPU op belongs to the step during which its CUDA launch happened, on any thread of the

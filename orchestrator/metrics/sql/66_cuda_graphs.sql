@@ -8,7 +8,7 @@
 --   graph_usage(rank INTEGER, replays BIGINT, n_steps BIGINT, graph_level BOOLEAN, graph_busy_ns BIGINT,
 --       busy_ns BIGINT, graph_share_pct DOUBLE, eager_kernels BIGINT, eager_kernel_ns BIGINT, top_eager
 --       VARCHAR, between_ns BIGINT, launch_ns BIGINT, sync_ns BIGINT, copy_ns BIGINT, other_api_ns BIGINT,
---       python_ns BIGINT) per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
+--       python_ns BIGINT)  per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
 --       cudaGraphLaunch calls in the window (any thread: torch.compile's backward graph is launched by the
 --       autograd engine's thread); graph_level: the replays are traced as one row each (graph-level tracing),
 --       not as their kernels; graph_share_pct = graph GPU time (union) over all GPU busy time; eager_* =

@@ -76,6 +76,25 @@ def test_a_retried_nsys_start_is_not_how_the_rank_ended() -> None:
                                      "program started, 3 time(s); its own messages are above")
 
 
+def test_a_native_abort_is_the_aborted_ranks_whichever_rank_torchrun_names() -> None:
+    """A real task log (tests/fixtures/failure/README.md): rank 0 aborted on gloo's size check,
+    rank 1 lost its peer and ended first, so torchrun named rank 1. The abort's message names no
+    rank; it is rank 0's, the one rank that ended by SIGABRT, and is not cut short by the note."""
+    text = (FIXTURES / "abort-after-peer-failed.err").read_text()
+    assert failure_line(text) == (
+        "rank 0 failed first (killed by SIGABRT (exit status 134; aborted: a failed check in native code)): "
+        "gloo::EnforceNotMet: op.preamble.length <= op.nbytes. 590912 vs 4. Received data size doesn't match "
+        "expected size. Is there a distributed collective mismatch in your code? "
+        "(torchrun names rank 1, which lost its peer)")
+    assert root_cause(text) == (0, "killed by SIGABRT (exit status 134; aborted: a failed check in native code)",
+                                False)
+    # Had both ranks aborted, the message could be either's: rank 0 is still first (rank 1's own
+    # traceback says it lost its peer), without words it cannot be sure are its own.
+    both = text.replace("exitcode  : 1 (pid: 6545)", "exitcode  : 134 (pid: 6545)")
+    assert failure_line(both) == ("rank 0 failed first (killed by SIGABRT (exit status 134; aborted: a failed check "
+                                  "in native code)) (torchrun names rank 1, which lost its peer)")
+
+
 def test_the_failing_ranks_own_traceback(tmp_path: Path) -> None:
     text = _torchrun(tmp_path, "raise")
     tb = rank_traceback(text).splitlines()

@@ -92,15 +92,18 @@ def _rank(fields: dict[str, str]) -> str:
     return (fields.get("rank", "?").split() or ["?"])[0]
 
 
-def _words(text: str, fields: dict[str, str], root: bool) -> str | None:
+def _words(text: str, fields: dict[str, str], root: bool, aborted_alone: bool = False) -> str | None:
     """A failed rank's own last words: orch's wrapper's message that ended it (nsys never
     started), else its exception line; for torchrun's root also an untagged traceback or a C++
-    abort's message (neither names a rank); else the wrapper's last note on it."""
+    abort's message (neither names a rank); the abort's message too for the one rank that
+    ended by SIGABRT (`aborted_alone`: std::terminate aborts, so it is that rank's, whichever
+    rank torchrun saw fail first); else the wrapper's last note on it."""
     rank = _rank(fields)
     said = [m.group(2) for m in _WRAPPER.finditer(text) if m.group(1) == rank]
     ended = [s for s in said if not _WRAPPER_NOTE.search(s)]
     block = _own(text, rank, untagged=root and not _killed(fields))
-    own = ended[-1:] or ([block[-1].strip()] if block else []) or (_native(text) if root else []) or said[-1:]
+    native = _native(text) if root or aborted_alone else []
+    own = ended[-1:] or ([block[-1].strip()] if block else []) or native or said[-1:]
     return own[0] if own else None
 
 
@@ -109,6 +112,11 @@ def _code(fields: dict[str, str]) -> int | None:
         return int(fields.get("exitcode", "?").split()[0])
     except (ValueError, IndexError):
         return None
+
+
+def _aborted(fields: dict[str, str]) -> bool:
+    """The rank ended by SIGABRT (what std::terminate sends after a C++ exception nobody caught)."""
+    return _code(fields) in (-6, 134)
 
 
 def _killed(fields: dict[str, str]) -> bool:
@@ -132,7 +140,9 @@ def _first(text: str) -> tuple[dict[str, str], str | None, bool] | None:
     a failed torchrun's output. A rank torchrun stopped may have raised first: under nsys, a
     rank's process ends only once nsys wrote its report, so the rank that lost its peer can end
     first; its own traceback tells."""
-    seen = [(f, _words(text, f, i == 0)) for i, f in enumerate(_failures(text))]
+    failures = _failures(text)
+    aborted = [f for f in failures if _aborted(f)]
+    seen = [(f, _words(text, f, i == 0, aborted == [f])) for i, f in enumerate(failures)]
     seen = [(f, w, _lost_peer(f, w)) for f, w in seen]
     return next((s for s in seen if not s[2]), seen[0]) if seen else None
 
@@ -189,14 +199,16 @@ def _status(code: str) -> str:
 
 
 def failure_line(text: str) -> str | None:
-    """One line saying why this task failed, or None when its output is not a torchrun's."""
+    """One line saying why this task failed, or None when its output is not a torchrun's: the
+    rank's words cut at 300 characters, then the note on torchrun's own root, which takes
+    nothing from them (a native error's message says its cause last)."""
     first = _first(text)
     if first is not None:
         fields, own, lost = first
         head = first_words(_rank(fields), _how(fields, lost))
         named = _rank(_failures(text)[0])
         note = f" (torchrun names rank {named}, which lost its peer)" if named != _rank(fields) else ""
-        return f"{head}: {own}"[:300 - len(note)] + note if own else head + note
+        return f"{head}: {own}"[:300] + note if own else head + note
     stopped = _STOPPED.search(text)
     if stopped:
         return (f"stopped by {_signal(int(stopped.group(1)))}: another node's rank failed, "

@@ -23,9 +23,15 @@ docs/metrics.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+
+# The analysis SQL modules (metrics/sql/NN_*.sql): run by the analysis, and read by the store
+# for the columns of the tables the map writes.
+SQL_DIR = Path(__file__).resolve().parent / "metrics" / "sql"
 
 _NOTE = re.compile(r"\([^()]*\)")  # `ranks (untraced)`: a note on a read, not part of its name
 _ENTRY = re.compile(r"^--   (\w+)\s*\(")
@@ -163,6 +169,13 @@ def parse(file: str, sql: str) -> Module:
 def parse_all(files: Iterable[tuple[str, str]]) -> list[Module]:
     """(file name, SQL) in execution order -> their declarations, in that order."""
     return [parse(name, sql) for name, sql in files]
+
+
+@functools.cache
+def analysis_modules() -> tuple[Module, ...]:
+    """Every file of SQL_DIR in execution order (its name's), read and parsed once a process:
+    the analysis plans them, the store takes the map tables' columns from them."""
+    return tuple(parse_all((f.name, f.read_text()) for f in sorted(SQL_DIR.glob("*.sql"))))
 
 
 _TOKEN_END = re.compile(r"\s|--|/\*")

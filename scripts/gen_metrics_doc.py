@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import sqlmodules
-from orchestrator.metrics.engine import SQL_DIR
+from orchestrator.sqlmodules import SQL_DIR
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 

@@ -11,7 +11,7 @@ from orchestrator.analyze.model_columns import columns, diff_columns, html_colum
 from orchestrator.analyze.model_report import RankMetrics
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.units import ms, ms_or_none
-from orchestrator.metrics.engine import SQL_DIR
+from orchestrator.sqlmodules import SQL_DIR
 
 pytestmark = pytest.mark.fast
 

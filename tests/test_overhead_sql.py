@@ -5,18 +5,16 @@ formula, not by orch."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
 import pytest
 
 from orchestrator.analyze.model_overhead import RankOverhead
 from orchestrator.analyze.overhead import overhead_line
+from orchestrator.sqlmodules import SQL_DIR
 from orchestrator.store.map_tables import SUMMARIES
 
 pytestmark = pytest.mark.fast
 
-SQL_DIR = Path(__file__).parents[1] / "orchestrator" / "metrics" / "sql"
 SQL = SQL_DIR / "67_capture_overhead.sql"
 CALL_NS = 7600
 WINDOW_NS = 1_000_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from orchestrator.metrics.engine import SQL_DIR
+from orchestrator.sqlmodules import SQL_DIR
 
 pytestmark = pytest.mark.fast
 

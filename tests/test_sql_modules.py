@@ -23,8 +23,8 @@ from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
-from orchestrator.metrics.engine import SQL_DIR, Options, Views, analysis
-from orchestrator.sqlmodules import HeaderError, Module
+from orchestrator.metrics.engine import Options, Views, analysis
+from orchestrator.sqlmodules import SQL_DIR, HeaderError, Module
 from orchestrator.store.map_tables import SUMMARIES
 from tests import sqlcheck
 

@@ -13,7 +13,6 @@ from orchestrator.collect.collect import collect, collecting
 from orchestrator.layout import Layout
 from orchestrator.metrics import sqlrun
 from orchestrator.metrics.engine import (
-    SQL_DIR,
     Options,
     analysis,
     analysis_threads,
@@ -22,6 +21,7 @@ from orchestrator.metrics.engine import (
     prepare,
     store_rows,
 )
+from orchestrator.sqlmodules import SQL_DIR
 
 pytestmark = pytest.mark.fast
 

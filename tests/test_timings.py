@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.metrics.engine import SQL_DIR
+from orchestrator.sqlmodules import SQL_DIR
 from tests.conftest import run_orch
 
 pytestmark = pytest.mark.replay

@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from orchestrator.store.tables import STORE_VERSION
 from orchestrator.store.views import relocate
 from orchestrator.timings import phase
 
-SQL_DIR = resources.files("orchestrator.metrics") / "sql"
 # The store layout this analysis reads is the one collect writes (history: store/tables.py).
 STORE_VERSIONS = {str(STORE_VERSION)}
 # DuckDB's own assertion failures, and the invalidated database they leave (see `analysis`).
@@ -223,8 +221,7 @@ def map_sql() -> str:
 
 @functools.cache
 def _plan() -> list[sqlrun.Unit]:
-    files = sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql"))
-    return sqlrun.plan([(f.name, f.read_text()) for f in files])
+    return sqlrun.plan_modules(sqlmodules.analysis_modules())
 
 
 class Views:

@@ -44,7 +44,11 @@ class Unit:
 
 def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
     """(name, sql) in execution order -> units with their dependencies (see module docstring)."""
-    modules = sqlmodules.parse_all(files)
+    return plan_modules(sqlmodules.parse_all(files))
+
+
+def plan_modules(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
+    """Parsed modules in execution order -> units with their dependencies."""
     seen: dict[str, set[str]] = {}  # name -> what reading it reads, through views of earlier files
     units = []
     for i, m in enumerate(modules):

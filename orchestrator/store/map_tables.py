@@ -47,7 +47,6 @@ changes too).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 
@@ -162,17 +161,10 @@ _MAPPED: tuple[tuple[str, str], ...] = (
 )
 # Written as parts of their own (large tables), not in the rank's stacked part.
 _OWN = ("map_compute_islands",)
-_SQL_DIR = Path(__file__).resolve().parent.parent / "metrics" / "sql"
-
-
-def _typed() -> dict[str, sqlmodules.Provided]:
-    """Every name an analysis file provides with typed columns, from the files' headers."""
-    return {p.name: p for f in sorted(_SQL_DIR.glob("*.sql"))
-            for p in sqlmodules.parse(f.name, f.read_text()).provides if p.types}
 
 
 def _summaries() -> tuple[Summary, ...]:
-    typed = _typed()
+    typed = {p.name: p for m in sqlmodules.analysis_modules() for p in m.provides if p.types}
     missing = [src for _, src in _MAPPED if src not in typed]
     if missing:  # a header that lost its types: the map's columns would be unknown
         raise sqlmodules.HeaderError(f"the map writes {missing}, whose headers give their columns no types")

@@ -53,6 +53,21 @@ def test_cpu_gap_ignores_data_ranges() -> None:
     assert f.title == "GPU idle while the CPU is in `optimizer`" and f.severity == "high"
 
 
+def test_a_gap_named_after_the_loop_threads_call_is_never_the_inputs() -> None:
+    """`cuLibraryLoadData` (the driver loading a kernel's module on first use) holds "load": a gap
+    named after the call the loop thread was in is the call's, not the input pipeline's, whatever
+    its words; a range the user or orch's marks named stays the input's."""
+    ctx = context([rank(0, gaps_by_range_ms={"loop thread in cuLibraryLoadData": 26.6, "orch: next batch": 4.2})],
+                  {"cp_roots": [], "cp_steps": []})
+    assert _run("data_loader_stall", ctx) == []  # 4.2 ms of input: under its 5 % threshold
+    (f,) = _run("cpu_gap", ctx)
+    assert f.title == "GPU idle while the loop thread is in `cuLibraryLoadData`" and f.cost_ms == 26.6
+    ctx = context([rank(0, gaps_by_range_ms={"data_load": 6.0, "between steps (input pipeline)": 1.0})],
+                  {"cp_roots": [], "cp_steps": []})
+    (g,) = _run("data_loader_stall", ctx)
+    assert g.cost_ms == 7.0
+
+
 PY = "loop thread in Python between CUDA calls"
 
 
@@ -510,6 +525,24 @@ def test_gpu_low_util_costs_only_the_idle_no_cause_claims() -> None:
     launch_only = [dict(r, short_ns=2_700_000, long_ns=0) for r in split]
     (h,) = _run("gpu_low_util", context([rank(0), rank(1)], {"gpu_slices": slices, "slice_idle": launch_only}))
     assert h.severity == "info" and h.cost_ms == 0.0
+
+
+def test_gpu_low_util_leaves_out_the_idle_of_one_off_steps() -> None:
+    """The same ten low slices, three of them in a one-off step (slice_oneoff: torch.compile's
+    graph recording) whose longer gaps fill them: only the other seven slices' longer gaps cost."""
+    slices = [{"rank": 0, "slice": i, "s": i * 3_000_000, "e": (i + 1) * 3_000_000,
+               "busy_ns": 300_000 if i < 10 else 3_000_000, "util_pct": 10.0 if i < 10 else 100.0} for i in range(30)]
+    split = [{"rank": 0, "slice": i, "short_ns": 700_000, "long_ns": 2_000_000} for i in range(10)]
+    once = [{"rank": 0, "slice": i, "ns": 2_000_000} for i in (0, 1, 2)] + [{"rank": 0, "slice": 20, "ns": 1_000_000}]
+    (f,) = _run("gpu_low_util", context([rank(0)], {"gpu_slices": slices, "slice_idle": split, "slice_oneoff": once}))
+    assert f.cost_ms == 14.0 and f.severity == "medium"  # 7 x 2 ms; slice 20 is not a low one
+    assert f.evidence[0].endswith("20.0 ms in longer gaps, 6.0 ms of them in one-off steps (warm-up, graph "
+                                  "recording), which no other step repeats: left out of the cost")
+    (g,) = _run("gpu_low_util", context([rank(0)], {"gpu_slices": slices, "slice_idle": split,
+                                                    "slice_oneoff": [dict(r, ns=2_000_000) for r in split]}))
+    assert g.severity == "info" and g.cost_ms == 0.0
+    assert g.evidence[-1] == ("costs nothing of its own: its launch gaps are the launch-bound finding's, its longer "
+                              "gaps in one-off steps")
 
 
 def test_layout_needed_only_without_layout() -> None:

@@ -90,7 +90,7 @@ def test_every_real_capture_has_a_truth_file_and_every_truth_file_a_capture() ->
         assert files and all(f.is_file() for f in files), t["case"]
         used |= {f.resolve() for f in files}
         assert t["how"].get("root") or t["cause"] in ("none", "cancel"), f"{t['case']}: how was the root found?"
-        for key in ("saving_ms", "steps", "peak_bytes"):
-            assert t[key] is None or t["how"].get(key), f"{t['case']}: how was {key} found?"
+        for key in ("saving_ms", "saving_unprofiled_ms", "steps", "peak_bytes"):
+            assert t.get(key) is None or t["how"].get(key), f"{t['case']}: how was {key} found?"
     exports = {f.resolve() for f in FIXTURES.rglob("*.sqlite.*") if f.suffix in (".gz", ".xz")}
     assert not exports - used, f"real captures without a truth file: {sorted(map(str, exports - used))[:10]}"

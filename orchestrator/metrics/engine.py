@@ -180,20 +180,31 @@ def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
 
 
 # The names of input-pipeline ranges and phases (a data loader's, a batch fetch): the rules read
-# it here and the SQL as params.input_re.
+# it here (is_input_range) and the SQL as params.input_re.
 DATA_RANGE = re.compile(r"data|load|batch|input|fetch|collate|sampler|prefetch", re.I)
+# A gap outside every range is named after the call its loop thread was in (40_gaps.sql): a CUDA or
+# OS call's name, never the input pipeline's, whatever words it holds (`cuLibraryLoadData`, the
+# driver loading a kernel's module on first use). The SQL reads it as params.call_gap.
+CALL_GAP = "loop thread in "
+
+
+def is_input_range(name: str) -> bool:
+    """Whether a range group or critical-path phase is the input pipeline's (DATA_RANGE), not a
+    call's (CALL_GAP)."""
+    return not name.startswith(CALL_GAP) and bool(DATA_RANGE.search(name))
 
 _PARAMS = ("CREATE OR REPLACE TABLE params (gap_ns BIGINT, step_lo INTEGER, step_hi INTEGER, steps_from VARCHAR, "
-           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR, input_re VARCHAR)")
+           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR, input_re VARCHAR, "
+           "call_gap VARCHAR)")
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """The `params` table every SQL file reads the user's options from."""
     lo, hi = opts.steps if opts.steps else (None, None)
     con.execute(_PARAMS)
-    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [round(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope, ended_early(con),
-             map_sql(), "(?i)" + DATA_RANGE.pattern])
+             map_sql(), "(?i)" + DATA_RANGE.pattern, CALL_GAP])
 
 
 def ended_early(con: duckdb.DuckDBPyConnection) -> bool:

@@ -28,7 +28,8 @@
 # with accumulation and with the slow dataset, a small GPT whose loop thread masks every batch in
 # Python: orch's Python samples name the function), each slow input timed at 0 and 8 workers, the
 # masking loop with and without its masking, the same GPT under Lightning and in an Accelerate loop
-# with accumulation, and compiled with CUDA graphs (its timing first: it fills Inductor's caches).
+# with accumulation, and compiled with CUDA graphs at 0 and 4 DataLoader workers (its timing first:
+# it fills Inductor's caches).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -50,10 +51,12 @@ LOOP_CAPTURES=(
   "lightning_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|lightning_gpt.py"
   "accelerate_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|accelerate_gpt.py"
   "loops_compile_ro||--compile reduce-overhead --steps 40|--compile default --steps 8 $GPT_TINY"
+  "loops_compile_ro_w4||--compile reduce-overhead --steps 40 --workers 4|--compile default --steps 8 --workers 2 $GPT_TINY"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
   "loops_compile_ro|--compile reduce-overhead"
+  "loops_compile_ro_w4|--compile reduce-overhead --workers 4"
   "loops_tokenise_w0|--sample-ms 5 --workers 0 --steps 20"
   "loops_tokenise_w8|--sample-ms 5 --workers 8 --steps 20"
   "loops_fused_accum4|--accum 4 --steps 20 --fused"

@@ -33,10 +33,13 @@ CAUSES = ("none", "gpu-compute", "cpu", "input", "stage", "host-sync", "launch",
 class Truth:
     """What is true of one capture. `root` is the ranks whose fix saves the time (all ranks for a
     cause every rank shares, none for a healthy run); `saving_ms` what the analysed steps take
-    less with it fixed, measured; `steps` the steps the capture holds; `peak_bytes` each rank's
-    highest GPU memory in use; `function` the Python function the time goes in, where the cause is
-    the user's code (the top finding must name it). None: not known for this case, not judged.
-    `how` says, per field, how it was found."""
+    less with it fixed, measured (in the captures, or their loops' own timings where no capture of
+    the fix was made); `saving_unprofiled_ms` the same without the profiler, where both were
+    measured (judged against a finding's own estimate without the profiler, where it gives one);
+    `steps` the steps the capture holds; `peak_bytes` each rank's highest GPU memory in use;
+    `function` the Python function the time goes in, where the cause is the user's code (the top
+    finding must name it). None: not known for this case, not judged. `how` says, per field, how
+    it was found."""
 
     case: str
     about: str
@@ -45,6 +48,7 @@ class Truth:
     root: list[int] = field(default_factory=list)
     outcome: str = "completed"
     saving_ms: float | None = None
+    saving_unprofiled_ms: float | None = None
     steps: int | None = None
     peak_bytes: dict[int, int] | None = None
     function: str | None = None
@@ -56,6 +60,8 @@ class Truth:
         self.root = sorted(self.root)
         if self.saving_ms is not None:
             self.saving_ms = round(self.saving_ms, 1)
+        if self.saving_unprofiled_ms is not None:
+            self.saving_unprofiled_ms = round(self.saving_unprofiled_ms, 1)
 
     def as_json(self) -> dict:
         d = asdict(self)

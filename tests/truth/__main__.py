@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-FAMILIES = ("pairs", "gpu_runs", "layouts", "single", "failing", "loops")
+FAMILIES = ("pairs", "gpu_runs", "layouts", "single", "failing", "loops", "graphs")
 
 
 def main(argv: list[str]) -> int:

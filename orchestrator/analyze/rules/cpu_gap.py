@@ -19,12 +19,12 @@ from orchestrator.analyze.rules.base import (
     python_line,
     worst_first,
 )
-from orchestrator.metrics.engine import DATA_RANGE
+from orchestrator.metrics.engine import CALL_GAP, is_input_range
 
-PYTHON = "loop thread in Python between CUDA calls"
+PYTHON = CALL_GAP + "Python between CUDA calls"
 # The loop thread in a device allocation or free, the calls alloc_api counts (11_cuda_calls.sql;
 # not cudaMallocHost's pinned host memory): 40_gaps.sql names such a gap by the call.
-ALLOC_CALL = re.compile(r"loop thread in (cudaMalloc(Async|FromPoolAsync|Managed|Pitch|3D)?|cudaFree(Async)?|"
+ALLOC_CALL = re.compile(re.escape(CALL_GAP) + r"(cudaMalloc(Async|FromPoolAsync|Managed|Pitch|3D)?|cudaFree(Async)?|"
                         r"cuMemAlloc(Async|FromPoolAsync|Managed|Pitch)?|cuMemCreate|cuMemFree(Async)?|"
                         r"cuMemRelease)(_v\d+)?$")
 PYTHON_FIX = (
@@ -49,7 +49,7 @@ class CpuGap(Rule):
         per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         for r in ctx.report.ranks:
             for name, ms in r.gaps_by_range_ms.items():
-                if not DATA_RANGE.search(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
+                if not is_input_range(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
                     per[name][r.rank] += ms - (once[r.rank].by_range.get(name, 0.0) if r.rank in once else 0.0)
         out = []
         for name, by_rank in per.items():
@@ -58,7 +58,7 @@ class CpuGap(Rule):
                 continue
             worst = max(100 * ms / win[rk] for rk, ms in hit.items())
             # Gaps no NVTX range explains are named by the loop thread's call (40_gaps.sql).
-            call = name.removeprefix("loop thread in ")
+            call = name.removeprefix(CALL_GAP)
             title = (f"GPU idle while the CPU is in `{name}`" if call == name
                      else "GPU idle while the loop thread runs Python between CUDA calls"
                      if name == PYTHON else f"GPU idle while the loop thread is in `{call}`")

@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule, finding
 from orchestrator.analyze.units import ms
-from orchestrator.metrics.engine import DATA_RANGE
+from orchestrator.metrics.engine import is_input_range
 
 # Ranges that can contain a collective or a wait, so their excess may be waiting for others.
 ABSORBS_WAIT = re.compile(r"backward|bwd|all.?reduce|all.?gather|reduce.?scatter|broadcast|barrier|sync|wait|"
@@ -61,7 +61,7 @@ class CpuPhaseOutlier(Rule):
         if not hot:
             return []
         # Ranges that cannot absorb waiting first, then by excess.
-        hot.sort(key=lambda h: (bool(ABSORBS_WAIT.search(h[1])) and not DATA_RANGE.search(h[1]), -h[0], h[1], h[2]))
+        hot.sort(key=lambda h: (bool(ABSORBS_WAIT.search(h[1])) and not is_input_range(h[1]), -h[0], h[1], h[2]))
         grp = hot[0][1]
         causes = [h for h in hot if h[1] == grp]
         cause_ranks = sorted({c[2] for c in causes})
@@ -80,7 +80,7 @@ class CpuPhaseOutlier(Rule):
         names = ", ".join(map(str, cause_ranks))
         return [finding(
             self.kind, cause_ranks, f"`{grp}` is slow on rank(s) {names}", evidence,
-            f"Rank(s) {names}: " + (ctx.data_loader_fix() if DATA_RANGE.search(grp) else ctx.cpu_gap_fix()),
+            f"Rank(s) {names}: " + (ctx.data_loader_fix() if is_input_range(grp) else ctx.cpu_gap_fix()),
             max(ms(c[3]["ns_per_step"] - c[4]) * c[3]["n_steps"] for c in causes), pct=worst,
             victims=[w[2] for w in waits])]
 

@@ -32,7 +32,7 @@ from orchestrator.analyze.rules.base import (
     python_line,
     worst_first,
 )
-from orchestrator.metrics.engine import DATA_RANGE
+from orchestrator.metrics.engine import is_input_range
 from orchestrator.ranklist import ranges
 
 
@@ -52,7 +52,7 @@ class DataLoaderStall(Rule):
             return []
         hidden = {rk: self._bubble_hidden(ctx, rk, ms, win[rk]) for rk, ms in stall.items()}
         roots = {r.rank for r in straggler.RULE.reported(ctx)
-                 if r.rank in stall and DATA_RANGE.search(r.phase) and not r.shared}
+                 if r.rank in stall and is_input_range(r.phase) and not r.shared}
         saving = {rk: 0.0 if rk in roots else ms - hidden[rk] for rk, ms in stall.items()}
         worst = max(100 * ms / win[rk] for rk, ms in saving.items())
         evidence = []
@@ -66,10 +66,10 @@ class DataLoaderStall(Rule):
                 evidence.append(f"rank {rk}'s pipeline stage would wait for its peers {round(hidden[rk], 3)} ms of "
                                 "it anyway (the schedule's bubble, which the stall now covers): fixing its input "
                                 f"saves {round(saving[rk], 3)} ms")
-            state = cpu_state(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
+            state = cpu_state(ctx, rk, is_input_range)
             if state:
                 evidence.append(state)
-            py = python_in_gaps(ctx, rk, lambda g: bool(DATA_RANGE.search(g)))
+            py = python_in_gaps(ctx, rk, is_input_range)
             if py:
                 evidence.append(python_line(rk, py))
             evidence += [f"rank {rk}'s {s.line}" + (": no workers, the loop thread loads every batch itself"
@@ -103,7 +103,7 @@ class DataLoaderStall(Rule):
         data: dict[int, float] = defaultdict(float)
         for r in ctx.report.ranks:
             for name, ms in r.gaps_by_range_ms.items():
-                if DATA_RANGE.search(name):
+                if is_input_range(name):
                     data[r.rank] += ms
         return {rk: ms for rk, ms in data.items() if win.get(rk) and ms >= self.min_share * win[rk]}
 

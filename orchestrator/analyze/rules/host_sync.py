@@ -22,7 +22,7 @@ from orchestrator.analyze.rules.base import (
     worst_first,
 )
 from orchestrator.analyze.units import ms
-from orchestrator.metrics.engine import DATA_RANGE
+from orchestrator.metrics.engine import is_input_range
 
 FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`total += loss.detach()`) "
        "and call `.item()` / log every N steps; avoid `print(tensor)`, `.cpu()`, `.tolist()` and "
@@ -45,7 +45,7 @@ class HostSync(Rule):
         hit: dict[int, tuple[dict, float]] = {}
         in_data: dict[int, float] = {}
         for g in ctx.views.rows("sync_idle_ranges"):
-            if DATA_RANGE.search(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
+            if is_input_range(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
                 in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ms(g["ns"])
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]

@@ -23,7 +23,7 @@ from orchestrator.analyze.rules.base import (
     severity_for,
 )
 from orchestrator.analyze.units import ms
-from orchestrator.metrics.engine import DATA_RANGE
+from orchestrator.metrics.engine import is_input_range
 from orchestrator.ranklist import ranges
 
 NO_CAUSE_FIX = ("No CPU-side cause is visible: its GPU was computing. Compare rank {rk}'s kernel times and GPU "
@@ -192,7 +192,7 @@ class Straggler(Rule):
                 severity = "info"
             # Late in an input pipeline every rank idles in: the data-loader finding covers every rank
             # and carries what fixing it saves, counted once (one rank's slow input stays this finding's).
-            folded = bool(shared) and bool(DATA_RANGE.search(phase))
+            folded = bool(shared) and is_input_range(phase)
             if folded:
                 evidence.append("every rank's GPU waits for its input: the data-loader finding is this cause, and "
                                 "what fixing it saves is counted there")
@@ -249,7 +249,7 @@ class Straggler(Rule):
                     + "; ".join(f"rank {f.ranks[0]} {ms} ms" for f, ms in fs)]
         evidence += [e for e in fs[0][0].evidence if e.startswith("every rank idles")]
         evidence += [e for e in fs[0][0].evidence if e.startswith("every rank's GPU waits for its input")]
-        fix = (ctx.data_loader_fix() if DATA_RANGE.search(phase) else
+        fix = (ctx.data_loader_fix() if is_input_range(phase) else
                f"Every rank is slow in `{phase}`: make it faster everywhere; then the slowest rank's share.")
         order = ("high", "medium", "low", "info")
         return finding(self.kind, rks, f"ranks {names} take turns holding each other up (in `{phase}`, a cause "
@@ -329,7 +329,7 @@ class Straggler(Rule):
              call: str | None = None, launches: bool = False) -> str:
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
-        if DATA_RANGE.search(phase):
+        if is_input_range(phase):
             return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."

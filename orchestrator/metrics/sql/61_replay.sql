@@ -169,10 +169,12 @@ WHERE (SELECT count(*) FROM s) > 1 AND (SELECT min(gpu) FROM s) > 0 AND (SELECT 
 
 -- Each node's GPU idle waiting for input since the previous node ended: the gaps attributed to
 -- an input-pipeline range or phase (params.input_re: a data-loading range, the wait between
--- steps for the next batch), what the `input on time` what-if removes.
+-- steps for the next batch; never a gap named after the loop thread's call, params.call_gap),
+-- what the `input on time` what-if removes.
 CREATE OR REPLACE TABLE _rp_input AS
 WITH grp AS (  -- the input's range groups: the pattern, a parameter, is compiled once a group, not once a gap
-    SELECT range_group FROM (SELECT DISTINCT range_group FROM gap_attr), params p WHERE regexp_matches(range_group, p.input_re)
+    SELECT range_group FROM (SELECT DISTINCT range_group FROM gap_attr), params p
+    WHERE regexp_matches(range_group, p.input_re) AND NOT starts_with(range_group, p.call_gap)
 ), g AS (SELECT rank, s, e FROM gap_attr SEMI JOIN grp USING (range_group))
 SELECT n.rank, n.step, n.pos, sum(least(g.e, n.s) - greatest(g.s, n.s - n.w)) AS ns
 FROM replay_nodes n JOIN g ON g.rank = n.rank AND g.s < n.s AND g.e > n.s - n.w
@@ -185,7 +187,8 @@ GROUP BY ALL;
 CREATE OR REPLACE TABLE _rp_sync AS
 WITH grp AS (  -- the input's range groups and the between-steps work's (a regex compiled once a group)
     SELECT range_group FROM (SELECT DISTINCT range_group FROM gap_attr), params p
-    WHERE regexp_matches(range_group, p.input_re) OR range_group = 'between steps (other work)'
+    WHERE (regexp_matches(range_group, p.input_re) AND NOT starts_with(range_group, p.call_gap))
+       OR range_group = 'between steps (other work)'
 ), g AS (  -- their gaps (GPU idle gaps: none overlaps another on a rank)
     SELECT rank, s, e FROM gap_attr SEMI JOIN grp USING (range_group)
 ), i AS (

@@ -4,13 +4,16 @@ the declarations to the SQL that provides them and to the orders users read."""
 
 from __future__ import annotations
 
+import random
+from decimal import Decimal
+
 import pytest
 
 from orchestrator import sqlmodules
 from orchestrator.analyze.model_columns import columns, diff_columns, html_columns, terminal_columns
 from orchestrator.analyze.model_report import RankMetrics
 from orchestrator.analyze.rank_pick import pick_ranks
-from orchestrator.analyze.units import ms, ms_or_none
+from orchestrator.analyze.units import ms, ms6, ms_or_none
 from orchestrator.sqlmodules import SQL_DIR
 
 pytestmark = pytest.mark.fast
@@ -39,6 +42,17 @@ def test_each_view_places_its_columns_once() -> None:
 def test_ms_rounds_as_each_caller_needs() -> None:
     assert ms(1_234_567) == 1.235 and ms(None) == 0.0 and ms_or_none(None) is None
     assert ms(1_234_567, 6) == 1.234567 and ms(1234567.4, 6) == 1.234567
+
+
+def test_ms6_is_ms_or_none_at_six_digits() -> None:
+    """The stats tables' one-call conversion returns what ms_or_none(ns, 6) does, value and type,
+    for the ints, floats and Decimals DuckDB hands back (a seeded sample of each)."""
+    rnd = random.Random(6)
+    values = [None, 0, -5, 2**53 + 1, 2**62, 0.5, 1e-7, Decimal("1234567.4999995")]
+    values += [rnd.randrange(2**50) for _ in range(2000)] + [rnd.random() * 1e12 for _ in range(2000)]
+    values += [Decimal(rnd.randrange(2**40)) / 7 for _ in range(500)]
+    got = [(ms6(v), type(ms6(v))) for v in values]
+    assert got == [(ms_or_none(v, 6), type(ms_or_none(v, 6))) for v in values]
 
 
 def test_pick_ranks_keeps_the_named_first_then_samples() -> None:

@@ -25,7 +25,7 @@ from orchestrator.analyze.model_stats_tables import (
     ThreadRow,
 )
 from orchestrator.analyze.rank_pick import by_findings, median_step_rank, pick_ranks
-from orchestrator.analyze.units import ms_or_none
+from orchestrator.analyze.units import ms6
 from orchestrator.metrics.engine import Options, Views
 
 TOP_PHASES = 40  # range groups
@@ -33,11 +33,6 @@ TOP_KERNELS = 25  # kernel names
 TOP_CALLS = 20  # call names per api
 LOW_UTIL_PCT = 50.0  # nsys gpu-low-util's default threshold
 TABLE_RANKS = 64  # ranks whose rows the tables keep, past which they keep the ones that matter
-
-
-def ms6(ns: float | int | None) -> float | None:
-    """ns -> ms to 6 decimals, ns precision (units.py): the tables are compared with nsys's ns numbers."""
-    return ms_or_none(ns, 6)
 
 
 def _dur(r: dict[str, Any]) -> dict[str, Any]:

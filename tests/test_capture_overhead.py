@@ -136,6 +136,15 @@ def test_header_and_tempered_launch_bound_on_eager(eager: Report, modern: dict[s
     assert said in " ".join(_terminal(eager).split()) and said in render_html(eager).replace("&#x27;", "'")
 
 
+def test_the_htmls_top_finding_is_drawn_in_its_severitys_colour(eager: Report) -> None:
+    """The banner above the findings is the top finding's: a red alarm only where it is high, and
+    an `info` one (a job with nothing worth fixing) drawn as such."""
+    assert eager.findings[0].severity == "high" and 'class="top top-high" id="top-finding"' in render_html(eager)
+    calm = eager.model_copy(update={"findings": [f.model_copy(update={"severity": "info"}) for f in eager.findings]})
+    page = render_html(calm)
+    assert 'class="top top-info" id="top-finding"' in page and ".top-info{border-left-color:#1b5e20" in page
+
+
 def test_launch_gaps_the_profiler_explains_get_no_cuda_graph_advice(modern: dict[str, Path]) -> None:
     """ResNet-18 with pageable copies: its step under nsys (README: 33.2 ms) lies inside the
     unprofiled runs' range (29.4-36.3 ms), so its sub-threshold gaps are not a launch problem the

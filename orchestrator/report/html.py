@@ -34,6 +34,8 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-
 .sev-high{color:#b71c1c;font-weight:bold}.sev-medium{color:#e65100}.sev-low{color:#01579b}
 .sev-info{color:#1b5e20}.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px}
 svg text{font-size:11px}.top{border-left:6px solid #b71c1c;background:#fff8f6;padding:8px 14px;margin:12px 0}
+.top-medium{border-left-color:#e65100;background:#fff8f0}.top-low{border-left-color:#01579b;background:#f3f9fd}
+.top-info{border-left-color:#1b5e20;background:#f4f9f1}
 .cpu{background:#e3f2fd;padding:8px 14px;border-left:6px solid #1565c0}.note{color:#555}"""
 
 
@@ -148,7 +150,8 @@ def _findings(report: Report) -> str:
     top = ""
     if report.findings and report.findings[0].kind != "healthy":
         f = report.findings[0]
-        top = (f'<div class="top" id="top-finding"><b class="sev-{_e(f.severity)}">{_e(f.severity)}</b> '
+        top = (f'<div class="top top-{_e(f.severity)}" id="top-finding"><b class="sev-{_e(f.severity)}">'
+               f"{_e(f.severity)}</b> "
                f"{_e(f.title)}<br><b>fix:</b> {_e(f.fix)}" + (f"<br>{_e(saves)}" if (saves := cost(f)) else "")
                + "</div>")
     return (f'{top}<h2>Findings</h2><table id="findings"><tr><th>severity</th><th>finding</th><th>ranks</th>'

@@ -21,7 +21,7 @@ real fixture).
 
 Three keys, from the loosest to the strictest, each checked by the analysis itself:
 - the SQL (map_done, 05_mapped.sql): what needs the rank's events alone, whatever the job and the
-  options (the optimizer's launches, the CUDA calls' counts, busiest thread and allocator calls);
+  options (the optimizer's launches, the CUDA calls' counts and busiest thread);
 - the steps (ops_mapped, 14_gpu_ops.sql): what needs the rank's events and its steps (the GPU ops
   per step that the window is made of, the NCCL kernels the collectives are matched from, the
   compute launched between steps). For these ranks `gpu_ops` holds the NCCL kernels only, and
@@ -148,11 +148,11 @@ _MAPPED: tuple[tuple[str, str], ...] = (
     # this SQL, so that the calls themselves stay in the parts.
     ("map_cuda_calls", "cuda_calls"),
     ("map_busy_thread", "busy_thread"),
-    ("map_alloc_api", "alloc_api"),
     ("map_rank_device", "rank_device"),
-    # Window statistics (map_ranks, as above): the CUDA calls in the window, the copies', the
-    # kernels' and memory operations' tables, the CUDA graphs'.
+    # Window statistics (map_ranks, as above): the CUDA calls in the window, the allocator's,
+    # the copies', the kernels' and memory operations' tables, the CUDA graphs'.
     ("map_capture_api", "capture_api"),
+    ("map_alloc_calls", "alloc_calls"),
     ("map_kernel_stats", "kernel_stats"),
     ("map_memcpy_window", "memcpy_window"),
     ("map_mem_rows", "mem_rows"),

@@ -1,6 +1,6 @@
 """Allocator churn: device memory allocated and freed with CUDA calls inside every step.
 
-From `report.memory` (view `alloc_calls`, metrics/sql/63_gpu_memory.sql): cudaMalloc/cudaFree
+From `report.memory` (view `alloc_calls`, metrics/sql/40_gaps.sql): cudaMalloc/cudaFree
 family calls per selected iteration and the CPU time in them. PyTorch's caching allocator
 reuses its blocks, so a steady loop makes almost none after its first steps; calls every step
 mean the cache is emptied (`torch.cuda.empty_cache()` in the loop) or shapes keep changing.

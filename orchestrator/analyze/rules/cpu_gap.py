@@ -22,7 +22,7 @@ from orchestrator.analyze.rules.base import (
 from orchestrator.metrics.engine import CALL_GAP, is_input_range
 
 PYTHON = CALL_GAP + "Python between CUDA calls"
-# The loop thread in a device allocation or free, the calls alloc_api counts (11_cuda_calls.sql;
+# The loop thread in a device allocation or free, the calls alloc_api counts (40_gaps.sql;
 # not cudaMallocHost's pinned host memory): 40_gaps.sql names such a gap by the call.
 ALLOC_CALL = re.compile(re.escape(CALL_GAP) + r"(cudaMalloc(Async|FromPoolAsync|Managed|Pitch|3D)?|cudaFree(Async)?|"
                         r"cuMemAlloc(Async|FromPoolAsync|Managed|Pitch)?|cuMemCreate|cuMemFree(Async)?|"

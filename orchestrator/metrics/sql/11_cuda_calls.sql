@@ -1,15 +1,12 @@
--- What needs a rank's CUDA calls alone: how many it made, which thread made most, its device
--- allocator calls. The map's (map_done) are taken: after a job the calls of a rank are read only
--- where no map did it, so the store can leave them in the parts (store/views.py).
--- Reads: cuda_api, threads, map_done, map_none, map_cuda_calls, map_busy_thread, map_alloc_api.
+-- What needs a rank's CUDA calls alone: how many it made, which thread made most. The map's
+-- (map_done) are taken: after a job the calls of a rank are read only where no map did it, so the
+-- store can leave them in the parts (store/views.py).
+-- Reads: cuda_api, threads, map_done, map_none, map_cuda_calls, map_busy_thread.
 -- Provides:
 --   cuda_calls(rank INTEGER, calls BIGINT, launches BIGINT)  per rank with CUDA calls: their number, and the
 --       kernel and graph launches among them (cudaLaunch*, cuLaunch*, cudaGraphLaunch*)
 --   busy_thread(rank INTEGER, tid BIGINT)  the thread that makes the most CUDA calls, autograd threads
 --       (pt_autograd_N) excluded; ties: the lowest tid
---   alloc_api(rank INTEGER, start BIGINT, end BIGINT, base VARCHAR)  device allocations and frees (base: the
---       call's name without its _vN suffix): cudaMalloc*, cuMemAlloc*, cuMemCreate, cudaFree*, cuMemFree*,
---       cuMemRelease
 CREATE OR REPLACE TABLE cuda_calls AS
 SELECT rank, count(*) AS calls,
        count(*) FILTER (WHERE name LIKE 'cudaLaunch%' OR name LIKE 'cuLaunch%' OR name LIKE 'cudaGraphLaunch%')
@@ -28,17 +25,3 @@ SELECT rank, tid FROM (
 WHERE i = 1
 UNION ALL
 SELECT * FROM map_busy_thread SEMI JOIN map_done USING (rank);
-
-CREATE OR REPLACE TABLE alloc_api AS
-WITH names AS (  -- the regex once per distinct name
-    SELECT name, regexp_replace(name, '_v\d+$', '') AS base
-    FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN map_none USING (rank))
-    WHERE regexp_matches(regexp_replace(name, '_v\d+$', ''),
-        '^(cudaMalloc|cudaMallocAsync|cudaMallocFromPoolAsync|cudaMallocManaged|cudaMallocPitch|cudaMalloc3D|'
-        'cuMemAlloc|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemAllocManaged|cuMemAllocPitch|cuMemCreate|'
-        'cudaFree|cudaFreeAsync|cuMemFree|cuMemFreeAsync|cuMemRelease)$')
-)
-SELECT a.rank, a.start, a."end", n.base FROM (SELECT * FROM cuda_api SEMI JOIN map_none USING (rank)) a
-JOIN names n USING (name)
-UNION ALL
-SELECT m.rank, m.start + d.off, m."end" + d.off, m.base FROM map_alloc_api m JOIN map_done d USING (rank);

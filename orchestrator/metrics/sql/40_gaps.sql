@@ -15,8 +15,11 @@
 -- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
 -- map_between_steps: store/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
 -- rank's gaps need its own events only.
--- Reads: islands, nvtx, steps, loop_thread, cuda_api, loop_osrt, memcpy, alloc_api, params, map_ranks, map_todo,
--- map_gap_attr, map_between_steps, map_small_gaps, map_alloc_gaps, is_sync_api, overlapping, range_group.
+-- The device allocator's calls count per rank in its selected iterations (alloc_calls), the map's
+-- for map_ranks; a rank's calls themselves (alloc_api) are read for the map_todo ranks only.
+-- Reads: islands, nvtx, steps, first_step, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
+-- map_gap_attr, map_between_steps, map_small_gaps, map_alloc_gaps, map_alloc_calls, is_sync_api, overlapping,
+-- range_group, in_selected.
 -- Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the map_todo ranks
 --   between_steps(rank INTEGER, s BIGINT, e BIGINT, other_work BOOLEAN)  the intervals between consecutive
@@ -33,6 +36,12 @@
 --       shorter than gap_ns: the GPU waited for the launch that came after the allocator's call and its host
 --       work around it (a long wait for something else, the next batch, with one allocation inside is not
 --       theirs)
+--   alloc_api(rank, start, end, base)  the map_todo ranks' device allocations and frees (base: the call's
+--       name without its _vN suffix): cudaMalloc*, cuMemAlloc*, cuMemCreate, cudaFree*, cuMemFree*,
+--       cuMemRelease
+--   alloc_calls(rank INTEGER, n_steps BIGINT, n_alloc BIGINT, n_free BIGINT, n_sync_free BIGINT, api_ns BIGINT,
+--       step_ns BIGINT)  allocator CUDA calls in the selected iterations (each from its step's start to the
+--       next step's start)
 CREATE OR REPLACE TABLE busy_gaps AS
 WITH b AS (
     SELECT rank, s, e, lead(s) OVER (PARTITION BY rank ORDER BY s) AS next_s
@@ -126,6 +135,45 @@ SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
 WHERE g.dur < p.gap_ns GROUP BY g.rank
 UNION ALL BY NAME
 SELECT * FROM map_small_gaps SEMI JOIN map_ranks USING (rank);
+
+-- Allocator churn: device allocations and frees called inside the selected iterations.
+-- cudaFree and cuMemFree wait for the whole device to finish before they return: each is a
+-- device synchronisation in the loop. cuMemCreate/cuMemRelease are the expandable-segments
+-- allocator's calls. Host (pinned) allocations are not counted.
+CREATE OR REPLACE TABLE alloc_api AS
+WITH todo AS (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)),
+names AS (  -- the regex once per distinct name
+    SELECT name, regexp_replace(name, '_v\d+$', '') AS base
+    FROM (SELECT DISTINCT name FROM todo)
+    WHERE regexp_matches(regexp_replace(name, '_v\d+$', ''),
+        '^(cudaMalloc|cudaMallocAsync|cudaMallocFromPoolAsync|cudaMallocManaged|cudaMallocPitch|cudaMalloc3D|'
+        'cuMemAlloc|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemAllocManaged|cuMemAllocPitch|cuMemCreate|'
+        'cudaFree|cudaFreeAsync|cuMemFree|cuMemFreeAsync|cuMemRelease)$')
+)
+SELECT a.rank, a.start, a."end", n.base FROM todo a JOIN names n USING (name);
+
+CREATE OR REPLACE TABLE alloc_calls AS
+WITH it AS (  -- selected iterations: from a step's start to the next one's (the last: its range end)
+    SELECT s.rank, s.start AS s, coalesce(lead(s.start) OVER (PARTITION BY s.rank ORDER BY s.start), s."end") AS e,
+           s.step, f.first_step
+    FROM (SELECT * FROM steps SEMI JOIN map_todo USING (rank)) s JOIN first_step f USING (rank)
+), sel AS (
+    SELECT it.* FROM it, params p WHERE in_selected(it.step, it.first_step, p.step_lo, p.step_hi)
+), placed AS (  -- each call in the iteration it starts in (ASOF: no steps x calls join)
+    SELECT c.* FROM alloc_api c ASOF JOIN sel ON sel.rank = c.rank AND c.start >= sel.s WHERE c.start < sel.e
+), per AS (
+    SELECT rank,
+           count(*) FILTER (WHERE base LIKE '%Alloc%' OR base LIKE 'cudaMalloc%' OR base = 'cuMemCreate') AS n_alloc,
+           count(*) FILTER (WHERE base LIKE '%Free%' OR base = 'cuMemRelease') AS n_free,
+           count(*) FILTER (WHERE base IN ('cudaFree', 'cuMemFree')) AS n_sync_free,
+           sum("end" - start) AS api_ns
+    FROM placed GROUP BY rank
+)
+SELECT s.rank, s.n_steps, coalesce(per.n_alloc, 0) AS n_alloc, coalesce(per.n_free, 0) AS n_free,
+       coalesce(per.n_sync_free, 0) AS n_sync_free, coalesce(per.api_ns, 0) AS api_ns, s.step_ns
+FROM (SELECT rank, count(*) AS n_steps, sum(e - s) AS step_ns FROM sel GROUP BY rank) s LEFT JOIN per USING (rank)
+UNION ALL BY NAME
+SELECT * FROM map_alloc_calls SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE alloc_gaps AS
 WITH o AS (

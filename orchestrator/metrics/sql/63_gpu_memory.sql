@@ -1,6 +1,5 @@
--- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), across ranks, and
--- allocator churn (cudaMalloc/cudaFree calls inside the steps).
--- Reads: gpu_memory, gpu_info, steps, every_step, first_step, win, params, alloc_api, in_selected. Provides:
+-- GPU memory in use over time per rank (nsys --cuda-memory-usage=true), and across ranks.
+-- Reads: gpu_memory, gpu_info, steps, every_step, first_step, win, params, in_selected. Provides:
 --   mem_level(rank, device, t, level, baseline)  bytes in use after every instant with allocations
 --       or frees on the rank's GPU: a running sum of allocations minus frees, plus the baseline
 --   mem_rank(rank, device, capacity, baseline, start_bytes, peak_bytes, peak_t, end_bytes,
@@ -14,8 +13,6 @@
 --       (the step a failed job ended in included: an out-of-memory rank's last allocations are
 --       there), the step it was reached in, and every other rank's level (rank, bytes) at that moment
 --   mem_curve(rank, b, t, level)        the highest level per time bucket (120 over the capture), for the HTML
---   alloc_calls(rank, n_steps, n_alloc, n_free, n_sync_free, api_ns, step_ns)  allocator CUDA calls
---       in the selected iterations (each from its step's start to the next step's start)
 --
 -- Baseline: nsys records the allocations it sees; memory the process held before the capture
 -- began is unknown (frees of it appear without their allocation). The curve starts at the
@@ -148,30 +145,3 @@ WITH span AS (
 )
 SELECT a.rank, a.b, a.t, greatest(coalesce(a.level, 0), coalesce(i.level, 0)) AS level
 FROM at_b a LEFT JOIN inb i USING (rank, b);
-
--- Allocator churn: device allocations and frees called inside the selected iterations.
--- cudaFree and cuMemFree wait for the whole device to finish before they return: each is a
--- device synchronisation in the loop. cuMemCreate/cuMemRelease are the expandable-segments
--- allocator's calls. Host (pinned) allocations are not counted.
-CREATE OR REPLACE TABLE alloc_calls AS
-WITH it AS (  -- selected iterations: from a step's start to the next one's (the last: its range end)
-    SELECT s.rank, s.start AS s, coalesce(lead(s.start) OVER (PARTITION BY s.rank ORDER BY s.start), s."end") AS e,
-           s.step, f.first_step
-    FROM steps s JOIN first_step f USING (rank)
-), sel AS (
-    SELECT it.* FROM it, params p WHERE in_selected(it.step, it.first_step, p.step_lo, p.step_hi)
-), calls AS (
-    SELECT rank, start, "end", base FROM alloc_api
-), placed AS (  -- each call in the iteration it starts in (ASOF: no steps x calls join)
-    SELECT c.* FROM calls c ASOF JOIN sel ON sel.rank = c.rank AND c.start >= sel.s WHERE c.start < sel.e
-), per AS (
-    SELECT rank,
-           count(*) FILTER (WHERE base LIKE '%Alloc%' OR base LIKE 'cudaMalloc%' OR base = 'cuMemCreate') AS n_alloc,
-           count(*) FILTER (WHERE base LIKE '%Free%' OR base = 'cuMemRelease') AS n_free,
-           count(*) FILTER (WHERE base IN ('cudaFree', 'cuMemFree')) AS n_sync_free,
-           sum("end" - start) AS api_ns
-    FROM placed GROUP BY rank
-)
-SELECT s.rank, s.n_steps, coalesce(per.n_alloc, 0) AS n_alloc, coalesce(per.n_free, 0) AS n_free,
-       coalesce(per.n_sync_free, 0) AS n_sync_free, coalesce(per.api_ns, 0) AS api_ns, s.step_ns
-FROM (SELECT rank, count(*) AS n_steps, sum(e - s) AS step_ns FROM sel GROUP BY rank) s LEFT JOIN per USING (rank);

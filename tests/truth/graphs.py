@@ -42,15 +42,17 @@ def cases() -> list[Truth]:
             case="graphs-gpt_eager_nvtx", input=_export("gpt_eager_nvtx"), cause="launch", root=[0],
             about="the eager GPT with NVTX `step N` ranges, 40 steps; nothing planted, launch-bound; its twin "
                   "replays the same step as one CUDA graph",
-            steps=steps["gpt_eager_nvtx"], saving_ms=spans["gpt_eager_nvtx"] - spans["gpt_eager_graphed_nvtx"],
+            steps=steps["gpt_eager_nvtx"],
+            saving_ms=(spans["gpt_eager_nvtx"] - spans["gpt_eager_graphed_nvtx"]) / (n - 1) * n,
             saving_unprofiled_ms=(timings["gpt_eager"] - timings["gpt_eager_graphed"]) * n,
             how={"root": ROOT,
                  "steps": "plain sqlite3: the `step N` NVTX ranges",
                  "cause": "the eager GPT is launch-bound (nothing planted for it); its twin captures the whole "
                           "step (forward, backward, clip, AdamW) in one torch.cuda.CUDAGraph and replays it: the "
                           "same kernels launched at once, nothing fused (modern_loops.py --cuda-graph)",
-                 "saving_ms": f"plain sqlite3: the span from the second `step N` range's start to the last's, "
-                              f"minus the graphed twin's ({n} steps each; same GPU UUID, same device call)",
+                 "saving_ms": f"plain sqlite3: the mean step period from the second `step N` range's start to "
+                              f"the last's ({n - 1} periods), minus the graphed twin's, times the {n} steps after "
+                              "the first (same GPU UUID, same device call)",
                  "saving_unprofiled_ms": f"the loops' own unprofiled timings (timings.json, median of 3 runs "
                                          f"each): (gpt_eager - gpt_eager_graphed) x the {n} steps after the "
                                          "first"}))

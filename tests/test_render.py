@@ -3,11 +3,14 @@ several (RANK, LOCAL_RANK) combinations with the REAL nsys around a tiny NVTX pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -328,6 +331,67 @@ if calls == 0:
     time.sleep(600)
 sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
 """
+
+
+# A stand-in for an nsys whose first start fails and leaves its agent behind (nsys 2022.4 did on a
+# loaded machine, "Connection reset by peer": the agent, in a session of its own, stayed for good):
+# the agent's command line names the session after the nsys of its start; a later call runs the
+# program as nsys would.
+ORPHANING_NSYS = """#!{python}
+import os, subprocess, sys
+out = os.environ["NSYS_STUB_OUT"]
+calls = len(os.listdir(out + "/calls"))
+open(f"{{out}}/calls/{{os.getpid()}}", "w").close()
+if calls == 0:
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--start-agent",
+                              f"--session-name=profile-sh-{{os.getpid()}}"], start_new_session=True)
+    open(f"{{out}}/agent", "w").write(str(agent.pid))
+    sys.exit(1)
+sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
+"""
+
+
+def test_a_failed_start_takes_its_nsys_agent_with_it(tmp_path: Path) -> None:
+    """An nsys that failed before its program started is started again, and the agent it left
+    behind in a session of its own is killed: no process outlives the rank."""
+    stub = tmp_path / "nsys"
+    stub.write_text(ORPHANING_NSYS.format(python=sys.executable))
+    stub.chmod(0o755)
+    (tmp_path / "calls").mkdir()
+    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
+    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    marker = tmp_path / "ran"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4246", "ORCH_CTL_DIR": str(ctl),
+           "NSYS_STUB_OUT": str(tmp_path)}
+    agent_file = tmp_path / "agent"
+    try:
+        # (an agent left behind holds the wrapper's stderr open: the run would not end)
+        p = subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable,
+                            str(tmp_path / "prog.py"), str(marker)], env=env, capture_output=True, text=True,
+                           timeout=60)
+        agent = int(agent_file.read_text())
+        assert p.returncode == 0, p.stderr
+        assert marker.read_text() == "0", p.stderr  # the program ran, once
+        assert "nsys exited with status 1 before the program started (attempt 1 of 3)" in p.stderr, p.stderr
+        deadline = time.monotonic() + 10  # killed: gone once its parent, the stand-in's first call, reaps it
+        while Path(f"/proc/{agent}").exists() and _state(agent) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{agent}").exists() or _state(agent) == "Z", "the failed start's agent outlived it"
+    finally:
+        if agent_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(agent_file.read_text()), signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, which has ended), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def test_wrapper_starts_nsys_again_when_it_hangs_before_the_program(tmp_path: Path) -> None:

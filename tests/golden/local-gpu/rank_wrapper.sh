@@ -117,11 +117,14 @@ trap stop_capture TERM INT HUP
 # `--session-name profile-<nsys pid>` in 2025), and keep_report.sh makes the report from the
 # link when nsys did not.
 kept=${TMPDIR:-/tmp}/orch-kept-${ORCH_JOB_ID:-local}-r$rank.qdstrm
+# The processes of nsys' session for the nsys of pid $1: its agent, found by its session name.
+agents() {
+  grep -lszE -- "^(--session-name=)?profile-(.*-)?$1\$" /proc/[0-9]*/cmdline | sed 's|^/proc/||; s|/cmdline$||'
+}
 link_stream() {
   local proc fd q
-  for proc in $(grep -lszE -- "^(--session-name=)?profile-(.*-)?$nsys_pid\$" /proc/[0-9]*/cmdline) \
-              /proc/"$nsys_pid"/cmdline; do
-    for fd in "${proc%/cmdline}"/fd/*; do
+  for proc in $(agents "$nsys_pid") "$nsys_pid"; do
+    for fd in /proc/"$proc"/fd/*; do
       q=$(readlink "$fd" 2>/dev/null) || continue
       case $q in
         */nsys-report-*.qdstrm)
@@ -161,13 +164,24 @@ for attempt in $(seq 1 "$attempts"); do
   done
   while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
   wait "$nsys_pid" || rc=$?
-  nsys_pid=""
   ran=0
   app=""
   if [ -e "$started" ]; then
     ran=1
     app=$(cat "$started" 2>/dev/null || true)
+  elif [ "$attempts" -gt 1 ]; then
+    # A start that failed can leave nsys' agent behind, in a session of its own, waiting for a
+    # launcher that is gone (nsys 2022.4, for good, holding the rank's output open): it is this
+    # attempt's and goes with it. Only where the marker tells a failed start from a program that
+    # ran, whose agent may still be turning the stream into the report. SIGTERM first: an agent
+    # killed outright can leave nsys' session table locked (docs/failing_jobs.md).
+    for proc in $(agents "$nsys_pid"); do
+      kill -TERM "$proc" 2>/dev/null || continue
+      for _ in 1 2 3 4 5 6 7 8 9 10; do running "$proc" || break; sleep 0.2 || true; done
+      kill -KILL "$proc" 2>/dev/null || true
+    done
   fi
+  nsys_pid=""
   # nsys can exit while its program runs on: when its agent dies (nsys 2022.4 and 2025 print
   # "Connection to [the] Agent lost." and exit with status 0), the program keeps running outside
   # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun

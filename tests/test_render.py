@@ -333,6 +333,26 @@ sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
 """
 
 
+def _run_with_stub(tmp_path: Path, stub_text: str, job: str, timeout: float,
+                   **env: str) -> subprocess.CompletedProcess[str]:
+    """One rank's wrapper, rendered with `stub_text` (a script; {python}: this interpreter) as its
+    nsys, run to its end on tmp_path/prog.py, which writes tmp_path/ran; the stand-in counts its
+    calls in tmp_path/calls."""
+    stub = tmp_path / "nsys"
+    stub.write_text(stub_text.format(python=sys.executable))
+    stub.chmod(0o755)
+    (tmp_path / "calls").mkdir()
+    job_spec = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
+    r = render(job_spec, tmp_path / "scripts", report_dir=tmp_path / "reports")
+    r.write()
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": job, "ORCH_CTL_DIR": str(ctl),
+           "NSYS_STUB_OUT": str(tmp_path), **env}
+    return subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable, str(tmp_path / "prog.py"),
+                           str(tmp_path / "ran")], env=env, capture_output=True, text=True, timeout=timeout)
+
+
 # A stand-in for an nsys whose first start fails and leaves its agent behind (nsys 2022.4 did on a
 # loaded machine, "Connection reset by peer": the agent, in a session of its own, stayed for good):
 # the agent's command line names the session after the nsys of its start; a later call runs the
@@ -354,24 +374,10 @@ sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
 def test_a_failed_start_takes_its_nsys_agent_with_it(tmp_path: Path) -> None:
     """An nsys that failed before its program started is started again, and the agent it left
     behind in a session of its own is killed: no process outlives the rank."""
-    stub = tmp_path / "nsys"
-    stub.write_text(ORPHANING_NSYS.format(python=sys.executable))
-    stub.chmod(0o755)
-    (tmp_path / "calls").mkdir()
-    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
-    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
-    r.write()
-    ctl = tmp_path / "ctl"
-    ctl.mkdir()
-    marker = tmp_path / "ran"
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4246", "ORCH_CTL_DIR": str(ctl),
-           "NSYS_STUB_OUT": str(tmp_path)}
-    agent_file = tmp_path / "agent"
+    agent_file, marker = tmp_path / "agent", tmp_path / "ran"
     try:
         # (an agent left behind holds the wrapper's stderr open: the run would not end)
-        p = subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable,
-                            str(tmp_path / "prog.py"), str(marker)], env=env, capture_output=True, text=True,
-                           timeout=60)
+        p = _run_with_stub(tmp_path, ORPHANING_NSYS, "4246", timeout=60)
         agent = int(agent_file.read_text())
         assert p.returncode == 0, p.stderr
         assert marker.read_text() == "0", p.stderr  # the program ran, once
@@ -397,20 +403,8 @@ def _state(pid: int) -> str:
 def test_wrapper_starts_nsys_again_when_it_hangs_before_the_program(tmp_path: Path) -> None:
     """An nsys that started no program ORCH_NSYS_START_S after it started is killed and
     started again; the program then runs once, and the rank ends with its status."""
-    stub = tmp_path / "nsys"
-    stub.write_text(HANGING_NSYS.format(python=sys.executable))
-    stub.chmod(0o755)
-    (tmp_path / "calls").mkdir()
-    job = load_job(_spec(tmp_path, "all", nproc=1, nodes=1, nsys_path=str(stub)))
-    r = render(job, tmp_path / "scripts", report_dir=tmp_path / "reports")
-    r.write()
-    ctl = tmp_path / "ctl"
-    ctl.mkdir()
     marker = tmp_path / "ran"
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "ORCH_JOB_ID": "4245", "ORCH_CTL_DIR": str(ctl),
-           "NSYS_STUB_OUT": str(tmp_path), "ORCH_NSYS_START_S": "2"}
-    p = subprocess.run(["bash", str(r.script_dir / "rank_wrapper.sh"), sys.executable, str(tmp_path / "prog.py"),
-                        str(marker)], env=env, capture_output=True, text=True, timeout=120)
+    p = _run_with_stub(tmp_path, HANGING_NSYS, "4245", timeout=120, ORCH_NSYS_START_S="2")
     assert p.returncode == 0, p.stderr
     assert marker.read_text() == "0", p.stderr  # the program ran, once
     assert "nsys started no program in 2 s (ORCH_NSYS_START_S): killing it" in p.stderr, p.stderr

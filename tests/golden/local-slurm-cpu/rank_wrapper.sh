@@ -160,6 +160,8 @@ for attempt in $(seq 1 "$attempts"); do
   done
   while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
   wait "$nsys_pid" || rc=$?
+  ended=$nsys_pid
+  nsys_pid=""  # (a stop from here on has no nsys to ask)
   ran=0
   app=""
   if [ -e "$started" ]; then
@@ -171,13 +173,12 @@ for attempt in $(seq 1 "$attempts"); do
     # attempt's and goes with it. Only where the marker tells a failed start from a program that
     # ran, whose agent may still be turning the stream into the report. SIGTERM first: an agent
     # killed outright can leave nsys' session table locked (docs/failing_jobs.md).
-    for proc in $(agents "$nsys_pid"); do
+    for proc in $(agents "$ended"); do
       kill -TERM "$proc" 2>/dev/null || continue
       for _ in 1 2 3 4 5 6 7 8 9 10; do running "$proc" || break; sleep 0.2 || true; done
       kill -KILL "$proc" 2>/dev/null || true
     done
   fi
-  nsys_pid=""
   # nsys can exit while its program runs on: when its agent dies (nsys 2022.4 and 2025 print
   # "Connection to [the] Agent lost." and exit with status 0), the program keeps running outside
   # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun

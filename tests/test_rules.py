@@ -9,7 +9,7 @@ import pkgutil
 import pytest
 
 import orchestrator.analyze.rules as rules_pkg
-from orchestrator.analyze.model_report import Finding, Imbalance, StageMetrics
+from orchestrator.analyze.model_report import Finding, Imbalance, StageMetrics, StepRow
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.rules.base import finding
 from orchestrator.ranklist import ranges
@@ -675,3 +675,42 @@ def test_healthy_runs_after_every_other_final_rule(monkeypatch) -> None:
     monkeypatch.setattr(rules, "registry", lambda: [HEALTHY, LateCause()])
     found = rules.find_all(context([rank(0), rank(1)]))
     assert [f.kind for f in found] == ["z_late_cause"]
+
+
+def _steps(ms: list[float]) -> list[StepRow]:
+    """A 2-rank job's steps: step 0 the warm-up, then `ms` (rank 1 a little faster each step)."""
+    return [StepRow(step=i, ms_by_rank={"0": t, "1": t - 0.05}, spread_ms=0.05, warmup=i == 0)
+            for i, t in enumerate([50.0, *ms])]
+
+
+# Eight steps around 10 ms: median 10.0, absolute deviations 0, .2, .2, .1, .1, 0, .3, .3 (median
+# 0.15), so sigma = 1.4826 * 0.15 = 0.22239 ms and a before/after measurement of 8 steps each tells
+# apart a summed saving of 2 * 0.22239 * sqrt(16) = 1.779 ms or more.
+EIGHT = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
+
+
+@pytest.mark.parametrize(("saving", "unprofiled", "pct", "kept"), [
+    (1.5, None, 3.0, "info"),    # low, under the 1.779 ms the steps' variation hides
+    (2.0, None, 3.0, "low"),     # low, above it
+    (30.0, 1.5, 3.0, "info"),    # the saving without the profiler is what is measured
+    (1.5, None, 8.0, "medium"),  # medium and above: never tested (the cause makes the steps vary)
+])
+def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving, unprofiled, pct, kept) -> None:
+    import orchestrator.analyze.rules as rules
+    from orchestrator.analyze.rules.base import Rule
+
+    class Small(Rule):
+        kind = "small"
+
+        def evaluate(self, ctx) -> list[Finding]:
+            return [finding(self.kind, [0], "a small cause", ["seen"], "fix it", saving, pct=pct,
+                            unprofiled_ms=unprofiled)]
+
+    monkeypatch.setattr(rules, "registry", lambda: [Small()])
+    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    assert f.severity == kept
+    said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so this stays `info`"
+    assert f.evidence[-1].endswith(said) if kept == "info" else f.evidence == ["seen"]
+    # Fewer than 4 analysed steps say nothing of their spread: the rule's severity stands.
+    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT[:3])))
+    assert f.severity == ("medium" if pct >= 5 else "low")

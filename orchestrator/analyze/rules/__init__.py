@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from orchestrator.analyze.measurable import measurable, step_noise
 from orchestrator.analyze.model_report import SEVERITY_ORDER, Finding
 from orchestrator.analyze.rules.base import Context, Rule
 
@@ -40,12 +41,15 @@ def rank_findings(found: list[Finding]) -> list[Finding]:
 
 def find_all(ctx: Context) -> list[Finding]:
     rules = registry()
+    # A low finding whose saving the steps' own variation would hide is info, before the final
+    # rules read the others' severities (measurable.py).
+    noise = step_noise(ctx.report)
     for rule in (r for r in rules if not r.final):
-        ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
+        ctx.findings.extend(measurable(f, noise) for f in rule.evaluate(ctx.for_rule(rule)))
     ctx.findings = rank_findings(ctx.findings)
     # A symptom's final rule defers to every cause found, the final causes' too: it runs after them.
     for rule in sorted((r for r in rules if r.final), key=lambda r: (r.summarises, r.symptom)):
-        ctx.findings.extend(rule.evaluate(ctx.for_rule(rule)))
+        ctx.findings.extend(measurable(f, noise) for f in rule.evaluate(ctx.for_rule(rule)))
     # Final rules' findings take their place by severity and cost too; a summary (`healthy`:
     # info, no cost) stays after everything it summarises.
     last = {r.kind for r in rules if r.summarises}

@@ -1,0 +1,66 @@
+"""Whether a small finding's saving could be measured at all: the steps' own variation.
+
+The loop a user runs is profile, fix, measure (the mean step time before and after). A saving
+of a few per cent that is smaller than what the steps vary by themselves cannot be told apart
+by that measurement over as many steps as the capture analysed, so the report keeps such a
+finding at `info` instead of asking for a fix nobody could confirm. Only `low` findings (under
+5 % of the window: rules/base.severity_for) are tested: a cause that costs more also makes the
+steps vary by itself (a stall in some steps, a straggler's slow ones), so their spread is no
+noise floor for it.
+
+The test is the usual two-sample one on the steps' mean: over n steps before and n after, with
+the steps' spread sigma (1.4826 x their median absolute deviation, robust to the one-off step),
+a saving of d ms a step is told apart when d >= 2 * sigma * sqrt(2 / n), i.e. when the summed
+saving is at least 2 * sigma * sqrt(2 * n).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from orchestrator.analyze.model_report import Finding, Report
+
+# Fewer analysed steps than this say nothing about their spread.
+MIN_STEPS = 4
+# Standard errors a saving must exceed (about 95 % confidence).
+Z = 2.0
+
+
+@dataclass(frozen=True)
+class StepNoise:
+    """The analysed steps' spread: `sigma_ms` a step over `steps` steps, and the smallest
+    summed saving over them a before/after measurement of as many steps tells apart."""
+
+    steps: int
+    sigma_ms: float
+
+    @property
+    def floor_ms(self) -> float:
+        return Z * self.sigma_ms * math.sqrt(2 * self.steps)
+
+
+def step_noise(report: Report) -> StepNoise | None:
+    """The job's analysed steps (the window's, the first one out unless --steps chose it; a
+    step lasts as long as its slowest rank's) and their spread, or None with too few."""
+    lo, hi = report.window.steps or (None, None)
+    times = [max(s.ms_by_rank.values()) for s in report.steps
+             if s.ms_by_rank and (s.step >= lo and s.step <= hi if lo is not None else not s.warmup)]
+    if len(times) < MIN_STEPS:
+        return None
+    med = statistics.median(times)
+    mad = statistics.median(abs(t - med) for t in times)
+    return StepNoise(steps=len(times), sigma_ms=1.4826 * mad)
+
+
+def measurable(f: Finding, noise: StepNoise | None) -> Finding:
+    """`f` as it is, or at `info` with the reason where it is `low` and its saving (without the
+    profiler where the rule estimated that) is within the steps' own variation."""
+    saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
+    if noise is None or f.severity != "low" or saving >= noise.floor_ms:
+        return f
+    why = (f"{round(saving, 3)} ms over the {noise.steps} analysed steps is less than they vary by themselves "
+           f"(sigma {round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps "
+           f"each tells apart {round(noise.floor_ms, 3)} ms or more, so this stays `info`")
+    return f.model_copy(update={"severity": "info", "evidence": [*f.evidence, why]})

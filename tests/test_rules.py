@@ -714,3 +714,19 @@ def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving
     # Fewer than 4 analysed steps say nothing of their spread: the rule's severity stands.
     (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT[:3])))
     assert f.severity == ("medium" if pct >= 5 else "low")
+
+
+def test_a_low_finding_not_costed_in_time_is_never_info_for_the_steps_variation(monkeypatch) -> None:
+    """Memory growing toward the GPU's capacity is low by the steps left, with no time cost."""
+    import orchestrator.analyze.rules as rules
+    from orchestrator.analyze.rules.base import Rule
+
+    class Growing(Rule):
+        kind = "growing"
+
+        def evaluate(self, ctx) -> list[Finding]:
+            return [finding(self.kind, [0], "memory grows", ["seen"], "fix it", 0.0, severity="low")]
+
+    monkeypatch.setattr(rules, "registry", lambda: [Growing()])
+    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    assert (f.severity, f.evidence) == ("low", ["seen"])

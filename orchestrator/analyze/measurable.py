@@ -55,11 +55,11 @@ def step_noise(report: Report) -> StepNoise | None:
 
 
 def measurable(f: Finding, noise: StepNoise | None) -> Finding:
-    """`f` as it is, or at `info` with the reason where it is `low` and its saving (without the
-    profiler where the rule estimated that) is within the steps' own variation."""
+    """`f` as it is, or at `info` with the reason where it is `low` by the time it costs and its
+    saving (without the profiler where the rule estimated that) is within the steps' own variation."""
     saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
-    if noise is None or f.severity != "low" or saving >= noise.floor_ms:
-        return f
+    if noise is None or f.severity != "low" or f.cost_pct is None or saving >= noise.floor_ms:
+        return f  # (no cost_pct: a severity not set by time, such as memory growing toward the GPU's capacity)
     why = (f"{round(saving, 3)} ms over the {noise.steps} analysed steps is less than they vary by themselves "
            f"(sigma {round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps "
            f"each tells apart {round(noise.floor_ms, 3)} ms or more, so this stays `info`")

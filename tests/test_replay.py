@@ -17,13 +17,14 @@ import lzma
 import shutil
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from orchestrator.analyze.build import build_report
 from orchestrator.analyze.model_report import Report
 from orchestrator.collect.collect import collect
 from orchestrator.layout import Layout
-from orchestrator.metrics.engine import Options
+from orchestrator.metrics.engine import Options, analysis
 from orchestrator.report.diff import diff_reports
 from orchestrator.report.html import render_html
 from tests.stores import Stores
@@ -93,6 +94,35 @@ def test_every_report_says_how_far_its_replay_is_from_the_trace(reports: dict[st
     twin = reports["dp2pp2-gpipe-ok"]
     row = next(r for r in diff_reports(twin, rep)["rows"] if r["metric"] == "replay error %")
     assert (row["a"], row["b"]) == (twin.replay.error_pct, rep.replay.error_pct)
+
+
+# The real captures where a rank's what-if is left unreplayed: a 2-rank job whose other rank
+# never arrived alone last at a synchronisation nor ended a step alone last.
+UNREPLAYED = ["gpu_e2e-ddp", "h200-ddp_straggler", "real-item_sync"]
+
+
+@pytest.mark.parametrize("case", UNREPLAYED)
+def test_a_rank_that_held_nobody_up_saves_what_replaying_it_would_within_the_replays_error(
+        stores: Stores, case: str) -> None:
+    """Its what-if saves 0 unreplayed; replayed after all (every scenario forced back into the
+    replay's rounds), it saves no more than the replay's error."""
+    con, _ = analysis(stores.report(case)[0] / "profile.duckdb", Options())
+    try:
+        skipped = [r[0] for r in con.execute("SELECT scn FROM replay_scenarios WHERE NOT replayed").fetchall()]
+        assert skipped, "every rank was replayed"
+        saved = dict(con.execute("SELECT scn, saving_ns FROM replay_whatif").fetchall())
+        assert [saved[s] for s in skipped] == [0] * len(skipped)
+        (error_ns,) = con.execute("SELECT error_ns FROM replay_error").fetchone()
+        con.execute("UPDATE replay_scenarios SET replayed = true")
+        sql = (Path(__file__).parents[1] / "orchestrator" / "metrics" / "sql" / "61_replay.sql").read_text()
+        rounds = [st.query for st in duckdb.extract_statements(sql)]
+        first = next(i for i, q in enumerate(rounds) if "TABLE replay_scenarios AS" in q)
+        for q in rounds[first + 1:]:
+            con.execute(q)
+        replayed = dict(con.execute("SELECT scn, saving_ns FROM replay_whatif").fetchall())
+        assert all(0 <= replayed[s] <= error_ns for s in skipped), ([replayed[s] for s in skipped], error_ns)
+    finally:
+        con.close()
 
 
 # What removing each planted cause saves, against its twin's measured difference (truth files:

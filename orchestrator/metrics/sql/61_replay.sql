@@ -19,7 +19,8 @@
 -- analysed steps. `rank <r>`: the rank's own work, CPU time between launches and CPU time around
 -- its blocks at the median of its stage's other ranks at the same place of the same step (alone
 -- in its stage: its own median over the steps), never slower than it was; up to 32 ranks, those
--- whose own work exceeds their peers' the most. `stages balanced` (a pipeline): every rank's own
+-- whose own work exceeds their peers' the most, replayed where they held someone up (below).
+-- `stages balanced` (a pipeline): every rank's own
 -- work and its CPU times each scaled to the stages' mean, the same work split evenly between the
 -- stages; what it saves is what unequal stages cost, the bubble above the
 -- schedule's own with these transfers and these forward and backward costs. `input on time`: every
@@ -38,9 +39,10 @@
 --       step began (anchor), the CPU's own time (dc; pre and post around its last block of bw,
 --       which the GPU ended gw after the previous node's end; bsync: that block waited for the GPU's
 --       work, a host sync)
---   replay_scenarios(scn, what, rank)   scn 0 is the unchanged trace, -1 the stages balanced, -2
---       the input on time, -3 no host syncs;
---       `rank` the rank a what-if changes
+--   replay_scenarios(scn, what, rank, replayed)   scn 0 is the unchanged trace, -1 the stages
+--       balanced, -2 the input on time, -3 no host syncs;
+--       `rank` the rank a what-if changes; replayed: false for a rank that held nobody up (never
+--       alone the last to start a node's instance or to end a step), whose what-if saves 0
 --   replay_rank_step(scn, step, rank, e_obs, e_rep, forced)   per scenario, step and rank: the
 --       end of its last node of the step, measured and replayed; forced: nodes so far that had to
 --       be ended without their instance (its members met them in different orders)
@@ -201,19 +203,32 @@ SELECT n.rank, n.step, n.pos, sum(least(y.e, n.s) - greatest(y.s, n.s - n.w)) AS
 FROM replay_nodes n JOIN y ON y.rank = n.rank AND y.s < n.s AND y.e > n.s - n.w
 GROUP BY ALL;
 
+-- The what-ifs. A rank's own work at its peers' pace can only move its own arrivals earlier (the
+-- replay is max-plus): what it saves comes from the synchronisations it arrived at last, and from
+-- the steps it ended last. A rank that was never alone the last to start a node's instance nor
+-- alone the last to end a step held nobody up (where another rank arrived with it, as the copies
+-- of one rank do, removing it leaves the other): its what-if is not replayed and saves 0, within
+-- the replay's error of what replaying it would give (the trace's starts, not the replay's
+-- arrivals, tell who came last).
 CREATE OR REPLACE TABLE replay_scenarios AS
 WITH cand AS (
     SELECT rank, sum(greatest(w - w_med, 0) + greatest(coalesce(dc - dc_med, 0), 0)) AS ns FROM _rp_peer GROUP BY rank
-)
-SELECT 0 AS scn, 'unchanged' AS what, NULL::INTEGER AS rank
+), start_last AS (
+    SELECT rank FROM replay_nodes
+    QUALIFY s = max(s) OVER (PARTITION BY inst) AND count(*) OVER (PARTITION BY inst, s) = 1
+), step_end AS (SELECT rank, step, max(e) AS e FROM replay_nodes GROUP BY ALL),
+end_last AS (
+    SELECT rank FROM step_end QUALIFY e = max(e) OVER (PARTITION BY step) AND count(*) OVER (PARTITION BY step, e) = 1
+), held AS (SELECT rank FROM start_last UNION SELECT rank FROM end_last)
+SELECT 0 AS scn, 'unchanged' AS what, NULL::INTEGER AS rank, true AS replayed
 UNION ALL
-SELECT -1, 'stages balanced', NULL FROM _rp_stage_f HAVING count(*) > 0
+SELECT -1, 'stages balanced', NULL, true FROM _rp_stage_f HAVING count(*) > 0
 UNION ALL
-SELECT -2, 'input on time', NULL FROM _rp_input HAVING count(*) > 0
+SELECT -2, 'input on time', NULL, true FROM _rp_input HAVING count(*) > 0
 UNION ALL
-SELECT -3, 'no host syncs', NULL FROM replay_nodes WHERE bsync HAVING count(*) > 0
+SELECT -3, 'no host syncs', NULL, true FROM replay_nodes WHERE bsync HAVING count(*) > 0
 UNION ALL
-SELECT row_number() OVER (ORDER BY ns DESC, rank) AS scn, 'rank ' || rank, rank
+SELECT row_number() OVER (ORDER BY ns DESC, rank) AS scn, 'rank ' || rank, rank, rank IN (SELECT rank FROM held)
 FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
 
 -- Each scenario's own work per node: the what-if's rank at its peers' median, never slower (and
@@ -249,6 +264,7 @@ SELECT sc.scn, p.rank, p.gpos, p.inst, p.size, p.t, p.dur, p.buffered,
             ELSE p.post END AS post,
        CASE WHEN NOT coalesce(sc.scn = -3 AND p.bsync, false) THEN p.bw END AS bw, p.gw
 FROM replay_scenarios sc JOIN node p ON sc.rank IS NULL OR sc.rank = p.rank
+WHERE sc.replayed
 -- In node order: a replay round's cursors stand at nodes close together in gpos, and its join
 -- reads the table faster in that order (docs/benchmarks-code.md).
 ORDER BY p.gpos, sc.scn, p.rank;
@@ -267,6 +283,7 @@ run(scn, nodes, rank, gpos, clock, cpu, forced) AS (
     SELECT sc.scn, CASE WHEN sc.rank IS NULL OR sc.rank = k.rank THEN sc.scn ELSE 0 END, k.rank, 1, k.anchor,
            NULL::BIGINT, 0
     FROM replay_scenarios sc CROSS JOIN (SELECT rank, min_by(anchor, gpos) AS anchor FROM replay_nodes GROUP BY rank) k
+    WHERE sc.replayed
     UNION ALL
     SELECT scn, nodes, rank,
            CASE WHEN done OR NOT moved THEN gpos + 1 ELSE gpos END,
@@ -333,4 +350,7 @@ SELECT x.scn, sc.what, sc.rank, count(*) AS steps, sum(b.replayed_ns - x.replaye
 FROM _rp_steps x JOIN _rp_steps b ON b.step = x.step AND b.scn = 0 JOIN replay_scenarios sc ON sc.scn = x.scn,
      params p
 WHERE x.scn <> 0 AND in_selected(x.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi)
-GROUP BY x.scn, sc.what, sc.rank;
+GROUP BY x.scn, sc.what, sc.rank
+UNION ALL  -- a rank that held nobody up, not replayed
+SELECT scn, what, rank, (SELECT count(*) FROM replay_steps), 0, 0.0 FROM replay_scenarios
+WHERE NOT replayed AND (SELECT count(*) FROM replay_steps) > 0;

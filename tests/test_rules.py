@@ -709,8 +709,8 @@ def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving
     monkeypatch.setattr(rules, "registry", lambda: [Small()])
     (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
     assert f.severity == kept
-    said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so this stays `info`"
-    assert f.evidence[-1].endswith(said) if kept == "info" else f.evidence == ["seen"]
+    said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so it is `info`"
+    assert f.evidence[0].endswith(said) if kept == "info" else f.evidence == ["seen"]
     # Fewer than 4 analysed steps say nothing of their spread: the rule's severity stands.
     (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT[:3])))
     assert f.severity == ("medium" if pct >= 5 else "low")

@@ -60,7 +60,8 @@ def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
     if noise is None or f.severity != "low" or f.cost_pct is None or saving >= noise.floor_ms:
         return f  # (no cost_pct: a severity not set by time, such as memory growing toward the GPU's capacity)
+    # The reason first: the terminal shows a finding's first lines.
     why = (f"{round(saving, 3)} ms over the {noise.steps} analysed steps is less than they vary by themselves "
            f"(sigma {round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps "
-           f"each tells apart {round(noise.floor_ms, 3)} ms or more, so this stays `info`")
-    return f.model_copy(update={"severity": "info", "evidence": [*f.evidence, why]})
+           f"each tells apart {round(noise.floor_ms, 3)} ms or more, so it is `info`")
+    return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})

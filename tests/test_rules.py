@@ -730,3 +730,17 @@ def test_a_low_finding_not_costed_in_time_is_never_info_for_the_steps_variation(
     monkeypatch.setattr(rules, "registry", lambda: [Growing()])
     (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
     assert (f.severity, f.evidence) == ("low", ["seen"])
+
+
+def test_the_steps_variation_is_the_chosen_steps_own() -> None:
+    """With --steps 0:8 the warm-up step is analysed too: nine steps, median 10.0, absolute
+    deviations 40, 0, .2, .2, .1, .1, 0, .3, .3 (median 0.2), sigma 0.29652 ms, and a before/after
+    measurement of 9 steps tells apart 2 * 0.29652 * sqrt(18) = 2.516 ms."""
+    from orchestrator.analyze.measurable import step_noise
+    from orchestrator.analyze.model_report import Window
+
+    chosen = Window(source=["steps"], steps=[0, 8], gap_ms=1.0, note="", per_rank={})
+    noise = step_noise(context([rank(0), rank(1)], steps=_steps(EIGHT), window=chosen).report)
+    assert noise is not None and noise.steps == 9 and round(noise.floor_ms, 3) == 2.516
+    noise = step_noise(context([rank(0), rank(1)], steps=_steps(EIGHT)).report)
+    assert noise is not None and noise.steps == 8 and round(noise.floor_ms, 3) == 1.779

@@ -44,9 +44,9 @@ class StepNoise:
 def step_noise(report: Report) -> StepNoise | None:
     """The job's analysed steps (the window's, the first one out unless --steps chose it; a
     step lasts as long as its slowest rank's) and their spread, or None with too few."""
-    lo, hi = report.window.steps or (None, None)
+    chosen = report.window.steps
     times = [max(s.ms_by_rank.values()) for s in report.steps
-             if s.ms_by_rank and (s.step >= lo and s.step <= hi if lo is not None else not s.warmup)]
+             if s.ms_by_rank and (chosen[0] <= s.step <= chosen[1] if chosen else not s.warmup)]
     if len(times) < MIN_STEPS:
         return None
     med = statistics.median(times)

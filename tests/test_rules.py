@@ -744,3 +744,31 @@ def test_the_steps_variation_is_the_chosen_steps_own() -> None:
     assert noise is not None and noise.steps == 9 and round(noise.floor_ms, 3) == 2.516
     noise = step_noise(context([rank(0), rank(1)], steps=_steps(EIGHT)).report)
     assert noise is not None and noise.steps == 8 and round(noise.floor_ms, 3) == 1.779
+
+
+def test_a_ranks_last_step_counts_in_the_steps_but_not_in_their_spread() -> None:
+    """A last step 30 ms long (it ends with its range, no next step to end it): n is 9, the
+    spread the eight complete steps' (sigma 0.22239 ms): 2 * 0.22239 * sqrt(18) = 1.887 ms."""
+    from orchestrator.analyze.measurable import step_noise
+
+    steps = _steps([*EIGHT, 30.0])
+    steps[-1] = steps[-1].model_copy(update={"complete": False})
+    noise = step_noise(context([rank(0), rank(1)], steps=steps).report)
+    assert noise is not None and noise.steps == 9 and round(noise.floor_ms, 3) == 1.887
+
+
+def test_beside_a_larger_cause_the_steps_spread_is_no_noise_floor(monkeypatch) -> None:
+    """A medium cause makes the steps vary by itself: the small one beside it stays low."""
+    import orchestrator.analyze.rules as rules
+    from orchestrator.analyze.rules.base import Rule
+
+    class Causes(Rule):
+        kind = "causes"
+
+        def evaluate(self, ctx) -> list[Finding]:
+            return [finding("big", [1], "a larger cause", ["seen"], "fix it", 40.0, pct=8.0),
+                    finding("small", [0], "a small cause", ["seen"], "fix it", 1.5, pct=3.0)]
+
+    monkeypatch.setattr(rules, "registry", lambda: [Causes()])
+    found = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    assert [(f.kind, f.severity) for f in found] == [("big", "medium"), ("small", "low")]

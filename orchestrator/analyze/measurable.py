@@ -3,15 +3,17 @@
 The loop a user runs is profile, fix, measure (the mean step time before and after). A saving
 of a few per cent that is smaller than what the steps vary by themselves cannot be told apart
 by that measurement over as many steps as the capture analysed, so the report keeps such a
-finding at `info` instead of asking for a fix nobody could confirm. Only `low` findings (under
-5 % of the window: rules/base.severity_for) are tested: a cause that costs more also makes the
-steps vary by itself (a stall in some steps, a straggler's slow ones), so their spread is no
-noise floor for it.
+finding at `info` instead of asking for a fix nobody could confirm. Only `low` findings costed
+in time (under 5 % of the window: rules/base.severity_for) are tested, and only where no finding
+costs more: a larger cause makes the steps vary by itself (a stall in some steps, a straggler's
+slow ones), so their spread is no noise floor then, for it or for the small ones beside it.
 
 The test is the usual two-sample one on the steps' mean: over n steps before and n after, with
 the steps' spread sigma (1.4826 x their median absolute deviation, robust to the one-off step),
 a saving of d ms a step is told apart when d >= 2 * sigma * sqrt(2 / n), i.e. when the summed
-saving is at least 2 * sigma * sqrt(2 * n).
+saving is at least 2 * sigma * sqrt(2 * n). Sigma comes from the complete steps (a rank's last
+step ends with its range, not at a next step's start, and is no sample of the loop's own time);
+n is every analysed step, as the findings' savings count them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding, Report
 
-# Fewer analysed steps than this say nothing about their spread.
+# Fewer complete analysed steps than this say nothing about their spread.
 MIN_STEPS = 4
 # Standard errors a saving must exceed (about 95 % confidence).
 Z = 2.0
@@ -45,23 +47,36 @@ def step_noise(report: Report) -> StepNoise | None:
     """The job's analysed steps (the window's, the first one out unless --steps chose it; a
     step lasts as long as its slowest rank's) and their spread, or None with too few."""
     chosen = report.window.steps
-    times = [max(s.ms_by_rank.values()) for s in report.steps
-             if s.ms_by_rank and (chosen[0] <= s.step <= chosen[1] if chosen else not s.warmup)]
+    steps = [s for s in report.steps if s.ms_by_rank and (chosen[0] <= s.step <= chosen[1] if chosen else not s.warmup)]
+    times = [max(s.ms_by_rank.values()) for s in steps if s.complete]
     if len(times) < MIN_STEPS:
         return None
     med = statistics.median(times)
     mad = statistics.median(abs(t - med) for t in times)
-    return StepNoise(steps=len(times), sigma_ms=1.4826 * mad)
+    return StepNoise(steps=len(steps), sigma_ms=1.4826 * mad)
+
+
+def costed_in_time(f: Finding) -> bool:
+    """Whether `f`'s severity is its time's share of the window (a memory finding's is not)."""
+    return f.cost_pct is not None
+
+
+def noise_floor(report: Report, found: list[Finding]) -> StepNoise | None:
+    """The steps' spread where it is a noise floor: no finding costs medium or more in time."""
+    if any(f.severity in ("high", "medium") and costed_in_time(f) for f in found):
+        return None
+    return step_noise(report)
 
 
 def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     """`f` as it is, or at `info` with the reason where it is `low` by the time it costs and its
     saving (without the profiler where the rule estimated that) is within the steps' own variation."""
     saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
-    if noise is None or f.severity != "low" or f.cost_pct is None or saving >= noise.floor_ms:
-        return f  # (no cost_pct: a severity not set by time, such as memory growing toward the GPU's capacity)
+    if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= noise.floor_ms:
+        return f
     # The reason first: the terminal shows a finding's first lines.
-    why = (f"{round(saving, 3)} ms over the {noise.steps} analysed steps is less than they vary by themselves "
-           f"(sigma {round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps "
-           f"each tells apart {round(noise.floor_ms, 3)} ms or more, so it is `info`")
+    why = (f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''} over the "
+           f"{noise.steps} analysed steps is less than they vary by themselves (sigma {round(noise.sigma_ms, 3)} "
+           f"ms a step): a before/after measurement of {noise.steps} steps each tells apart "
+           f"{round(noise.floor_ms, 3)} ms or more, so it is `info`")
     return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})

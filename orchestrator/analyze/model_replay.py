@@ -36,6 +36,8 @@ class WhatIf(Strict):
     steps: int = Field(description="the analysed steps the what-if was replayed on")
     saving_ms: float = Field(description="the unchanged replay's step ends minus the what-if's, summed")
     saving_pct: float = Field(description="saving_ms as a share of the replayed steps' measured time")
+    replayed: bool = Field(True, description="false for a rank that held nobody up (never alone the last to start "
+                                             "a synchronisation or to end a step): not replayed, it saves 0")
 
     @property
     def change(self) -> str:
@@ -59,7 +61,8 @@ class Replay(Strict):
     whatifs: list[WhatIf] = Field(default_factory=list, description="the most saving first")
 
     def saving(self, rank: int) -> WhatIf | None:
-        """The what-if that puts `rank` at its peers' pace, if it was replayed."""
+        """The what-if that puts `rank` at its peers' pace, if the rank was tried (replayed, or
+        known to save 0: `replayed` says which)."""
         return next((w for w in self.whatifs if w.rank == rank), None)
 
     def removed(self, what: str) -> WhatIf | None:

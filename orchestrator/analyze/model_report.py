@@ -109,6 +109,8 @@ class StepRow(Strict):
     ms_by_rank: dict[str, float]
     spread_ms: float
     warmup: bool
+    complete: bool = Field(True, description="every rank began a step after it: the last step of a rank ends "
+                                             "with its range, not at the next step's start")
 
 
 class StageMetrics(Strict):
@@ -166,8 +168,9 @@ class Finding(Strict):
     cost_ms: float = Field(description="the time the analysed steps would save with the cause fixed")
     cost_pct: float | None = Field(None, description="cost_ms as a share of the steps' time the rule measures "
                                                      "against; the severity follows it unless the rule caps it "
-                                                     "(a symptom whose cause another finding names); none for a "
-                                                     "finding with no measured cost")
+                                                     "(a symptom whose cause another finding names), or a low "
+                                                     "saving is less than the steps vary by themselves (info); "
+                                                     "none for a finding with no measured cost")
     victims: list[int] = Field(default_factory=list, description="ranks that lost time because of `ranks`")
     unprofiled_ms: float | None = Field(None, description="what the fix would save without the profiler, "
                                         "estimated: cost_ms less nsys' own per-call cost in it (capture_overhead), "

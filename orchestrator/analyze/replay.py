@@ -17,7 +17,7 @@ def build_replay(v: Views) -> Replay | None:
                         error_pct=float(s["error_pct"] or 0.0))
              for s in v.query("SELECT * FROM replay_steps ORDER BY step")]
     whatifs = [WhatIf(what=w["what"], rank=w["rank"], steps=w["steps"], saving_ms=ms(w["saving_ns"]),
-                      saving_pct=float(w["saving_pct"] or 0.0))
+                      saving_pct=float(w["saving_pct"] or 0.0), replayed=w["replayed"])
                for w in v.query("SELECT * FROM replay_whatif ORDER BY saving_ns DESC, scn")]
     return Replay(steps=steps, error_ms=ms(e["error_ns"]), error_pct=float(e["error_pct"] or 0.0),
                   worst_step_pct=float(e["worst_step_pct"] or 0.0), forced=int(e["forced"] or 0), whatifs=whatifs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from orchestrator.analyze.measurable import measurable, step_noise
+from orchestrator.analyze.measurable import measurable, noise_floor
 from orchestrator.analyze.model_report import SEVERITY_ORDER, Finding
 from orchestrator.analyze.rules.base import Context, Rule
 
@@ -41,11 +41,11 @@ def rank_findings(found: list[Finding]) -> list[Finding]:
 
 def find_all(ctx: Context) -> list[Finding]:
     rules = registry()
+    found = [f for r in rules if not r.final for f in r.evaluate(ctx.for_rule(r))]
     # A low finding whose saving the steps' own variation would hide is info, before the final
     # rules read the others' severities (measurable.py).
-    noise = step_noise(ctx.report)
-    for rule in (r for r in rules if not r.final):
-        ctx.findings.extend(measurable(f, noise) for f in rule.evaluate(ctx.for_rule(rule)))
+    noise = noise_floor(ctx.report, found)
+    ctx.findings.extend(measurable(f, noise) for f in found)
     ctx.findings = rank_findings(ctx.findings)
     # A symptom's final rule defers to every cause found, the final causes' too: it runs after them.
     for rule in sorted((r for r in rules if r.final), key=lambda r: (r.summarises, r.symptom)):

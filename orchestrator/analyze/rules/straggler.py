@@ -153,7 +153,11 @@ class Straggler(Rule):
                         f"rank {rk}'s GPU waits {ms(launches[0])} ms a step between kernels (gaps under "
                         f"{ctx.opts.gap_ms} ms) against {ms(launches[1])} ms on the median rank: its CPU "
                         "launches the same kernels slower")
-            if what_if and replay:
+            if what_if and replay and not what_if.replayed:
+                evidence.append(f"in the replay of the job rank {rk} held nobody up (never alone the last to start a "
+                                "synchronisation or to end a step): at its stage peers' pace the steps would take "
+                                "no less")
+            elif what_if and replay:
                 evidence.append(f"replayed with rank {rk}'s own work (GPU and CPU) at its stage peers' median, the "
                                 f"{what_if.steps} steps take {ms(saving)} ms less ({pct}% of their time); the replay "
                                 f"of the unchanged trace is within {replay.error_pct}% of it")

@@ -19,7 +19,7 @@
 -- analysed steps. `rank <r>`: the rank's own work, CPU time between launches and CPU time around
 -- its blocks at the median of its stage's other ranks at the same place of the same step (alone
 -- in its stage: its own median over the steps), never slower than it was; up to 32 ranks, those
--- whose own work exceeds their peers' the most, replayed where they held someone up (below).
+-- that held someone up (below) whose own work exceeds their peers' the most, then the others.
 -- `stages balanced` (a pipeline): every rank's own
 -- work and its CPU times each scaled to the stages' mean, the same work split evenly between the
 -- stages; what it saves is what unequal stages cost, the bubble above the
@@ -50,8 +50,9 @@
 --       replay of each analysed step against the measured one
 --   replay_error(steps, measured_ns, error_ns, error_pct, worst_step_pct, forced)   over all
 --       analysed steps: the summed absolute error against the summed measured time
---   replay_whatif(scn, what, rank, steps, saving_ns, saving_pct)   what each what-if saves over
---       the analysed steps, and its share of their measured time
+--   replay_whatif(scn, what, rank, steps, saving_ns, saving_pct, replayed)   what each what-if saves
+--       over the analysed steps, and its share of their measured time (replayed: false where the
+--       rank held nobody up, 0)
 --   _rp_long(rank, key, x)   each node's own work and CPU times, a row each, keyed by what and
 --       where (m, stage, step, pos)
 --   _rp_peer(rank, step, pos, w, dc, pre, post, w_med, dc_med, pre_med, post_med)   each node's
@@ -207,19 +208,24 @@ GROUP BY ALL;
 -- replay is max-plus): what it saves comes from the synchronisations it arrived at last, and from
 -- the steps it ended last. A rank that was never alone the last to start a node's instance nor
 -- alone the last to end a step held nobody up (where another rank arrived with it, as the copies
--- of one rank do, removing it leaves the other): its what-if is not replayed and saves 0, within
--- the replay's error of what replaying it would give (the trace's starts, not the replay's
--- arrivals, tell who came last).
+-- of one rank do, removing it leaves the other): its what-if is not replayed and saves 0. The
+-- trace's starts, not the replay's arrivals, tell who came last: where the replay orders two
+-- arrivals otherwise, replaying it would save what the replay misplaces them by, no more than the
+-- replay's error on the real captures (tests/test_replay.py).
 CREATE OR REPLACE TABLE replay_scenarios AS
-WITH cand AS (
-    SELECT rank, sum(greatest(w - w_med, 0) + greatest(coalesce(dc - dc_med, 0), 0)) AS ns FROM _rp_peer GROUP BY rank
-), start_last AS (
+WITH start_last AS (
     SELECT rank FROM replay_nodes
     QUALIFY s = max(s) OVER (PARTITION BY inst) AND count(*) OVER (PARTITION BY inst, s) = 1
-), step_end AS (SELECT rank, step, max(e) AS e FROM replay_nodes GROUP BY ALL),
-end_last AS (
+), step_end AS (  -- each rank's end of the step: its last node's (replay_rank_step's e_obs)
+    SELECT rank, step, arg_max(e, gpos) AS e FROM replay_nodes GROUP BY ALL
+), end_last AS (
     SELECT rank FROM step_end QUALIFY e = max(e) OVER (PARTITION BY step) AND count(*) OVER (PARTITION BY step, e) = 1
-), held AS (SELECT rank FROM start_last UNION SELECT rank FROM end_last)
+), held AS (SELECT rank FROM start_last UNION SELECT rank FROM end_last),
+cand AS (  -- (those that held someone up first: the 32 are tried on them)
+    SELECT rank, sum(greatest(w - w_med, 0) + greatest(coalesce(dc - dc_med, 0), 0)) AS ns,
+           rank IN (SELECT rank FROM held) AS held
+    FROM _rp_peer GROUP BY rank
+)
 SELECT 0 AS scn, 'unchanged' AS what, NULL::INTEGER AS rank, true AS replayed
 UNION ALL
 SELECT -1, 'stages balanced', NULL, true FROM _rp_stage_f HAVING count(*) > 0
@@ -228,8 +234,8 @@ SELECT -2, 'input on time', NULL, true FROM _rp_input HAVING count(*) > 0
 UNION ALL
 SELECT -3, 'no host syncs', NULL, true FROM replay_nodes WHERE bsync HAVING count(*) > 0
 UNION ALL
-SELECT row_number() OVER (ORDER BY ns DESC, rank) AS scn, 'rank ' || rank, rank, rank IN (SELECT rank FROM held)
-FROM cand QUALIFY row_number() OVER (ORDER BY ns DESC, rank) <= 32;
+SELECT row_number() OVER (ORDER BY held DESC, ns DESC, rank) AS scn, 'rank ' || rank, rank, held
+FROM cand QUALIFY row_number() OVER (ORDER BY held DESC, ns DESC, rank) <= 32;
 
 -- Each scenario's own work per node: the what-if's rank at its peers' median, never slower (and
 -- no bound where it had none: a launch without a CUDA call, no block between two launches); the
@@ -346,11 +352,12 @@ FROM replay_steps HAVING count(*) > 0;
 
 CREATE OR REPLACE VIEW replay_whatif AS
 SELECT x.scn, sc.what, sc.rank, count(*) AS steps, sum(b.replayed_ns - x.replayed_ns) AS saving_ns,
-       round(100.0 * sum(b.replayed_ns - x.replayed_ns) / nullif(sum(b.measured_ns), 0), 2) AS saving_pct
+       round(100.0 * sum(b.replayed_ns - x.replayed_ns) / nullif(sum(b.measured_ns), 0), 2) AS saving_pct,
+       true AS replayed
 FROM _rp_steps x JOIN _rp_steps b ON b.step = x.step AND b.scn = 0 JOIN replay_scenarios sc ON sc.scn = x.scn,
      params p
 WHERE x.scn <> 0 AND in_selected(x.step, (SELECT min(first_step) FROM first_step), p.step_lo, p.step_hi)
 GROUP BY x.scn, sc.what, sc.rank
 UNION ALL  -- a rank that held nobody up, not replayed
-SELECT scn, what, rank, (SELECT count(*) FROM replay_steps), 0, 0.0 FROM replay_scenarios
+SELECT scn, what, rank, (SELECT count(*) FROM replay_steps), 0, 0.0, false FROM replay_scenarios
 WHERE NOT replayed AND (SELECT count(*) FROM replay_steps) > 0;

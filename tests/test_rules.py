@@ -772,3 +772,19 @@ def test_beside_a_larger_cause_the_steps_spread_is_no_noise_floor(monkeypatch) -
     monkeypatch.setattr(rules, "registry", lambda: [Causes()])
     found = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
     assert [(f.kind, f.severity) for f in found] == [("big", "medium"), ("small", "low")]
+
+
+def test_a_root_that_held_nobody_up_in_the_replay_is_said_so_and_saves_nothing() -> None:
+    """The critical path names rank 0 (40 ms a step on the path), but in the replay it never came
+    alone last: its what-if was not replayed and saves 0, and the finding says why, at info."""
+    from orchestrator.analyze.model_replay import Replay, ReplayStep, WhatIf
+
+    steps = [ReplayStep(step=i, measured_ms=100.0, replayed_ms=100.0, error_pct=0.0) for i in range(1, 5)]
+    replay = Replay(steps=steps, error_ms=0.01, error_pct=0.0, worst_step_pct=0.0,
+                    whatifs=[WhatIf(what="rank 0", rank=0, steps=4, saving_ms=0.0, saving_pct=0.0, replayed=False)])
+    (f,) = _run("straggler", context([rank(0), rank(1)], _cp([(1, 0, 40.0, None, [1]), (2, 0, 40.0, None, [1])]),
+                                     replay=replay))
+    assert (f.severity, f.cost_ms) == ("info", 0.0)
+    assert ("in the replay of the job rank 0 held nobody up (never alone the last to start a synchronisation or to "
+            "end a step): at its stage peers' pace the steps would take no less") in f.evidence
+    assert not any(e.startswith("replayed with rank 0") for e in f.evidence)

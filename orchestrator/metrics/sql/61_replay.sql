@@ -20,10 +20,10 @@
 -- its blocks at the median of its stage's other ranks at the same place of the same step (alone
 -- in its stage: its own median over the steps), never slower than it was; up to 32 ranks, those
 -- that held someone up (below) whose own work exceeds their peers' the most, then the others.
--- `stages balanced` (a pipeline): every rank's own
--- work and its CPU times each scaled to the stages' mean, the same work split evenly between the
--- stages; what it saves is what unequal stages cost, the bubble above the
--- schedule's own with these transfers and these forward and backward costs. `input on time`: every
+-- `stages balanced` (a pipeline): every rank's own work and its CPU times each scaled to the
+-- stages' mean, the same work split evenly between the stages; what it saves is what unequal
+-- stages cost, the bubble above the schedule's own with these transfers and these forward and
+-- backward costs. `input on time`: every
 -- rank's GPU idle waiting for input (gaps in an input-pipeline range or between steps for the
 -- next batch) removed, from its GPU work and from its CPU's time before the launch. `no host
 -- syncs`: every block that waited for the GPU's work gone (the CPU runs on), and the GPU's idle

@@ -27,6 +27,7 @@ from orchestrator.layout import Layout
 from orchestrator.metrics.engine import Options, analysis
 from orchestrator.report.diff import diff_reports
 from orchestrator.report.html import render_html
+from orchestrator.sqlmodules import SQL_DIR
 from tests.stores import Stores
 
 pytestmark = pytest.mark.replay
@@ -114,8 +115,7 @@ def test_a_rank_that_held_nobody_up_saves_what_replaying_it_would_within_the_rep
         assert [saved[s] for s in skipped] == [0] * len(skipped)
         (error_ns,) = con.execute("SELECT error_ns FROM replay_error").fetchone()
         con.execute("UPDATE replay_scenarios SET replayed = true")
-        sql = (Path(__file__).parents[1] / "orchestrator" / "metrics" / "sql" / "61_replay.sql").read_text()
-        rounds = [st.query for st in duckdb.extract_statements(sql)]
+        rounds = [st.query for st in duckdb.extract_statements((SQL_DIR / "61_replay.sql").read_text())]
         first = next(i for i, q in enumerate(rounds) if "TABLE replay_scenarios AS" in q)
         for q in rounds[first + 1:]:
             con.execute(q)

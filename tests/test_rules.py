@@ -683,6 +683,21 @@ def _steps(ms: list[float]) -> list[StepRow]:
             for i, t in enumerate([50.0, *ms])]
 
 
+def _found_with(monkeypatch, found: list[Finding], steps: list[StepRow]) -> list[Finding]:
+    """find_all's findings where the only rule finds `found`, on a 2-rank job with these steps."""
+    import orchestrator.analyze.rules as rules
+    from orchestrator.analyze.rules.base import Rule
+
+    class Finds(Rule):
+        kind = "finds"
+
+        def evaluate(self, ctx) -> list[Finding]:
+            return list(found)
+
+    monkeypatch.setattr(rules, "registry", lambda: [Finds()])
+    return rules.find_all(context([rank(0), rank(1)], steps=steps))
+
+
 # Eight steps around 10 ms: median 10.0, absolute deviations 0, .2, .2, .1, .1, 0, .3, .3 (median
 # 0.15), so sigma = 1.4826 * 0.15 = 0.22239 ms and a before/after measurement of 8 steps each tells
 # apart a summed saving of 2 * 0.22239 * sqrt(16) = 1.779 ms or more.
@@ -696,39 +711,20 @@ EIGHT = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
     (1.5, None, 8.0, "medium"),  # medium and above: never tested (the cause makes the steps vary)
 ])
 def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving, unprofiled, pct, kept) -> None:
-    import orchestrator.analyze.rules as rules
-    from orchestrator.analyze.rules.base import Rule
-
-    class Small(Rule):
-        kind = "small"
-
-        def evaluate(self, ctx) -> list[Finding]:
-            return [finding(self.kind, [0], "a small cause", ["seen"], "fix it", saving, pct=pct,
-                            unprofiled_ms=unprofiled)]
-
-    monkeypatch.setattr(rules, "registry", lambda: [Small()])
-    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    small = finding("small", [0], "a small cause", ["seen"], "fix it", saving, pct=pct, unprofiled_ms=unprofiled)
+    (f,) = _found_with(monkeypatch, [small], _steps(EIGHT))
     assert f.severity == kept
     said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so it is `info`"
     assert f.evidence[0].endswith(said) if kept == "info" else f.evidence == ["seen"]
     # Fewer than 4 analysed steps say nothing of their spread: the rule's severity stands.
-    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT[:3])))
+    (f,) = _found_with(monkeypatch, [small], _steps(EIGHT[:3]))
     assert f.severity == ("medium" if pct >= 5 else "low")
 
 
 def test_a_low_finding_not_costed_in_time_is_never_info_for_the_steps_variation(monkeypatch) -> None:
     """Memory growing toward the GPU's capacity is low by the steps left, with no time cost."""
-    import orchestrator.analyze.rules as rules
-    from orchestrator.analyze.rules.base import Rule
-
-    class Growing(Rule):
-        kind = "growing"
-
-        def evaluate(self, ctx) -> list[Finding]:
-            return [finding(self.kind, [0], "memory grows", ["seen"], "fix it", 0.0, severity="low")]
-
-    monkeypatch.setattr(rules, "registry", lambda: [Growing()])
-    (f,) = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    growing = finding("growing", [0], "memory grows", ["seen"], "fix it", 0.0, severity="low")
+    (f,) = _found_with(monkeypatch, [growing], _steps(EIGHT))
     assert (f.severity, f.evidence) == ("low", ["seen"])
 
 
@@ -759,18 +755,9 @@ def test_a_ranks_last_step_counts_in_the_steps_but_not_in_their_spread() -> None
 
 def test_beside_a_larger_cause_the_steps_spread_is_no_noise_floor(monkeypatch) -> None:
     """A medium cause makes the steps vary by itself: the small one beside it stays low."""
-    import orchestrator.analyze.rules as rules
-    from orchestrator.analyze.rules.base import Rule
-
-    class Causes(Rule):
-        kind = "causes"
-
-        def evaluate(self, ctx) -> list[Finding]:
-            return [finding("big", [1], "a larger cause", ["seen"], "fix it", 40.0, pct=8.0),
-                    finding("small", [0], "a small cause", ["seen"], "fix it", 1.5, pct=3.0)]
-
-    monkeypatch.setattr(rules, "registry", lambda: [Causes()])
-    found = rules.find_all(context([rank(0), rank(1)], steps=_steps(EIGHT)))
+    found = _found_with(monkeypatch, [finding("big", [1], "a larger cause", ["seen"], "fix it", 40.0, pct=8.0),
+                                      finding("small", [0], "a small cause", ["seen"], "fix it", 1.5, pct=3.0)],
+                        _steps(EIGHT))
     assert [(f.kind, f.severity) for f in found] == [("big", "medium"), ("small", "low")]
 
 

@@ -115,16 +115,15 @@ def test_gpu_busy_counts_graph_replays(reports, truth, exports, capture: str) ->
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_every_iteration_found(stores, reports, truth, capture: str) -> None:
     """40 of 40 optimizer steps (30 for the ResNet), inferred without NVTX from the trace's own
-    period (graph replays or the loop's kernels); with gradient accumulation the iteration is
+    period (the loop's kernels, or graph replays where no kernel keeps the beat); with gradient accumulation the iteration is
     the optimizer step (20), each of 4 micro-batches, not a micro-batch."""
     t, rep = truth[capture], reports[capture]
     steps = _steps(stores[capture])
+    # Under graph-level tracing the graphs' replays are as regular as the eager clip kernels but
+    # miss the iteration that records them (39 of 40): the loop is timed by a kernel.
+    assert len(steps) == t["optimizer_steps"], (len(steps), t["optimizer_steps"])
     if capture == "gpt_compile_ro_graphtrace":
-        # Timed by its graph replays, the loop's first iteration (torch.compile's eager warm-up,
-        # which replays no graph) may be left out: 39 or 40 of 40.
-        assert t["optimizer_steps"] - 1 <= len(steps) <= t["optimizer_steps"], (len(steps), t["optimizer_steps"])
-    else:
-        assert len(steps) == t["optimizer_steps"], (len(steps), t["optimizer_steps"])
+        assert "period of `CUDA graph" not in rep.window.step_source, rep.window.step_source
     assert rep.ranks[0].median_step_ms == pytest.approx(t["steady"]["step_ms"], rel=0.12)
     if t.get("nvtx_step_ranges"):
         assert rep.window.step_source.startswith("numbered NVTX")

@@ -30,7 +30,10 @@
 --      regular run (a pattern of torch.compile's warm-up, each layer's kernels once in a few
 --      ms, is regular but short, and has many more names than the loop's own); the beat is the
 --      regular candidate with that count and the lowest robust CV (ties: a host sync first,
---      then by name).
+--      then by name), a CUDA graph only when no kernel or host sync has that count: a graph is
+--      not replayed in the iterations that warm it up and record it, so its bursts start
+--      iterations after the loop does, while a kernel launched outside the graphs every
+--      iteration (gradient clipping, the optimizer) was there from the first.
 --   5. Gradient accumulation: an iteration is an optimizer step. When a regular candidate
 --      launched by the optimizer or gradient clipping (is_optimizer_kernel), at least 1.5 x the
 --      beat's period, holds the same k >= 2 of the beat's bursts between its own in at least
@@ -145,7 +148,7 @@ WITH long_runs AS (
     FROM long_runs GROUP BY rank, bursts
 ), voted AS (
     SELECT rank, src, name, t0, t1, bursts, period_ns, rcv FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.rcv, c.src = 'sync' DESC, c.name) AS j
+        SELECT c.*, row_number() OVER (PARTITION BY c.rank ORDER BY c.src = 'graph', c.rcv, c.src = 'sync' DESC, c.name) AS j
         FROM long_runs c JOIN votes v ON v.rank = c.rank AND v.bursts = c.bursts AND v.i = 1)
     WHERE j = 1
 ), opt_cand AS (  -- regular optimizer kernels slower than the beat

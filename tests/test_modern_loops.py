@@ -115,8 +115,9 @@ def test_gpu_busy_counts_graph_replays(reports, truth, exports, capture: str) ->
 @pytest.mark.parametrize("capture", CAPTURES)
 def test_every_iteration_found(stores, reports, truth, capture: str) -> None:
     """40 of 40 optimizer steps (30 for the ResNet), inferred without NVTX from the trace's own
-    period (the loop's kernels, or graph replays where no kernel keeps the beat); with gradient accumulation the iteration is
-    the optimizer step (20), each of 4 micro-batches, not a micro-batch."""
+    period (the loop's kernels, or graph replays where no kernel keeps the beat); with gradient
+    accumulation the iteration is the optimizer step (20), each of 4 micro-batches, not a
+    micro-batch."""
     t, rep = truth[capture], reports[capture]
     steps = _steps(stores[capture])
     # Under graph-level tracing the graphs' replays are as regular as the eager clip kernels but

@@ -138,6 +138,37 @@ def test_workers_0_vs_2_diff_flags_step_time(stores, tmp_path: Path) -> None:
     assert {(0, "median_step_ms"), (1, "median_step_ms")} <= regressed
 
 
+def test_an_evaluation_every_4_steps_is_no_one_off(reports) -> None:
+    """Rank 0 evaluates every 4 steps: plain sqlite3 over its export finds steps 4, 8 and 12 (from
+    one `step N` start to the next) over 3x the median of steps 1-12, the loop's own pattern
+    rather than a warm-up. So none of them is a one-off (oneoff_gaps), and the GPU idle between
+    steps that cpu_gap costs on rank 0 holds theirs: at least the gaps of 1 ms or more that begin
+    in them."""
+    import sqlite3
+    import statistics
+
+    from orchestrator.api import open_store
+    from tests.independent import long_gaps_ms, range_start
+    from tests.oracle import decompressed
+
+    rep = reports["ddp_slowrank"]
+    (f,) = _files("ddp_slowrank")[:1]
+    with decompressed(str(f)) as export:
+        con = sqlite3.connect(export)
+        try:
+            starts = [range_start(con, f"step {i}") for i in range(14)]
+        finally:
+            con.close()
+        ms = {i: (starts[i + 1] - starts[i]) / 1e6 for i in range(1, 13)}
+        long = [i for i, v in ms.items() if v > 3 * statistics.median(ms.values())]
+        assert long == [4, 8, 12], ms
+        idle = sum(long_gaps_ms(Path(export), f"step {i}", f"step {i + 1}") for i in long)
+    assert not [r for r in open_store(rep.store).view("oneoff_gaps").to_pylist() if r["rank"] == 0]
+    (gap,) = [f for f in rep.findings if f.kind == "cpu_gap"]
+    assert gap.ranks == [0] and "between steps (other work)" in gap.title, gap.title
+    assert gap.cost_ms >= idle > 0.3 * gap.cost_ms, (gap.cost_ms, idle)
+
+
 def test_item_sync_without_nvtx(reports, truth) -> None:
     """No NVTX: iterations inferred; the per-step `loss.item()` (cudaStreamSynchronize) is named
     with the GPU idle after the syncs; nothing dominant, so nothing high."""

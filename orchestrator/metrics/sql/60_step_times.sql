@@ -10,8 +10,11 @@
 --   oneoff_gaps(rank, step, step_ns, median_ns, range_group, ns)
 --       the GPU's idle (gap_attr, by range) in each one-off step: an analysed, complete step
 --       over 3 x its rank's median analysed step, where such steps are at most a quarter of them
---       (torch.compile's CUDA-graph recording, DDP's first bucket rebuild, a checkpoint). What
---       the GPU idles there recurs in no other step: the rules that cost idle leave it out.
+--       and do not recur at a period (torch.compile's CUDA-graph recording, DDP's first bucket
+--       rebuild, a checkpoint in a capture that holds one). What the GPU idles there recurs in no
+--       other step: the rules that cost idle leave it out. Three or more such steps each the same
+--       number of steps (at least 2) after the one before are the loop's own pattern (a
+--       checkpoint or an evaluation every k steps), which its fix saves every time: not one-off.
 CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, s, e FROM step_ops WHERE step IS NOT NULL
@@ -36,7 +39,11 @@ WITH one AS (  -- step_stats: the median and count over the same selected, compl
         params p
     WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete AND g.ns > 3 * s.median_ns
     QUALIFY count(*) OVER (PARTITION BY g.rank) <= 0.25 * any_value(s.n) OVER (PARTITION BY g.rank)
+), periodic AS (  -- d: steps since the rank's previous long step
+    SELECT rank FROM (SELECT rank, step - lag(step) OVER (PARTITION BY rank ORDER BY step) AS d FROM one)
+    GROUP BY rank HAVING count(d) >= 2 AND min(d) = max(d) AND min(d) >= 2
 )
 SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns
-FROM one o JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns
+FROM (SELECT * FROM one ANTI JOIN periodic USING (rank)) o
+JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns
 GROUP BY ALL;

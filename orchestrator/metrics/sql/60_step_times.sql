@@ -12,9 +12,11 @@
 --       over 3 x its rank's median analysed step, where such steps are at most a quarter of them
 --       and do not recur at a period (torch.compile's CUDA-graph recording, DDP's first bucket
 --       rebuild, a checkpoint in a capture that holds one). What the GPU idles there recurs in no
---       other step: the rules that cost idle leave it out. Three or more such steps each the same
---       number of steps (at least 2) after the one before are the loop's own pattern (a
---       checkpoint or an evaluation every k steps), which its fix saves every time: not one-off.
+--       other step: the rules that cost idle leave it out. Three or more such steps each k >= 2
+--       steps after the one before (k: the rank's most common spacing of them, held at least
+--       twice) are the loop's own pattern (a checkpoint or an evaluation every k steps), which
+--       its fix saves every time: not one-off; a long step outside that run (DDP's first
+--       iteration before the evaluations) still is.
 CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, s, e FROM step_ops WHERE step IS NOT NULL
@@ -39,11 +41,16 @@ WITH one AS (  -- step_stats: the median and count over the same selected, compl
         params p
     WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete AND g.ns > 3 * s.median_ns
     QUALIFY count(*) OVER (PARTITION BY g.rank) <= 0.25 * any_value(s.n) OVER (PARTITION BY g.rank)
-), periodic AS (  -- d: steps since the rank's previous long step
-    SELECT rank FROM (SELECT rank, step - lag(step) OVER (PARTITION BY rank ORDER BY step) AS d FROM one)
-    GROUP BY rank HAVING count(d) >= 2 AND min(d) = max(d) AND min(d) >= 2
+), spaced AS (  -- d: steps since the rank's previous long step, d_next: to its next
+    SELECT rank, step, step - lag(step) OVER w AS d, lead(step) OVER w - step AS d_next
+    FROM one WINDOW w AS (PARTITION BY rank ORDER BY step)
+), period AS (  -- the most common spacing (ties: the shorter), held at least twice
+    SELECT rank, d AS k FROM spaced WHERE d >= 2 GROUP BY rank, d HAVING count(*) >= 2
+    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, d) = 1
+), periodic AS (
+    SELECT s.rank, s.step FROM spaced s JOIN period p USING (rank) WHERE s.d = p.k OR s.d_next = p.k
 )
 SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns
-FROM (SELECT * FROM one ANTI JOIN periodic USING (rank)) o
+FROM (SELECT * FROM one ANTI JOIN periodic USING (rank, step)) o
 JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns
 GROUP BY ALL;

@@ -28,8 +28,9 @@
 # with accumulation and with the slow dataset, a small GPT whose loop thread masks every batch in
 # Python: orch's Python samples name the function), each slow input timed at 0 and 8 workers, the
 # masking loop with and without its masking, the same GPT under Lightning and in an Accelerate loop
-# with accumulation, and compiled with CUDA graphs at 0 and 4 DataLoader workers (its timing first:
-# it fills Inductor's caches).
+# with accumulation, compiled with CUDA graphs at 0 and 4 DataLoader workers (its timing first:
+# it fills Inductor's caches), and the eager GPT saving a checkpoint (model and AdamW state, from
+# the loop) every 5 and every 10 steps, timed with and without.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -52,6 +53,8 @@ LOOP_CAPTURES=(
   "accelerate_gpt_accum4||--accum 4 --steps 20 --workers 2|--accum 2 --steps 4 --workers 0 ${GPT_TINY% --device cpu}|accelerate_gpt.py"
   "loops_compile_ro||--compile reduce-overhead --steps 40|--compile default --steps 8 $GPT_TINY"
   "loops_compile_ro_w4||--compile reduce-overhead --steps 40 --workers 4|--compile default --steps 8 --workers 2 $GPT_TINY"
+  "loops_ckpt5||--ckpt-every 5 --steps 40 --workers 2|--ckpt-every 2 --steps 6 $GPT_TINY"
+  "loops_ckpt10||--ckpt-every 10 --steps 40 --workers 2|--ckpt-every 3 --steps 6 $GPT_TINY"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -65,6 +68,9 @@ LOOP_TIMINGS=(
   "loops_mask|$MASK --steps 100"
   "loops_nomask|${MASK#--mask } --steps 100"
   "lightning_gpt_accum4|--accum 4 --steps 20 --workers 2|lightning_gpt.py"
+  "loops_ckpt5|--ckpt-every 5 --steps 40 --workers 2"
+  "loops_ckpt10|--ckpt-every 10 --steps 40 --workers 2"
+  "loops_nockpt|--steps 40 --workers 2"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
@@ -223,7 +229,7 @@ time_one() {  # time_one WORK ROW: the loop without a profiler, 3 runs in one pr
   # shellcheck disable=SC2086
   (cd "$here" && timeout 240 python3 "${script:-modern_loops.py}" $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
     || echo "timing $name: exit $?"
-  grep -E '^(steady|mask_tokens)' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
+  grep -E '^(steady|mask_tokens|save_checkpoint)' "$1/timings/$name.log" | sed "s/^/$name: /" | tee -a "$1/timings/_summary"
 }
 
 cpu_shim() {  # CPU runs only: torch.cuda.nvtx needs a CUDA build of torch; make it a no-op

@@ -13,6 +13,7 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --fused --accum 4             # fused AdamW, 4 micro-batches a step
     python modern_loops.py --model gpt --mask                        # BERT-style masking in the loop thread
     python modern_loops.py --model gpt --cuda-graph                  # the eager step captured whole in one CUDA graph
+    python modern_loops.py --model gpt --ckpt-every 5                # a checkpoint (model + AdamW) every 5 steps
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -196,16 +197,22 @@ def run_graphed(args: argparse.Namespace, model, opt, loader, device: torch.devi
     return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
 
 
+def save_checkpoint(model: nn.Module, opt: torch.optim.Optimizer, step: int, path: str) -> None:
+    """What a resumable loop saves, the way most train.py files do it: the model's and the
+    optimizer's state dicts, written synchronously by torch.save from the loop itself."""
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+
+
 def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
     """One pass of `--steps` optimizer steps; returns the mean step time after `--warmup` steps."""
     kept = []  # --keep-outputs: "for metrics at the end of the epoch" (with their autograd graph)
     batches = iter(loader)
     t_start = None
-    mask_rng, masking = random.Random(0), 0.0
+    mask_rng, masking, saving = random.Random(0), 0.0, 0.0
     for step in range(args.steps):
         if step == args.warmup:
             torch.cuda.synchronize(device) if device.type == "cuda" else None
-            t_start, masking = time.perf_counter(), 0.0
+            t_start, masking, saving = time.perf_counter(), 0.0, 0.0
         rng = torch.cuda.nvtx.range(f"step {step}") if args.nvtx else contextlib.nullcontext()
         with rng:
             for _ in range(args.accum):
@@ -226,6 +233,10 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
             opt.zero_grad(set_to_none=True)
             if args.empty_cache:
                 torch.cuda.empty_cache()
+            if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+                t = time.perf_counter()
+                save_checkpoint(model, opt, step, args.ckpt_path)
+                saving += time.perf_counter() - t
             if step % args.log_every == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
     if device.type == "cuda":
@@ -233,6 +244,8 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
     n = args.steps - args.warmup
     if args.mask and n > 0:
         print(f"mask_tokens ms per step: {masking * 1e3 / n:.3f}", flush=True)
+    if args.ckpt_every and n > 0:
+        print(f"save_checkpoint ms per step: {saving * 1e3 / n:.3f}", flush=True)
     return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
 
 
@@ -260,6 +273,8 @@ def main() -> None:
     p.add_argument("--nvtx", action="store_true", help="an NVTX range 'step N' around every step")
     p.add_argument("--cuda-graph", action="store_true",
                    help="capture the whole eager step in one CUDA graph (AdamW capturable); --accum 1 only")
+    p.add_argument("--ckpt-every", type=int, default=0, help="save_checkpoint() every N optimizer steps (0: never)")
+    p.add_argument("--ckpt-path", default="/tmp/modern_loops_ckpt.pt", help="where --ckpt-every writes")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the printed step time")
     p.add_argument("--repeat", type=int, default=1, help="run the whole loop this many times")
@@ -270,6 +285,8 @@ def main() -> None:
         args.compile, args.empty_cache, args.cuda_graph = None, False, False
     if args.cuda_graph and (args.accum != 1 or args.compile or args.model != "gpt"):
         p.error("--cuda-graph captures one eager GPT step: use it with --accum 1, without --compile")
+    if args.cuda_graph and args.ckpt_every:
+        p.error("--ckpt-every: the eager loop only, not with --cuda-graph")
 
     device = torch.device(args.device)
     torch.manual_seed(0)

@@ -22,10 +22,15 @@ HOW = {
     "steps": "plain sqlite3: optimizer steps, one `lpnorm_cleanup` kernel each (clip_grad_norm_)",
     "saving_ms": "the loop's own unprofiled timings (timings.json, median of 3 runs each): (steady step at "
                  "{slow} - at {fast}) x the {n} steps after the first",
+    "saving_ckpt": "the loop's own unprofiled timings (timings.json, median of 3 runs each): (steady step at {slow} "
+                   "- at {fast}) x the {n} timed steps over the {c} checkpoints among them = {per} ms a checkpoint, x "
+                   "the {a} checkpoints between the first and the last optimizer step (the steps after the first, "
+                   "counted between optimizer steps; plain sqlite3 finds them as bursts of 231 "
+                   "cudaStreamSynchronize, torch.save's copy of each state tensor to the host; the checkpoint after "
+                   "the last optimizer step is past the last step)",
     "cause": "{what}",
-    "function": "planted: the function the workload calls between taking a batch and copying it to the GPU "
-                "(modern_loops.py --mask); unprofiled it takes {ms} ms a step (timings.json, median of 3), the "
-                "step {slow} ms against {fast} ms without it",
+    "function": "planted: the function the workload calls {where}; unprofiled it takes {ms} ms a step "
+                "(timings.json, median of 3), the step {slow} ms against {fast} ms without it",
 }
 # stem -> (about, cause, root, (slow timing, fast timing) or None, how the cause is known)
 CASES = {
@@ -66,9 +71,28 @@ CASES = {
         "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') (CUDA graphs), clip_grad_norm_ "
         "and AdamW eager, 40 optimizer steps, no NVTX; orch's loop marks and Python samples on; nothing planted",
         "none", [], None, "nothing planted"),
+    "loops_ckpt5": (
+        "modern_loops.py's eager GPT saving a checkpoint (model and AdamW state dicts, torch.save from the loop, "
+        "as most train.py files do) every 5 optimizer steps, 2 DataLoader workers, 40 optimizer steps, no NVTX; "
+        "orch's loop marks and Python samples on", "cpu", [0], ("loops_ckpt5", "loops_nockpt"),
+        "planted: --ckpt-every 5"),
+    "loops_ckpt10": (
+        "loops_ckpt5's loop saving its checkpoint every 10 optimizer steps", "cpu", [0],
+        ("loops_ckpt10", "loops_nockpt"), "planted: --ckpt-every 10"),
 }
-# The Python function a case's time goes in (planted), and its own unprofiled time a step.
-FUNCTIONS = {"loops_mask": ("mask_tokens", "loops_mask_tokens_ms")}
+# Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
+# timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
+CKPT_EVERY = {"loops_ckpt5": 5, "loops_ckpt10": 10}
+WARMUP = 5
+# The Python function a case's time goes in (planted), its own unprofiled time a step, and where
+# the workload calls it.
+_AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"
+FUNCTIONS = {
+    "loops_mask": ("mask_tokens", "loops_mask_tokens_ms",
+                   "between taking a batch and copying it to the GPU (modern_loops.py --mask)"),
+    "loops_ckpt5": ("save_checkpoint", "loops_ckpt5_save_ms", _AFTER_STEP.format(k=5)),
+    "loops_ckpt10": ("save_checkpoint", "loops_ckpt10_save_ms", _AFTER_STEP.format(k=10)),
+}
 
 
 def cases() -> list[Truth]:
@@ -82,13 +106,23 @@ def cases() -> list[Truth]:
                 steps = con.execute(STEPS).fetchone()[0]
             t = Truth(case=f"loops-{stem}", about=about, input=spec, cause=cause, root=root, steps=steps,
                       how={"root": HOW["root"], "steps": HOW["steps"], "cause": HOW["cause"].format(what=why)})
-            if pair:
+            if pair and stem in CKPT_EVERY:
+                k, slow, fast = CKPT_EVERY[stem], *pair
+                timed = [i for i in range(WARMUP, steps) if (i + 1) % k == 0]
+                # The steps are counted between optimizer steps: the checkpoint after the last
+                # one (i = steps - 1) is past the last analysed step.
+                analysed = [i for i in range(steps - 1) if (i + 1) % k == 0]
+                per_ckpt = (timings[slow] - timings[fast]) * (steps - WARMUP) / len(timed)
+                t.saving_ms = round(per_ckpt * len(analysed), 1)
+                t.how["saving_ms"] = HOW["saving_ckpt"].format(slow=slow, fast=fast, n=steps - WARMUP, c=len(timed),
+                                                               per=round(per_ckpt, 1), a=len(analysed))
+            elif pair:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)
                 t.how["saving_ms"] = HOW["saving_ms"].format(slow=slow, fast=fast, n=steps - 1)
             if stem in FUNCTIONS:
-                t.function, own = FUNCTIONS[stem]
-                t.how["function"] = HOW["function"].format(ms=timings[own], slow=timings[pair[0]],
+                t.function, own, where = FUNCTIONS[stem]
+                t.how["function"] = HOW["function"].format(where=where, ms=timings[own], slow=timings[pair[0]],
                                                            fast=timings[pair[1]])
             out.append(t)
     return out

@@ -157,6 +157,11 @@ def _stats(rk: int, per_step: float, idle_ms: float, steps: int = 10) -> dict:
 NO_RANGES = [{"rank": -1, "range_group": "(none)", "ns": 0}]
 
 
+def _every_step(rows: list[dict]) -> list[dict]:
+    """sync_steps of syncs in every step of each row's rank."""
+    return [{"rank": r["rank"], "n": r["n_steps"]} for r in rows if r["n_steps"]]
+
+
 def _run(ctx):
     from orchestrator.analyze.rules.host_sync import RULE
 
@@ -165,7 +170,8 @@ def _run(ctx):
 
 def test_host_sync_rule_fires_with_cost_severity() -> None:
     rows = [_stats(0, 4.0, 10.0), _stats(1, 0.5, 30.0), _stats(2, 2.0, 1.0)]
-    (f,) = _run(context([rank(0), rank(1), rank(2)], {"sync_stats": rows, "sync_idle_ranges": NO_RANGES}))
+    (f,) = _run(context([rank(0), rank(1), rank(2)],
+                        {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}))
     assert f.kind == "host_sync" and f.ranks == [0] and f.severity == "medium" and f.cost_ms == 10.0
     assert f.evidence == ["rank 0: 40 host syncs in 10 steps (4.0 per step: cudaStreamSynchronize x40); CPU "
                           "blocked in them 1.0 ms; GPU idle right after them 1.0 ms per step (10.0% of its window)"]
@@ -174,16 +180,30 @@ def test_host_sync_rule_fires_with_cost_severity() -> None:
 
 def test_host_sync_rule_quiet_without_steps_or_cost() -> None:
     no_steps = dict(_stats(0, 4.0, 50.0), n_steps=None, sync_per_step=None, idle_after_ns_per_step=None)
-    tables = {"sync_stats": [no_steps, _stats(1, 4.0, 1.5)], "sync_idle_ranges": NO_RANGES}
+    rows = [no_steps, _stats(1, 4.0, 1.5)]
+    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}
     assert _run(context([rank(0), rank(1)], tables)) == []
-    (f,) = _run(context([rank(0)], {"sync_stats": [_stats(0, 1.0, 25.0)], "sync_idle_ranges": NO_RANGES}))
+    rows = [_stats(0, 1.0, 25.0)]
+    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}
+    (f,) = _run(context([rank(0)], tables))
     assert f.severity == "high"
+
+
+def test_many_syncs_in_a_few_steps_are_not_the_hot_loops() -> None:
+    """40 syncs in 10 steps, all in 2 of them (a checkpoint's torch.save copying each tensor to
+    the host, every 5 steps): not syncs every step; their idle is the checkpoint's (cpu_gap).
+    In 5 of the 10 steps they are."""
+    rows = [_stats(0, 4.0, 25.0)]
+    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": [{"rank": 0, "n": 2}]}
+    assert _run(context([rank(0)], tables)) == []
+    (f,) = _run(context([rank(0)], dict(tables, sync_steps=[{"rank": 0, "n": 5}])))
+    assert f.cost_ms == 25.0
 
 
 def test_host_sync_idle_in_data_loading_is_not_counted_twice() -> None:
     """25 ms of GPU idle after the syncs, 20 ms of it with the CPU in `data_load`: that part is
     the data-loader stall's; 5 ms remain, 5% of the window (medium)."""
-    ranges = [{"rank": 0, "range_group": "data_load", "ns": 20_000_000}]
-    (f,) = _run(context([rank(0)], {"sync_stats": [_stats(0, 1.0, 25.0)], "sync_idle_ranges": ranges}))
+    ranges, rows = [{"rank": 0, "range_group": "data_load", "ns": 20_000_000}], [_stats(0, 1.0, 25.0)]
+    (f,) = _run(context([rank(0)], {"sync_stats": rows, "sync_idle_ranges": ranges, "sync_steps": _every_step(rows)}))
     assert f.cost_ms == 5.0 and f.severity == "medium"
     assert "input pipeline or in work between steps excluded" in f.evidence[0]

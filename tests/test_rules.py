@@ -87,6 +87,32 @@ def test_cpu_gap_names_the_python_function_its_samples_found_and_costs_its_share
             "in that idle time (80%)") in f.evidence
 
 
+def test_cpu_gap_merges_the_loop_threads_states_one_function_holds() -> None:
+    """A checkpoint: 30 ms of idle in Python, 20 in `fclose` and 10 in `fopen`, the samples of each
+    at least 80 % in `save_checkpoint`, under torch.save: one finding for the function, costed as
+    its share of the three (27 + 20 + 10 = 57 ms), with the checkpoint's fix. The 5 ms in `write`,
+    whose samples are elsewhere, stays its own group (under the 10 % threshold of a 100 ms window:
+    no finding). With the `fclose` samples elsewhere too, only two states merge."""
+    leaf = "_save (torch/serialization.py:1184)"
+    samples = [{"rank": 0, "range_group": PY, "func": "save_checkpoint (train.py:200)", "leaf": leaf, "n": 9},
+               {"rank": 0, "range_group": PY, "func": "run (train.py:150)", "leaf": None, "n": 1},
+               {"rank": 0, "range_group": "loop thread in fclose", "func": "save_checkpoint (train.py:200)",
+                "leaf": leaf, "n": 4},
+               {"rank": 0, "range_group": "loop thread in fopen", "func": "save_checkpoint (train.py:200)",
+                "leaf": leaf, "n": 2},
+               {"rank": 0, "range_group": "loop thread in write", "func": "log (train.py:99)", "leaf": None, "n": 3}]
+    gaps = {PY: 30.0, "loop thread in fclose": 20.0, "loop thread in fopen": 10.0, "loop thread in write": 5.0}
+    ctx = context([rank(0, gaps_by_range_ms=gaps, window_ms=100.0)], {"gap_python": samples})
+    (f,) = _run("cpu_gap", ctx)
+    assert f.title == ("GPU idle while the loop thread runs `save_checkpoint` (train.py:200) in `_save` "
+                       "(torch/serialization.py:1184) (in `Python between CUDA calls`, `fclose`, `fopen`)")
+    assert f.cost_ms == pytest.approx(57.0) and "torch.distributed.checkpoint.async_save" in f.fix
+    split = [dict(r, func="close_all (train.py:300)") if r["range_group"] == "loop thread in fclose" else r
+             for r in samples]
+    found = _run("cpu_gap", context([rank(0, gaps_by_range_ms=gaps, window_ms=100.0)], {"gap_python": split}))
+    assert sorted(round(g.cost_ms, 3) for g in found) == [20.0, 37.0], [(g.title, g.cost_ms) for g in found]
+
+
 def test_cpu_gap_without_samples_keeps_its_title_and_cost() -> None:
     (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})]))
     assert f.title == "GPU idle while the loop thread runs Python between CUDA calls" and f.cost_ms == 40.0

@@ -31,6 +31,22 @@ PYTHON_FIX = (
     "The loop thread runs {func} while the GPU has nothing queued: vectorise it or run it on the GPU, move it "
     "into the Dataset or collate_fn (the DataLoader's workers then run it ahead of the step), or do it less often."
 )
+# The samples under torch.save: the loop checkpoints synchronously.
+SAVING = "torch/serialization.py"
+CHECKPOINT_FIX = (
+    "The loop thread saves a checkpoint in {func} while the GPU has nothing queued: torch.save copies every "
+    "tensor to the host and writes the file before the loop goes on. Save less often, or asynchronously: "
+    "torch.distributed.checkpoint.async_save, or copy the state dicts to pinned CPU memory and write them from a "
+    "background thread."
+)
+# One function's idle is one cause: the loop thread's states it passes through (Python between
+# CUDA calls, then `fopen`, `write`, `fclose` as torch.save writes its file) are merged where at
+# least this share of each one's samples is in that function.
+ONE_FUNCTION = 0.8
+
+
+def _python_fix(func: str, where: str) -> str:
+    return (CHECKPOINT_FIX if SAVING in where else PYTHON_FIX).format(func=func)
 
 
 @dataclass
@@ -51,7 +67,7 @@ class CpuGap(Rule):
             for name, ms in r.gaps_by_range_ms.items():
                 if not is_input_range(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
                     per[name][r.rank] += ms - (once[r.rank].by_range.get(name, 0.0) if r.rank in once else 0.0)
-        out = []
+        out = self._by_function(ctx, per, win)
         for name, by_rank in per.items():
             hit = {rk: ms for rk, ms in by_rank.items() if win.get(rk) and ms >= self.min_share * win[rk]}
             if not hit:
@@ -76,11 +92,50 @@ class CpuGap(Rule):
                     # share of the idle time, on the rank where that is most.
                     worst_rank = max(py, key=lambda r: hit[r] * py[r][2] / py[r][3])
                     title += f": {py[worst_rank][1]}"
-                    fix = ctx.worded(PYTHON_FIX.format(func=py[worst_rank][0]), fix)
+                    fix = ctx.worded(_python_fix(py[worst_rank][0], py[worst_rank][1]), fix)
                     cost = hit[worst_rank] * py[worst_rank][2] / py[worst_rank][3]
                     evidence.append(f"fixing {py[worst_rank][0]} saves its share of rank {worst_rank}'s idle time: "
                                     f"{round(cost, 3)} ms")
             out.append(finding(self.kind, hit, title, evidence, fix, cost, pct=worst))
+        return out
+
+    def _by_function(self, ctx: Context, per: dict[str, dict[int, float]], win: dict[int, float]) -> list[Finding]:
+        """One finding per Python function that holds most of the samples of two or more of a
+        rank's loop-thread gap groups, costed as its share of them all together; those groups
+        leave `per`."""
+        found: dict[str, dict[int, list[tuple[str, float, tuple[str, str, int, int]]]]] = defaultdict(
+            lambda: defaultdict(list))
+        for name, by_rank in per.items():
+            if name.startswith(CALL_GAP):
+                for rk, ms in by_rank.items():
+                    py = python_in_gaps(ctx, rk, lambda g, n=name: g == n)
+                    if py and py[2] >= ONE_FUNCTION * py[3]:
+                        found[py[0]][rk].append((name, ms, py))
+        out = []
+        for func, by_rank in found.items():
+            merged = {rk: groups for rk, groups in by_rank.items() if len(groups) >= 2}
+            hit = {rk: sum(ms for _, ms, _ in groups) for rk, groups in merged.items()}
+            hit = {rk: ms for rk, ms in hit.items() if win.get(rk) and ms >= self.min_share * win[rk]}
+            if not hit:
+                continue
+            for rk in hit:
+                for name, _, _ in merged[rk]:
+                    del per[name][rk]
+            share = {rk: sum(ms * py[2] / py[3] for _, ms, py in merged[rk]) for rk in hit}
+            worst_rank = max(share, key=lambda r: (share[r], -r))
+            where = max(merged[worst_rank], key=lambda g: g[1])[2][1]
+            states = ", ".join(f"`{n.removeprefix(CALL_GAP)}`" for n, _, _ in merged[worst_rank])
+            evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms while its loop thread was "
+                        f"in {func} ({round(100 * ms / win[rk], 1)}% of its window): "
+                        + ", ".join(f"{round(m, 3)} ms in `{n.removeprefix(CALL_GAP)}`" for n, m, _ in merged[rk])
+                        for rk, ms in worst_first(hit)]
+            evidence += [python_line(rk, py) for rk in sorted(hit)[:4] for _, _, py in merged[rk][:1]]
+            evidence.append(f"fixing {func} saves its share of rank {worst_rank}'s idle time: "
+                            f"{round(share[worst_rank], 3)} ms")
+            worst = max(100 * ms / win[rk] for rk, ms in hit.items())
+            out.append(finding(self.kind, hit, f"GPU idle while the loop thread runs {where} (in {states})",
+                               evidence, ctx.worded(_python_fix(func, where), ctx.cpu_gap_fix()),
+                               share[worst_rank], pct=worst))
         return out
 
 

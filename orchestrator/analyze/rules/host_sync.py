@@ -3,7 +3,8 @@
 drains and the GPU idles while the CPU refills it. Cost: that GPU idle right after the syncs
 (view `sync_stats`, from metrics/sql/55_host_sync.sql), less the part the CPU spent in an
 input-pipeline range or in work between steps (a data-loader stall or the between-steps
-work, reported by their own rules). Where the job was replayed, the cost is the replay's: the
+work, reported by their own rules). Only syncs in at least half of the steps: a few steps' many
+(a checkpoint) are their work's. Where the job was replayed, the cost is the replay's: the
 same job with no host sync (61_replay.sql, `no host syncs`: the CPU not blocked in them, the
 GPU's idle after them gone, the input's and the between-steps work's left to their findings);
 within the replay's error it is `info`."""
@@ -34,9 +35,13 @@ FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`
 class HostSync(Rule):
     kind = "host_sync"
     explains_idle = True
-    reads = ("sync_stats", "sync_idle_ranges")
-    # A sync at least this often per step on average is "in the hot loop" (per-step logging).
+    reads = ("sync_stats", "sync_idle_ranges", "sync_steps")
+    # A sync at least this often per step on average is "in the hot loop" (per-step logging),
+    # where at least this share of the steps holds one: the many syncs of a few steps (a
+    # checkpoint's torch.save copies each tensor to the host) are that work's, which the
+    # idle rules name by what the loop thread was in (cpu_gap, with orch's Python samples).
     min_per_step: float = 1.0
+    min_steps_share: float = 0.5
     # Reported when the GPU idle right after the syncs is at least this share of the window.
     min_share: float = 0.02
 
@@ -47,10 +52,13 @@ class HostSync(Rule):
         for g in ctx.views.rows("sync_idle_ranges"):
             if is_input_range(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
                 in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ms(g["ns"])
+        stepped = {r["rank"]: r["n"] for r in ctx.views.rows("sync_steps")}
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]
             idle_ms = max(0.0, ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
             if per is None or per < self.min_per_step or not win.get(rk):
+                continue
+            if stepped.get(rk, 0) < self.min_steps_share * s["n_steps"]:
                 continue
             if idle_ms >= self.min_share * win[rk]:
                 hit[rk] = (s, idle_ms)

@@ -68,10 +68,11 @@ WITH ops AS (SELECT * FROM _slice_ops), span AS (
     SELECT rank, i AS slice, s0 + (i * (s1 - s0)) // 30 AS s, s0 + ((i + 1) * (s1 - s0)) // 30 AS e
     FROM span, range(30) r(i) WHERE s1 > s0
 )
-SELECT sl.rank, sl.slice, sl.s, sl.e,
-       coalesce(sum(greatest(0, least(b.e, sl.e) - greatest(b.s, sl.s))), 0) AS busy_ns,
-       100.0 * coalesce(sum(greatest(0, least(b.e, sl.e) - greatest(b.s, sl.s))), 0) / (sl.e - sl.s) AS util_pct
-FROM sl LEFT JOIN busy b ON b.rank = sl.rank AND b.e > sl.s AND b.s < sl.e
-GROUP BY sl.rank, sl.slice, sl.s, sl.e
+SELECT rank, slice, s, e, busy_ns, 100.0 * busy_ns / (e - s) AS util_pct FROM (
+    -- least() and greatest() skip NULLs: a slice no op overlaps must add nothing, not its length
+    SELECT sl.rank, sl.slice, sl.s, sl.e,
+           coalesce(sum(least(b.e, sl.e) - greatest(b.s, sl.s)) FILTER (WHERE b.rank IS NOT NULL), 0) AS busy_ns
+    FROM sl LEFT JOIN busy b ON b.rank = sl.rank AND b.e > sl.s AND b.s < sl.e
+    GROUP BY sl.rank, sl.slice, sl.s, sl.e)
 UNION ALL BY NAME
 SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gpu_slices m JOIN map_ranks k USING (rank);

@@ -234,7 +234,8 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     assert ("rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls): "
             "without the profiler the GPU idles about 8.0 ms") in g.evidence
     # The step that recorded the graphs (a one-off: 30 ms against a median 5 ms) idled 6 ms of the rest.
-    rec = [{"rank": 0, "step": 1, "step_ns": 30_000_000, "median_ns": 5_000_000, "range_group": rg, "ns": ns}
+    rec = [{"rank": 0, "step": 1, "step_ns": 30_000_000, "median_ns": 5_000_000, "range_group": rg, "ns": ns,
+            "init": False}
            for rg, ns in (("loop thread in cudaGraphInstantiateWithFlags", 4_000_000), ("orch: next batch", 2_000_000))]
     (h,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
                                  {"graph_usage": [row], "capture_overhead": [over], "oneoff_gaps": rec}))

@@ -562,13 +562,13 @@ def test_gpu_low_util_leaves_out_the_idle_of_one_off_steps() -> None:
     once = [{"rank": 0, "slice": i, "ns": 2_000_000} for i in (0, 1, 2)] + [{"rank": 0, "slice": 20, "ns": 1_000_000}]
     (f,) = _run("gpu_low_util", context([rank(0)], {"gpu_slices": slices, "slice_idle": split, "slice_oneoff": once}))
     assert f.cost_ms == 14.0 and f.severity == "medium"  # 7 x 2 ms; slice 20 is not a low one
-    assert f.evidence[0].endswith("20.0 ms in longer gaps, 6.0 ms of them in one-off steps (warm-up, graph "
-                                  "recording), which no other step repeats: left out of the cost")
+    assert f.evidence[0].endswith("20.0 ms in longer gaps, 6.0 ms of them one-off (warm-up, graph recording, a "
+                                  "one-time initialisation), which no other step repeats: left out of the cost")
     (g,) = _run("gpu_low_util", context([rank(0)], {"gpu_slices": slices, "slice_idle": split,
                                                     "slice_oneoff": [dict(r, ns=2_000_000) for r in split]}))
     assert g.severity == "info" and g.cost_ms == 0.0
     assert g.evidence[-1] == ("costs nothing of its own: its launch gaps are the launch-bound finding's, its longer "
-                              "gaps in one-off steps")
+                              "gaps one-off idle")
 
 
 def test_layout_needed_only_without_layout() -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 from orchestrator.analyze.model_report import Finding, Report, Severity
-from orchestrator.metrics.engine import Options, Views
+from orchestrator.metrics.engine import CALL_GAP, Options, Views
 
 # NVTX range names that are the input pipeline in real code.
 
@@ -115,31 +115,51 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class OneOff:
-    """A rank's GPU idle in its one-off steps (oneoff_gaps: a step over 3x its median, such as
-    torch.compile's graph recording or DDP's first bucket rebuild), in ms by range, and the
-    steps: idle that recurs in no other step, which a fix of the loop's own pattern won't save."""
+    """A rank's GPU idle that recurs in no other step (oneoff_gaps), in ms by range: in its
+    one-off steps (a step over 3x its median, such as torch.compile's graph recording or DDP's
+    first bucket rebuild) and in a one-time initialisation in any other step (NCCL creating a
+    communicator, CUDA loading a module). A fix of the loop's own pattern won't save it."""
 
     by_range: dict[str, float]
     steps: dict[int, tuple[float, float]]  # step -> (its ms, the rank's median step ms)
+    inits: dict[str, tuple[float, list[int]]]  # an initialisation's gap group -> (its ms, the steps it fell in)
 
     @property
     def total_ms(self) -> float:
         return sum(self.by_range.values())
 
     def line(self, rank: int, what: float) -> str:
+        """The long steps' line: `what` ms of them left out."""
         shown = ", ".join(f"step {s} ({round(ns, 1)} ms against a median {round(med, 1)} ms)"
                           for s, (ns, med) in sorted(self.steps.items()))
         return (f"rank {rank}: {round(what, 3)} ms more fell in {shown}, a one-off (warm-up, graph recording, a "
                 "checkpoint) that no other step repeats: left out of the cost")
 
+    def lines(self, rank: int, name: str | None = None) -> list[str]:
+        """What was left out of a gap group's cost (of every group's where `name` is None)."""
+        names = sorted(self.by_range) if name is None else [name]
+        inits = [n for n in names if n in self.inits]
+        steps = sum(self.by_range.get(n, 0.0) - self.inits.get(n, (0.0, []))[0] for n in names)
+        out = [self.line(rank, steps)] if self.steps and steps > 0 else []
+        return out + [
+            f"rank {rank}: {round(self.inits[n][0], 3)} ms more fell while the loop thread was in "
+            f"`{n.removeprefix(CALL_GAP)}` (step {', '.join(map(str, self.inits[n][1]))}), a one-time initialisation "
+            "(NCCL creates a communicator at a group's first collective, CUDA loads a module at a kernel's first "
+            "launch): left out of the cost" for n in inits]
+
 
 def one_offs(ctx: Context) -> dict[int, OneOff]:
-    """Each rank's one-off steps and their idle; the rule must read `oneoff_gaps`."""
+    """Each rank's one-off idle; the rule must read `oneoff_gaps`."""
     out: dict[int, OneOff] = {}
     for r in ctx.views.rows("oneoff_gaps"):
-        o = out.setdefault(r["rank"], OneOff({}, {}))
-        o.by_range[r["range_group"]] = o.by_range.get(r["range_group"], 0.0) + float(r["ns"]) / 1e6
-        o.steps[r["step"]] = (r["step_ns"] / 1e6, r["median_ns"] / 1e6)
+        o = out.setdefault(r["rank"], OneOff({}, {}, {}))
+        ms = float(r["ns"]) / 1e6
+        o.by_range[r["range_group"]] = o.by_range.get(r["range_group"], 0.0) + ms
+        if r["init"]:
+            total, steps = o.inits.get(r["range_group"], (0.0, []))
+            o.inits[r["range_group"]] = (total + ms, [*steps, r["step"]])
+        else:
+            o.steps[r["step"]] = (r["step_ns"] / 1e6, r["median_ns"] / 1e6)
     return out
 
 

@@ -80,8 +80,7 @@ class CpuGap(Rule):
                      if name == PYTHON else f"GPU idle while the loop thread is in `{call}`")
             evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                         f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
-            evidence += [once[rk].line(rk, once[rk].by_range[name]) for rk in sorted(hit)
-                         if rk in once and once[rk].by_range.get(name)]
+            evidence += [line for rk in sorted(hit) if rk in once for line in once[rk].lines(rk, name)]
             fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
             py = {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))}
             cost = max(hit.values())

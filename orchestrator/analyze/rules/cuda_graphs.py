@@ -52,7 +52,7 @@ class CudaGraphs(Rule):
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
         # A one-off step's idle (the step that records the graphs) recurs nowhere else.
         once = {rk: o for rk, o in one_offs(ctx).items() if rk in idle}
-        evidence += [o.line(rk, o.total_ms) for rk, o in sorted(once.items())]
+        evidence += [line for rk, o in sorted(once.items()) for line in o.lines(rk)]
         idle = {rk: max(0.0, idle[rk] - (once[rk].total_ms if rk in once else 0.0)) for rk in idle}
         # Between replays the loop thread runs eager CUDA calls, each lengthened by nsys' per-call
         # cost (capture_overhead): the saving is this capture's idle, the severity what is left

@@ -60,13 +60,13 @@ class GpuLowUtil(Rule):
                     f"{min(s['util_pct'] for s in low[rk]):.0f} % busy): {short[rk]:.1f} ms between kernels under "
                     f"{gap} apart (launch gaps), {long[rk]:.1f} ms in longer gaps"
                     + (", which the cause found on this rank explains" if rk in covered and long[rk] else "")
-                    + (f", {once[rk]:.1f} ms of them in one-off steps (warm-up, graph recording), which no "
-                       "other step repeats: left out of the cost" if rk not in covered and once[rk] else "")
+                    + (f", {once[rk]:.1f} ms of them one-off (warm-up, graph recording, a one-time initialisation), "
+                       "which no other step repeats: left out of the cost" if rk not in covered and once[rk] else "")
                     for rk, _ in worst_first({k: idle[k] / win[k] for k in idle})]  # the title's rank first
         if unclaimed[costly]:
             evidence.append(f"costs what no cause claims: {unclaimed[costly]:.1f} ms of longer gaps on rank {costly}")
         else:
-            whose = ("the causes' found on the same ranks" if covered & set(low) else "in one-off steps")
+            whose = ("the causes' found on the same ranks" if covered & set(low) else "one-off idle")
             evidence.append("costs nothing of its own: its launch gaps are the launch-bound finding's"
                             + (f", its longer gaps {whose}" if any(long.values()) else ""))
         return [finding(self.kind, low, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 "

@@ -8,10 +8,12 @@
 -- `.cpu()`), then it is `between steps (other work)`. (Copying the next batch in is input.)
 -- orch's loop marks count as the user's ranges (`orch: next batch`: the wait for the next batch,
 -- whatever the loop's own NVTX; a range of the user's inside it, deeper, names it first).
--- A gap no range explains is named by what the loop thread was doing at its midpoint: the
--- CUDA call it was in (`loop thread in cudaStreamSynchronize`), else the OS runtime call
--- (`loop thread in poll`), else `loop thread in Python between CUDA calls` (running its own
--- code: no call to wait in).
+-- A gap no range of the user's explains is named by what the loop thread was doing at its
+-- midpoint: a library's range it was in (`loop thread in NCCL:ncclCommInitRankConfig`, NCCL
+-- creating a communicator at its first collective; the library's own marks, in their own NVTX
+-- domain, say more than the step it fell in), the CUDA call (`loop thread in
+-- cudaStreamSynchronize`), else the OS runtime call (`loop thread in poll`), else `loop thread in
+-- Python between CUDA calls` (running its own code: no call to wait in).
 -- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
 -- map_between_steps: store/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
 -- rank's gaps need its own events only.
@@ -113,10 +115,18 @@ api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last on
     ASOF JOIN loop_osrt o
         ON o.rank = g.rank AND g.m >= o.start
     WHERE o."end" > g.m
+), lib AS (  -- the loop thread's library range (NCCL's, CCCL's) holding the gap's midpoint
+    SELECT g.rank, g.s, l.domain || ':' || l.text AS call FROM mid g
+    ASOF JOIN (SELECT n.rank, n.start, n."end", n.domain, n.text FROM nvtx n JOIN loop_thread USING (rank, tid)
+               SEMI JOIN map_todo USING (rank)
+               WHERE n.domain_id <> 0 AND n.domain NOT IN ('orch', 'orch.py') AND n.text IS NOT NULL) l
+        ON l.rank = g.rank AND g.m >= l.start
+    WHERE l."end" > g.m
 )
 SELECT g.rank, g.s, g.e, g.dur,
        coalesce(range_group(c.text),
-                CASE WHEN b.other_work THEN 'between steps (other work)'
+                CASE WHEN l.call IS NOT NULL THEN 'loop thread in ' || l.call
+                     WHEN b.other_work THEN 'between steps (other work)'
                      WHEN b.rank IS NOT NULL THEN 'between steps (input pipeline)'
                      WHEN a.call IS NOT NULL THEN 'loop thread in ' || a.call
                      WHEN o.call IS NOT NULL THEN 'loop thread in ' || o.call
@@ -126,6 +136,7 @@ FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
 LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s
 LEFT JOIN api a ON a.rank = g.rank AND a.s = g.s
 LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s
+LEFT JOIN lib l ON l.rank = g.rank AND l.s = g.s
 UNION ALL BY NAME
 SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gap_attr m JOIN map_ranks k USING (rank);
 

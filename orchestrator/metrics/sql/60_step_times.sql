@@ -7,7 +7,7 @@
 --   step_gpu(rank, step, s, e, ns, warmup, complete)
 --       per rank and step: the GPU span of the ops its CUDA calls launched
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
---   oneoff_gaps(rank, step, step_ns, median_ns, range_group, ns)
+--   oneoff_gaps(rank, step, step_ns, median_ns, range_group, ns, init)
 --       the GPU's idle (gap_attr, by range) in each one-off step: an analysed, complete step
 --       over 3 x its rank's median analysed step, where such steps are at most a quarter of them
 --       and do not recur at a period (torch.compile's CUDA-graph recording, DDP's first bucket
@@ -16,7 +16,11 @@
 --       steps after the one before (k: the rank's most common spacing of them, held at least
 --       twice) are the loop's own pattern (a checkpoint or an evaluation every k steps), which
 --       its fix saves every time: not one-off; a long step outside that run (DDP's first
---       iteration before the evaluations) still is.
+--       iteration before the evaluations) still is. init: the idle, in any other analysed step,
+--       while the loop thread was in a one-time initialisation (40_gaps.sql names the gap by it):
+--       NCCL creating a communicator (at a process group's first collective: a Trainer's first
+--       logging all_gather) or CUDA loading a kernel's module at its first launch. Once it is in
+--       more than a quarter of the steps it is the loop's own (a new group every step): not one-off.
 CREATE OR REPLACE TABLE step_gpu AS
 WITH g AS (
     SELECT rank, step, s, e FROM step_ops WHERE step IS NOT NULL
@@ -35,12 +39,14 @@ WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
 GROUP BY g.rank;
 
 CREATE OR REPLACE TABLE oneoff_gaps AS
-WITH one AS (  -- step_stats: the median and count over the same selected, complete steps
-    SELECT g.rank, g.step, st.start, g.ns, s.median_ns
+WITH sel AS (  -- the analysed, complete steps (step_stats' own), with their rank's median and count
+    SELECT g.rank, g.step, st.start, g.ns, s.median_ns, s.n
     FROM step_gpu g JOIN steps st USING (rank, step) JOIN first_step f USING (rank) JOIN step_stats s USING (rank),
         params p
-    WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete AND g.ns > 3 * s.median_ns
-    QUALIFY count(*) OVER (PARTITION BY g.rank) <= 0.25 * any_value(s.n) OVER (PARTITION BY g.rank)
+    WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
+), one AS (
+    SELECT * FROM sel WHERE ns > 3 * median_ns
+    QUALIFY count(*) OVER (PARTITION BY rank) <= 0.25 * any_value(n) OVER (PARTITION BY rank)
 ), spaced AS (  -- d: steps since the rank's previous long step, d_next: to its next
     SELECT rank, step, step - lag(step) OVER w AS d, lead(step) OVER w - step AS d_next
     FROM one WINDOW w AS (PARTITION BY rank ORDER BY step)
@@ -49,8 +55,23 @@ WITH one AS (  -- step_stats: the median and count over the same selected, compl
     QUALIFY row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, d) = 1
 ), periodic AS (
     SELECT s.rank, s.step FROM spaced s JOIN period p USING (rank) WHERE s.d = p.k OR s.d_next = p.k
+), long AS (
+    SELECT * FROM one ANTI JOIN periodic USING (rank, step)
+), init AS (  -- the gaps in a one-time initialisation, each in the step it starts in (not a long one-off)
+    SELECT s.rank, s.step, s.ns, s.median_ns, s.n, a.range_group, a.dur
+    FROM gap_attr a JOIN (SELECT * FROM sel ANTI JOIN long USING (rank, step)) s
+        ON a.rank = s.rank AND a.s >= s.start AND a.s < s.start + s.ns, params p
+    WHERE starts_with(a.range_group, p.call_gap)
+      AND regexp_matches(a.range_group[length(p.call_gap) + 1:], '^(NCCL:ncclComm(Init|Split)|cuLibraryLoad|cuModuleLoad)')
+), init_steps AS (  -- in at most a quarter of the steps: a communicator made every step is the loop's own
+    SELECT rank FROM init GROUP BY rank HAVING count(DISTINCT step) <= 0.25 * any_value(n)
 )
-SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns
-FROM (SELECT * FROM one ANTI JOIN periodic USING (rank, step)) o
+SELECT o.rank, o.step, o.ns AS step_ns, CAST(o.median_ns AS BIGINT) AS median_ns, a.range_group, sum(a.dur) AS ns,
+       false AS init
+FROM long o
 JOIN gap_attr a ON a.rank = o.rank AND a.s >= o.start AND a.s < o.start + o.ns
+GROUP BY ALL
+UNION ALL
+SELECT rank, step, ns, CAST(median_ns AS BIGINT), range_group, sum(dur), true
+FROM init SEMI JOIN init_steps USING (rank)
 GROUP BY ALL;

@@ -3,7 +3,8 @@ scripts/workloads/modern_loops.py on CPU with no NVTX of its own, 4 micro-batche
 optimizer steps, a DataLoader with no workers, through `orch submit --wait` under real nsys. The
 rank hook wraps every optimizer step and every wait for a batch in an NVTX range (plain sqlite3
 over the rank's export counts them against the program's own arguments), notes the loader's
-settings, and the report's steps are the optimizer steps; with `profile.module_marks` the model's
+settings, and the report's steps are the optimizer steps; each epoch's start of its batches is a range
+too; with `profile.module_marks` the model's
 forward and each backward are ranges too; `profile.loop_marks: false` makes none.
 The same hook samples the main thread's Python stack from the first optimizer step (instant
 ranges in domain `orch.py`, named by the program's own functions); `python_sampling_ms: 0` takes
@@ -30,10 +31,10 @@ ARGS = ["--device", "cpu", "--dim", "64", "--layers", "2", "--heads", "2", "--se
         "--batch", "4", "--steps", str(STEPS), "--warmup", "2", "--accum", str(ACCUM), "--log-every", "100"]
 
 
-def _run(tmp: Path, marks: bool) -> tuple[Path, dict]:
+def _run(tmp: Path, marks: bool, args: tuple[str, ...] = ()) -> tuple[Path, dict]:
     spec = {"name": "marks", "cluster": "local", "run_root": str(tmp / "runs"),
             "launch": {"script": str(WORKLOAD), "nproc_per_node": 1,
-                       "args": ARGS},
+                       "args": [*ARGS, *args]},
             "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "loop_marks": marks, "module_marks": marks,
                         "python_sampling_ms": 1 if marks else 0}}
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
@@ -75,6 +76,7 @@ def test_the_marks_make_the_optimizer_steps_the_steps_and_note_the_loader(tmp_pa
     ranges = _ranges(run)
     assert ranges["orch: optimizer.step"] == STEPS
     assert ranges["orch: next batch"] >= STEPS * ACCUM  # each micro-batch's, and the DataLoader's last
+    assert ranges["orch: loader start"] == 1  # one epoch holds every step
     assert "step 0" not in ranges  # the program opens no range of its own
     # module_marks: the model's forward and the backward of each micro-batch (the loss is computed
     # inside the model's forward with the functional cross_entropy: no other outermost module call)
@@ -98,6 +100,17 @@ def _def_lines(path: Path, names: tuple[str, ...]) -> list[int]:
              for f in c.body if isinstance(f, ast.FunctionDef)}
     found |= {f.name: f.lineno for f in tree.body if isinstance(f, ast.FunctionDef)}
     return [found[n] for n in names]
+
+
+def test_each_epochs_start_is_a_range_and_the_loader_says_its_workers_are_not_persistent(
+        tmp_path: Path, nsys: str) -> None:
+    """A dataset of 2 optimizer steps an epoch, 2 workers that start anew every epoch
+    (persistent_workers=False): each of the 3 epochs starts its batches in `orch: loader start`."""
+    run, rep = _run(tmp_path, marks=True, args=("--epoch-steps", "2", "--workers", "2", "--no-persistent"))
+    ranges = _ranges(run)
+    assert ranges["orch: loader start"] == STEPS // 2 and ranges["orch: optimizer.step"] == STEPS
+    (loader,) = rep["loaders"]["0"]
+    assert loader["num_workers"] == 2 and loader["persistent_workers"] is False
 
 
 def test_loop_marks_false_makes_none(tmp_path: Path, nsys: str) -> None:

@@ -128,6 +128,30 @@ def test_data_loader_stall_says_the_python_its_samples_found() -> None:
             "of the 9 Python samples orch took in that idle time (100%)") in f.evidence
 
 
+def test_data_loader_stall_names_workers_that_start_anew_every_epoch() -> None:
+    """8 of rank 0's 18 ms of input idle fall while the loop thread starts an epoch's batches, and
+    its loader's 4 workers are not persistent: the fix keeps them. Persistent workers (or the idle
+    elsewhere) leave the fix as it was."""
+    from orchestrator.store.loaders import LoaderSettings
+
+    gaps = {"orch: next batch": 10.0, "orch: loader start": 8.0}
+    views = {"gap_cpu": [], "gap_python": [], "cp_roots": [], "cp_steps": []}
+
+    def run(persistent: bool, gaps: dict[str, float]) -> Finding:
+        loader = LoaderSettings(num_workers=4, persistent_workers=persistent, batch_size=16, dataset="Tokens")
+        (f,) = _run("data_loader_stall", context([rank(0, gaps_by_range_ms=gaps)], views, loaders={0: [loader]}))
+        return f
+
+    f = run(False, gaps)
+    assert f.cost_ms == 18.0
+    assert ("rank 0: 8.0 ms of it while the loop thread started an epoch's batches (`orch: loader start`: "
+            "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew") in f.evidence
+    assert f.fix.startswith("Rank(s) 0 start their DataLoader's workers anew every epoch: DataLoader(..., "
+                            "persistent_workers=True) keeps them")
+    for g in (run(True, gaps), run(False, {"orch: next batch": 18.0})):
+        assert "anew" not in g.fix and not [e for e in g.evidence if "loader start" in e]
+
+
 def test_pageable_memcpy() -> None:
     rows = [{"rank": 0, "kind": "HtoD", "src_kind": "pageable", "n": 2, "bytes": 8 << 20, "ns": 3_000_000},
             {"rank": 1, "kind": "HtoD", "src_kind": "pinned", "n": 2, "bytes": 8 << 20, "ns": 3_000_000}]

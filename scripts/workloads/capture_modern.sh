@@ -29,8 +29,10 @@
 # Python: orch's Python samples name the function), each slow input timed at 0 and 8 workers, the
 # masking loop with and without its masking, the same GPT under Lightning and in an Accelerate loop
 # with accumulation, compiled with CUDA graphs at 0 and 4 DataLoader workers (its timing first:
-# it fills Inductor's caches), and the eager GPT saving a checkpoint (model and AdamW state, from
-# the loop) every 5 and every 10 steps, timed with and without.
+# it fills Inductor's caches), the eager GPT saving a checkpoint (model and AdamW state, from
+# the loop) every 5 and every 10 steps, timed with and without, and the eager GPT over a dataset of
+# 8 steps an epoch with 4 DataLoader workers, which start anew every epoch without
+# persistent_workers, timed with and without.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -42,6 +44,7 @@ shift
 GPT_TINY="--dim 64 --layers 2 --heads 2 --seq 32 --vocab 100 --batch 4 --device cpu"
 HF_TINY="--tiny --seq 64 --batch 2"
 MASK="--mask --layers 2 --dim 256 --heads 4 --batch 32 --seq 512 --workers 2"  # a small GPT, masking in the loop
+EPOCHS="--epoch-steps 8 --workers 4 --steps 40"  # a dataset of 8 steps an epoch, 4 DataLoader workers
 LOOP_CAPTURES=(
   "loops_fused_accum4||--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
   "loops_fused_accum4_nomarks|loop_marks: false|--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
@@ -55,6 +58,8 @@ LOOP_CAPTURES=(
   "loops_compile_ro_w4||--compile reduce-overhead --steps 40 --workers 4|--compile default --steps 8 --workers 2 $GPT_TINY"
   "loops_ckpt5||--ckpt-every 5 --steps 40 --workers 2|--ckpt-every 2 --steps 6 $GPT_TINY"
   "loops_ckpt10||--ckpt-every 10 --steps 40 --workers 2|--ckpt-every 3 --steps 6 $GPT_TINY"
+  "loops_epochs_np||$EPOCHS --no-persistent|--epoch-steps 2 --no-persistent --workers 2 --steps 6 $GPT_TINY"
+  "loops_epochs_p||$EPOCHS|--epoch-steps 2 --workers 2 --steps 6 $GPT_TINY"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -71,6 +76,8 @@ LOOP_TIMINGS=(
   "loops_ckpt5|--ckpt-every 5 --steps 40 --workers 2"
   "loops_ckpt10|--ckpt-every 10 --steps 40 --workers 2"
   "loops_nockpt|--steps 40 --workers 2"
+  "loops_epochs_np|$EPOCHS --no-persistent"
+  "loops_epochs_p|$EPOCHS"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"

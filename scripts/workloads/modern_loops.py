@@ -130,17 +130,25 @@ def build(args: argparse.Namespace, device: torch.device):
         model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.fused or None,
                                 capturable=args.cuda_graph)
-        data = Tokens(args.batch * args.accum * (args.steps + 1), args.seq, args.vocab, args.sample_ms)
+        data = Tokens(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.seq, args.vocab,
+                      args.sample_ms)
     else:
         import torchvision
 
         model = torchvision.models.resnet18(num_classes=args.classes).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-        data = Images(args.batch * args.accum * (args.steps + 1), args.image_size, args.classes)
+        data = Images(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.image_size, args.classes)
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True,
                         num_workers=args.workers, pin_memory=not args.no_pin,
-                        persistent_workers=args.workers > 0)
+                        persistent_workers=args.workers > 0 and not args.no_persistent)
     return model, opt, loader
+
+
+def epochs(loader: DataLoader):
+    """Batches epoch after epoch, as `for epoch in range(E): for x, y in loader:` takes them: each
+    epoch iterates the loader anew, which starts its workers again unless they are persistent."""
+    while True:
+        yield from loader
 
 
 def loss_of(model, args, x, y):
@@ -177,7 +185,7 @@ def graphed_step(args: argparse.Namespace, model, opt, sample, device: torch.dev
 
 def run_graphed(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
     """`run` for --cuda-graph: each step copies its batch into the graph's inputs and replays it."""
-    batches = iter(loader)
+    batches = epochs(loader)
     graph, static_x, static_y, static_loss = graphed_step(args, model, opt, next(batches), device)
     t_start = None
     for step in range(args.steps):
@@ -206,7 +214,7 @@ def save_checkpoint(model: nn.Module, opt: torch.optim.Optimizer, step: int, pat
 def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> float:
     """One pass of `--steps` optimizer steps; returns the mean step time after `--warmup` steps."""
     kept = []  # --keep-outputs: "for metrics at the end of the epoch" (with their autograd graph)
-    batches = iter(loader)
+    batches = epochs(loader)
     t_start = None
     mask_rng, masking, saving = random.Random(0), 0.0, 0.0
     for step in range(args.steps):
@@ -265,6 +273,10 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--sample-ms", type=float, default=0.0, help="Python time per sample (a tokenising dataset)")
+    p.add_argument("--epoch-steps", type=int, default=0,
+                   help="optimizer steps an epoch of the dataset holds (0: one epoch holds them all)")
+    p.add_argument("--no-persistent", action="store_true",
+                   help="DataLoader(persistent_workers=False): the workers start anew every epoch")
     p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
     p.add_argument("--mask", action="store_true", help="mask_tokens() on every batch in the loop thread")
     p.add_argument("--no-pin", action="store_true", help="DataLoader(pin_memory=False), blocking copies")

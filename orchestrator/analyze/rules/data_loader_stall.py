@@ -35,6 +35,9 @@ from orchestrator.analyze.rules.base import (
 from orchestrator.metrics.engine import is_input_range
 from orchestrator.ranklist import ranges
 
+# orch's loop mark around DataLoader.__iter__ (templates/orch_loop_marks.py.j2): an epoch's start.
+START = "orch: loader start"
+
 
 @dataclass
 class DataLoaderStall(Rule):
@@ -90,11 +93,30 @@ class DataLoaderStall(Rule):
             if cost <= replay.error_ms:
                 severity = "info"
         alone = [rk for rk in sorted(stall) if any(s.num_workers == 0 for s in ctx.report.loaders.get(rk, []))]
+        restart = self.restarting(ctx, stall)
+        evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
+                     "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
+                     for rk, ms in worst_first(restart)]
         fix = (f"Rank(s) {ranges(alone)} load their batches in the loop thread (DataLoader num_workers=0): give the "
                "loader workers to prepare them ahead (num_workers=4-8, persistent_workers=True). "
-               if alone else "") + ctx.data_loader_fix()
+               if alone else "") + (
+               f"Rank(s) {ranges(sorted(restart))} start their DataLoader's workers anew every epoch: "
+               "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
+               "the next. " if restart else "") + ctx.data_loader_fix()
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
                         severity=severity)]
+
+    @staticmethod
+    def restarting(ctx: Context, stall: dict[int, float]) -> dict[int, float]:
+        """Per stalled rank with a loader whose workers are not persistent: its idle while the loop
+        thread started an epoch's batches (orch's loop marks: `orch: loader start`)."""
+        out = {}
+        for r in ctx.report.ranks:
+            ms = r.gaps_by_range_ms.get(START, 0.0)
+            if r.rank in stall and ms > 0 and any(s.num_workers and s.persistent_workers is False
+                                                  for s in ctx.report.loaders.get(r.rank, [])):
+                out[r.rank] = ms
+        return out
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:

@@ -9,9 +9,9 @@
 -- orch's loop marks count as the user's ranges (`orch: next batch`: the wait for the next batch,
 -- whatever the loop's own NVTX; a range of the user's inside it, deeper, names it first).
 -- A gap no range of the user's explains is named by what the loop thread was doing at its
--- midpoint: a library's range it was in (`loop thread in NCCL:ncclCommInitRankConfig`, NCCL
--- creating a communicator at its first collective; the library's own marks, in their own NVTX
--- domain, say more than the step it fell in), the CUDA call (`loop thread in
+-- midpoint: a library's own range it was in, in the library's NVTX domain (`loop thread in
+-- NCCL:ncclCommInitRankConfig`: NCCL creating a communicator at its first collective; it says
+-- what the thread did, where `between steps` says only where), the CUDA call (`loop thread in
 -- cudaStreamSynchronize`), else the OS runtime call (`loop thread in poll`), else `loop thread in
 -- Python between CUDA calls` (running its own code: no call to wait in).
 -- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,

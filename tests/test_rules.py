@@ -150,6 +150,12 @@ def test_data_loader_stall_names_workers_that_start_anew_every_epoch() -> None:
                             "persistent_workers=True) keeps them")
     for g in (run(True, gaps), run(False, {"orch: next batch": 18.0})):
         assert "anew" not in g.fix and not [e for e in g.evidence if "loader start" in e]
+    # A report without the run's loader settings: the loop thread forking in that idle says it.
+    views["gap_cpu"] = [{"rank": 0, "range_group": "orch: loader start", "call": "fork", "ns": 5_000_000},
+                        {"rank": 0, "range_group": "orch: loader start", "call": "poll", "ns": 3_000_000}]
+    (h,) = _run("data_loader_stall", context([rank(0, gaps_by_range_ms=gaps)], views))
+    assert h.fix.startswith("Rank(s) 0 start their DataLoader's workers anew every epoch")
+    assert h.evidence[-1].endswith("starts its workers anew: 5.0 ms in `fork`, starting processes")
 
 
 def test_pageable_memcpy() -> None:

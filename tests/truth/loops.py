@@ -8,6 +8,7 @@ steady step time, the median taken)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import statistics
 import tempfile
 from pathlib import Path
@@ -28,6 +29,12 @@ HOW = {
                    "counted between optimizer steps; plain sqlite3 finds them as bursts of 231 "
                    "cudaStreamSynchronize, torch.save's copy of each state tensor to the host; the checkpoint after "
                    "the last optimizer step is past the last step)",
+    "saving_epochs": "the loop's own unprofiled timings (timings.json, median of 3 runs each): (steady step at "
+                     "{slow} - at {fast}) x the {n} timed steps over the {c} epoch starts among them = {per} ms an "
+                     "epoch start, x the {a} epoch starts in the steps after the first (one every {k} optimizer steps, "
+                     "before the step's first batch)",
+    "saving_pair": "plain sqlite3 over both captures (the same device call): from the first `orch: optimizer.step` "
+                   "range's end to the last's ({n} steps), minus {fast}'s",
     "cause": "{what}",
     "function": "planted: the function the workload calls {where}; unprofiled it takes {ms} ms a step "
                 "(timings.json, median of 3), the step {slow} ms against {fast} ms without it",
@@ -79,10 +86,23 @@ CASES = {
     "loops_ckpt10": (
         "loops_ckpt5's loop saving its checkpoint every 10 optimizer steps", "cpu", [0],
         ("loops_ckpt10", "loops_nockpt"), "planted: --ckpt-every 10"),
+    "loops_epochs_np": (
+        "modern_loops.py's eager GPT over a dataset of 8 optimizer steps an epoch, 4 DataLoader workers without "
+        "persistent_workers (they start anew every epoch, as a DataLoader's default does), 40 optimizer steps, no "
+        "NVTX; orch's loop marks and Python samples on", "input", [0], ("loops_epochs_np", "loops_epochs_p"),
+        "planted: --epoch-steps 8 --workers 4 --no-persistent"),
+    "loops_epochs_p": (
+        "loops_epochs_np's loop with persistent_workers=True (the same 4 workers serve every epoch); nothing "
+        "planted, launch-bound", "launch", [0], None,
+        "the eager GPT is launch-bound (nothing planted for it), as graphs-gpt_eager_nvtx measured against its "
+        "twin replayed as one CUDA graph"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
 CKPT_EVERY = {"loops_ckpt5": 5, "loops_ckpt10": 10}
+# Loops over a dataset of k optimizer steps an epoch: each epoch from the k-th step on starts its
+# batches (and, without persistent workers, its workers) before that step's first batch.
+EPOCH_STEPS = {"loops_epochs_np": 8}
 WARMUP = 5
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
@@ -93,6 +113,13 @@ FUNCTIONS = {
     "loops_ckpt5": ("save_checkpoint", "loops_ckpt5_save_ms", _AFTER_STEP.format(k=5)),
     "loops_ckpt10": ("save_checkpoint", "loops_ckpt10_save_ms", _AFTER_STEP.format(k=10)),
 }
+
+
+def opt_span_ms(con: sqlite3.Connection) -> float:
+    """ms from the end of the first optimizer step (orch's loop mark) to the end of the last."""
+    a, b = con.execute("SELECT min(e.\"end\"), max(e.\"end\") FROM NVTX_EVENTS e LEFT JOIN StringIds s ON "
+                       "s.id = e.textId WHERE coalesce(e.text, s.value) = 'orch: optimizer.step'").fetchone()
+    return (b - a) / 1e6
 
 
 def cases() -> list[Truth]:
@@ -116,6 +143,22 @@ def cases() -> list[Truth]:
                 t.saving_ms = round(per_ckpt * len(analysed), 1)
                 t.how["saving_ms"] = HOW["saving_ckpt"].format(slow=slow, fast=fast, n=steps - WARMUP, c=len(timed),
                                                                per=round(per_ckpt, 1), a=len(analysed))
+            elif pair and stem in EPOCH_STEPS:
+                k, slow, fast = EPOCH_STEPS[stem], *pair
+                timed = [i for i in range(WARMUP, steps) if i % k == 0]
+                # orch's step i runs from optimizer step i - 1's end: an epoch begun before step i's
+                # first batch is in it; the steps after the first are analysed.
+                analysed = [i for i in range(1, steps) if i % k == 0]
+                per_epoch = (timings[slow] - timings[fast]) * (steps - WARMUP) / len(timed)
+                t.saving_unprofiled_ms = round(per_epoch * len(analysed), 1)
+                t.how["saving_unprofiled_ms"] = HOW["saving_epochs"].format(
+                    slow=slow, fast=fast, n=steps - WARMUP, c=len(timed), per=round(per_epoch, 1), a=len(analysed), k=k)
+                # Both loops were captured the same way in the same device call: the pair's measured
+                # difference under the profiler.
+                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
+                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
+                    t.saving_ms = round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
+                t.how["saving_ms"] = HOW["saving_pair"].format(fast=fast, n=steps - 1)
             elif pair:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)

@@ -37,6 +37,8 @@ from orchestrator.ranklist import ranges
 
 # orch's loop mark around DataLoader.__iter__ (templates/orch_loop_marks.py.j2): an epoch's start.
 START = "orch: loader start"
+# The OS calls that start a process (the OS runtime's names): a DataLoader starting its workers.
+FORKS = ("fork", "vfork", "clone", "clone3", "posix_spawn")
 
 
 @dataclass
@@ -96,7 +98,8 @@ class DataLoaderStall(Rule):
         restart = self.restarting(ctx, stall)
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
-                     for rk, ms in worst_first(restart)]
+                     + (f": {round(forked, 3)} ms in `fork`, starting processes" if forked else "")
+                     for rk, (ms, forked) in worst_first(restart, lambda v: v[0])]
         fix = (f"Rank(s) {ranges(alone)} load their batches in the loop thread (DataLoader num_workers=0): give the "
                "loader workers to prepare them ahead (num_workers=4-8, persistent_workers=True). "
                if alone else "") + (
@@ -107,15 +110,22 @@ class DataLoaderStall(Rule):
                         severity=severity)]
 
     @staticmethod
-    def restarting(ctx: Context, stall: dict[int, float]) -> dict[int, float]:
-        """Per stalled rank with a loader whose workers are not persistent: its idle while the loop
-        thread started an epoch's batches (orch's loop marks: `orch: loader start`)."""
+    def restarting(ctx: Context, stall: dict[int, float]) -> dict[int, tuple[float, float]]:
+        """Per stalled rank whose workers start anew every epoch: its idle while the loop thread
+        started an epoch's batches (orch's loop marks: `orch: loader start`), and the time of it
+        the thread spent starting processes. The workers start anew where the rank's loader says
+        it has workers that are not persistent (the run's loop marks noted it), or, for reports
+        without the run, where the thread forked in that idle (gap_cpu)."""
+        forked: dict[int, float] = defaultdict(float)
+        for g in ctx.views.rows("gap_cpu"):
+            if g["range_group"] == START and g["call"] in FORKS:
+                forked[g["rank"]] += float(g["ns"]) / 1e6
         out = {}
         for r in ctx.report.ranks:
             ms = r.gaps_by_range_ms.get(START, 0.0)
-            if r.rank in stall and ms > 0 and any(s.num_workers and s.persistent_workers is False
-                                                  for s in ctx.report.loaders.get(r.rank, [])):
-                out[r.rank] = ms
+            anew = any(s.num_workers and s.persistent_workers is False for s in ctx.report.loaders.get(r.rank, []))
+            if r.rank in stall and ms > 0 and (anew or forked.get(r.rank)):
+                out[r.rank] = (ms, forked.get(r.rank, 0.0))
         return out
 
     def stalled(self, ctx: Context) -> dict[int, float]:

@@ -1,0 +1,77 @@
+"""A DataLoader whose workers start anew every epoch (persistent_workers=False, the DataLoader's
+default), on real captures (tests/fixtures/loops, README there): the eager GPT over a dataset of 8
+optimizer steps an epoch with 4 workers, and its twin with persistent workers, one H100.
+
+orch's loop marks put each start of an epoch's batches (DataLoader.__iter__, where the workers are
+forked) in `orch: loader start`. The board's reports are of the exports alone, without the run's
+loader settings: the loop thread's `fork` calls in that idle say the workers start anew. The
+expected numbers are plain sqlite3 over the exports."""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator.api import open_store
+from tests.independent import gpu_gaps, gpu_ops
+from tests.stores import Stores
+
+pytestmark = pytest.mark.replay
+
+LOOPS = Path(__file__).parent / "fixtures" / "loops"
+START = "orch: loader start"
+
+
+def _export(stem: str, tmp: Path) -> Path:
+    (src,) = LOOPS.glob(f"{stem}_r0_*.sqlite.xz")
+    out = tmp / f"{stem}.sqlite"
+    with lzma.open(src, "rb") as fi, open(out, "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    return out
+
+
+def _restart_idle_ms(export: Path, w0: int, w1: int) -> float:
+    """The GPU's gaps of 1 ms or more inside [w0, w1] of which an `orch: loader start` range
+    covers at least half."""
+    con = sqlite3.connect(export)
+    try:
+        starts = con.execute("SELECT e.start, e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                             "WHERE coalesce(e.text, s.value) = ?", (START,)).fetchall()
+        gaps = [(s, e) for s, e in gpu_gaps(gpu_ops(con)) if e - s >= 1_000_000 and w0 <= s and e <= w1]
+    finally:
+        con.close()
+    return sum(e - s for s, e in gaps if any(2 * (min(e, b) - max(s, a)) >= e - s for a, b in starts)) / 1e6
+
+
+def _window(run: Path) -> tuple[int, int]:
+    """The report's window on the export's own clock."""
+    with open_store(run / "profile.duckdb") as store:
+        (w,) = store.view("win").to_pylist()
+        (r,) = store.table("ranks").to_pylist()
+    off = r["clock_offset_ns"] + (r["clock_correction_ns"] or 0)
+    return w["w0"] - off, w["w1"] - off
+
+
+def test_workers_started_every_epoch_are_the_input_stall_and_the_fix_keeps_them(stores: Stores,
+                                                                                 tmp_path: Path) -> None:
+    run, report, _ = stores.report("loops-loops_epochs_np")
+    want = _restart_idle_ms(_export("loops_epochs_np", tmp_path), *_window(run))
+    assert want > 300  # four epoch starts of about 100 ms each
+    top = report["findings"][0]
+    assert top["kind"] == "data_loader_stall" and top["ranks"] == [0] and top["severity"] == "high"
+    assert top["fix"].startswith("Rank(s) 0 start their DataLoader's workers anew every epoch: DataLoader(..., "
+                                 "persistent_workers=True) keeps them")
+    (line,) = [e for e in top["evidence"] if START in e]
+    assert line.startswith(f"rank 0: {round(want, 3)} ms of it while the loop thread started an epoch's batches")
+
+
+def test_persistent_workers_leave_no_input_stall(stores: Stores, tmp_path: Path) -> None:
+    """The twin's epochs start too, but its workers are already running: under a second of
+    GPU idle of which the loader start holds a few ms an epoch, no input finding."""
+    run, report, _ = stores.report("loops-loops_epochs_p")
+    assert _restart_idle_ms(_export("loops_epochs_p", tmp_path), *_window(run)) < 10
+    assert not [f for f in report["findings"] if f["kind"] == "data_loader_stall" and f["severity"] != "info"]

@@ -1,6 +1,7 @@
 """A DataLoader whose workers start anew every epoch (persistent_workers=False, the DataLoader's
-default), on real captures (tests/fixtures/loops, README there): the eager GPT over a dataset of 8
-optimizer steps an epoch with 4 workers, and its twin with persistent workers, one H100.
+default and the HF Trainer's), on real captures (tests/fixtures/loops, README there, one H100): the
+eager GPT over a dataset of 8 optimizer steps an epoch with 4 workers, the HF Trainer's GPT-2 over
+4-step epochs with 4 workers, and each one's twin with persistent workers.
 
 orch's loop marks put each start of an epoch's batches (DataLoader.__iter__, where the workers are
 forked) in `orch: loader start`. The board's reports are of the exports alone, without the run's
@@ -56,11 +57,12 @@ def _window(run: Path) -> tuple[int, int]:
     return w["w0"] - off, w["w1"] - off
 
 
-def test_workers_started_every_epoch_are_the_input_stall_and_the_fix_keeps_them(stores: Stores,
-                                                                                 tmp_path: Path) -> None:
-    run, report, _ = stores.report("loops-loops_epochs_np")
-    want = _restart_idle_ms(_export("loops_epochs_np", tmp_path), *_window(run))
-    assert want > 300  # four epoch starts of about 100 ms each
+@pytest.mark.parametrize("stem", ["loops_epochs_np", "hf_epochs_np"])
+def test_workers_started_every_epoch_are_the_input_stall_and_the_fix_keeps_them(stores: Stores, tmp_path: Path,
+                                                                                 stem: str) -> None:
+    run, report, _ = stores.report(f"loops-{stem}")
+    want = _restart_idle_ms(_export(stem, tmp_path), *_window(run))
+    assert want > 300  # four or five epoch starts of 100 ms or more each
     top = report["findings"][0]
     assert top["kind"] == "data_loader_stall" and top["ranks"] == [0] and top["severity"] == "high"
     assert top["fix"].startswith("Rank(s) 0 start their DataLoader's workers anew every epoch: DataLoader(..., "
@@ -69,9 +71,10 @@ def test_workers_started_every_epoch_are_the_input_stall_and_the_fix_keeps_them(
     assert line.startswith(f"rank 0: {round(want, 3)} ms of it while the loop thread started an epoch's batches")
 
 
-def test_persistent_workers_leave_no_input_stall(stores: Stores, tmp_path: Path) -> None:
-    """The twin's epochs start too, but its workers are already running: under a second of
-    GPU idle of which the loader start holds a few ms an epoch, no input finding."""
-    run, report, _ = stores.report("loops-loops_epochs_p")
-    assert _restart_idle_ms(_export("loops_epochs_p", tmp_path), *_window(run)) < 10
+@pytest.mark.parametrize("stem", ["loops_epochs_p", "hf_epochs_p"])
+def test_persistent_workers_leave_no_input_stall(stores: Stores, tmp_path: Path, stem: str) -> None:
+    """The twins' epochs start too, but their workers are already running: the loader start
+    holds a few ms of GPU idle an epoch at most, and no input finding comes out."""
+    run, report, _ = stores.report(f"loops-{stem}")
+    assert _restart_idle_ms(_export(stem, tmp_path), *_window(run)) < 10
     assert not [f for f in report["findings"] if f["kind"] == "data_loader_stall" and f["severity"] != "info"]

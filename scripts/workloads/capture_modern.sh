@@ -32,7 +32,8 @@
 # it fills Inductor's caches), the eager GPT saving a checkpoint (model and AdamW state, from
 # the loop) every 5 and every 10 steps, timed with and without, and the eager GPT over a dataset of
 # 8 steps an epoch with 4 DataLoader workers, which start anew every epoch without
-# persistent_workers, timed with and without.
+# persistent_workers, timed with and without, and the HF Trainer over a dataset of 4 steps an
+# epoch with 4 workers, with its own default dataloader_persistent_workers=False and with True.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -45,6 +46,7 @@ GPT_TINY="--dim 64 --layers 2 --heads 2 --seq 32 --vocab 100 --batch 4 --device 
 HF_TINY="--tiny --seq 64 --batch 2"
 MASK="--mask --layers 2 --dim 256 --heads 4 --batch 32 --seq 512 --workers 2"  # a small GPT, masking in the loop
 EPOCHS="--epoch-steps 8 --workers 4 --steps 40"  # a dataset of 8 steps an epoch, 4 DataLoader workers
+HF_EPOCHS="--accum 1 --steps 24 --workers 4 --epoch-steps 4"  # the Trainer over 4-step epochs, 4 workers
 LOOP_CAPTURES=(
   "loops_fused_accum4||--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
   "loops_fused_accum4_nomarks|loop_marks: false|--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
@@ -60,6 +62,8 @@ LOOP_CAPTURES=(
   "loops_ckpt10||--ckpt-every 10 --steps 40 --workers 2|--ckpt-every 3 --steps 6 $GPT_TINY"
   "loops_epochs_np||$EPOCHS --no-persistent|--epoch-steps 2 --no-persistent --workers 2 --steps 6 $GPT_TINY"
   "loops_epochs_p||$EPOCHS|--epoch-steps 2 --workers 2 --steps 6 $GPT_TINY"
+  "hf_epochs_np||$HF_EPOCHS --no-persistent|--accum 1 --steps 6 --workers 2 --epoch-steps 2 --no-persistent $HF_TINY|hf_trainer.py"
+  "hf_epochs_p||$HF_EPOCHS|--accum 1 --steps 6 --workers 2 --epoch-steps 2 $HF_TINY|hf_trainer.py"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -78,6 +82,8 @@ LOOP_TIMINGS=(
   "loops_nockpt|--steps 40 --workers 2"
   "loops_epochs_np|$EPOCHS --no-persistent"
   "loops_epochs_p|$EPOCHS"
+  "hf_epochs_np|$HF_EPOCHS --no-persistent|hf_trainer.py"
+  "hf_epochs_p|$HF_EPOCHS|hf_trainer.py"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"

@@ -3,6 +3,8 @@
     python hf_trainer.py --accum 4 --steps 30 --workers 2          # gradient accumulation, 2 loader workers
     python hf_trainer.py --accum 1 --steps 30 --workers 0 --sample-ms 5
                                                                    # each sample tokenised in Python, in the loop
+    python hf_trainer.py --accum 1 --steps 24 --workers 4 --epoch-steps 4 --no-persistent
+                                                                   # 4-step epochs, workers forked every epoch
 
 No NVTX of its own: what a profile shows of the loop is the Trainer's. bf16 on a GPU. `--tiny`
 makes the model small enough for a CPU rehearsal. `--repeat N` trains N times in one process and
@@ -58,11 +60,15 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     p.add_argument("--sample-ms", type=float, default=0.0, help="Python time per sample (a tokenising dataset)")
+    p.add_argument("--epoch-steps", type=int, default=0,
+                   help="optimizer steps an epoch of the dataset holds (0: one epoch holds them all)")
+    p.add_argument("--no-persistent", action="store_true",
+                   help="dataloader_persistent_workers=False, the Trainer's default: workers start anew every epoch")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (CPU rehearsal)")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=a.seq) if a.tiny else GPT2Config(n_positions=a.seq)
-    data = Texts(a.batch * a.accum * (a.steps + 1), a.seq, cfg.vocab_size, a.sample_ms)
+    data = Texts(a.batch * a.accum * (a.epoch_steps or a.steps + 1), a.seq, cfg.vocab_size, a.sample_ms)
     gpu = torch.cuda.is_available()
     times = []
     for _ in range(a.repeat):
@@ -71,7 +77,8 @@ def main() -> None:
         args = TrainingArguments(
             output_dir="/tmp/hf-trainer-out", max_steps=a.steps, per_device_train_batch_size=a.batch,
             gradient_accumulation_steps=a.accum, learning_rate=3e-4, bf16=gpu, dataloader_num_workers=a.workers,
-            dataloader_persistent_workers=a.workers > 0, dataloader_pin_memory=gpu, report_to="none",
+            dataloader_persistent_workers=a.workers > 0 and not a.no_persistent, dataloader_pin_memory=gpu,
+            report_to="none",
             save_strategy="no", logging_steps=10, disable_tqdm=True, use_cpu=not gpu)
         clock = StepTimes()
         Trainer(model=model, args=args, train_dataset=data, callbacks=[clock]).train()

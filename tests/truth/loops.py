@@ -96,14 +96,24 @@ CASES = {
         "planted, launch-bound", "launch", [0], None,
         "the eager GPT is launch-bound (nothing planted for it), as graphs-gpt_eager_nvtx measured against its "
         "twin replayed as one CUDA graph"),
+    "hf_epochs_np": (
+        "GPT-2 small from scratch with the HF Trainer (transformers 5), bf16, 1 micro-batch a step, over a dataset "
+        "of 4 optimizer steps an epoch, dataloader_num_workers=4 with the Trainer's default "
+        "dataloader_persistent_workers=False, 24 optimizer steps; orch's loop marks and Python samples on", "input",
+        [0], ("hf_epochs_np", "hf_epochs_p"), "planted: --epoch-steps 4 --workers 4 --no-persistent"),
+    "hf_epochs_p": (
+        "hf_epochs_np's Trainer with dataloader_persistent_workers=True; nothing planted", "none", [], None,
+        "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
 CKPT_EVERY = {"loops_ckpt5": 5, "loops_ckpt10": 10}
 # Loops over a dataset of k optimizer steps an epoch: each epoch from the k-th step on starts its
-# batches (and, without persistent workers, its workers) before that step's first batch.
-EPOCH_STEPS = {"loops_epochs_np": 8}
+# batches (and, without persistent workers, its workers) before that step's first batch. With k,
+# the first step the workload's own timer counts: modern_loops.py times the steps from its 5
+# warm-up steps on, hf_trainer.py from the end of the 6th optimizer step.
 WARMUP = 5
+EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"
@@ -144,15 +154,15 @@ def cases() -> list[Truth]:
                 t.how["saving_ms"] = HOW["saving_ckpt"].format(slow=slow, fast=fast, n=steps - WARMUP, c=len(timed),
                                                                per=round(per_ckpt, 1), a=len(analysed))
             elif pair and stem in EPOCH_STEPS:
-                k, slow, fast = EPOCH_STEPS[stem], *pair
-                timed = [i for i in range(WARMUP, steps) if i % k == 0]
+                (k, first), (slow, fast) = EPOCH_STEPS[stem], pair
+                timed = [i for i in range(first, steps) if i % k == 0]
                 # orch's step i runs from optimizer step i - 1's end: an epoch begun before step i's
                 # first batch is in it; the steps after the first are analysed.
                 analysed = [i for i in range(1, steps) if i % k == 0]
-                per_epoch = (timings[slow] - timings[fast]) * (steps - WARMUP) / len(timed)
+                per_epoch = (timings[slow] - timings[fast]) * (steps - first) / len(timed)
                 t.saving_unprofiled_ms = round(per_epoch * len(analysed), 1)
                 t.how["saving_unprofiled_ms"] = HOW["saving_epochs"].format(
-                    slow=slow, fast=fast, n=steps - WARMUP, c=len(timed), per=round(per_epoch, 1), a=len(analysed), k=k)
+                    slow=slow, fast=fast, n=steps - first, c=len(timed), per=round(per_epoch, 1), a=len(analysed), k=k)
                 # Both loops were captured the same way in the same device call: the pair's measured
                 # difference under the profiler.
                 twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}

@@ -3,9 +3,9 @@ scripts/workloads/modern_loops.py on CPU with no NVTX of its own, 4 micro-batche
 optimizer steps, a DataLoader with no workers, through `orch submit --wait` under real nsys. The
 rank hook wraps every optimizer step and every wait for a batch in an NVTX range (plain sqlite3
 over the rank's export counts them against the program's own arguments), notes the loader's
-settings, and the report's steps are the optimizer steps; each epoch's start of its batches is a range
-too; with `profile.module_marks` the model's
-forward and each backward are ranges too; `profile.loop_marks: false` makes none.
+settings, and the report's steps are the optimizer steps; each epoch's start of its batches is a
+range too; with `profile.module_marks` the model's forward and each backward are ranges too;
+`profile.loop_marks: false` makes none.
 The same hook samples the main thread's Python stack from the first optimizer step (instant
 ranges in domain `orch.py`, named by the program's own functions); `python_sampling_ms: 0` takes
 no sample, and the program's exit status is its own either way."""

@@ -1,10 +1,10 @@
 """Idle that recurs in no other step, on a real capture of code nobody here wrote: the Hugging
 Face Trainer (tests/fixtures/loops, hf_gpt2_accum4: transformers 5, one GPU under torchrun).
 
-Accelerate sets up a process group of one, and the Trainer's first logging step all-gathers the
-loss: NCCL creates its communicator there, in the middle of training, and the GPU waits about
-0.4 s. It happens once; a fix of the loop saves none of it. Every expected number is plain
-sqlite3 over the export."""
+Under torchrun the Trainer runs with a process group of one, and its first logging step
+all-gathers the loss (torch.distributed's all_gather, orch's Python samples say): NCCL creates its
+communicator there, in the middle of training, and the GPU waits about 0.4 s. It happens once; a
+fix of the loop saves none of it. Every expected number is plain sqlite3 over the export."""
 
 from __future__ import annotations
 

@@ -60,6 +60,8 @@ def _names(f: dict, cause: str) -> bool:
     if cause == "cpu":
         return kind in {"straggler", "cpu_phase_outlier", "cpu_gap"} and "GPU comput" not in f["title"] \
             and not INPUT_WORDS.search(f["title"])
+    if cause == "graph-shapes":  # CUDA graphs recorded again for new input shapes, said so
+        return kind == "cuda_graphs" and "shape" in f["title"]
     if cause == "input":
         return kind == "data_loader_stall" or (kind in {"straggler", "cpu_phase_outlier", "cpu_gap"}
                                               and bool(INPUT_WORDS.search(text)))

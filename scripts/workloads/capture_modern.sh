@@ -9,7 +9,8 @@
 #                                      `orch report --json`, then nsys's whole export of the
 #                                      report `orch redact`ed; pack into OUT. CAPTURE_ONLY="A B"
 #                                      makes only those; CAPTURE_TIMINGS=0 times only the compile
-#                                      loop
+#                                      loop; TIMINGS_ONLY="A B" times only those, TIMINGS_FIRST=A
+#                                      first (default the first of the set: it fills the caches)
 #   capture_modern.sh --bundle         here, before a device call: .cap/ as --device unpacks it
 #                                      (wheels.tar.xz: one folder per wheel of
 #                                      scripts/device_bundle.sh, unzipped; libs/: libdw and libelf
@@ -33,7 +34,9 @@
 # the loop) every 5 and every 10 steps, timed with and without, and the eager GPT over a dataset of
 # 8 steps an epoch with 4 DataLoader workers, which start anew every epoch without
 # persistent_workers, timed with and without, and the HF Trainer over a dataset of 4 steps an
-# epoch with 4 workers, with its own default dataloader_persistent_workers=False and with True.
+# epoch with 4 workers, with its own default dataloader_persistent_workers=False and with True, and
+# the GPT compiled with CUDA graphs over documents of 32 to 256 tokens, each batch padded to its
+# longest (a new shape, so a new graph, at most steps) and its twin padded to a multiple of 64.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -47,6 +50,7 @@ HF_TINY="--tiny --seq 64 --batch 2"
 MASK="--mask --layers 2 --dim 256 --heads 4 --batch 32 --seq 512 --workers 2"  # a small GPT, masking in the loop
 EPOCHS="--epoch-steps 8 --workers 4 --steps 40"  # a dataset of 8 steps an epoch, 4 DataLoader workers
 HF_EPOCHS="--accum 1 --steps 24 --workers 4 --epoch-steps 4"  # the Trainer over 4-step epochs, 4 workers
+VARLEN="--compile reduce-overhead --min-seq 32 --steps 40"  # documents of 32-256 tokens, padded per batch
 LOOP_CAPTURES=(
   "loops_fused_accum4||--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
   "loops_fused_accum4_nomarks|loop_marks: false|--accum 4 --steps 20 --fused|--accum 4 --steps 5 $GPT_TINY"
@@ -64,6 +68,8 @@ LOOP_CAPTURES=(
   "loops_epochs_p||$EPOCHS|--epoch-steps 2 --workers 2 --steps 6 $GPT_TINY"
   "hf_epochs_np||$HF_EPOCHS --no-persistent|--accum 1 --steps 6 --workers 2 --epoch-steps 2 --no-persistent $HF_TINY|hf_trainer.py"
   "hf_epochs_p||$HF_EPOCHS|--accum 1 --steps 6 --workers 2 --epoch-steps 2 $HF_TINY|hf_trainer.py"
+  "loops_varlen_ro||$VARLEN|--compile default --steps 8 --min-seq 8 $GPT_TINY"
+  "loops_varlen_ro_pad64||$VARLEN --pad-to 64|--compile default --steps 8 --min-seq 8 --pad-to 16 $GPT_TINY"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -84,6 +90,8 @@ LOOP_TIMINGS=(
   "loops_epochs_p|$EPOCHS"
   "hf_epochs_np|$HF_EPOCHS --no-persistent|hf_trainer.py"
   "hf_epochs_p|$HF_EPOCHS|hf_trainer.py"
+  "loops_varlen_ro|$VARLEN"
+  "loops_varlen_ro_pad64|$VARLEN --pad-to 64"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"
@@ -284,7 +292,10 @@ device_run() {
     echo "orch: working tree at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?') + uncommitted edits"
   } | tee "$work/status/_env"
   write_config "$work/specs" "$NSYS" "$ver" "$gpu"
-  wanted "$(field "${TIMINGS[0]}" 0)" "${TIMINGS_ONLY:-}" && time_one "$work" "${TIMINGS[0]}"  # fills the compile caches first
+  local first=${TIMINGS_FIRST:-$(field "${TIMINGS[0]}" 0)} t
+  for t in "${TIMINGS[@]}"; do  # fills the compile caches first
+    if [ "$(field "$t" 0)" = "$first" ] && wanted "$first" "${TIMINGS_ONLY:-}"; then time_one "$work" "$t"; fi
+  done
   for row in "${CAPTURES[@]}"; do
     if [ -n "${CAPTURE_ONLY:-}" ] && [[ " $CAPTURE_ONLY " != *" $(field "$row" 0) "* ]]; then continue; fi
     if [ $((SECONDS + 60)) -gt "$deadline" ]; then
@@ -294,8 +305,9 @@ device_run() {
     capture_one "$work" "$row"
     if [ "$(field "$row" 0)" = "$TIMINGS_AFTER" ] && [ "${CAPTURE_TIMINGS:-1}" = 1 ]; then
       # the other timings before the last capture
-      for t in "${TIMINGS[@]:1}"; do
+      for t in "${TIMINGS[@]}"; do
         [ $((SECONDS + 30)) -gt "$deadline" ] && break
+        [ "$(field "$t" 0)" = "$first" ] && continue
         wanted "$(field "$t" 0)" "${TIMINGS_ONLY:-}" || continue
         time_one "$work" "$t"
       done

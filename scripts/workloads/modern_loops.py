@@ -14,6 +14,8 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --mask                        # BERT-style masking in the loop thread
     python modern_loops.py --model gpt --cuda-graph                  # the eager step captured whole in one CUDA graph
     python modern_loops.py --model gpt --ckpt-every 5                # a checkpoint (model + AdamW) every 5 steps
+    python modern_loops.py --compile reduce-overhead --min-seq 32    # documents of 32-256 tokens, padded per batch
+    python modern_loops.py --compile reduce-overhead --min-seq 32 --pad-to 128  # ... to a multiple of 128
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import random
 import statistics
@@ -110,6 +113,33 @@ def mask_tokens(x: torch.Tensor, vocab: int, rng: random.Random, p: float = 0.15
     return torch.tensor(rows, dtype=x.dtype)
 
 
+class Documents(Tokens):
+    """Token windows of `min_seq` to `seq` tokens each (documents of varied length, as a text
+    dataset without packing yields them); `pad` pads a batch to its longest, as Hugging Face's
+    DataCollatorWithPadding does, rounded up to a multiple of `pad_to` (its pad_to_multiple_of)."""
+
+    def __init__(self, n: int, seq: int, vocab: int, min_seq: int, sample_ms: float = 0.0):
+        super().__init__(n, seq, vocab, sample_ms)
+        g = torch.Generator().manual_seed(1)
+        self.lengths = torch.randint(min_seq, seq + 1, (n,), generator=g).tolist()
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(i)
+        return x[: self.lengths[i]], y[: self.lengths[i]]
+
+
+def pad(batch: list[tuple[torch.Tensor, torch.Tensor]], pad_to: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of (tokens, targets) of varied lengths padded to the longest, rounded up to a
+    multiple of `pad_to` (at most `seq`); padded targets are -100, which the loss ignores."""
+    longest = max(len(x) for x, _ in batch)
+    t = min(seq, -(-longest // pad_to) * pad_to)
+    xs = torch.zeros(len(batch), t, dtype=torch.long)
+    ys = torch.full((len(batch), t), -100, dtype=torch.long)
+    for i, (x, y) in enumerate(batch):
+        xs[i, : len(x)], ys[i, : len(y)] = x, y
+    return xs, ys
+
+
 class Images(Dataset):
     """Decoded, normalised float images (as a pre-processed dataset cache would hold them)."""
 
@@ -130,15 +160,17 @@ def build(args: argparse.Namespace, device: torch.device):
         model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=args.fused or None,
                                 capturable=args.cuda_graph)
-        data = Tokens(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.seq, args.vocab,
-                      args.sample_ms)
+        n = args.batch * args.accum * (args.epoch_steps or args.steps + 1)
+        data = Documents(n, args.seq, args.vocab, args.min_seq, args.sample_ms) if args.min_seq else \
+            Tokens(n, args.seq, args.vocab, args.sample_ms)
     else:
         import torchvision
 
         model = torchvision.models.resnet18(num_classes=args.classes).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
         data = Images(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.image_size, args.classes)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True,
+    collate = functools.partial(pad, pad_to=args.pad_to, seq=args.seq) if args.min_seq else None
+    loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True, collate_fn=collate,
                         num_workers=args.workers, pin_memory=not args.no_pin,
                         persistent_workers=args.workers > 0 and not args.no_persistent)
     return model, opt, loader
@@ -264,6 +296,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--min-seq", type=int, default=0,
+                   help="documents of --min-seq to --seq tokens, each batch padded to its longest (0: all --seq)")
+    p.add_argument("--pad-to", type=int, default=1, help="with --min-seq: pad a batch to a multiple of this")
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--dim", type=int, default=512)
@@ -297,6 +332,8 @@ def main() -> None:
         args.compile, args.empty_cache, args.cuda_graph = None, False, False
     if args.cuda_graph and (args.accum != 1 or args.compile or args.model != "gpt"):
         p.error("--cuda-graph captures one eager GPT step: use it with --accum 1, without --compile")
+    if args.min_seq and not (args.model == "gpt" and 0 < args.min_seq <= args.seq and args.pad_to >= 1):
+        p.error("--min-seq: the GPT only, with 0 < --min-seq <= --seq and --pad-to >= 1")
     if args.cuda_graph and args.ckpt_every:
         p.error("--ckpt-every: the eager loop only, not with --cuda-graph")
 

@@ -26,7 +26,8 @@ TRUTH = FIXTURES / "truth"
 
 # What a case's cause may be: the scoreboard maps each to the finding kinds that name it.
 CAUSES = ("none", "gpu-compute", "cpu", "input", "stage", "host-sync", "launch", "pageable-copy",
-          "allocator-churn", "memory-growth", "slow-link", "hang", "crash", "oom", "kill", "cancel", "divergence")
+          "allocator-churn", "memory-growth", "slow-link", "graph-shapes", "hang", "crash", "oom", "kill", "cancel",
+          "divergence")
 
 
 @dataclass

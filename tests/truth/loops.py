@@ -7,6 +7,7 @@ steady step time, the median taken)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import statistics
@@ -35,6 +36,15 @@ HOW = {
                      "before the step's first batch)",
     "saving_pair": "plain sqlite3 over both captures (the same device call): from the first `orch: optimizer.step` "
                    "range's end to the last's ({n} steps), minus {fast}'s",
+    "saving_shapes": "plain sqlite3 over both captures (the same device call): the steps from one `orch: "
+                     "optimizer.step` range's end to the next ({n} steps), summed, minus {fast}'s, both without step "
+                     "{skip}, the one step over 10x its capture's median ({slow_ms} ms against {med} ms): Dynamo "
+                     "compiling the model again for a dynamic sequence length, once a run, which padding to a "
+                     "multiple of 64 pays too when its second length first comes (its own timing run 2: {again} ms a "
+                     "step against {once} and {thrice}; timings.json). The unprofiled timings cannot give the saving: "
+                     "the first timing run compiled Triton's kernels for each new length cold (61.1 ms a step; the "
+                     "capture, run after it, 27.8 by its own timer) and the later runs had most lengths recorded "
+                     "already",
     "cause": "{what}",
     "function": "planted: the function the workload calls {where}; unprofiled it takes {ms} ms a step "
                 "(timings.json, median of 3), the step {slow} ms against {fast} ms without it",
@@ -104,6 +114,16 @@ CASES = {
     "hf_epochs_p": (
         "hf_epochs_np's Trainer with dataloader_persistent_workers=True; nothing planted", "none", [], None,
         "nothing planted"),
+    "loops_varlen_ro": (
+        "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') over documents of 32 to 256 "
+        "tokens, each batch padded to its longest (as DataCollatorWithPadding does): a new sequence length, so a new "
+        "CUDA graph to warm up and record, at most steps; 40 optimizer steps, no NVTX; orch's loop marks and Python "
+        "samples on", "graph-shapes", [0], ("loops_varlen_ro", "loops_varlen_ro_pad64"),
+        "planted: --min-seq 32 (each batch padded to its own longest); torch's own warning in the timing run: "
+        "'CUDAGraph supports dynamic shapes by recording a new graph for each distinct input size'"),
+    "loops_varlen_ro_pad64": (
+        "loops_varlen_ro's loop with each batch padded to a multiple of 64 (pad_to_multiple_of=64): 192 or 256 "
+        "tokens, 256 in every batch of this capture; nothing planted", "none", [], None, "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -113,6 +133,8 @@ CKPT_EVERY = {"loops_ckpt5": 5, "loops_ckpt10": 10}
 # the first step the workload's own timer counts: modern_loops.py times the steps from its 5
 # warm-up steps on, hf_trainer.py from the end of the 6th optimizer step.
 WARMUP = 5
+# Loops that record a CUDA graph for each new input shape, measured against their padded twin.
+SHAPES = ("loops_varlen_ro",)
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
@@ -123,6 +145,13 @@ FUNCTIONS = {
     "loops_ckpt5": ("save_checkpoint", "loops_ckpt5_save_ms", _AFTER_STEP.format(k=5)),
     "loops_ckpt10": ("save_checkpoint", "loops_ckpt10_save_ms", _AFTER_STEP.format(k=10)),
 }
+
+
+def opt_step_ms(con: sqlite3.Connection) -> list[float]:
+    """ms from each optimizer step's end (orch's loop mark) to the next's, in order."""
+    ends = [e for (e,) in con.execute("SELECT e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                                      "WHERE coalesce(e.text, s.value) = 'orch: optimizer.step' ORDER BY e.\"end\"")]
+    return [(b - a) / 1e6 for a, b in itertools.pairwise(ends)]
 
 
 def opt_span_ms(con: sqlite3.Connection) -> float:
@@ -169,6 +198,18 @@ def cases() -> list[Truth]:
                 with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
                     t.saving_ms = round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
                 t.how["saving_ms"] = HOW["saving_pair"].format(fast=fast, n=steps - 1)
+            elif pair and stem in SHAPES:
+                slow, fast = pair
+                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
+                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
+                    mine, theirs = opt_step_ms(cons[0]), opt_step_ms(others[0])
+                med = statistics.median(mine)
+                (skip,) = [i for i, ms in enumerate(mine) if ms > 10 * med]
+                t.saving_ms = round(sum(mine) - mine[skip] - (sum(theirs) - theirs[skip]), 1)
+                once, again, thrice = json.loads((LOOPS / "timings.json").read_text())[fast]
+                t.how["saving_ms"] = HOW["saving_shapes"].format(
+                    n=len(mine), fast=fast, skip=skip + 1, slow_ms=round(mine[skip], 1), med=round(med, 1),
+                    again=again, once=once, thrice=thrice)
             elif pair:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)

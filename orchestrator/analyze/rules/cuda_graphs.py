@@ -1,7 +1,8 @@
 """A loop that already replays CUDA graphs (torch.compile mode="reduce-overhead", captured
 steps): how much of the GPU time the graphs hold, what runs outside them, and what the loop
 thread does between two replays. The advice for such a loop is to capture more of the step or
-give each replay more work, never to adopt CUDA graphs."""
+give each replay more work, never to adopt CUDA graphs; for one that keeps recording graphs (a
+new one for each new input shape), to keep its shapes few."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs o
        "optimizer.step(), or capture it in the same torch.cuda.graph), the loss and metrics, and keep "
        "graph breaks out of the model (torch._dynamo.explain); cut the Python between replays "
        "(no per-step .item() or logging); or give each replay more work (a larger per-step batch).")
+SHAPES_FIX = ("The loop keeps recording CUDA graphs: torch.compile(mode=\"reduce-overhead\") records one for each "
+              "new input shape (CUDA graph trees), after an eager warm-up run of it, and replays a graph only once its "
+              "shape comes again. Pad the inputs to a few fixed shapes (a collator's pad_to_multiple_of, e.g. "
+              "DataCollatorWithPadding(pad_to_multiple_of=64), or length buckets), or where shapes must vary run "
+              "those graphs without CUDA graphs (torch._inductor.config.triton.cudagraph_skip_dynamic_graphs = True); "
+              "a loop that captures its own torch.cuda.graph should capture once per shape and replay it.")
+# Graphs recorded in at least this many of the analysed steps: recording recurs, for new input
+# shapes (a loop whose shapes repeat records its graphs in its first steps only).
+RECORDING_STEPS = 3
 GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the default) times each replay as one "
                    "span that includes the idle between its nodes; --cuda-graph-trace=node times each kernel")
 
@@ -50,6 +60,10 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
+        recording = [r for r in rows if r["capture_steps"] >= RECORDING_STEPS]
+        evidence += [f"rank {r['rank']}: {r['captures']} CUDA graphs recorded (stream captures begun) in "
+                     f"{r['capture_steps']} of its {r['n_steps']} analysed steps; a loop whose shapes repeat records "
+                     "its graphs once, in its first steps" for r in recording]
         # A one-off step's idle (the step that records the graphs) recurs nowhere else.
         once = {rk: o for rk, o in one_offs(ctx).items() if rk in idle}
         evidence += [line for rk, o in sorted(once.items()) for line in o.lines(rk)]
@@ -66,11 +80,17 @@ class CudaGraphs(Rule):
             evidence.append(GRAPH_SPAN_NOTE)
         worst = max(idle, key=lambda rk: idle[rk] / win[rk])
         share = min(r["graph_share_pct"] for r in rows)
+        pct = round(100 * idle[worst] / win[worst], 1)
+        if recording:
+            steps = max(recording, key=lambda r: r["capture_steps"])
+            title = (f"CUDA graphs recorded anew for new input shapes in {steps['capture_steps']} of "
+                     f"{steps['n_steps']} steps: the GPU idle {pct}% of the window")
+        else:
+            title = (f"CUDA graphs replayed: {share}% of GPU time inside graphs, the GPU idle {pct}% of the window "
+                     "between them")
         return [finding(
-            self.kind, [r["rank"] for r in rows],
-            f"CUDA graphs replayed: {share}% of GPU time inside graphs, the GPU idle "
-            f"{round(100 * idle[worst] / win[worst], 1)}% of the window between them",
-            evidence, FIX, idle[worst], pct=100 * idle[worst] / win[worst],
+            self.kind, [r["rank"] for r in rows], title,
+            evidence, SHAPES_FIX if recording else FIX, idle[worst], pct=100 * idle[worst] / win[worst],
             severity=severity_for(max(100 * (idle[rk] - nsys.get(rk, 0.0)) / win[rk] for rk in idle)),
             unprofiled_ms=idle[worst] - nsys[worst] if nsys.get(worst) else None)]
 

@@ -8,17 +8,21 @@
 --   graph_usage(rank INTEGER, replays BIGINT, n_steps BIGINT, graph_level BOOLEAN, graph_busy_ns BIGINT,
 --       busy_ns BIGINT, graph_share_pct DOUBLE, eager_kernels BIGINT, eager_kernel_ns BIGINT, top_eager
 --       VARCHAR, between_ns BIGINT, launch_ns BIGINT, sync_ns BIGINT, copy_ns BIGINT, other_api_ns BIGINT,
---       python_ns BIGINT)  per rank whose window holds GPU work run inside CUDA graphs: replays = the rank's
+--       python_ns BIGINT, captures BIGINT, capture_steps BIGINT)  per rank whose window holds GPU work run
+--       inside CUDA graphs: replays = the rank's
 --       cudaGraphLaunch calls in the window (any thread: torch.compile's backward graph is launched by the
 --       autograd engine's thread); graph_level: the replays are traced as one row each (graph-level tracing),
 --       not as their kernels; graph_share_pct = graph GPU time (union) over all GPU busy time; eager_* =
 --       kernels outside graphs (top_eager: the three with the most time); between_ns = the time from the end
 --       of one graph launch to the next (any thread), split by what the loop thread was in: kernel launches,
 --       host syncs, copies, other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in
---       backward() for the autograd engine); the map's (map_graph_usage) for map_ranks
+--       backward() for the autograd engine); captures = the graphs recorded in the window (stream captures
+--       begun: torch.compile's CUDA graph trees record one for each new input shape, after a warm-up run of
+--       it), capture_steps = the selected steps they began in; the map's (map_graph_usage) for map_ranks
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
 --       (the map_todo ranks': the helpers below compute those only)
---   _graph_launches(rank, start, end)  the graph launch calls in the window, on the ranks with graph work
+--   _graph_calls(rank, start, end, capture)  the graph launch calls (capture false) and stream captures
+--       begun (true) in the window, on the ranks with graph work
 --   _graph_launch_gaps(rank, s, e)  from the end of each graph launch to the next
 --   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
 CREATE OR REPLACE TABLE _graph_clipped AS
@@ -26,16 +30,19 @@ SELECT o.rank, 'graph' AS cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1
 FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
-CREATE OR REPLACE TABLE _graph_launches AS  -- the CUDA calls are read once, and only on ranks with graphs
-SELECT a.rank, a.start, a."end"  -- (and -1: map_todo in 21_stats_scope.sql says why)
+CREATE OR REPLACE TABLE _graph_calls AS  -- the CUDA calls are read once, and only on ranks with graphs
+SELECT a.rank, a.start, a."end",  -- (and -1: map_todo in 21_stats_scope.sql says why)
+       starts_with(a.name, 'cudaStreamBeginCapture') OR starts_with(a.name, 'cuStreamBeginCapture') AS capture
 FROM cuda_api a JOIN win w USING (rank)
 WHERE a.rank IN (SELECT rank FROM _graph_clipped UNION ALL SELECT -1)
-  AND (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch'))
+  AND (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch')
+       OR starts_with(a.name, 'cudaStreamBeginCapture') OR starts_with(a.name, 'cuStreamBeginCapture'))
   AND a.start >= w.w0 AND a.start < w.w1;
 
 CREATE OR REPLACE TABLE _graph_launch_gaps AS  -- from the end of each graph launch to the next
 SELECT rank, s, e FROM (
-    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e FROM _graph_launches)
+    SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e
+    FROM _graph_calls WHERE NOT capture)
 WHERE e > s;
 
 CREATE OR REPLACE TABLE _graph_loop_calls AS  -- the loop thread's CUDA calls between graph launches
@@ -52,7 +59,13 @@ WITH g AS (
     SELECT u.rank, u.ns AS graph_busy_ns, l.graph_level FROM union_length('_graph_clipped') u
     JOIN (SELECT rank, bool_or(kind = 'graph') AS graph_level FROM _graph_clipped GROUP BY rank) l USING (rank)
 ), replays AS (
-    SELECT rank, count(*) AS replays FROM _graph_launches GROUP BY rank
+    SELECT rank, count(*) FILTER (WHERE NOT capture) AS replays, count(*) FILTER (WHERE capture) AS captures
+    FROM _graph_calls GROUP BY rank
+), capture_steps AS (
+    SELECT c.rank, count(DISTINCT s.step) AS capture_steps
+    FROM _graph_calls c JOIN steps s ON s.rank = c.rank AND c.start >= s.start AND c.start < s."end"
+    JOIN first_step f ON f.rank = c.rank, params p
+    WHERE c.capture AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY c.rank
 ), n_steps AS (
     SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
     WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
@@ -83,8 +96,10 @@ SELECT g.rank, coalesce(r.replays, 0) AS replays, n.n_steps, g.graph_level, g.gr
        coalesce(b.between_ns, 0) AS between_ns, coalesce(c.launch_ns, 0) AS launch_ns,
        coalesce(c.sync_ns, 0) AS sync_ns, coalesce(c.copy_ns, 0) AS copy_ns,
        coalesce(c.other_api_ns, 0) AS other_api_ns,
-       greatest(coalesce(b.between_ns, 0) - coalesce(c.api_ns, 0), 0) AS python_ns
-FROM g JOIN gpu_time t USING (rank) LEFT JOIN replays r USING (rank) LEFT JOIN n_steps n USING (rank)
+       greatest(coalesce(b.between_ns, 0) - coalesce(c.api_ns, 0), 0) AS python_ns,
+       coalesce(r.captures, 0) AS captures, coalesce(k.capture_steps, 0) AS capture_steps
+FROM g JOIN gpu_time t USING (rank) LEFT JOIN replays r USING (rank) LEFT JOIN capture_steps k USING (rank)
+LEFT JOIN n_steps n USING (rank)
 LEFT JOIN eager e USING (rank) LEFT JOIN between b USING (rank) LEFT JOIN by_what c USING (rank)
 WHERE g.graph_busy_ns > 0
 UNION ALL BY NAME

@@ -159,7 +159,8 @@ NO_RANGES = [{"rank": -1, "range_group": "(none)", "ns": 0}]
 
 def _every_step(rows: list[dict]) -> list[dict]:
     """sync_steps of syncs in every step of each row's rank."""
-    return [{"rank": r["rank"], "n": r["n_steps"]} for r in rows if r["n_steps"]]
+    return [{"rank": r["rank"], "step": i, "n": r["n_syncs"] // r["n_steps"]} for r in rows if r["n_steps"]
+            for i in range(1, r["n_steps"] + 1)]
 
 
 def _run(ctx):
@@ -194,10 +195,24 @@ def test_many_syncs_in_a_few_steps_are_not_the_hot_loops() -> None:
     the host, every 5 steps): not syncs every step; their idle is the checkpoint's (cpu_gap).
     In 5 of the 10 steps they are."""
     rows = [_stats(0, 4.0, 25.0)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": [{"rank": 0, "n": 2}]}
+    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": [{"rank": 0, "step": 5, "n": 20},
+                                                                               {"rank": 0, "step": 10, "n": 20}]}
     assert _run(context([rank(0)], tables)) == []
-    (f,) = _run(context([rank(0)], dict(tables, sync_steps=[{"rank": 0, "n": 5}])))
+    (f,) = _run(context([rank(0)], dict(tables, sync_steps=[{"rank": 0, "step": i, "n": 8} for i in (2, 4, 6, 8, 10)])))
     assert f.cost_ms == 25.0
+
+
+def test_syncs_of_a_loop_recording_cuda_graphs_are_the_recordings() -> None:
+    """A loop that keeps recording CUDA graphs syncs in every step that warms up or records a
+    new shape's graph (CUDA graph trees do): with 8 of its 10 steps such, syncs in those 8 only
+    are the recording's, and no finding comes out; syncs in both steps that replay their graphs
+    are the loop's own."""
+    rows, eager = [_stats(0, 4.0, 25.0)], [{"rank": 0, "step": i} for i in range(1, 9)]
+    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "graph_eager_steps": eager,
+              "sync_steps": [{"rank": 0, "step": i, "n": 4} for i in range(1, 9)]}
+    assert _run(context([rank(0)], tables)) == []
+    (f,) = _run(context([rank(0)], dict(tables, sync_steps=_every_step(rows))))
+    assert f.ranks == [0]
 
 
 def test_host_sync_idle_in_data_loading_is_not_counted_twice() -> None:

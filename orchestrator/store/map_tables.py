@@ -158,6 +158,7 @@ _MAPPED: tuple[tuple[str, str], ...] = (
     ("map_mem_rows", "mem_rows"),
     ("map_kernel_rows", "kernel_rows"),
     ("map_graph_usage", "graph_usage"),
+    ("map_graph_eager", "graph_eager_steps"),
 )
 # Written as parts of their own (large tables), not in the rank's stacked part.
 _OWN = ("map_compute_islands",)

@@ -163,6 +163,32 @@ def one_offs(ctx: Context) -> dict[int, OneOff]:
     return out
 
 
+@dataclass(frozen=True)
+class GraphEager:
+    """A rank's GPU idle in the steps of a loop that keeps recording CUDA graphs that run the
+    model eagerly, to warm up or record a new shape's graph (graph_eager_gaps), in ms by range:
+    the recording's idle, which the cuda_graphs finding costs."""
+
+    by_range: dict[str, float]
+    steps: frozenset[int]
+
+    def lines(self, rank: int, name: str) -> list[str]:
+        ms = self.by_range.get(name, 0.0)
+        return [f"rank {rank}: {round(ms, 3)} ms more fell in the {len(self.steps)} steps that warm up or record a "
+                "new input shape's CUDA graphs (the cuda_graphs finding's): left out of the cost"] if ms > 0 else []
+
+
+def graph_eager(ctx: Context) -> dict[int, GraphEager]:
+    """Each rank's idle in its steps that warm up or record CUDA graphs; the rule must read
+    `graph_eager_gaps`."""
+    by: dict[int, tuple[dict[str, float], set[int]]] = {}
+    for r in ctx.views.rows("graph_eager_gaps"):
+        ranges, steps = by.setdefault(r["rank"], ({}, set()))
+        ranges[r["range_group"]] = ranges.get(r["range_group"], 0.0) + float(r["ns"]) / 1e6
+        steps.add(r["step"])
+    return {rk: GraphEager(ranges, frozenset(steps)) for rk, (ranges, steps) in by.items()}
+
+
 def launch_gaps(ctx: Context, churning: set[int]) -> dict[int, dict[str, Any]]:
     """Per rank, its gaps under the gap threshold (small_gaps: count `n`, time `ns`), less on a
     rank in `churning` those device allocations and frees fill (alloc_gaps' small_n, small_ns):

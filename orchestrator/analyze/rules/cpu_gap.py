@@ -14,6 +14,7 @@ from orchestrator.analyze.rules.base import (
     Context,
     Rule,
     finding,
+    graph_eager,
     one_offs,
     python_in_gaps,
     python_line,
@@ -53,7 +54,9 @@ def _python_fix(func: str, where: str) -> str:
 class CpuGap(Rule):
     kind = "cpu_gap"
     explains_idle = True
-    reads = ("gap_python", "oneoff_gaps")  # what orch's Python samples found in the gaps; one-off steps' idle
+    # What orch's Python samples found in the gaps; one-off steps' idle; the idle of the steps that
+    # warm up or record CUDA graphs in a loop that keeps recording them (cuda_graphs costs it).
+    reads = ("gap_python", "oneoff_gaps", "graph_eager_gaps")
     # Reported when the GPU idles in one range for at least this share of a rank's window.
     min_share: float = 0.1
 
@@ -61,12 +64,13 @@ class CpuGap(Rule):
         win = ctx.window_ms()
         # A churning rank's gaps in its allocator calls are the allocator churn finding's.
         churn = {r.rank for r in ALLOCATOR.churning(ctx)}
-        once = one_offs(ctx)
+        once, eager = one_offs(ctx), graph_eager(ctx)
         per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
         for r in ctx.report.ranks:
             for name, ms in r.gaps_by_range_ms.items():
                 if not is_input_range(name) and not (r.rank in churn and ALLOC_CALL.match(name)):
-                    per[name][r.rank] += ms - (once[r.rank].by_range.get(name, 0.0) if r.rank in once else 0.0)
+                    per[name][r.rank] += ms - (once[r.rank].by_range.get(name, 0.0) if r.rank in once else 0.0) \
+                        - (eager[r.rank].by_range.get(name, 0.0) if r.rank in eager else 0.0)
         out = self._by_function(ctx, per, win)
         for name, by_rank in per.items():
             hit = {rk: ms for rk, ms in by_rank.items() if win.get(rk) and ms >= self.min_share * win[rk]}
@@ -81,6 +85,7 @@ class CpuGap(Rule):
             evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                         f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
             evidence += [line for rk in sorted(hit) if rk in once for line in once[rk].lines(rk, name)]
+            evidence += [line for rk in sorted(hit) if rk in eager for line in eager[rk].lines(rk, name)]
             fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
             py = {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))}
             cost = max(hit.values())

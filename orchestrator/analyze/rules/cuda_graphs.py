@@ -23,9 +23,6 @@ SHAPES_FIX = ("The loop keeps recording CUDA graphs: torch.compile(mode=\"reduce
               "DataCollatorWithPadding(pad_to_multiple_of=64), or length buckets), or where shapes must vary run "
               "those graphs without CUDA graphs (torch._inductor.config.triton.cudagraph_skip_dynamic_graphs = True); "
               "a loop that captures its own torch.cuda.graph should capture once per shape and replay it.")
-# Graphs recorded in at least this many of the analysed steps: recording recurs, for new input
-# shapes (a loop whose shapes repeat records its graphs in its first steps only).
-RECORDING_STEPS = 3
 GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the default) times each replay as one "
                    "span that includes the idle between its nodes; --cuda-graph-trace=node times each kernel")
 
@@ -33,7 +30,10 @@ GRAPH_SPAN_NOTE = ("graph-level tracing (nsys --cuda-graph-trace=graph, the defa
 @dataclass
 class CudaGraphs(Rule):
     kind = "cuda_graphs"
-    reads = ("graph_usage", "capture_overhead", "oneoff_gaps")
+    # graph_eager_steps: a rank's steps that warm up or record graphs, where graphs are recorded
+    # in 3 or more of its steps (recording recurs, for new input shapes: a loop whose shapes repeat
+    # records its graphs in its first steps only).
+    reads = ("graph_usage", "capture_overhead", "oneoff_gaps", "graph_eager_steps")
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
@@ -60,7 +60,8 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
-        recording = [r for r in rows if r["capture_steps"] >= RECORDING_STEPS]
+        recorders = {r["rank"] for r in ctx.views.rows("graph_eager_steps")}
+        recording = [r for r in rows if r["rank"] in recorders]
         evidence += [f"rank {r['rank']}: {r['captures']} CUDA graphs recorded (stream captures begun) in "
                      f"{r['capture_steps']} of its {r['n_steps']} analysed steps; a loop whose shapes repeat records "
                      "its graphs once, in its first steps" for r in recording]

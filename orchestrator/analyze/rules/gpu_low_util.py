@@ -23,10 +23,17 @@ FIX = ("Find what the CPU does during the low slices (the phase table and the th
        "main thread, a data-loading range, a sync) and overlap it with GPU work.")
 
 
+ONE_OFF = "one-off (warm-up, graph recording, a one-time initialisation), which no other step repeats"
+# A loop that keeps recording CUDA graphs (graph_eager_steps): the idle of its steps that warm up
+# or record a new shape's graphs is the cuda_graphs finding's.
+RECORDING = ("one-off or in the steps that warm up or record CUDA graphs for new input shapes (the cuda_graphs "
+             "finding's)")
+
+
 @dataclass
 class GpuLowUtil(Rule):
     kind = "gpu_low_util"
-    reads = ("gpu_slices", "slice_idle", "slice_oneoff")
+    reads = ("gpu_slices", "slice_idle", "slice_oneoff", "graph_eager_steps")
     final = True  # sees the other findings (the ones that say why the GPU idles)
     symptom = True
     max_util_pct: float = 50.0  # nsys's default threshold
@@ -50,6 +57,7 @@ class GpuLowUtil(Rule):
         from orchestrator.analyze.rules import registry  # the package imports this module
 
         why = {r.kind for r in registry() if r.explains_idle and r.kind != "launch_bound"}
+        recording = {r["rank"] for r in ctx.views.rows("graph_eager_steps")}
         covered = {rk for f in ctx.findings if f.kind in why for rk in f.ranks}
         unclaimed = {rk: 0.0 if rk in covered else max(long[rk] - once[rk], 0.0) for rk in low}
         worst = max(low, key=lambda rk: idle[rk] / win[rk])
@@ -60,13 +68,14 @@ class GpuLowUtil(Rule):
                     f"{min(s['util_pct'] for s in low[rk]):.0f} % busy): {short[rk]:.1f} ms between kernels under "
                     f"{gap} apart (launch gaps), {long[rk]:.1f} ms in longer gaps"
                     + (", which the cause found on this rank explains" if rk in covered and long[rk] else "")
-                    + (f", {once[rk]:.1f} ms of them one-off (warm-up, graph recording, a one-time initialisation), "
-                       "which no other step repeats: left out of the cost" if rk not in covered and once[rk] else "")
+                    + (f", {once[rk]:.1f} ms of them {ONE_OFF if rk not in recording else RECORDING}: left out of "
+                       "the cost" if rk not in covered and once[rk] else "")
                     for rk, _ in worst_first({k: idle[k] / win[k] for k in idle})]  # the title's rank first
         if unclaimed[costly]:
             evidence.append(f"costs what no cause claims: {unclaimed[costly]:.1f} ms of longer gaps on rank {costly}")
         else:
-            whose = ("the causes' found on the same ranks" if covered & set(low) else "one-off idle")
+            whose = ("the causes' found on the same ranks" if covered & set(low) else
+                     "one-off idle and the CUDA graphs' recording" if recording & set(low) else "one-off idle")
             evidence.append("costs nothing of its own: its launch gaps are the launch-bound finding's"
                             + (f", its longer gaps {whose}" if any(long.values()) else ""))
         return [finding(self.kind, low, f"GPU under {self.max_util_pct:.0f} % busy in {len(low[worst])} of 30 "

@@ -4,7 +4,10 @@ drains and the GPU idles while the CPU refills it. Cost: that GPU idle right aft
 (view `sync_stats`, from metrics/sql/55_host_sync.sql), less the part the CPU spent in an
 input-pipeline range or in work between steps (a data-loader stall or the between-steps
 work, reported by their own rules). Only syncs in at least half of the steps: a few steps' many
-(a checkpoint) are their work's. Where the job was replayed, the cost is the replay's: the
+(a checkpoint) are their work's; in a loop that keeps recording CUDA graphs, the steps that run
+the model eagerly to warm up or record a new shape's graph (graph_eager_steps: CUDA graph trees
+synchronise around both) are the recording's, which the cuda_graphs finding costs, and count
+neither way. Where the job was replayed, the cost is the replay's: the
 same job with no host sync (61_replay.sql, `no host syncs`: the CPU not blocked in them, the
 GPU's idle after them gone, the input's and the between-steps work's left to their findings);
 within the replay's error it is `info`."""
@@ -35,7 +38,7 @@ FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`
 class HostSync(Rule):
     kind = "host_sync"
     explains_idle = True
-    reads = ("sync_stats", "sync_idle_ranges", "sync_steps")
+    reads = ("sync_stats", "sync_idle_ranges", "sync_steps", "graph_eager_steps")
     # A sync at least this often per step on average is "in the hot loop" (per-step logging),
     # where at least this share of the steps holds one: the many syncs of a few steps (a
     # checkpoint's torch.save copies each tensor to the host) are that work's, which the
@@ -52,13 +55,24 @@ class HostSync(Rule):
         for g in ctx.views.rows("sync_idle_ranges"):
             if is_input_range(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
                 in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ms(g["ns"])
-        stepped = {r["rank"]: r["n"] for r in ctx.views.rows("sync_steps")}
+        eager: dict[int, set[int]] = {}
+        for r in ctx.views.rows("graph_eager_steps"):
+            eager.setdefault(r["rank"], set()).add(r["step"])
+        stepped: dict[int, int] = {}  # the rank's own steps that hold a sync
+        syncs: dict[int, int] = {}  # and their syncs
+        for r in ctx.views.rows("sync_steps"):
+            if r["step"] not in eager.get(r["rank"], ()):
+                stepped[r["rank"]] = stepped.get(r["rank"], 0) + 1
+                syncs[r["rank"]] = syncs.get(r["rank"], 0) + r["n"]
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]
             idle_ms = max(0.0, ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
-            if per is None or per < self.min_per_step or not win.get(rk):
+            if per is None or not win.get(rk):
                 continue
-            if stepped.get(rk, 0) < self.min_steps_share * s["n_steps"]:
+            own = s["n_steps"] - len(eager.get(rk, ()))  # the steps that replay their graphs, in such a loop
+            if rk in eager:
+                per = syncs.get(rk, 0) / own if own > 0 else 0.0
+            if per < self.min_per_step or stepped.get(rk, 0) < self.min_steps_share * own:
                 continue
             if idle_ms >= self.min_share * win[rk]:
                 hit[rk] = (s, idle_ms)

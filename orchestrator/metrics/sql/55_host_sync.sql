@@ -21,9 +21,9 @@
 --       a window, 0 syncs included (names: `api xN, ...`, most frequent first); n_steps = the selected steps
 --       (NULL without steps, and then the per-step columns are NULL too)
 --   sync_idle_ranges(rank, range_group, ns)  that idle by the CPU range it was spent in
---   sync_steps(rank, n)  how many of the rank's selected iterations hold a sync (each sync in the last step
---       that started before it: a `.item()` between two step ranges is its step's): syncs every step, or a
---       few steps' many (torch.save copying each tensor of a checkpoint to the host)
+--   sync_steps(rank, step, n)  the rank's selected iterations that hold a sync, and their syncs (each sync in
+--       the last step that started before it: a `.item()` between two step ranges is its step's): syncs every
+--       step, or a few steps' many (torch.save copying each tensor of a checkpoint to the host)
 CREATE OR REPLACE TABLE host_syncs AS
 WITH cp AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql): the pageable copies
     SELECT rank, correlation_id, kind FROM memcpy SEMI JOIN map_todo USING (rank)
@@ -107,8 +107,8 @@ FROM overlapping('gap_attr', 'iv') o JOIN gap_attr g ON g.rank = o.rank AND g.s 
 GROUP BY ALL;
 
 CREATE OR REPLACE VIEW sync_steps AS
-SELECT h.rank, count(DISTINCT s.step) AS n
+SELECT h.rank, s.step, count(*) AS n
 FROM host_syncs h ASOF JOIN steps s ON s.rank = h.rank AND s.start <= h.start
 JOIN first_step f ON f.rank = h.rank, params p
 WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi)
-GROUP BY h.rank;
+GROUP BY h.rank, s.step;

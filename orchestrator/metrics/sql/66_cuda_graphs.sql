@@ -4,14 +4,14 @@
 -- includes the idle between its nodes, so its GPU time reads a little higher than the sum of
 -- its kernels that node-level tracing (--cuda-graph-trace=node) shows.
 -- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params,
--- is_sync_api, union_length, in_selected, overlapping, map_ranks, map_todo, map_graph_usage. Provides:
+-- is_sync_api, union_length, in_selected, overlapping, map_ranks, map_todo, map_graph_usage, map_graph_eager.
+-- Provides:
 --   graph_usage(rank INTEGER, replays BIGINT, n_steps BIGINT, graph_level BOOLEAN, graph_busy_ns BIGINT,
 --       busy_ns BIGINT, graph_share_pct DOUBLE, eager_kernels BIGINT, eager_kernel_ns BIGINT, top_eager
 --       VARCHAR, between_ns BIGINT, launch_ns BIGINT, sync_ns BIGINT, copy_ns BIGINT, other_api_ns BIGINT,
 --       python_ns BIGINT, captures BIGINT, capture_steps BIGINT)  per rank whose window holds GPU work run
---       inside CUDA graphs: replays = the rank's
---       cudaGraphLaunch calls in the window (any thread: torch.compile's backward graph is launched by the
---       autograd engine's thread); graph_level: the replays are traced as one row each (graph-level tracing),
+--       inside CUDA graphs: replays = the rank's cudaGraphLaunch calls in the window (any thread:
+--       torch.compile's backward graph is launched by the autograd engine's thread); graph_level: the replays are traced as one row each (graph-level tracing),
 --       not as their kernels; graph_share_pct = graph GPU time (union) over all GPU busy time; eager_* =
 --       kernels outside graphs (top_eager: the three with the most time); between_ns = the time from the end
 --       of one graph launch to the next (any thread), split by what the loop thread was in: kernel launches,
@@ -19,6 +19,11 @@
 --       backward() for the autograd engine); captures = the graphs recorded in the window (stream captures
 --       begun: torch.compile's CUDA graph trees record one for each new input shape, after a warm-up run of
 --       it), capture_steps = the selected steps they began in; the map's (map_graph_usage) for map_ranks
+--   graph_eager_steps(rank INTEGER, step INTEGER)  per rank whose graphs are recorded in 3 or more of its
+--       selected steps (recording recurs: a new graph for each new input shape), the selected steps that
+--       replay no graph or begin a capture: the model runs eagerly there (CUDA graph trees warm a new shape up
+--       eagerly, then record it, synchronising around both), so the GPU idle of those steps is the recording's;
+--       the map's (map_graph_eager) for map_ranks
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
 --       (the map_todo ranks': the helpers below compute those only)
 --   _graph_calls(rank, start, end, capture)  the graph launch calls (capture false) and stream captures
@@ -104,3 +109,21 @@ LEFT JOIN eager e USING (rank) LEFT JOIN between b USING (rank) LEFT JOIN by_wha
 WHERE g.graph_busy_ns > 0
 UNION ALL BY NAME
 SELECT * FROM map_graph_usage SEMI JOIN map_ranks USING (rank);
+
+CREATE OR REPLACE TABLE graph_eager_steps AS
+WITH sel AS (
+    SELECT s.rank, s.step, min(s.start) AS s0, max(s."end") AS s1
+    FROM steps s JOIN first_step f USING (rank), params p
+    WHERE s.rank IN (SELECT rank FROM _graph_calls) AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi)
+    GROUP BY s.rank, s.step
+), per AS (
+    SELECT s.rank, s.step, count(c.rank) FILTER (WHERE NOT c.capture) AS replays,
+           count(c.rank) FILTER (WHERE c.capture) AS captures
+    FROM sel s LEFT JOIN _graph_calls c ON c.rank = s.rank AND c.start >= s.s0 AND c.start < s.s1
+    GROUP BY s.rank, s.step
+)
+SELECT rank, step FROM per
+WHERE (replays = 0 OR captures > 0)
+  AND rank IN (SELECT rank FROM per GROUP BY rank HAVING count(*) FILTER (WHERE captures > 0) >= 3)
+UNION ALL
+SELECT * FROM map_graph_eager SEMI JOIN map_ranks USING (rank);

@@ -75,8 +75,10 @@ def test_graphs_recorded_for_new_shapes_are_named_with_the_padding_fix(stores: S
     n = len(report["steps"]) - 1
     assert top["kind"] == "cuda_graphs" and top["ranks"] == [0] and top["severity"] == "high"
     assert top["title"].startswith(f"CUDA graphs recorded anew for new input shapes in {len(by_step)} of {n} steps")
+    calls = _graph_calls_by_step("loops_varlen_ro", tmp_path)
+    eager = [k for k, (replays, captures) in calls.items() if replays == 0 or captures]
     assert (f"rank 0: {sum(by_step.values())} CUDA graphs recorded (stream captures begun) in {len(by_step)} of its "
-            f"{n} analysed steps") in "\n".join(top["evidence"])
+            f"{n} analysed steps, and {len(eager)} of those steps ran the model eagerly") in "\n".join(top["evidence"])
     assert top["fix"].startswith("The loop keeps recording CUDA graphs") and "pad_to_multiple_of" in top["fix"]
 
 

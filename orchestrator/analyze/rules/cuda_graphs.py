@@ -60,11 +60,14 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
-        recorders = {r["rank"] for r in ctx.views.rows("graph_eager_steps")}
-        recording = [r for r in rows if r["rank"] in recorders]
+        eager: dict[int, int] = {}  # each recording rank's steps that run the model eagerly
+        for r in ctx.views.rows("graph_eager_steps"):
+            eager[r["rank"]] = eager.get(r["rank"], 0) + 1
+        recording = [r for r in rows if r["rank"] in eager]
         evidence += [f"rank {r['rank']}: {r['captures']} CUDA graphs recorded (stream captures begun) in "
-                     f"{r['capture_steps']} of its {r['n_steps']} analysed steps; a loop whose shapes repeat records "
-                     "its graphs once, in its first steps" for r in recording]
+                     f"{r['capture_steps']} of its {r['n_steps']} analysed steps, and {eager[r['rank']]} of those "
+                     "steps ran the model eagerly (a new shape's warm-up, or its recording); a loop whose shapes "
+                     "repeat records its graphs once, in its first steps" for r in recording]
         # A one-off step's idle (the step that records the graphs) recurs nowhere else.
         once = {rk: o for rk, o in one_offs(ctx).items() if rk in idle}
         evidence += [line for rk, o in sorted(once.items()) for line in o.lines(rk)]

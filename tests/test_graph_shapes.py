@@ -3,10 +3,10 @@ there, one H100): the GPT under torch.compile(mode="reduce-overhead") over docum
 tokens, each batch padded to its longest, so that a new length means a new graph (CUDA graph
 trees warm a new shape up eagerly, then record it), and its twin padded to a multiple of 64.
 
-orch counts the stream captures begun in each analysed step: in 3 or more of them, recording recurs
-(66_cuda_graphs.sql, graph_eager_steps). The expected numbers are plain
-sqlite3 over the exports, with orch's steps taken from its loop marks as the truth files take
-them: from one `orch: optimizer.step` range's end to the next."""
+orch counts the stream captures begun in each analysed step: in 3 or more of them, recording
+recurs (66_cuda_graphs.sql, graph_eager_steps). The expected numbers are plain sqlite3 over the
+exports, with orch's steps taken from its loop marks as the truth files take them: from one
+`orch: optimizer.step` range's end to the next."""
 
 from __future__ import annotations
 

@@ -178,6 +178,15 @@ class GraphEager:
                 "new input shape's CUDA graphs (the cuda_graphs finding's): left out of the cost"] if ms > 0 else []
 
 
+def graph_eager_steps(ctx: Context) -> dict[int, set[int]]:
+    """Each rank's steps that warm up or record a new shape's CUDA graphs, where the loop keeps
+    recording them (none elsewhere); the rule must read `graph_eager_steps`."""
+    out: dict[int, set[int]] = {}
+    for r in ctx.views.rows("graph_eager_steps"):
+        out.setdefault(r["rank"], set()).add(r["step"])
+    return out
+
+
 def graph_eager(ctx: Context) -> dict[int, GraphEager]:
     """Each rank's idle in its steps that warm up or record CUDA graphs; the rule must read
     `graph_eager_gaps`."""

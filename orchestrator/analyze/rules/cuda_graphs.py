@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, one_offs, severity_for
+from orchestrator.analyze.rules.base import Context, Rule, finding, graph_eager_steps, one_offs, severity_for
 from orchestrator.analyze.units import ms
 
 FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
@@ -60,12 +60,10 @@ class CudaGraphs(Rule):
                     f"{round(100 * ns / r['between_ns'])}% {what}" for ns, what in sorted(parts, reverse=True)
                     if round(100 * ns / r["between_ns"])))
             idle[rk] = max(0.0, win[rk] - busy.get(rk, 0.0))
-        eager: dict[int, int] = {}  # each recording rank's steps that run the model eagerly
-        for r in ctx.views.rows("graph_eager_steps"):
-            eager[r["rank"]] = eager.get(r["rank"], 0) + 1
+        eager = graph_eager_steps(ctx)  # each recording rank's steps that run the model eagerly
         recording = [r for r in rows if r["rank"] in eager]
         evidence += [f"rank {r['rank']}: {r['captures']} CUDA graphs recorded (stream captures begun) in "
-                     f"{r['capture_steps']} of its {r['n_steps']} analysed steps, and {eager[r['rank']]} of those "
+                     f"{r['capture_steps']} of its {r['n_steps']} analysed steps, and {len(eager[r['rank']])} of those "
                      "steps ran the model eagerly (a new shape's warm-up, or its recording); a loop whose shapes "
                      "repeat records its graphs once, in its first steps" for r in recording]
         # A one-off step's idle (the step that records the graphs) recurs nowhere else.

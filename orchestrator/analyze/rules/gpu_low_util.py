@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, worst_first
+from orchestrator.analyze.rules.base import Context, Rule, finding, graph_eager_steps, worst_first
 from orchestrator.analyze.units import ms
 
 FIX = ("Find what the CPU does during the low slices (the phase table and the thread view: a blocked "
@@ -57,7 +57,7 @@ class GpuLowUtil(Rule):
         from orchestrator.analyze.rules import registry  # the package imports this module
 
         why = {r.kind for r in registry() if r.explains_idle and r.kind != "launch_bound"}
-        recording = {r["rank"] for r in ctx.views.rows("graph_eager_steps")}
+        recording = set(graph_eager_steps(ctx))
         covered = {rk for f in ctx.findings if f.kind in why for rk in f.ranks}
         unclaimed = {rk: 0.0 if rk in covered else max(long[rk] - once[rk], 0.0) for rk in low}
         worst = max(low, key=lambda rk: idle[rk] / win[rk])

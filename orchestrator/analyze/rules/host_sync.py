@@ -23,6 +23,7 @@ from orchestrator.analyze.rules.base import (
     Context,
     Rule,
     finding,
+    graph_eager_steps,
     worst_first,
 )
 from orchestrator.analyze.units import ms
@@ -55,9 +56,7 @@ class HostSync(Rule):
         for g in ctx.views.rows("sync_idle_ranges"):
             if is_input_range(g["range_group"]) or g["range_group"] == BETWEEN_STEPS_WORK:
                 in_data[g["rank"]] = in_data.get(g["rank"], 0.0) + ms(g["ns"])
-        eager: dict[int, set[int]] = {}
-        for r in ctx.views.rows("graph_eager_steps"):
-            eager.setdefault(r["rank"], set()).add(r["step"])
+        eager = graph_eager_steps(ctx)
         stepped: dict[int, int] = {}  # the rank's own steps that hold a sync
         syncs: dict[int, int] = {}  # and their syncs
         for r in ctx.views.rows("sync_steps"):

@@ -28,6 +28,8 @@
 --       (the map_todo ranks': the helpers below compute those only)
 --   _graph_calls(rank, start, end, capture)  the graph launch calls (capture false) and stream captures
 --       begun (true) in the window, on the ranks with graph work
+--   _graph_steps(rank, step, replays, captures)  per selected step of those ranks: the graph launches and the
+--       stream captures begun in it
 --   _graph_launch_gaps(rank, s, e)  from the end of each graph launch to the next
 --   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
 CREATE OR REPLACE TABLE _graph_clipped AS
@@ -43,6 +45,18 @@ WHERE a.rank IN (SELECT rank FROM _graph_clipped UNION ALL SELECT -1)
   AND (starts_with(a.name, 'cudaGraphLaunch') OR starts_with(a.name, 'cuGraphLaunch')
        OR starts_with(a.name, 'cudaStreamBeginCapture') OR starts_with(a.name, 'cuStreamBeginCapture'))
   AND a.start >= w.w0 AND a.start < w.w1;
+
+CREATE OR REPLACE TABLE _graph_steps AS
+WITH sel AS (
+    SELECT s.rank, s.step, min(s.start) AS s0, max(s."end") AS s1
+    FROM steps s JOIN first_step f USING (rank), params p
+    WHERE s.rank IN (SELECT rank FROM _graph_calls) AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi)
+    GROUP BY s.rank, s.step
+)
+SELECT s.rank, s.step, count(c.rank) FILTER (WHERE NOT c.capture) AS replays,
+       count(c.rank) FILTER (WHERE c.capture) AS captures
+FROM sel s LEFT JOIN _graph_calls c ON c.rank = s.rank AND c.start >= s.s0 AND c.start < s.s1
+GROUP BY s.rank, s.step;
 
 CREATE OR REPLACE TABLE _graph_launch_gaps AS  -- from the end of each graph launch to the next
 SELECT rank, s, e FROM (
@@ -67,10 +81,7 @@ WITH g AS (
     SELECT rank, count(*) FILTER (WHERE NOT capture) AS replays, count(*) FILTER (WHERE capture) AS captures
     FROM _graph_calls GROUP BY rank
 ), capture_steps AS (
-    SELECT c.rank, count(DISTINCT s.step) AS capture_steps
-    FROM _graph_calls c JOIN steps s ON s.rank = c.rank AND c.start >= s.start AND c.start < s."end"
-    JOIN first_step f ON f.rank = c.rank, params p
-    WHERE c.capture AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY c.rank
+    SELECT rank, count(*) FILTER (WHERE captures > 0) AS capture_steps FROM _graph_steps GROUP BY rank
 ), n_steps AS (
     SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
     WHERE in_selected(s.step, f.first_step, p.step_lo, p.step_hi) GROUP BY s.rank
@@ -111,19 +122,8 @@ UNION ALL BY NAME
 SELECT * FROM map_graph_usage SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE graph_eager_steps AS
-WITH sel AS (
-    SELECT s.rank, s.step, min(s.start) AS s0, max(s."end") AS s1
-    FROM steps s JOIN first_step f USING (rank), params p
-    WHERE s.rank IN (SELECT rank FROM _graph_calls) AND in_selected(s.step, f.first_step, p.step_lo, p.step_hi)
-    GROUP BY s.rank, s.step
-), per AS (
-    SELECT s.rank, s.step, count(c.rank) FILTER (WHERE NOT c.capture) AS replays,
-           count(c.rank) FILTER (WHERE c.capture) AS captures
-    FROM sel s LEFT JOIN _graph_calls c ON c.rank = s.rank AND c.start >= s.s0 AND c.start < s.s1
-    GROUP BY s.rank, s.step
-)
-SELECT rank, step FROM per
+SELECT rank, step FROM _graph_steps
 WHERE (replays = 0 OR captures > 0)
-  AND rank IN (SELECT rank FROM per GROUP BY rank HAVING count(*) FILTER (WHERE captures > 0) >= 3)
+  AND rank IN (SELECT rank FROM _graph_steps GROUP BY rank HAVING count(*) FILTER (WHERE captures > 0) >= 3)
 UNION ALL
 SELECT * FROM map_graph_eager SEMI JOIN map_ranks USING (rank);

@@ -10,7 +10,9 @@
 #                                      report `orch redact`ed; pack into OUT. CAPTURE_ONLY="A B"
 #                                      makes only those; CAPTURE_TIMINGS=0 times only the compile
 #                                      loop; TIMINGS_ONLY="A B" times only those, TIMINGS_FIRST=A
-#                                      first (default the first of the set: it fills the caches)
+#                                      first (default the first of the set: it fills the caches);
+#                                      TIMING_PROCESSES=N times each modern_loops.py loop in N
+#                                      processes of one run each, every step's time printed
 #   capture_modern.sh --bundle         here, before a device call: .cap/ as --device unpacks it
 #                                      (wheels.tar.xz: one folder per wheel of
 #                                      scripts/device_bundle.sh, unzipped; libs/: libdw and libelf
@@ -247,6 +249,19 @@ time_one() {  # time_one WORK ROW: the loop without a profiler, 3 runs in one pr
   [ "$REHEARSE" = 1 ] && args="--steps 8 $GPT_TINY"
   [ "$REHEARSE" = 1 ] && [ -n "$script" ] && args="--steps 6 $HF_TINY"
   echo "== timing $name at ${SECONDS}s"
+  if [ -n "${TIMING_PROCESSES:-}" ] && [ -z "$script" ]; then
+    # one run a process, each step's time too: the first fills the compile caches, as the
+    # timings before a capture do, and the later ones start as warm as the capture
+    local i
+    for i in $(seq "$TIMING_PROCESSES"); do
+      # shellcheck disable=SC2086
+      (cd "$here" && timeout 240 python3 modern_loops.py $args --repeat 1 --step-ms) >"$1/timings/$name.p$i.log" 2>&1 \
+        || echo "timing $name process $i: exit $?"
+      grep -E '^(steady step ms per run|step ms)' "$1/timings/$name.p$i.log" | sed "s/^/$name p$i: /" \
+        | tee -a "$1/timings/_summary"
+    done
+    return 0
+  fi
   # shellcheck disable=SC2086
   (cd "$here" && timeout 240 python3 "${script:-modern_loops.py}" $args --repeat 3) >"$1/timings/$name.log" 2>&1 \
     || echo "timing $name: exit $?"

@@ -19,7 +19,8 @@ One script, several everyday variants (each a flag a user would plausibly have i
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
-loop N times in one process and prints the steady step time of each run (no profiler needed).
+loop N times in one process and prints the steady step time of each run (no profiler needed);
+`--step-ms` prints each step's time too.
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
     batches = epochs(loader)
     t_start = None
     mask_rng, masking, saving = random.Random(0), 0.0, 0.0
+    ends = []  # --step-ms: when each optimizer step returned, as orch's loop mark `orch: optimizer.step` ends
     for step in range(args.steps):
         if step == args.warmup:
             torch.cuda.synchronize(device) if device.type == "cuda" else None
@@ -270,6 +272,7 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
                     kept.append((logits, loss))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            ends.append(time.perf_counter())
             opt.zero_grad(set_to_none=True)
             if args.empty_cache:
                 torch.cuda.empty_cache()
@@ -286,6 +289,8 @@ def run(args: argparse.Namespace, model, opt, loader, device: torch.device) -> f
         print(f"mask_tokens ms per step: {masking * 1e3 / n:.3f}", flush=True)
     if args.ckpt_every and n > 0:
         print(f"save_checkpoint ms per step: {saving * 1e3 / n:.3f}", flush=True)
+    if args.step_ms:
+        print("step ms: " + " ".join(f"{(b - a) * 1e3:.3f}" for a, b in itertools.pairwise(ends)), flush=True)
     return (time.perf_counter() - t_start) * 1e3 / n if t_start is not None and n > 0 else float("nan")
 
 
@@ -323,6 +328,9 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=0, help="save_checkpoint() every N optimizer steps (0: never)")
     p.add_argument("--ckpt-path", default="/tmp/modern_loops_ckpt.pt", help="where --ckpt-every writes")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--step-ms", action="store_true",
+                   help="print the ms from each optimizer step's return to the next's (the steps a capture's "
+                        "loop marks time), the warm-up steps included")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the printed step time")
     p.add_argument("--repeat", type=int, default=1, help="run the whole loop this many times")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")

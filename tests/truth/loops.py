@@ -40,11 +40,17 @@ HOW = {
                      "optimizer.step` range's end to the next ({n} steps), summed, minus {fast}'s, both without step "
                      "{skip}, the one step over 10x its capture's median ({slow_ms} ms against {med} ms): Dynamo "
                      "compiling the model again for a dynamic sequence length, once a run, which padding to a "
-                     "multiple of 64 pays too when its second length first comes (its own timing run 2: {again} ms a "
-                     "step against {once} and {thrice}; timings.json). The unprofiled timings cannot give the saving: "
-                     "the first timing run compiled Triton's kernels for each new length cold (61.1 ms a step; the "
-                     "capture, run after it, 27.8 by its own timer) and the later runs had most lengths recorded "
-                     "already",
+                     "multiple of 64 pays too when its second length first comes{why_pair}",
+    # the first varlen call's timings (timings.json), three runs in one process each
+    "shapes_one_process": " (its own timing run 2: {again} ms a step against {once} and {thrice}; timings.json). The "
+                          "unprofiled timings cannot give the saving: the first timing run compiled Triton's kernels "
+                          "for each new length cold (61.1 ms a step; the capture, run after it, 27.8 by its own "
+                          "timer) and the later runs had most lengths recorded already",
+    "saving_steps": "the loops' own unprofiled step times (step_times.json: {p} processes of one run each on the "
+                    "capture's machine, each step's time from one optimizer step's return to the next's, as the "
+                    "capture's loop marks time them): the median over the warm processes (the 2nd on; the 1st "
+                    "compiles Triton's kernels cold) of the steps summed without step {skip}, {slow} minus {fast}: "
+                    "{slows} ms against {fasts} ms",
     "cause": "{what}",
     "function": "planted: the function the workload calls {where}; unprofiled it takes {ms} ms a step "
                 "(timings.json, median of 3), the step {slow} ms against {fast} ms without it",
@@ -124,6 +130,15 @@ CASES = {
     "loops_varlen_ro_pad64": (
         "loops_varlen_ro's loop with each batch padded to a multiple of 64 (pad_to_multiple_of=64): 192 or 256 "
         "tokens, 256 in every batch of this capture; nothing planted", "none", [], None, "nothing planted"),
+    "loops_varlen_ro_rerun": (
+        "loops_varlen_ro's loop captured again in a later device call on another H100, each loop also timed step "
+        "by step without the profiler in 3 processes of its own", "graph-shapes", [0],
+        ("loops_varlen_ro_rerun", "loops_varlen_ro_pad64_rerun"),
+        "planted: --min-seq 32 (each batch padded to its own longest); torch's own warning in the timing runs: "
+        "'CUDAGraph supports dynamic shapes by recording a new graph for each distinct input size'"),
+    "loops_varlen_ro_pad64_rerun": (
+        "loops_varlen_ro_pad64's loop captured again in the same call as loops_varlen_ro_rerun; nothing planted",
+        "none", [], None, "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -134,7 +149,7 @@ CKPT_EVERY = {"loops_ckpt5": 5, "loops_ckpt10": 10}
 # warm-up steps on, hf_trainer.py from the end of the 6th optimizer step.
 WARMUP = 5
 # Loops that record a CUDA graph for each new input shape, measured against their padded twin.
-SHAPES = ("loops_varlen_ro",)
+SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
@@ -206,10 +221,20 @@ def cases() -> list[Truth]:
                 med = statistics.median(mine)
                 (skip,) = [i for i, ms in enumerate(mine) if ms > 10 * med]
                 t.saving_ms = round(sum(mine) - mine[skip] - (sum(theirs) - theirs[skip]), 1)
-                once, again, thrice = json.loads((LOOPS / "timings.json").read_text())[fast]
+                per_step = json.loads((LOOPS / "step_times.json").read_text())
+                if slow in per_step:
+                    why_pair = ""
+                    slows, fasts = ([sum(run) - run[skip] for run in per_step[x][1:]] for x in (slow, fast))
+                    t.saving_unprofiled_ms = round(statistics.median(slows) - statistics.median(fasts), 1)
+                    t.how["saving_unprofiled_ms"] = HOW["saving_steps"].format(
+                        p=len(per_step[slow]), skip=skip + 1, slow=slow, fast=fast,
+                        slows=", ".join(f"{x:.1f}" for x in slows), fasts=", ".join(f"{x:.1f}" for x in fasts))
+                else:
+                    once, again, thrice = json.loads((LOOPS / "timings.json").read_text())[fast]
+                    why_pair = HOW["shapes_one_process"].format(again=again, once=once, thrice=thrice)
                 t.how["saving_ms"] = HOW["saving_shapes"].format(
                     n=len(mine), fast=fast, skip=skip + 1, slow_ms=round(mine[skip], 1), med=round(med, 1),
-                    again=again, once=once, thrice=thrice)
+                    why_pair=why_pair)
             elif pair:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)

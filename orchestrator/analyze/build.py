@@ -82,15 +82,17 @@ def _value(field: str, col: Column, row: dict[str, Any]) -> Any:
 
 
 def _steps(v: Views) -> list[StepRow]:
-    rows = v.query("""SELECT step, list(rank ORDER BY rank) AS ranks, list(ns ORDER BY rank) AS ns,
-                             bool_or(warmup) AS warmup, bool_and(complete) AS complete
-                      FROM step_gpu WHERE rank IN (SELECT rank FROM rank_metrics) GROUP BY step ORDER BY step""")
+    rows = v.query("""SELECT step, list(rank ORDER BY rank) AS ranks, list(g.ns ORDER BY rank) AS ns,
+                             bool_or(warmup) AS warmup, bool_and(complete) AS complete,
+                             coalesce(bool_or(a.oneoff), false) AS oneoff
+                      FROM step_gpu g LEFT JOIN analysed_steps a USING (rank, step)
+                      WHERE rank IN (SELECT rank FROM rank_metrics) GROUP BY step ORDER BY step""")
     out = []
     for r in rows:
         vals = {str(k): ms(ns) for k, ns in zip(r["ranks"], r["ns"], strict=True)}
         out.append(StepRow(step=r["step"], ms_by_rank=vals,
                            spread_ms=round(max(vals.values()) - min(vals.values()), 3), warmup=r["warmup"],
-                           complete=r["complete"]))
+                           complete=r["complete"], oneoff=r["oneoff"]))
     return out
 
 

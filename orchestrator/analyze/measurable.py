@@ -22,7 +22,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from orchestrator.analyze.model_report import Finding, Report
+from orchestrator.analyze.model_report import Finding, Report, StepRow
 
 # Fewer complete analysed steps than this say nothing about their spread.
 MIN_STEPS = 4
@@ -43,17 +43,56 @@ class StepNoise:
         return Z * self.sigma_ms * math.sqrt(2 * self.steps)
 
 
-def step_noise(report: Report) -> StepNoise | None:
-    """The job's analysed steps (the window's, the first one out unless --steps chose it; a
-    step lasts as long as its slowest rank's) and their spread, or None with too few."""
+def analysed_steps(report: Report) -> list[StepRow]:
+    """The job's analysed steps: the window's, the first one out unless --steps chose it. The
+    findings' savings are over these."""
     chosen = report.window.steps
-    steps = [s for s in report.steps if s.ms_by_rank and (chosen[0] <= s.step <= chosen[1] if chosen else not s.warmup)]
-    times = [max(s.ms_by_rank.values()) for s in steps if s.complete]
+    return [s for s in report.steps if s.ms_by_rank and (chosen[0] <= s.step <= chosen[1] if chosen else not s.warmup)]
+
+
+def step_ms(s: StepRow) -> float:
+    """A step lasts as long as its slowest rank's."""
+    return max(s.ms_by_rank.values())
+
+
+def step_noise(report: Report) -> StepNoise | None:
+    """The analysed steps and their spread, or None with too few."""
+    steps = analysed_steps(report)
+    times = [step_ms(s) for s in steps if s.complete]
     if len(times) < MIN_STEPS:
         return None
     med = statistics.median(times)
     mad = statistics.median(abs(t - med) for t in times)
     return StepNoise(steps=len(steps), sigma_ms=1.4826 * mad)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A run's pace: the mean of its analysed, complete steps that are no one-off (`paced` of
+    them), over `steps` analysed steps. What a fix saved is the pace it gained times the steps
+    the findings' savings count; a one-off (a recompile, a communicator's creation) happens once
+    a run with the fix or without it, and would swamp the mean of a short capture."""
+
+    steps: int
+    paced: int
+    mean_ms: float
+
+
+def oneoff_steps(report: Report) -> set[int]:
+    """The numbers of the run's one-off steps."""
+    return {s.step for s in report.steps if s.oneoff}
+
+
+def pace(report: Report, leave_out: set[int] | None = None) -> Pace | None:
+    """The run's pace, or None without an analysed complete step. `leave_out`: step numbers to
+    leave out besides its own one-offs (another run's of the same loop, when two are compared
+    step for step)."""
+    steps = analysed_steps(report)
+    skip = oneoff_steps(report) | (leave_out or set())
+    times = [step_ms(s) for s in steps if s.complete and s.step not in skip]
+    if not times:
+        return None
+    return Pace(steps=len(steps), paced=len(times), mean_ms=statistics.fmean(times))
 
 
 def costed_in_time(f: Finding) -> bool:

@@ -111,6 +111,8 @@ class StepRow(Strict):
     warmup: bool
     complete: bool = Field(True, description="every rank began a step after it: the last step of a rank ends "
                                              "with its range, not at the next step's start")
+    oneoff: bool = Field(False, description="a one-off step on some rank: over 3x its median analysed step, and not "
+                                            "a pattern (view analysed_steps); left out of the steps' pace")
 
 
 class StageMetrics(Strict):

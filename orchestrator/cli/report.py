@@ -176,6 +176,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     from rich.table import Table
 
     from orchestrator.report.diff import diff_reports
+    from orchestrator.report.findings_diff import findings_lines
 
     check_output_file(a.json, "--json")
     d = diff_reports(_load_report(a.a, a.runs), _load_report(a.b, a.runs), scale=a.threshold_scale)
@@ -189,6 +190,8 @@ def cmd_diff(a: argparse.Namespace) -> int:
     out.print(t)
     if d["only_in_a"] or d["only_in_b"]:
         out.print(f"ranks only in A: {d['only_in_a']}, only in B: {d['only_in_b']}", markup=False)
+    for line in findings_lines(d["findings"]):
+        out.print(line, markup=False)
     if a.json:
         from orchestrator.fsutil import write_json_atomic
 

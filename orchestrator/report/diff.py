@@ -1,4 +1,5 @@
-"""`orch diff A B`: per-rank and per-metric deltas between two reports, for CI gates.
+"""`orch diff A B`: per-rank and per-metric deltas between two reports, for CI gates, and A's
+findings checked against what B measured (findings_diff.py).
 
 A metric regresses when it moves the bad way by more than its threshold: absolute points
 for percentages, relative change for times. Exit status 1 on any regression.
@@ -12,6 +13,7 @@ from orchestrator.analyze.model_columns import Diff, diff_columns
 from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.report.comm_diff import comm_rows
 from orchestrator.report.critical_diff import critical_rows
+from orchestrator.report.findings_diff import findings_check
 from orchestrator.report.memory_diff import memory_rows
 
 # The per-rank metrics and their thresholds are declared on RankMetrics' fields (model_columns.Diff).
@@ -53,4 +55,5 @@ def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
         if row["regressed"]:
             regressions.append(row)
     return {"rows": rows, "regressions": regressions,
-            "only_in_a": sorted(set(ra) - set(rb)), "only_in_b": sorted(set(rb) - set(ra))}
+            "only_in_a": sorted(set(ra) - set(rb)), "only_in_b": sorted(set(rb) - set(ra)),
+            "findings": findings_check(a, b)}

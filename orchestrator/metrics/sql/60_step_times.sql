@@ -7,16 +7,20 @@
 --   step_gpu(rank, step, s, e, ns, warmup, complete)
 --       per rank and step: the GPU span of the ops its CUDA calls launched
 --   step_stats(rank, mean_ns, median_ns, p90_ns, n)  over the selected, complete steps
+--   analysed_steps(rank, step, start, ns, median_ns, n, oneoff)  every analysed, complete step of
+--       each rank (step_stats' own), with its rank's median and count, and whether it is a one-off
+--       step: over 3 x that median, where such steps are at most a quarter of them and do not
+--       recur at a period (torch.compile's CUDA-graph recording, DDP's first bucket rebuild, a
+--       checkpoint in a capture that holds one). Three or more such steps each k >= 2 steps after
+--       the one before (k: the rank's most common spacing of them, held at least twice) are the
+--       loop's own pattern (a checkpoint or an evaluation every k steps), which its fix saves
+--       every time: not one-off; a long step outside that run (DDP's first iteration before the
+--       evaluations) still is. A run's pace leaves the one-off steps out (the report's steps,
+--       `orch diff`)
 --   oneoff_gaps(rank, step, step_ns, median_ns, range_group, ns, init)
---       the GPU's idle (gap_attr, by range) in each one-off step: an analysed, complete step
---       over 3 x its rank's median analysed step, where such steps are at most a quarter of them
---       and do not recur at a period (torch.compile's CUDA-graph recording, DDP's first bucket
---       rebuild, a checkpoint in a capture that holds one). What the GPU idles there recurs in no
---       other step: the rules that cost idle leave it out. Three or more such steps each k >= 2
---       steps after the one before (k: the rank's most common spacing of them, held at least
---       twice) are the loop's own pattern (a checkpoint or an evaluation every k steps), which
---       its fix saves every time: not one-off; a long step outside that run (DDP's first
---       iteration before the evaluations) still is. init: the idle, in any other analysed step,
+--       the GPU's idle (gap_attr, by range) in each one-off step (analysed_steps). What the GPU
+--       idles there recurs in no other step: the rules that cost idle leave it out. init: the
+--       idle, in any other analysed step,
 --       while the loop thread was in a one-time initialisation (40_gaps.sql names the gap by it):
 --       NCCL creating a communicator (at a process group's first collective: a Trainer's first
 --       logging all_gather) or CUDA loading a kernel's module at its first launch. Once it is in
@@ -38,7 +42,7 @@ FROM step_gpu g JOIN first_step f USING (rank), params p
 WHERE in_selected(g.step, f.first_step, p.step_lo, p.step_hi) AND g.complete
 GROUP BY g.rank;
 
-CREATE OR REPLACE TABLE oneoff_gaps AS
+CREATE OR REPLACE TABLE analysed_steps AS
 WITH sel AS (  -- the analysed, complete steps (step_stats' own), with their rank's median and count
     SELECT g.rank, g.step, st.start, g.ns, s.median_ns, s.n
     FROM step_gpu g JOIN steps st USING (rank, step) JOIN first_step f USING (rank) JOIN step_stats s USING (rank),
@@ -56,10 +60,16 @@ WITH sel AS (  -- the analysed, complete steps (step_stats' own), with their ran
 ), periodic AS (
     SELECT s.rank, s.step FROM spaced s JOIN period p USING (rank) WHERE s.d = p.k OR s.d_next = p.k
 ), long AS (
-    SELECT * FROM one ANTI JOIN periodic USING (rank, step)
+    SELECT rank, step FROM one ANTI JOIN periodic USING (rank, step)
+)
+SELECT sel.*, l.step IS NOT NULL AS oneoff FROM sel LEFT JOIN long l USING (rank, step);
+
+CREATE OR REPLACE TABLE oneoff_gaps AS
+WITH long AS (
+    SELECT * FROM analysed_steps WHERE oneoff
 ), init AS (  -- the gaps in a one-time initialisation, each in the step it starts in (not a long one-off)
     SELECT s.rank, s.step, s.ns, s.median_ns, s.n, a.range_group, a.dur
-    FROM gap_attr a JOIN (SELECT * FROM sel ANTI JOIN long USING (rank, step)) s
+    FROM gap_attr a JOIN (SELECT * FROM analysed_steps WHERE NOT oneoff) s
         ON a.rank = s.rank AND a.s >= s.start AND a.s < s.start + s.ns, params p
     WHERE starts_with(a.range_group, p.call_gap)
       AND regexp_matches(a.range_group[length(p.call_gap) + 1:], '^(NCCL:ncclComm(Init|Split)|cuLibraryLoad|cuModuleLoad)')

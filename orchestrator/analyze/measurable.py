@@ -68,10 +68,13 @@ def step_noise(report: Report) -> StepNoise | None:
 
 @dataclass(frozen=True)
 class Pace:
-    """A run's pace: the mean of its analysed, complete steps that are no one-off (`paced` of
-    them), over `steps` analysed steps. What a fix saved is the pace it gained times the steps
-    the findings' savings count; a one-off (a recompile, a communicator's creation) happens once
-    a run with the fix or without it, and would swamp the mean of a short capture."""
+    """A run's pace: its slowest rank's mean step over the analysed, complete steps that are no
+    one-off (`paced` of them), out of `steps` analysed steps. What a fix saved is the pace it
+    gained times the steps the findings' savings count; a one-off (a recompile, a communicator's
+    creation) happens once a run with the fix or without it, and would swamp the mean of a short
+    capture. Each rank's own mean, not the mean of each step's slowest rank: ranks that wait for
+    each other in turn (one for its data, the others in the all-reduce) end their steps at other
+    times, and the slowest of them in every step is longer than the period they all keep."""
 
     steps: int
     paced: int
@@ -89,10 +92,14 @@ def pace(report: Report, leave_out: set[int] | None = None) -> Pace | None:
     step for step)."""
     steps = analysed_steps(report)
     skip = oneoff_steps(report) | (leave_out or set())
-    times = [step_ms(s) for s in steps if s.complete and s.step not in skip]
-    if not times:
+    paced = [s for s in steps if s.complete and s.step not in skip]
+    by_rank: dict[str, list[float]] = {}
+    for s in paced:
+        for rk, ms in s.ms_by_rank.items():
+            by_rank.setdefault(rk, []).append(ms)
+    if not by_rank:
         return None
-    return Pace(steps=len(steps), paced=len(times), mean_ms=statistics.fmean(times))
+    return Pace(steps=len(steps), paced=len(paced), mean_ms=max(statistics.fmean(v) for v in by_rank.values()))
 
 
 def costed_in_time(f: Finding) -> bool:

@@ -160,8 +160,12 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     steady = [s for s in report.steps if not s.warmup]
     if steady:
         worst = max(steady, key=lambda s: s.spread_ms)
+        once = [s for s in steady if s.oneoff]
+        shown = ", ".join(f"{s.step} ({max(s.ms_by_rank.values()):,.1f} ms)" for s in once[:3])
+        more = f" and {len(once) - 3} more" if len(once) > 3 else ""
         console.print(f"steps: {len(report.steps)}, largest cross-rank spread {worst.spread_ms} ms "
-                      f"at step {worst.step}")
+                      f"at step {worst.step}" + (f"; one-off, left out of the costs: step {shown}{more}"
+                                                 if once else ""), markup=False)
     _print_tail(report, console, wide)
 
 

@@ -16,8 +16,7 @@
 --   _p2p_all(rank, stage, dp_index, tp_index, start, end, kth, in_win)
 --       every send/recv kernel, numbered per rank
 --   _p2p_pairs(rank, peer)  the rank pairs that talk to each other only
---   _p2p_ops(rank, stage, dp_index, tp_index, start, end, kth, in_win)
---       the send/recv kernels inside the window
+-- The send/recv kernels inside the window are `_p2p_all WHERE in_win`.
 CREATE OR REPLACE TABLE _p2p_all AS
 SELECT o.rank, r.stage, r.dp_index, r.tp_index, o.start, o."end",
        row_number() OVER (PARTITION BY o.rank ORDER BY o.start) AS kth,
@@ -36,18 +35,18 @@ cand AS (
 )
 SELECT rank, any_value(peer) AS peer FROM cand GROUP BY rank HAVING count(*) = 1;
 
-CREATE OR REPLACE TABLE _p2p_ops AS SELECT * FROM _p2p_all WHERE in_win;
-
 CREATE OR REPLACE TABLE p2p_match AS
-WITH ordered AS (  -- one peer each way: k-th with k-th
+WITH ops AS (
+    SELECT * FROM _p2p_all WHERE in_win
+), ordered AS (  -- one peer each way: k-th with k-th
     SELECT a.rank, a.start, a."end", b.rank AS peer, b.start AS peer_start
-    FROM _p2p_ops a JOIN _p2p_pairs p ON p.rank = a.rank
+    FROM ops a JOIN _p2p_pairs p ON p.rank = a.rank
     JOIN _p2p_pairs q ON q.rank = p.peer AND q.peer = a.rank
     JOIN _p2p_all b ON b.rank = p.peer AND b.kth = a.kth
 ), c AS (
     SELECT a.rank, a.start, a."end", b.rank AS peer, b.start AS peer_start,
            row_number() OVER (PARTITION BY a.rank, a.start ORDER BY abs(a."end" - b."end"), b.rank) AS pick
-    FROM _p2p_ops a JOIN _p2p_ops b
+    FROM ops a JOIN ops b
       ON b.rank <> a.rank AND b.start < a."end" AND a.start < b."end"
      AND a.rank NOT IN (SELECT rank FROM ordered)
      AND (a.stage IS NULL OR b.stage IS NULL
@@ -60,7 +59,8 @@ FROM (SELECT rank, start, "end", peer, peer_start FROM ordered
 
 CREATE OR REPLACE TABLE p2p_rank AS
 SELECT o.rank, count(*) AS n_p2p, count(m.rank) AS n_matched, coalesce(sum(m.wait_ns), 0) AS p2p_wait_ns
-FROM _p2p_ops o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
+FROM _p2p_all o LEFT JOIN p2p_match m ON m.rank = o.rank AND m.start = o.start
+WHERE o.in_win
 GROUP BY o.rank;
 
 CREATE OR REPLACE VIEW nccl_waits AS

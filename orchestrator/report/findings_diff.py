@@ -3,11 +3,11 @@
 A is the run orch diagnosed, B the same job with a fix. Each of A's findings above `info` is
 gone in B (no finding of its kind above `info` there) or still there; B's own above `info` that
 A had not are new. What B measured is A's analysed steps at B's pace: the difference of the two
-runs' paces (measurable.pace: the mean of the analysed, complete steps) times A's analysed steps,
-the steps a finding's saving counts. The steps that are one-off in either run (a recompile, a
-communicator's creation: once a run, with the fix or without it) are left out of both: the two
-runs are the same loop, step for step. Where one finding costed in time
-is gone, its saving is held against that measurement, as the scoreboard holds every real pair
+runs' paces (measurable.pace: the slowest rank's mean analysed, complete step) times A's analysed
+steps, the steps a finding's saving counts. The steps that are one-off in either run (a
+recompile, a communicator's creation: once a run, with the fix or without it) are left out of
+both: the two runs are the same loop, step for step. Where one finding costed in time is gone,
+its saving is held against that measurement, as the scoreboard holds every real pair
 (docs/scoreboard.md); where several are gone, each claims its own idle and the measurement is
 held against none alone. Both runs captured alike: the saving under the profiler is the one to
 compare (a finding's estimate without the profiler is for an unprofiled run)."""

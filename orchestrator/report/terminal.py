@@ -16,6 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.analyze.measurable import step_ms
 from orchestrator.analyze.model_columns import Terminal, terminal_columns
 from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.analyze.rank_pick import by_findings, pick_ranks
@@ -161,7 +162,7 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     if steady:
         worst = max(steady, key=lambda s: s.spread_ms)
         once = [s for s in steady if s.oneoff]
-        shown = ", ".join(f"{s.step} ({max(s.ms_by_rank.values()):,.1f} ms)" for s in once[:3])
+        shown = ", ".join(f"{s.step} ({step_ms(s):,.1f} ms)" for s in once[:3])
         more = f" and {len(once) - 3} more" if len(once) > 3 else ""
         console.print(f"steps: {len(report.steps)}, largest cross-rank spread {worst.spread_ms} ms "
                       f"at step {worst.step}" + (f"; one-off, left out of the costs: step {shown}{more}"

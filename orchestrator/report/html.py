@@ -21,7 +21,7 @@ from orchestrator.ranklist import ranges
 from orchestrator.report import comm_html, cpu_html, memory_html, timeline_svg
 from orchestrator.report.heatmap import PURPLES, heatmap
 from orchestrator.report.tables_html import stats_html
-from orchestrator.report.wording import cost, no_gpu_banner, split_problems
+from orchestrator.report.wording import cost, no_gpu_banner, oneoff_steps_line, split_problems
 
 COLORS = {"compute": "#2e7d32", "comm transfer": "#c62828", "comm waiting": "#8e24aa", "other GPU": "#f9a825",
           "idle": "#cfd8dc"}
@@ -89,7 +89,8 @@ def step_heatmap(report: Report, extras: Extras | None = None) -> str:
         first = (extras or Extras()).first_step
         warm = {(rk, first[rk]) for rk in times if rk in first}
         what = "CPU time (NVTX step range)"
-    return heatmap("step-heatmap", times, warm, what=what)
+    once = oneoff_steps_line(report)
+    return heatmap("step-heatmap", times, warm, what=what) + (f'<p class="note">{_e(once)}</p>' if once else "")
 
 
 def wait_heatmap(report: Report, extras: Extras | None) -> str:

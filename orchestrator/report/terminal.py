@@ -16,7 +16,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.analyze.measurable import step_ms
 from orchestrator.analyze.model_columns import Terminal, terminal_columns
 from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.analyze.rank_pick import by_findings, pick_ranks
@@ -28,7 +27,7 @@ from orchestrator.report.memory_terminal import print_memory
 from orchestrator.report.prose import WIDTH, say
 from orchestrator.report.safe import cell, plain
 from orchestrator.report.tables_terminal import print_tables
-from orchestrator.report.wording import cost, no_gpu_banner, split_problems
+from orchestrator.report.wording import cost, no_gpu_banner, oneoff_steps_line, split_problems
 
 _SEV = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "green"}
 MAX_ROWS = 16
@@ -161,12 +160,9 @@ def print_report(report: Report, console: Console, wide: bool = False) -> None:
     steady = [s for s in report.steps if not s.warmup]
     if steady:
         worst = max(steady, key=lambda s: s.spread_ms)
-        once = [s for s in steady if s.oneoff]
-        shown = ", ".join(f"{s.step} ({step_ms(s):,.1f} ms)" for s in once[:3])
-        more = f" and {len(once) - 3} more" if len(once) > 3 else ""
+        once = oneoff_steps_line(report)
         console.print(f"steps: {len(report.steps)}, largest cross-rank spread {worst.spread_ms} ms "
-                      f"at step {worst.step}" + (f"; one-off, left out of the costs: step {shown}{more}"
-                                                 if once else ""), markup=False)
+                      f"at step {worst.step}" + (f"; {once}" if once else ""), markup=False)
     _print_tail(report, console, wide)
 
 

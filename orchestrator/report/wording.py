@@ -1,4 +1,5 @@
-"""Which rank problems the terminal and the HTML report show, and how.
+"""Which rank problems the terminal and the HTML report show, and how; the one-off steps' line
+both print.
 
 Partial-rank notes that only say the CUDA tables are absent are expected on a CPU-only
 capture and are dropped rather than shown as problems. (The findings' words are the rules'
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from orchestrator.analyze.measurable import analysed_steps, step_ms
 from orchestrator.analyze.model_report import Finding, Problem, Report
 
 # A probe note that the CUDA/CUPTI tables are absent (nsys traced no CUDA).
@@ -56,3 +58,14 @@ def cost(f: Finding) -> str:
     share = f", {f.cost_pct:g}% of the steps' time" if f.cost_pct is not None else ""
     bare = f" (about {f.unprofiled_ms:,.1f} ms without the profiler)" if f.unprofiled_ms is not None else ""
     return f"fixing it saves ~{f.cost_ms:,.1f} ms{share}{bare}"
+
+
+def oneoff_steps_line(report: Report, shown: int = 3) -> str | None:
+    """The analysed steps that are one-off (over 3x the median and no pattern: view
+    analysed_steps), whose idle no finding's cost counts; None without any."""
+    once = [s for s in analysed_steps(report) if s.oneoff]
+    if not once:
+        return None
+    more = f" and {len(once) - shown} more" if len(once) > shown else ""
+    return "one-off, left out of the costs: step " + ", ".join(
+        f"{s.step} ({step_ms(s):,.1f} ms)" for s in once[:shown]) + more

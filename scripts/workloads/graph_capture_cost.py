@@ -27,14 +27,17 @@ import time
 import torch
 from modern_loops import GPT
 
+# modern_loops.py's defaults: the GPT its loops train.
+VOCAB, DIM, LAYERS, HEADS, SEQ, BATCH = 8192, 512, 6, 8, 256, 16
+
 
 def timed(args: argparse.Namespace) -> dict[str, list[float]]:
     """ms of each eager and each capture iteration, the GPU synchronised around each."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(dev)
-    x = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
-    y = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
+    model = GPT(VOCAB, DIM, LAYERS, HEADS, SEQ).to(dev)
+    x = torch.randint(0, VOCAB, (BATCH, SEQ), device=dev)
+    y = torch.randint(0, VOCAB, (BATCH, SEQ), device=dev)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream, as a capture needs
@@ -83,12 +86,6 @@ def main() -> None:
     p.add_argument("--out", required=True, help="JSON file: the per-iteration figures and their medians")
     p.add_argument("--calls", help="count the CUDA calls of each range in this nsys SQLite export instead")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=8)
     args = p.parse_args()
     got = calls(args.calls) if args.calls else timed(args)
     doc = {k: {"each": v, "median": statistics.median(v) if v else None} for k, v in got.items()}

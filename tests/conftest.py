@@ -74,7 +74,7 @@ def nsys() -> str:
     return path  # type: ignore[return-value]
 
 
-_NSYS_START_RACES = ("sem_open", "Local Endpoint is not available", "End of file")
+_NSYS_START_RACES = ("sem_open", "Local Endpoint is not available", "End of file", "The proxy is not started")
 
 
 def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
@@ -90,8 +90,8 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
         # nsys 2022.4 loses the race with a program that ends at once on a busy machine: its
         # process waiter finds the program's semaphore gone (sem_open) and fails the capture;
         # and with another nsys starting beside it, it may fail before the program starts
-        # ("Local Endpoint is not available", or only "End of file" from its agent's
-        # connection). orch's rank wrapper starts nsys again then too.
+        # ("Local Endpoint is not available", "The proxy is not started", or only "End of file"
+        # from its agent's connection). orch's rank wrapper starts nsys again then too.
         if not (p.returncode != 0 and any(m in p.stderr for m in _NSYS_START_RACES)):
             break
     prog.unlink()

@@ -6,11 +6,13 @@ Where a real component is missing, tests skip on a developer machine but FAIL un
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,18 +86,46 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
     prog = out.parent / f".{out.name.replace('%', '_')}.py"
     prog.write_text(program)
     for _ in range(3):
-        p = subprocess.run([nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
-                            "-o", str(out), sys.executable, str(prog)], capture_output=True, text=True,
-                           env={**os.environ, **(env or {})}, timeout=300, check=False)
+        p = subprocess.Popen([nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
+                              "-o", str(out), sys.executable, str(prog)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        _, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            reap_agents(p.pid)
         # nsys 2022.4 loses the race with a program that ends at once on a busy machine: its
         # process waiter finds the program's semaphore gone (sem_open) and fails the capture;
         # and with another nsys starting beside it, it may fail before the program starts
         # ("Local Endpoint is not available", "The proxy is not started", or only "End of file"
         # from its agent's connection). orch's rank wrapper starts nsys again then too.
-        if not (p.returncode != 0 and any(m in p.stderr for m in _NSYS_START_RACES)):
+        if not (p.returncode != 0 and any(m in err for m in _NSYS_START_RACES)):
             break
     prog.unlink()
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0, err
+
+
+def reap_agents(nsys_pid: int) -> None:
+    """The agents a failed nsys start left behind, in sessions of their own (`nsys --start-agent
+    --session-name=profile-<program>-<nsys pid>`, waiting for a launcher that is gone): stopped, as
+    orch's rank wrapper stops them (SIGTERM first: an agent killed outright can leave nsys' session
+    table locked)."""
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(b"--session-name=profile-") and a.endswith(b"-%d" % nsys_pid) for a in args):
+            left.append(int(cmdline.parent.name))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 _PATHS = {"ranks": {"source_file"}, "sources": {"file"}}  # where the exports were

@@ -31,12 +31,13 @@ def _brief(f: Finding) -> dict[str, Any]:
 
 def findings_check(a: Report, b: Report) -> dict[str, Any]:
     """A's findings in B, and B's pace against what they predicted (see the module docstring)."""
-    in_b = {f.kind: f for f in reversed(_loud(b))}  # the costliest of a kind (findings are sorted)
-    in_a = {f.kind for f in _loud(a)}
-    gone = [_brief(f) for f in _loud(a) if f.kind not in in_b]
+    loud_a, loud_b = _loud(a), _loud(b)
+    in_b = {f.kind: f for f in reversed(loud_b)}  # the costliest of a kind (findings are sorted)
+    in_a = {f.kind for f in loud_a}
+    gone = [_brief(f) for f in loud_a if f.kind not in in_b]
     still = [{**_brief(f), "b_severity": in_b[f.kind].severity, "b_cost_ms": in_b[f.kind].cost_ms}
-             for f in _loud(a) if f.kind in in_b]
-    new = [_brief(f) for f in _loud(b) if f.kind not in in_a]
+             for f in loud_a if f.kind in in_b]
+    new = [_brief(f) for f in loud_b if f.kind not in in_a]
     once = oneoff_steps(a) | oneoff_steps(b)  # the same loop's: what is one-off in either run is in both
     pa, pb = pace(a, once), pace(b, once)
     out: dict[str, Any] = {"gone": gone, "still": still, "new": new, "steps": None, "a_pace_ms": None,

@@ -133,3 +133,49 @@ def test_what_orch_diff_measures_on_the_boards_pairs_is_their_measured_differenc
         truth = json.loads((FIXTURES / "truth" / f"{slow}.json").read_text())["saving_ms"]
         off[slow] = round(100 * (got / truth - 1), 1)
     assert all(abs(v) <= 25 for v in off.values()), off
+
+
+def test_a_fix_that_makes_the_steps_faster_regresses_nothing_measured_in_time(stores: Stores) -> None:
+    """With the fix, shorter steps make fixed costs a larger share of them and the rank that held
+    the others up waits like the rest: on the measured pairs B runs faster beyond the steps' own
+    variation and those rises are marked, not counted; undoing the fix regresses every time.
+    Memory and bandwidth are no share of a step and are never waived."""
+    for slow, fast in PAIRS:
+        a, b = _report(stores, slow), _report(stores, fast)
+        fix, undo = diff_reports(a, b), diff_reports(b, a)
+        assert fix["pace"]["faster"] and not undo["pace"]["faster"], slow
+        assert undo["regressions"] and not [r for r in undo["rows"] if r["faster"]], slow
+        waived = {r["metric"] for r in fix["rows"] if r["faster"]}
+        assert not {m for m in waived if m.startswith("busbw") or "memory" in m}, slow
+        assert {r["metric"] for r in fix["regressions"]} <= {"peak_gpu_memory_gib"}, (slow, fix["regressions"])
+
+
+def test_the_pace_gap_floor_is_the_two_sample_test_on_the_steps(stores: Stores, tmp_path: Path) -> None:
+    """The smallest pace difference told apart, from plain sqlite3's steps of the HF Trainer pair:
+    2 standard errors of the difference of the two means, each step spread 1.4826 x its median
+    absolute deviation, the steps one-off in either run left out."""
+    a, b = _report(stores, "loops-hf_epochs_np"), _report(stores, "loops-hf_epochs_p")
+    sa, sb = _steps("hf_epochs_np", tmp_path), _steps("hf_epochs_p", tmp_path)
+    once = _long(sa) | _long(sb)
+
+    def spread(steps: dict[int, float]) -> tuple[float, int]:
+        v = [ms for k, ms in steps.items() if k not in once]
+        med = statistics.median(v)
+        return 1.4826 * statistics.median(abs(x - med) for x in v), len(v)
+
+    (sig_a, na), (sig_b, nb) = spread(sa), spread(sb)
+    floor = 2 * (sig_a ** 2 / na + sig_b ** 2 / nb) ** 0.5
+    got = diff_reports(a, b)["pace"]
+    assert got["noise_ms"] == pytest.approx(floor, abs=0.01) and got["faster"]
+
+
+def test_orch_diff_exits_0_after_a_fix_and_1_when_it_is_undone(stores: Stores, tmp_path: Path) -> None:
+    paths = {}
+    for case in ("pairs-ddp4-slow-loader", "pairs-ddp4-healthy"):
+        paths[case] = tmp_path / f"{case}.json"
+        paths[case].write_text(_report(stores, case).model_dump_json())
+    fix = run_orch("diff", str(paths["pairs-ddp4-slow-loader"]), str(paths["pairs-ddp4-healthy"]))
+    assert fix.returncode == 0 and "0 regression(s)" in fix.stdout, fix.stdout + fix.stderr
+    assert "B faster" in fix.stdout and "B is faster: a step 166.951 -> 58.706 ms (-64.8 %" in fix.stdout
+    undo = run_orch("diff", str(paths["pairs-ddp4-healthy"]), str(paths["pairs-ddp4-slow-loader"]))
+    assert undo.returncode == 1 and "REGRESSED" in undo.stdout and "B is faster" not in undo.stdout

@@ -58,12 +58,8 @@ def step_ms(s: StepRow) -> float:
 def step_noise(report: Report) -> StepNoise | None:
     """The analysed steps and their spread, or None with too few."""
     steps = analysed_steps(report)
-    times = [step_ms(s) for s in steps if s.complete]
-    if len(times) < MIN_STEPS:
-        return None
-    med = statistics.median(times)
-    mad = statistics.median(abs(t - med) for t in times)
-    return StepNoise(steps=len(steps), sigma_ms=1.4826 * mad)
+    sigma = _sigma([step_ms(s) for s in steps if s.complete])
+    return None if sigma is None else StepNoise(steps=len(steps), sigma_ms=sigma)
 
 
 @dataclass(frozen=True)
@@ -79,6 +75,7 @@ class Pace:
     steps: int
     paced: int
     mean_ms: float
+    sigma_ms: float | None = None  # the spread of that rank's paced steps (None under MIN_STEPS)
 
 
 def oneoff_steps(report: Report) -> set[int]:
@@ -99,7 +96,32 @@ def pace(report: Report, leave_out: set[int] | None = None) -> Pace | None:
             by_rank.setdefault(rk, []).append(ms)
     if not by_rank:
         return None
-    return Pace(steps=len(steps), paced=len(paced), mean_ms=max(statistics.fmean(v) for v in by_rank.values()))
+    slowest = max(by_rank.values(), key=statistics.fmean)
+    return Pace(steps=len(steps), paced=len(paced), mean_ms=statistics.fmean(slowest), sigma_ms=_sigma(slowest))
+
+
+def _sigma(times: list[float]) -> float | None:
+    """1.4826 x the median absolute deviation: robust to a step that is no sample of the loop."""
+    if len(times) < MIN_STEPS:
+        return None
+    med = statistics.median(times)
+    return 1.4826 * statistics.median(abs(t - med) for t in times)
+
+
+def paces(a: Report, b: Report) -> tuple[Pace, Pace] | None:
+    """Two runs of the same loop, step for step: their paces with the steps one-off in either
+    left out of both (a recompile, a communicator's creation happen once a run, fix or not)."""
+    once = oneoff_steps(a) | oneoff_steps(b)
+    pa, pb = pace(a, once), pace(b, once)
+    return None if pa is None or pb is None else (pa, pb)
+
+
+def pace_gap_floor(a: Pace, b: Pace) -> float | None:
+    """The smallest difference of two paces told apart from the steps' own variation (the
+    two-sample test on the means, Z standard errors), or None where a run has too few steps."""
+    if a.sigma_ms is None or b.sigma_ms is None:
+        return None
+    return Z * math.sqrt(a.sigma_ms ** 2 / a.paced + b.sigma_ms ** 2 / b.paced)
 
 
 def costed_in_time(f: Finding) -> bool:

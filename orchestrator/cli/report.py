@@ -175,7 +175,7 @@ def _load_report(ref: str, runs: str | None) -> Report:
 def cmd_diff(a: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from orchestrator.report.diff import diff_reports
+    from orchestrator.report.diff import diff_reports, pace_line
     from orchestrator.report.findings_diff import findings_lines
 
     check_output_file(a.json, "--json")
@@ -185,13 +185,14 @@ def cmd_diff(a: argparse.Namespace) -> int:
         t.add_column(c)
     for r in d["rows"]:
         if r["delta"] or r["regressed"]:
-            t.add_row(str(r["rank"]), cell(r["metric"]), str(r["a"]), str(r["b"]), f"{r['delta']:+}",
-                      "[red]REGRESSED[/red]" if r["regressed"] else "")
+            mark = "[red]REGRESSED[/red]" if r["regressed"] else "B faster" if r.get("faster") else ""
+            t.add_row(str(r["rank"]), cell(r["metric"]), str(r["a"]), str(r["b"]), f"{r['delta']:+}", mark)
     out.print(t)
     if d["only_in_a"] or d["only_in_b"]:
         out.print(f"ranks only in A: {d['only_in_a']}, only in B: {d['only_in_b']}", markup=False)
-    for line in findings_lines(d["findings"]):
-        out.print(line, markup=False)
+    for line in [pace_line(d), *findings_lines(d["findings"])]:
+        if line:
+            out.print(line, markup=False)
     if a.json:
         from orchestrator.fsutil import write_json_atomic
 

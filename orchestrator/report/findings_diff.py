@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.analyze.measurable import costed_in_time, oneoff_steps, pace
+from orchestrator.analyze.measurable import costed_in_time, paces
 from orchestrator.analyze.model_report import Finding, Report
 
 
@@ -38,12 +38,12 @@ def findings_check(a: Report, b: Report) -> dict[str, Any]:
     still = [{**_brief(f), "b_severity": in_b[f.kind].severity, "b_cost_ms": in_b[f.kind].cost_ms}
              for f in loud_a if f.kind in in_b]
     new = [_brief(f) for f in loud_b if f.kind not in in_a]
-    once = oneoff_steps(a) | oneoff_steps(b)  # the same loop's: what is one-off in either run is in both
-    pa, pb = pace(a, once), pace(b, once)
     out: dict[str, Any] = {"gone": gone, "still": still, "new": new, "steps": None, "a_pace_ms": None,
                            "b_pace_ms": None, "measured_ms": None, "predicted_ms": None, "off_pct": None}
-    if pa is None or pb is None:
+    both = paces(a, b)
+    if both is None:
         return out
+    pa, pb = both
     measured = (pa.mean_ms - pb.mean_ms) * pa.steps
     out.update(steps=pa.steps, a_paced=pa.paced, b_paced=pb.paced, a_pace_ms=round(pa.mean_ms, 3),
                b_pace_ms=round(pb.mean_ms, 3), measured_ms=round(measured, 3))

@@ -772,9 +772,14 @@ def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving
     assert f.severity == kept
     said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so it is `info`"
     assert f.evidence[0].endswith(said) if kept == "info" else f.evidence == ["seen"]
-    # Fewer than 4 analysed steps say nothing of their spread: the rule's severity stands.
+    # Fewer than 4 complete steps have no spread to measure a small saving against: low is info
+    # (the reason says so), medium and above stand.
     (f,) = _found_with(monkeypatch, [small], _steps(EIGHT[:3]))
-    assert f.severity == ("medium" if pct >= 5 else "low")
+    assert f.severity == ("medium" if pct >= 5 else "info")
+    if pct < 5:
+        assert f.evidence[0].endswith("over 3 analysed steps, of which 3 complete: under the 4 a spread needs, no "
+                                      "before/after measurement of so few steps could tell it from what they vary "
+                                      "by themselves, so it is `info`")
 
 
 def test_a_low_finding_not_costed_in_time_is_never_info_for_the_steps_variation(monkeypatch) -> None:

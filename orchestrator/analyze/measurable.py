@@ -13,7 +13,9 @@ the steps' spread sigma (1.4826 x their median absolute deviation, robust to the
 a saving of d ms a step is told apart when d >= 2 * sigma * sqrt(2 / n), i.e. when the summed
 saving is at least 2 * sigma * sqrt(2 * n). Sigma comes from the complete steps (a rank's last
 step ends with its range, not at a next step's start, and is no sample of the loop's own time);
-n is every analysed step, as the findings' savings count them.
+n is every analysed step, as the findings' savings count them. Under MIN_STEPS complete steps
+there is no spread, and a measurement of so few steps tells apart no small saving: such a low
+finding is info as well (a capture without steps has no loop to measure, and is not tested).
 """
 
 from __future__ import annotations
@@ -32,15 +34,18 @@ Z = 2.0
 
 @dataclass(frozen=True)
 class StepNoise:
-    """The analysed steps' spread: `sigma_ms` a step over `steps` steps, and the smallest
-    summed saving over them a before/after measurement of as many steps tells apart."""
+    """The analysed steps' spread: `sigma_ms` a step over `steps` steps, `complete` of them
+    complete, and the smallest summed saving over them a before/after measurement of as many
+    steps tells apart. Under MIN_STEPS complete steps there is no spread (sigma None): no saving
+    a measurement of so few steps makes could be told from their variation."""
 
     steps: int
-    sigma_ms: float
+    sigma_ms: float | None
+    complete: int = 0
 
     @property
     def floor_ms(self) -> float:
-        return Z * self.sigma_ms * math.sqrt(2 * self.steps)
+        return math.inf if self.sigma_ms is None else Z * self.sigma_ms * math.sqrt(2 * self.steps)
 
 
 def analysed_steps(report: Report) -> list[StepRow]:
@@ -56,10 +61,11 @@ def step_ms(s: StepRow) -> float:
 
 
 def step_noise(report: Report) -> StepNoise | None:
-    """The analysed steps and their spread, or None with too few."""
+    """The analysed steps and their spread (None: under MIN_STEPS complete ones), or None
+    without an analysed step."""
     steps = analysed_steps(report)
-    sigma = _sigma([step_ms(s) for s in steps if s.complete])
-    return None if sigma is None else StepNoise(steps=len(steps), sigma_ms=sigma)
+    times = [step_ms(s) for s in steps if s.complete]
+    return StepNoise(steps=len(steps), sigma_ms=_sigma(times), complete=len(times)) if steps else None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,12 @@ def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= noise.floor_ms:
         return f
     # The reason first: the terminal shows a finding's first lines.
+    if noise.sigma_ms is None:
+        why = (f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''} over "
+               f"{noise.steps} analysed steps, of which {noise.complete} complete: under the {MIN_STEPS} a "
+               "spread needs, no before/after measurement of so few steps could tell it from what they vary "
+               "by themselves, so it is `info`")
+        return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})
     why = (f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''} over the "
            f"{noise.steps} analysed steps is less than they vary by themselves (sigma {round(noise.sigma_ms, 3)} "
            f"ms a step): a before/after measurement of {noise.steps} steps each tells apart "

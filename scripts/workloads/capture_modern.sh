@@ -72,6 +72,8 @@ LOOP_CAPTURES=(
   "hf_epochs_p||$HF_EPOCHS|--accum 1 --steps 6 --workers 2 --epoch-steps 2 $HF_TINY|hf_trainer.py"
   "loops_varlen_ro||$VARLEN|--compile default --steps 8 --min-seq 8 $GPT_TINY"
   "loops_varlen_ro_pad64||$VARLEN --pad-to 64|--compile default --steps 8 --min-seq 8 --pad-to 16 $GPT_TINY"
+  "hf_fp16||--accum 1 --steps 30 --workers 2 --fp16|--accum 1 --steps 6 --workers 2 --fp16 $HF_TINY|hf_trainer.py"
+  "hf_fp16_accum4||--accum 4 --steps 20 --workers 2 --fp16|--accum 2 --steps 4 --workers 2 --fp16 $HF_TINY|hf_trainer.py"
 )
 # Loops timed without a profiler (name | args | script): each `--repeat 3` in one process.
 LOOP_TIMINGS=(
@@ -94,6 +96,8 @@ LOOP_TIMINGS=(
   "hf_epochs_p|$HF_EPOCHS|hf_trainer.py"
   "loops_varlen_ro|$VARLEN"
   "loops_varlen_ro_pad64|$VARLEN --pad-to 64"
+  "hf_fp16|--accum 1 --steps 30 --workers 2 --fp16|hf_trainer.py"
+  "hf_bf16|--accum 1 --steps 30 --workers 2|hf_trainer.py"
 )
 CAPTURES=(
   "gpt_compile_ro_graphtrace|cuda_graph_trace: graph|--compile reduce-overhead|--compile default --steps 8 $GPT_TINY"

@@ -5,8 +5,11 @@
                                                                    # each sample tokenised in Python, in the loop
     python hf_trainer.py --accum 1 --steps 24 --workers 4 --epoch-steps 4 --no-persistent
                                                                    # 4-step epochs, workers forked every epoch
+    python hf_trainer.py --accum 1 --steps 30 --workers 2 --fp16   # fp16=True: a GradScaler, whose
+                                                                   # step reads found_inf (a host sync)
 
-No NVTX of its own: what a profile shows of the loop is the Trainer's. bf16 on a GPU. `--tiny`
+No NVTX of its own: what a profile shows of the loop is the Trainer's. bf16 on a GPU (`--fp16`:
+fp16 with the Trainer's loss scaling). `--tiny`
 makes the model small enough for a CPU rehearsal. `--repeat N` trains N times in one process and
 prints each run's steady step time (no profiler needed): the optimizer steps after the first 5.
 """
@@ -64,6 +67,7 @@ def main() -> None:
                    help="optimizer steps an epoch of the dataset holds (0: one epoch holds them all)")
     p.add_argument("--no-persistent", action="store_true",
                    help="dataloader_persistent_workers=False, the Trainer's default: workers start anew every epoch")
+    p.add_argument("--fp16", action="store_true", help="fp16=True (a GradScaler) instead of bf16 (GPU only)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (CPU rehearsal)")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
@@ -76,7 +80,8 @@ def main() -> None:
         model = GPT2LMHeadModel(cfg)
         args = TrainingArguments(
             output_dir="/tmp/hf-trainer-out", max_steps=a.steps, per_device_train_batch_size=a.batch,
-            gradient_accumulation_steps=a.accum, learning_rate=3e-4, bf16=gpu, dataloader_num_workers=a.workers,
+            gradient_accumulation_steps=a.accum, learning_rate=3e-4, bf16=gpu and not a.fp16, fp16=gpu and a.fp16,
+            dataloader_num_workers=a.workers,
             dataloader_persistent_workers=a.workers > 0 and not a.no_persistent, dataloader_pin_memory=gpu,
             report_to="none",
             save_strategy="no", logging_steps=10, disable_tqdm=True, use_cpu=not gpu)

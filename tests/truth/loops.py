@@ -120,6 +120,16 @@ CASES = {
     "hf_epochs_p": (
         "hf_epochs_np's Trainer with dataloader_persistent_workers=True; nothing planted", "none", [], None,
         "nothing planted"),
+    "hf_fp16": (
+        "GPT-2 small from scratch with the HF Trainer (transformers 5), fp16=True: the Trainer's GradScaler, whose "
+        "step reads found_inf from the GPU, 1 micro-batch a step, 2 DataLoader workers, 30 optimizer steps; orch's "
+        "loop marks on; nothing planted (plain sqlite3: 7.5 cudaStreamSynchronize and 3.2 device-to-host copies a "
+        "step, against 8.2 and 3.3 in hf_epochs_p's bf16 Trainer: the Trainer syncs the host every step either way)",
+        "none", [], None,
+        "nothing planted: fp16 as the Trainer's documentation writes it"),
+    "hf_fp16_accum4": (
+        "hf_fp16's Trainer with 4 micro-batches of gradient accumulation, 20 optimizer steps; nothing planted",
+        "none", [], None, "nothing planted: fp16 as the Trainer's documentation writes it"),
     "loops_varlen_ro": (
         "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') over documents of 32 to 256 "
         "tokens, each batch padded to its longest (as DataCollatorWithPadding does): a new sequence length, so a new "

@@ -333,6 +333,21 @@ sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
 """
 
 
+# A stand-in for an nsys whose agent is lost before the program starts (nsys 2022.4 did on the
+# loaded 2-node Slurm: "Connection to the Agent lost." and status 0, no program run, its peer
+# waiting in the rendezvous): the first `lost` calls do that; a later call runs the program.
+AGENT_LOST_NSYS = """#!{python}
+import os, subprocess, sys
+out = os.environ["NSYS_STUB_OUT"]
+calls = len(os.listdir(out + "/calls"))
+open(f"{{out}}/calls/{{os.getpid()}}", "w").close()
+if calls < int(os.environ["NSYS_STUB_LOST"]):
+    print("Connection to the Agent lost.", file=sys.stderr)
+    sys.exit(0)
+sys.exit(subprocess.call(sys.argv[sys.argv.index("/bin/sh"):]))
+"""
+
+
 def _run_with_stub(tmp_path: Path, stub_text: str, job: str, timeout: float,
                    **env: str) -> subprocess.CompletedProcess[str]:
     """One rank's wrapper, rendered with `stub_text` (a script; {python}: this interpreter) as its
@@ -411,3 +426,18 @@ def test_wrapper_starts_nsys_again_when_it_hangs_before_the_program(tmp_path: Pa
     assert "(attempt 1 of 3); starting it again" in p.stderr and "attempt 2" not in p.stderr, p.stderr
     calls = [int(c.name) for c in sorted((tmp_path / "calls").iterdir(), key=lambda c: c.stat().st_mtime_ns)]
     assert len(calls) == 2 and not Path(f"/proc/{calls[0]}").exists(), calls  # the hung nsys is gone
+
+
+@pytest.mark.parametrize("lost", [1, 3])
+def test_an_nsys_that_exits_0_before_the_program_started_is_a_failed_start(tmp_path: Path, lost: int) -> None:
+    """nsys' status 0 is no success when the program never ran: the start is tried again, and a
+    rank whose program never ran in 3 starts ends non-zero (its peers would wait for it)."""
+    p = _run_with_stub(tmp_path, AGENT_LOST_NSYS, "4247", timeout=60, NSYS_STUB_LOST=str(lost))
+    assert "nsys exited with status 0 before the program started (attempt 1 of 3); starting it again" in p.stderr
+    if lost == 1:
+        assert p.returncode == 0, p.stderr
+        assert (tmp_path / "ran").read_text() == "0", p.stderr  # the program ran, once
+    else:
+        assert p.returncode == 1 and not (tmp_path / "ran").exists(), p.stderr
+        assert "nsys exited with status 0 before the program started, 3 time(s)" in p.stderr, p.stderr
+    assert len(list((tmp_path / "calls").iterdir())) == min(lost + 1, 3)

@@ -211,7 +211,11 @@ for attempt in $(seq 1 "$attempts"); do
     while kill -0 "$export_pid" 2>/dev/null; do wait "$export_pid" || true; done
     export_pid=""
   fi
-  if [ "$rc" -eq 0 ] || [ "$ran" -eq 1 ] || [ "$stop" -eq 1 ]; then
+  # Without the marker (attempts 1) nsys' status is all there is. With it, a program that never
+  # started is a failed start whatever that status: nsys 2022.4 exits 0 when its agent is lost
+  # before the program starts ("Connection to the Agent lost."), and a rank ended 0 that never ran
+  # would leave its peers waiting in the rendezvous until their timeout.
+  if [ "$ran" -eq 1 ] || [ "$stop" -eq 1 ] || { [ "$rc" -eq 0 ] && [ "$attempts" -eq 1 ]; }; then
     exit "$rc"
   fi
   if [ "$attempt" -lt "$attempts" ]; then
@@ -223,4 +227,5 @@ for attempt in $(seq 1 "$attempts"); do
 done
 echo "orch: rank $rank: nsys exited with status $rc before the program started, $attempts time(s);" \
      "its own messages are above" >&2
+if [ "$rc" -eq 0 ]; then exit 1; fi  # (the program never ran: no success to report)
 exit "$rc"

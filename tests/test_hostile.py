@@ -107,10 +107,16 @@ PAYLOADS = ["$(touch {m}/cmdsub)", "`touch {m}/backtick`", "x; touch {m}/semicol
             "*", "-rf", "%q{{RANK}}"]
 
 
-def _recorder(path: Path) -> Path:
-    path.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" >> "$ORCH_RECORD"\n')
+def _recorder(path: Path, then: str = "") -> Path:
+    path.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" >> "$ORCH_RECORD"\n' + then)
     path.chmod(0o755)
     return path
+
+
+# nsys' stand-in records its argv, then starts the program's shell as nsys would (its marker
+# written: an nsys that never started it would be a failed start, tried again), with `true` in
+# the program's place: its arguments are the payloads, recorded, not run.
+NSYS_THEN = 'while [ "$1" != /bin/sh ]; do shift; done\nexec "$1" "$2" "$3" "$4" true\n'
 
 
 def test_shell_injection_executed_scripts_stay_inert(tmp_path: Path) -> None:
@@ -126,8 +132,9 @@ def test_shell_injection_executed_scripts_stay_inert(tmp_path: Path) -> None:
     for tool in ("srun", "scontrol"):
         shutil.copy(rec, bindir / tool)
     cluster = tmp_path / "c.yaml"
+    nsys = _recorder(bindir / "nsys", NSYS_THEN)
     cluster.write_text(yaml.safe_dump({"name": "c", "executor": "slurm", "python": str(rec),
-                                       "nsys": {"path": str(rec), "version": "2025.3"}}))
+                                       "nsys": {"path": str(nsys), "version": "2025.3"}}))
     script = f"/opt/{pay[0]}/train.py"  # absolute: not checked for existence
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({

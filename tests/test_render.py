@@ -130,9 +130,11 @@ def test_wrapper_with_real_nsys(tmp_path: Path, nsys: str) -> None:
 
 def test_one_gpu_metrics_collector_per_node(tmp_path: Path) -> None:
     """GPU metrics cannot be sampled without a GPU, so here `nsys` is a stand-in that records
-    its arguments: the node's lowest profiled rank gets the metrics flags, nobody else."""
+    its arguments and runs the program as nsys would (one that never ran it would be a failed
+    start): the node's lowest profiled rank gets the metrics flags, nobody else."""
     fake = tmp_path / "nsys-args"
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ORCH_ARGS_OUT"\n')
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ORCH_ARGS_OUT"\n'
+                    'while [ "$1" != /bin/sh ]; do shift; done\nexec "$@"\n')
     fake.chmod(0o755)
     spec = _spec(tmp_path, "1-3,5,6", nproc=4, nodes=2, nsys_path=str(fake), nsys_version="2025.3",
                  gpu_metrics={"enabled": True, "set": "auto", "frequency": 200})

@@ -149,14 +149,13 @@ def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= noise.floor_ms:
         return f
     # The reason first: the terminal shows a finding's first lines.
+    said = f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''}"
     if noise.sigma_ms is None:
-        why = (f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''} over "
-               f"{noise.steps} analysed steps, of which {noise.complete} complete: under the {MIN_STEPS} a "
-               "spread needs, no before/after measurement of so few steps could tell it from what they vary "
-               "by themselves, so it is `info`")
-        return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})
-    why = (f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''} over the "
-           f"{noise.steps} analysed steps is less than they vary by themselves (sigma {round(noise.sigma_ms, 3)} "
-           f"ms a step): a before/after measurement of {noise.steps} steps each tells apart "
-           f"{round(noise.floor_ms, 3)} ms or more, so it is `info`")
+        why = (f"{said} over {noise.steps} analysed steps, of which {noise.complete} complete: under the "
+               f"{MIN_STEPS} a spread needs, no before/after measurement of so few steps could tell it from "
+               "what they vary by themselves, so it is `info`")
+    else:
+        why = (f"{said} over the {noise.steps} analysed steps is less than they vary by themselves (sigma "
+               f"{round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps each "
+               f"tells apart {round(noise.floor_ms, 3)} ms or more, so it is `info`")
     return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})

@@ -45,7 +45,8 @@ PEAK_TOLERANCE = 0.001
 REPLAY_ERROR_PCT = 5.0  # the most the unchanged replay may miss a completed job's measured steps by
 # Findings that blame a rank for lost time: another such finding on a rank outside the root, above
 # `low`, names a victim as a cause.
-BLAMING = {"straggler", "stage_imbalance", "data_loader_stall", "cpu_phase_outlier", "pipeline_bubble"}
+BLAMING = {"straggler", "stage_imbalance", "data_loader_stall", "cpu_phase_outlier", "pipeline_bubble",
+            "unprofiled_straggler"}
 INPUT_WORDS = re.compile(r"data ?load|loader|input|batch|next\(|__next__|num_workers", re.I)
 FAILED = {"hang", "crash", "oom", "kill", "divergence"}
 MEMORY = {"memory-growth"}

@@ -167,3 +167,43 @@ def test_the_job_replayed_without_host_syncs_saves_the_gpu_idle_after_them(store
     assert abs(w["saving_ms"] / w["steps"] - idle) <= 0.2 * idle, (w, idle)
     (f,) = [f for f in rep["findings"] if f["kind"] == "host_sync"]
     assert f["cost_ms"] == w["saving_ms"]
+
+
+# Jobs profiled whole, analysed with two ranks' exports left out, as `profile.ranks` choosing one
+# rank per stage would leave them (DP2 x PP2: stage = rank // 2): the rank not profiled that the
+# profiled ones wait for in their collectives, and the whole capture's what-if for that rank (its
+# own work at its stage peer's pace), which saw its work.
+SUBSETS = [("pp4-slow-loader", (0, 2)), ("pp4-uneven", (0, 2)), ("pp4-uneven", (1, 3)), ("pp4-even", (1, 3))]
+
+
+def _profiled_only(pair: str, kept: tuple[int, ...], tmp: Path) -> Report:
+    """The report of pairs/`pair` with only the exports of ranks `kept`, its layout known."""
+    (tmp / "in").mkdir()
+    for src in sorted((FIXTURES / "pairs" / pair / "exports").glob("*.sqlite.gz")):
+        if int(src.name.split("_r")[1].split("_")[0]) in kept:
+            with gzip.open(src) as fi, open(tmp / "in" / src.stem, "wb") as fo:
+                shutil.copyfileobj(fi, fo)
+    layout = Layout.parse("pp=2,dp=2,microbatches=4")
+    return build_report(collect([tmp / "in"], tmp / "run", layout=layout, workers=1).store, Options())
+
+
+@pytest.mark.parametrize(("pair", "kept"), SUBSETS)
+def test_a_rank_left_out_is_named_with_what_the_whole_capture_replays_it_saving(
+        stores: Stores, tmp_path: Path, pair: str, kept: tuple[int, ...]) -> None:
+    whole = stores.report(f"pairs-{pair}")[1]
+    rep = _profiled_only(pair, kept, tmp_path)
+    (f,) = [f for f in rep.findings if f.kind == "unprofiled_straggler"]
+    # the rank left out that the whole capture's replay finds most costly
+    ref = max((w for w in whole["replay"]["whatifs"] if w["rank"] is not None and w["rank"] not in kept),
+              key=lambda w: w["saving_ms"])
+    assert f.ranks == [ref["rank"]] and f.severity != "info", (f.ranks, f.severity, ref)
+    assert abs(f.cost_ms - ref["saving_ms"]) <= 0.2 * ref["saving_ms"], (f.cost_ms, ref)
+    assert set(f.victims) <= set(kept)
+
+
+def test_a_late_rank_that_was_profiled_is_not_looked_for_among_the_others(tmp_path: Path) -> None:
+    """The slow loader's rank 1 profiled with rank 3 (its pipeline peer): its own data-loading
+    stall is found, and no rank left out is blamed for what rank 1 made them wait."""
+    rep = _profiled_only("pp4-slow-loader", (1, 3), tmp_path)
+    assert rep.findings[0].kind == "data_loader_stall" and rep.findings[0].ranks == [1]
+    assert all(f.severity == "info" for f in rep.findings if f.kind == "unprofiled_straggler")

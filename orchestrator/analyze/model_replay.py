@@ -13,9 +13,11 @@ from orchestrator.analyze.model_base import Strict
 
 # The what-ifs that remove a cause from every rank, by their names in 61_replay.sql, in words.
 BALANCED, INPUT, SYNCS = "stages balanced", "input on time", "no host syncs"
+UNSEEN = "ranks not profiled on time"
 LABELS = {BALANCED: "the stages balanced (their GPU work and CPU time at the stages' mean)",
           INPUT: "the input on time (every rank's wait for it removed)",
-          SYNCS: "no host syncs (the CPU runs on, the GPU's idle after them gone)"}
+          SYNCS: "no host syncs (the CPU runs on, the GPU's idle after them gone)",
+          UNSEEN: "the ranks not profiled on time (the profiled ranks' excess wait for them removed)"}
 
 
 class ReplayStep(Strict):
@@ -31,7 +33,9 @@ class WhatIf(Strict):
                                   "median, never slower; `stages balanced` = every pipeline stage's GPU work "
                                   "and CPU time at the stages' mean; `input on time` = every rank's GPU "
                                   "wait for input removed; `no host syncs` = every CPU wait for the "
-                                  "GPU's work gone, and the GPU's idle after it")
+                                  "GPU's work gone, and the GPU's idle after it; `ranks not profiled on "
+                                  "time` = the profiled ranks' wait in collectives with members without a "
+                                  "report, above what such waits are on the other profiled ranks, removed")
     rank: int | None = None
     steps: int = Field(description="the analysed steps the what-if was replayed on")
     saving_ms: float = Field(description="the unchanged replay's step ends minus the what-if's, summed")
@@ -66,8 +70,9 @@ class Replay(Strict):
         return next((w for w in self.whatifs if w.rank == rank), None)
 
     def removed(self, what: str) -> WhatIf | None:
-        """The what-if that removes cause `what` (BALANCED, INPUT, SYNCS) from every rank, if the
-        job had it to remove (stages to even, a wait for input, a host sync)."""
+        """The what-if that removes cause `what` (BALANCED, INPUT, SYNCS, UNSEEN) from every rank, if
+        the job had it to remove (stages to even, a wait for input, a host sync, a wait for ranks
+        without a report)."""
         return next((w for w in self.whatifs if w.what == what), None)
 
     def shown(self) -> list[WhatIf]:

@@ -37,6 +37,8 @@ FIX = ("Shrink the pipeline bubble: more microbatches per step (the bubble is (p
        "--num-layers-per-virtual-pipeline-stage), and stages of equal cost.")
 UNPROFILED_FIX = ("Profile every rank of the stages (profile.ranks: all) to find the rank the excess comes from; "
                   "fix that first.")
+HELD_FIX = ("The excess comes from rank(s) {ranks}, not profiled, which hold up the profiled ranks in their "
+            "collectives (see that finding): profile them and fix that first.")
 ROOT_FIX = ("The excess over the schedule's bubble comes from rank {rk} (`{phase}`): fix that first (see the "
             "straggler finding); more microbatches only shrink the theoretical part.")
 
@@ -127,6 +129,16 @@ class PipelineBubble(Rule):
             ranks = [r for s in stages for r in s.ranks]
             return [finding(self.kind, ranks, title, evidence, fix if claimed else FIX, left,
                             pct=max(balanced.saving_pct, 0.0), severity="info" if info else None)]
+        held = next((f for f in ctx.findings if f.kind == "unprofiled_straggler" and f.severity != "info"), None)
+        if unprofiled and held:
+            left = max(cost - held.cost_ms, 0.0)
+            evidence.append(f"rank(s) {ranges(held.ranks)}, not profiled, hold up the profiled ranks in their "
+                            f"collectives: that finding costs what having them on time saves, {held.cost_ms} ms, "
+                            "this excess included"
+                            + (f"; {round(left, 3)} ms of the excess is beyond it" if left else ""))
+            fix = HELD_FIX.format(ranks=ranges(held.ranks)) + " " + FIX
+            return [finding(self.kind, ranks, title, evidence, fix, left,
+                            pct=round(lost * left / cost, 2) if cost else 0.0, severity=None if left else "info")]
         claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
         if claimed is None:
             return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]

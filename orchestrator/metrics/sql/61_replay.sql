@@ -27,9 +27,13 @@
 -- rank's GPU idle waiting for input (gaps in an input-pipeline range or between steps for the
 -- next batch) removed, from its GPU work and from its CPU's time before the launch. `no host
 -- syncs`: every block that waited for the GPU's work gone (the CPU runs on), and the GPU's idle
--- after it.
+-- after it. `ranks not profiled on time`: where a profiled rank's collectives have members without a
+-- report (profile.ranks chose a few), no instance matches them and their wait reads as the rank's
+-- own work; the what-if takes out of it the wait above what the other profiled ranks wait in
+-- communicators of the same size and kernel (coll_unseen).
 -- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
--- first_step, params, in_selected.
+-- first_step, params, in_selected, win, nccl_kernel_comm, nccl_comm_size, comm_bytes, compute_islands, overlapping,
+-- is_p2p, is_comm.
 -- Provides:
 --   replay_nodes(rank, step, pos, gpos, inst, s, e, w, t, dur, buffered, l, anchor, lp, dc, pre, bw, post, gw,
 --                bsync)
@@ -39,8 +43,16 @@
 --       step began (anchor), the CPU's own time (dc; pre and post around its last block of bw,
 --       which the GPU ended gw after the previous node's end; bsync: that block waited for the GPU's
 --       work, a host sync)
+--   coll_unseen(rank, comm, name, n_ranks, seen, kernels, wait_ns, ref_ns, excess_ns)   per profiled
+--       rank, communicator and kernel name where NCCL counts more members than have a report (seen):
+--       the kernels in the rank's window, their wait (each kernel's length less its transfer, the
+--       shortest kernel of the same name and message size there: one that waited for nobody; the
+--       part of it no compute kernel overlaps), what such a wait is elsewhere (ref: the median over
+--       the other profiled ranks of their wait's share of their window in communicators of the same
+--       size and kernel, times this rank's window) and the excess above it: the lateness of members
+--       without a report (both NULL with no other rank to compare with)
 --   replay_scenarios(scn, what, rank, replayed)   scn 0 is the unchanged trace, -1 the stages
---       balanced, -2 the input on time, -3 no host syncs;
+--       balanced, -2 the input on time, -3 no host syncs, -4 the ranks not profiled on time;
 --       `rank` the rank a what-if changes; replayed: false for a rank that held nobody up (never
 --       alone the last to start a node's instance or to end a step), whose what-if saves 0
 --   replay_rank_step(scn, step, rank, e_obs, e_rep, forced)   per scenario, step and rank: the
@@ -60,6 +72,10 @@
 --   _rp_stage_f(rank, f, fc)   each pipeline rank's factors in the stages-balanced what-if, GPU and CPU
 --   _rp_input(rank, step, pos, ns)   each node's GPU idle waiting for input before it
 --   _rp_sync(rank, step, pos, ns)   each node's GPU idle after host syncs before it
+--   _rp_unseen_k(rank, comm, name, n_ranks, seen, start, end)   each such kernel's wait, from its
+--       start until its transfer began
+--   _rp_unseen_o(rank, start, end, ov)   the part of each such wait compute kernels overlap
+--   _rp_unseen(rank, step, pos, ns)   each node's excess wait for ranks not profiled before it
 --   _rp_sw(scn, rank, gpos, inst, size, t, dur, buffered, w, dc, pre, post, bw, gw)   the same as
 --       each scenario has it, with what a replay round reads of the node (inst numbered; size: its
 --       members; bw: the block the CPU waits in, none in `no host syncs` where it was a sync); a
@@ -204,6 +220,57 @@ SELECT n.rank, n.step, n.pos, sum(least(y.e, n.s) - greatest(y.s, n.s - n.w)) AS
 FROM replay_nodes n JOIN y ON y.rank = n.rank AND y.s < n.s AND y.e > n.s - n.w
 GROUP BY ALL;
 
+-- Collectives whose communicator has members without a report: their kernels, each one's wait
+-- (its length less the transfer, the part no compute kernel overlaps) and its excess over what the
+-- other profiled ranks wait in communicators of the same size and kernel.
+CREATE OR REPLACE TABLE _rp_unseen_k AS
+WITH seen AS (SELECT comm, count(DISTINCT rank) AS n FROM nccl_kernel_comm GROUP BY comm),
+k AS (
+    SELECT o.rank, o.name, o.start, o."end", kc.comm, s.n_ranks, seen.n AS seen, b.msg_bytes
+    FROM gpu_ops o JOIN nccl_kernel_comm kc ON kc.rank = o.rank AND kc.start = o.start
+    JOIN nccl_comm_size s USING (comm) JOIN seen USING (comm) JOIN win w ON w.rank = o.rank
+    LEFT JOIN comm_bytes b ON b.rank = o.rank AND b.start = o.start
+    WHERE o.kind = 'kernel' AND o.is_comm AND NOT is_p2p(o.name) AND s.n_ranks > seen.n
+      AND o.start >= w.w0 AND o.start < w.w1
+)  -- the wait: from the kernel's start until its transfer began
+SELECT rank, comm, name, n_ranks, seen, start,
+       "end" - min("end" - start) OVER (PARTITION BY rank, comm, name, msg_bytes) AS "end"
+FROM k;
+
+CREATE OR REPLACE TABLE _rp_unseen_o AS
+SELECT rank, start, "end", sum(least(d_e, "end") - greatest(d_s, start)) AS ov
+FROM overlapping('compute_islands', '_rp_unseen_k') GROUP BY ALL;
+
+CREATE OR REPLACE TABLE coll_unseen AS
+WITH c AS (
+    SELECT k.rank, k.comm, k.name, any_value(k.n_ranks) AS n_ranks, any_value(k.seen) AS seen, count(*) AS kernels,
+           sum(k."end" - k.start - coalesce(o.ov, 0)) AS wait_ns, any_value(w.w1 - w.w0) AS win_ns
+    FROM _rp_unseen_k k LEFT JOIN _rp_unseen_o o USING (rank, start, "end") JOIN win w ON w.rank = k.rank
+    GROUP BY k.rank, k.comm, k.name
+), r AS (  -- the other ranks' share of their window (leave-one-out: a rank is never its own reference)
+    SELECT a.rank, a.comm, a.name, median(1.0 * b.wait_ns / b.win_ns) AS share
+    FROM c a JOIN c b ON b.n_ranks = a.n_ranks AND b.name = a.name AND b.rank <> a.rank
+    GROUP BY ALL
+)
+SELECT c.rank, c.comm, c.name, c.n_ranks, c.seen, c.kernels, c.wait_ns,
+       CAST(round(r.share * c.win_ns) AS BIGINT) AS ref_ns,
+       CASE WHEN r.share IS NOT NULL THEN greatest(c.wait_ns - CAST(round(r.share * c.win_ns) AS BIGINT), 0) END
+           AS excess_ns
+FROM c LEFT JOIN r USING (rank, comm, name);
+
+-- Each node's share of that excess since the previous node ended (each kernel's wait scaled by
+-- its rank's excess over its wait there), what `ranks not profiled on time` removes.
+CREATE OR REPLACE TABLE _rp_unseen AS
+WITH f AS (
+    SELECT rank, comm, name, 1.0 * excess_ns / wait_ns AS f FROM coll_unseen WHERE excess_ns > 0
+), k AS (
+    SELECT k.rank, k.start, (k."end" - k.start - coalesce(o.ov, 0)) * f.f AS ns
+    FROM _rp_unseen_k k JOIN f USING (rank, comm, name) LEFT JOIN _rp_unseen_o o USING (rank, start, "end")
+)
+SELECT n.rank, n.step, n.pos, least(CAST(round(sum(k.ns)) AS BIGINT), any_value(n.w)) AS ns
+FROM replay_nodes n JOIN k ON k.rank = n.rank AND k.start < n.s AND k.start >= n.s - n.w
+GROUP BY ALL;
+
 -- The what-ifs. A rank's own work at its peers' pace can only move its own arrivals earlier (the
 -- replay is max-plus): what it saves comes from the synchronisations it arrived at last, and from
 -- the steps it ended last. A rank that was never alone the last to start a node's instance nor
@@ -234,6 +301,8 @@ SELECT -2, 'input on time', NULL, true FROM _rp_input HAVING count(*) > 0
 UNION ALL
 SELECT -3, 'no host syncs', NULL, true FROM replay_nodes WHERE bsync HAVING count(*) > 0
 UNION ALL
+SELECT -4, 'ranks not profiled on time', NULL, true FROM _rp_unseen HAVING count(*) > 0
+UNION ALL
 SELECT row_number() OVER (ORDER BY held DESC, ns DESC, rank) AS scn, 'rank ' || rank, rank, held
 FROM cand QUALIFY row_number() OVER (ORDER BY held DESC, ns DESC, rank) <= 32;
 
@@ -241,7 +310,8 @@ FROM cand QUALIFY row_number() OVER (ORDER BY held DESC, ns DESC, rank) <= 32;
 -- no bound where it had none: a launch without a CUDA call, no block between two launches); the
 -- stages balanced; the input on time: the GPU's wait for input out of its own work, and out of
 -- the CPU's time before its launch, where the loop thread waited for the batch; no host syncs: the
--- GPU's idle after them out of its own work, and the CPU not blocked in them. One row a node of
+-- GPU's idle after them out of its own work, and the CPU not blocked in them; the ranks not
+-- profiled on time: the excess wait for them out of its own work. One row a node of
 -- each scenario, with all a replay round reads of it (the node's instance numbered, its members
 -- counted; its block left out where the CPU does not wait in it), so that a round joins one table.
 CREATE OR REPLACE TABLE _rp_sw AS
@@ -250,17 +320,18 @@ WITH inst AS (SELECT inst, row_number() OVER (ORDER BY inst) AS id, count(*) AS 
 -- scenario: a scenario's condition in a join's ON clause would leave the optimizer a nested loop
 -- over every node of every scenario.
 node AS (
-    SELECT p.*, f.f, f.fc, i.ns AS input_ns, y.ns AS sync_ns, n.gpos, n.t, n.dur, n.buffered, n.bw, n.bsync,
+    SELECT p.*, f.f, f.fc, i.ns AS input_ns, y.ns AS sync_ns, u.ns AS unseen_ns, n.gpos, n.t, n.dur, n.buffered, n.bw, n.bsync,
            n.gw, d.id AS inst, d.size
     FROM _rp_peer p JOIN replay_nodes n USING (rank, step, pos) JOIN inst d ON d.inst = n.inst
     LEFT JOIN _rp_stage_f f ON f.rank = p.rank
     LEFT JOIN _rp_input i ON i.rank = p.rank AND i.step = p.step AND i.pos = p.pos
     LEFT JOIN _rp_sync y ON y.rank = p.rank AND y.step = p.step AND y.pos = p.pos
+    LEFT JOIN _rp_unseen u ON u.rank = p.rank AND u.step = p.step AND u.pos = p.pos
 )
 SELECT sc.scn, p.rank, p.gpos, p.inst, p.size, p.t, p.dur, p.buffered,
        CASE WHEN sc.rank = p.rank AND p.w_med < p.w THEN p.w_med WHEN sc.scn = -1 THEN CAST(round(p.w * p.f) AS BIGINT)
             WHEN sc.scn = -2 THEN p.w - coalesce(p.input_ns, 0) WHEN sc.scn = -3 THEN p.w - coalesce(p.sync_ns, 0)
-            ELSE p.w END AS w,
+            WHEN sc.scn = -4 THEN p.w - coalesce(p.unseen_ns, 0) ELSE p.w END AS w,
        CASE WHEN sc.rank = p.rank AND p.dc_med < p.dc THEN p.dc_med WHEN sc.scn = -1 THEN CAST(round(p.dc * p.fc) AS BIGINT)
             WHEN sc.scn = -2 THEN greatest(p.dc - coalesce(p.input_ns, 0), 0) ELSE p.dc END AS dc,
        CASE WHEN sc.rank = p.rank AND p.pre_med < p.pre THEN p.pre_med WHEN sc.scn = -1 THEN CAST(round(p.pre * p.fc) AS BIGINT)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.analyze.model_replay import UNSEEN, Replay, ReplayStep, WhatIf
-from orchestrator.analyze.rules.unprofiled_straggler import RULE, members
+from orchestrator.analyze.rules.unprofiled_straggler import RULE, groups, members
 from tests.rulekit import context, rank
 
 pytestmark = pytest.mark.fast
@@ -20,16 +20,16 @@ TP2DP2 = {**DP2PP2, "tp": 2, "pp": 1, "microbatches": None}
 def test_the_members_not_profiled_are_those_of_the_layouts_groups_of_the_communicators_size() -> None:
     # DP2 x PP2 (stage = rank // 2): rank 0's 2-rank communicators are its stage's data-parallel
     # pair (0, 1) and its pipeline (0, 2), of which rank 2 is profiled.
-    assert members(DP2PP2, 0, 2, {0, 2}) == [1]
-    assert members(DP2PP2, 2, 2, {0, 2}) == [3]
-    assert members(DP2PP2, 0, 4, {0, 2}) == [1, 3]
+    pp, tp = groups(DP2PP2), groups(TP2DP2)
+    assert members(pp, 0, 2, {0, 2}) == [1]
+    assert members(pp, 2, 2, {0, 2}) == [3]
+    assert members(pp, 0, 4, {0, 2}) == [1, 3]
     # TP2 x DP2: rank 0's 2-rank groups are its tensor-parallel pair (0, 1) and its data-parallel
     # pair (0, 2): either may be the communicator, both are named.
-    assert members(TP2DP2, 0, 2, {0}) == [1, 2]
+    assert members(tp, 0, 2, {0}) == [1, 2]
     # No group of that size: every rank without a report; no layout: nobody can be named.
-    assert members(DP2PP2, 0, 3, {0, 2}) == [1, 3]
-    assert members({"known": False}, 0, 2, {0}) == []
-
+    assert members(pp, 0, 3, {0, 2}) == [1, 3]
+    assert groups({"known": False}) is None and members(None, 0, 2, {0}) == []
 
 def _replay(saving_ms: float, error_ms: float = 1.0) -> Replay:
     steps = [ReplayStep(step=i, measured_ms=100.0, replayed_ms=100.0, error_pct=0.0) for i in range(1, 5)]

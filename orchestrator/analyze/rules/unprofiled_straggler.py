@@ -17,6 +17,7 @@ The pipeline bubble's excess these waits make is then this finding's (pipeline_b
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_replay import UNSEEN
@@ -30,25 +31,31 @@ FIX = ("Profile rank(s) {ranks} too (profile.ranks: \"{spec}\", or all) to see w
        "wait, and fix that first: their collectives' waits are all this capture holds of them.")
 
 
-def members(layout: dict, rank: int, size: int, profiled: set[int]) -> list[int]:
-    """The ranks without a report that can be the other members of a communicator of `size`
-    holding `rank`: those of its layout groups of that size (data-parallel in its stage,
-    tensor-parallel, its pipeline, the world) less the profiled ranks; every rank without a
-    report where the layout names no group of that size."""
+def groups(layout: dict) -> Callable[[int], list[list[int]]] | None:
+    """The layout's groups that hold a rank (its stage's data-parallel ranks, its tensor-parallel
+    ranks, its pipeline, the world), placed once for every rank; None without a known layout."""
     world = layout.get("world_size")
     if not layout.get("known") or not isinstance(world, int):
-        return []
+        return None
     lay = Layout(**{k: v for k, v in layout.items() if k in Layout.model_fields})
-    place = {r: lay.place(r) for r in range(world)}
-    me = place[rank]
-    groups = [
-        [r for r, p in place.items() if p["stage"] == me["stage"] and p["tp_index"] == me["tp_index"]],
-        [r for r, p in place.items() if p["stage"] == me["stage"] and p["dp_index"] == me["dp_index"]],
-        [r for r, p in place.items() if p["dp_index"] == me["dp_index"] and p["tp_index"] == me["tp_index"]],
-        list(range(world)),
-    ]
-    fits = {r for g in groups if len(g) == size for r in g} - profiled
-    return sorted(fits if fits else set(range(world)) - profiled)
+    place = [lay.place(r) for r in range(world)]
+    keys = (("stage", "tp_index"), ("stage", "dp_index"), ("dp_index", "tp_index"))
+    by: dict[tuple, list[int]] = defaultdict(list)
+    for r, pl in enumerate(place):
+        for i, k in enumerate(keys):
+            by[(i, *(pl[x] for x in k))].append(r)
+    return lambda rank: [by[(i, *(place[rank][x] for x in k))] for i, k in enumerate(keys)] + [list(range(world))]
+
+
+def members(of: Callable[[int], list[list[int]]] | None, rank: int, size: int, profiled: set[int]) -> list[int]:
+    """The ranks without a report that can be the other members of a communicator of `size`
+    holding `rank`: those of its layout groups of that size (`groups`) less the profiled ranks;
+    every rank without a report where no group has that size; none without a layout."""
+    if of is None:
+        return []
+    held = of(rank)
+    fits = {r for g in held if len(g) == size for r in g} - profiled
+    return sorted(fits if fits else set(held[-1]) - profiled)
 
 
 @dataclass
@@ -68,11 +75,11 @@ class UnprofiledStraggler(Rule):
         profiled = {r.rank for r in ctx.report.ranks}
         late: dict[int, float] = defaultdict(float)  # rank without a report -> the excess it may cause
         waited: dict[int, list[str]] = defaultdict(list)
-        win = ctx.window_ms()
+        win, of = ctx.window_ms(), groups(ctx.report.layout)
         for c in ctx.views.rows("coll_unseen"):
             if c["excess_ns"] is None or not win.get(c["rank"]) or ms(c["excess_ns"]) < self.min_share * win[c["rank"]]:
                 continue
-            who = members(ctx.report.layout, c["rank"], c["n_ranks"], profiled)
+            who = members(of, c["rank"], c["n_ranks"], profiled)
             for r in who:
                 late[r] += c["excess_ns"]
             waited[c["rank"]].append(

@@ -80,13 +80,15 @@ class UnprofiledStraggler(Rule):
             if c["excess_ns"] is None or not win.get(c["rank"]) or ms(c["excess_ns"]) < self.min_share * win[c["rank"]]:
                 continue
             who = members(of, c["rank"], c["n_ranks"], profiled)
+            if not who:  # no layout: which ranks are missing is unknown
+                continue
             for r in who:
                 late[r] += c["excess_ns"]
             waited[c["rank"]].append(
                 f"rank {c['rank']}: {ms(c['wait_ns'])} ms waiting in {c['kernels']} `{c['name']}` of a communicator "
                 f"of {c['n_ranks']} ranks, {c['seen']} of them profiled, where the other profiled ranks wait "
-                f"{ms(c['ref_ns'])} ms in theirs: {ms(c['excess_ns'])} ms more, the lateness of "
-                + (f"rank(s) {ranges(who)}, not profiled" if who else "its members not profiled"))
+                f"{ms(c['ref_ns'])} ms in theirs: {ms(c['excess_ns'])} ms more, the lateness of rank(s) "
+                f"{ranges(who)}, not profiled")
         if not late:
             return []
         ranks = sorted(late)

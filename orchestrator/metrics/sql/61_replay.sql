@@ -74,7 +74,8 @@
 --   _rp_sync(rank, step, pos, ns)   each node's GPU idle after host syncs before it
 --   _rp_unseen_k(rank, comm, name, n_ranks, seen, start, end)   each such kernel's wait, from its
 --       start until its transfer began
---   _rp_unseen_o(rank, start, end, ov)   the part of each such wait compute kernels overlap
+--   _rp_unseen_w(rank, comm, name, n_ranks, seen, start, wait_ns)   each such wait less the part of
+--       it compute kernels overlap
 --   _rp_unseen(rank, step, pos, ns)   each node's excess wait for ranks not profiled before it
 --   _rp_sw(scn, rank, gpos, inst, size, t, dur, buffered, w, dc, pre, post, bw, gw)   the same as
 --       each scenario has it, with what a replay round reads of the node (inst numbered; size: its
@@ -237,16 +238,19 @@ SELECT rank, comm, name, n_ranks, seen, start,
        "end" - min("end" - start) OVER (PARTITION BY rank, comm, name, msg_bytes) AS "end"
 FROM k;
 
-CREATE OR REPLACE TABLE _rp_unseen_o AS
-SELECT rank, start, "end", sum(least(d_e, "end") - greatest(d_s, start)) AS ov
-FROM overlapping('compute_islands', '_rp_unseen_k') GROUP BY ALL;
+CREATE OR REPLACE TABLE _rp_unseen_w AS  -- less the part of it compute kernels overlap
+WITH o AS (
+    SELECT rank, start, "end", sum(least(d_e, "end") - greatest(d_s, start)) AS ov
+    FROM overlapping('compute_islands', '_rp_unseen_k') GROUP BY ALL
+)
+SELECT k.rank, k.comm, k.name, k.n_ranks, k.seen, k.start, k."end" - k.start - coalesce(o.ov, 0) AS wait_ns
+FROM _rp_unseen_k k LEFT JOIN o USING (rank, start, "end");
 
 CREATE OR REPLACE TABLE coll_unseen AS
 WITH c AS (
     SELECT k.rank, k.comm, k.name, any_value(k.n_ranks) AS n_ranks, any_value(k.seen) AS seen, count(*) AS kernels,
-           sum(k."end" - k.start - coalesce(o.ov, 0)) AS wait_ns, any_value(w.w1 - w.w0) AS win_ns
-    FROM _rp_unseen_k k LEFT JOIN _rp_unseen_o o USING (rank, start, "end") JOIN win w ON w.rank = k.rank
-    GROUP BY k.rank, k.comm, k.name
+           sum(k.wait_ns) AS wait_ns, any_value(w.w1 - w.w0) AS win_ns
+    FROM _rp_unseen_w k JOIN win w USING (rank) GROUP BY k.rank, k.comm, k.name
 ), r AS (  -- the other ranks' share of their window (leave-one-out: a rank is never its own reference)
     SELECT a.rank, a.comm, a.name, median(1.0 * b.wait_ns / b.win_ns) AS share
     FROM c a JOIN c b ON b.n_ranks = a.n_ranks AND b.name = a.name AND b.rank <> a.rank
@@ -261,14 +265,10 @@ FROM c LEFT JOIN r USING (rank, comm, name);
 -- Each node's share of that excess since the previous node ended (each kernel's wait scaled by
 -- its rank's excess over its wait there), what `ranks not profiled on time` removes.
 CREATE OR REPLACE TABLE _rp_unseen AS
-WITH f AS (
-    SELECT rank, comm, name, 1.0 * excess_ns / wait_ns AS f FROM coll_unseen WHERE excess_ns > 0
-), k AS (
-    SELECT k.rank, k.start, (k."end" - k.start - coalesce(o.ov, 0)) * f.f AS ns
-    FROM _rp_unseen_k k JOIN f USING (rank, comm, name) LEFT JOIN _rp_unseen_o o USING (rank, start, "end")
-)
-SELECT n.rank, n.step, n.pos, least(CAST(round(sum(k.ns)) AS BIGINT), any_value(n.w)) AS ns
-FROM replay_nodes n JOIN k ON k.rank = n.rank AND k.start < n.s AND k.start >= n.s - n.w
+WITH f AS (SELECT rank, comm, name, 1.0 * excess_ns / wait_ns AS f FROM coll_unseen WHERE excess_ns > 0)
+SELECT n.rank, n.step, n.pos, least(CAST(round(sum(k.wait_ns * f.f)) AS BIGINT), any_value(n.w)) AS ns
+FROM replay_nodes n JOIN _rp_unseen_w k ON k.rank = n.rank AND k.start < n.s AND k.start >= n.s - n.w
+JOIN f ON f.rank = k.rank AND f.comm = k.comm AND f.name = k.name
 GROUP BY ALL;
 
 -- The what-ifs. A rank's own work at its peers' pace can only move its own arrivals earlier (the
@@ -320,8 +320,8 @@ WITH inst AS (SELECT inst, row_number() OVER (ORDER BY inst) AS id, count(*) AS 
 -- scenario: a scenario's condition in a join's ON clause would leave the optimizer a nested loop
 -- over every node of every scenario.
 node AS (
-    SELECT p.*, f.f, f.fc, i.ns AS input_ns, y.ns AS sync_ns, u.ns AS unseen_ns, n.gpos, n.t, n.dur, n.buffered, n.bw, n.bsync,
-           n.gw, d.id AS inst, d.size
+    SELECT p.*, f.f, f.fc, i.ns AS input_ns, y.ns AS sync_ns, u.ns AS unseen_ns, n.gpos, n.t, n.dur, n.buffered,
+           n.bw, n.bsync, n.gw, d.id AS inst, d.size
     FROM _rp_peer p JOIN replay_nodes n USING (rank, step, pos) JOIN inst d ON d.inst = n.inst
     LEFT JOIN _rp_stage_f f ON f.rank = p.rank
     LEFT JOIN _rp_input i ON i.rank = p.rank AND i.step = p.step AND i.pos = p.pos

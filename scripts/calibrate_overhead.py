@@ -10,7 +10,12 @@ The per-call cost is a least-squares fit through the origin over the loops whose
 CPU sets (GPU idle > 30 % of the window): where the GPU is the bottleneck, the added CPU time
 hides behind GPU work and the step does not grow (ResNet: see the residuals).
 
-    python scripts/calibrate_overhead.py [--check]   # --check: exit 1 if the SQL constant drifts
+The estimate's error is the root mean square of each loop's residual (estimate less observed)
+over its per-call term, over every loop: one relative standard deviation, which the report adds
+to what the steps vary by themselves before it calls a saving without the profiler measurable
+(analyze/measurable.py).
+
+    python scripts/calibrate_overhead.py [--check]   # --check: exit 1 if an SQL constant drifts
 """
 
 from __future__ import annotations
@@ -114,6 +119,24 @@ def sql_constant() -> int:
     return int(m.group(1)) if m else -1
 
 
+def sql_error() -> float:
+    m = re.search(r"MACRO overhead_call_err\(\) AS ([0-9.]+)", SQL.read_text())
+    return float(m.group(1)) if m else -1.0
+
+
+def estimate(r: dict) -> tuple[float, float]:
+    """The SQL's estimate per step, ms: profiler time + the call term (the rounded constant,
+    capped by the launch gaps), and that call term."""
+    calls = min(sql_constant() * r["api_per_step"] / 1e6, r["launch_gap_ms_per_step"])
+    return r["profiler_ms_per_step"] + calls, calls
+
+
+def relative_error(data: list[dict]) -> float:
+    """The call term's relative error: the root mean square of residual / call term over every loop."""
+    rel = [(est - r["observed_ms"]) / calls for r in data for est, calls in [estimate(r)] if calls > 0]
+    return (sum(x * x for x in rel) / len(rel)) ** 0.5
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="fail if the SQL module's constant is not the fit's")
@@ -125,17 +148,22 @@ def main() -> int:
           "| without ms (range) | observed +ms | estimated +ms | residual ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in data:
-        # the SQL's estimate: the call term capped by the launch gaps (the rounded constant)
-        est = r["profiler_ms_per_step"] + min(sql_constant() * r["api_per_step"] / 1e6, r["launch_gap_ms_per_step"])
+        est, _ = estimate(r)
         lo, hi = UNPROFILED_RANGE_MS[r["loop"]]
         print(f"| {r['loop']} | {r['api_per_step']:.0f} | {r['launches_per_step']:.0f} "
               f"| {r['launch_gap_ms_per_step']:.2f} | {100 * r['gpu_idle']:.0f} "
               f"| {r['step_ms']:.3f} | {r['unprofiled_ms']:.3f} ({lo:.2f}-{hi:.2f}) | {r['observed_ms']:.2f} "
               f"| {est:.2f} | {est - r['observed_ms']:+.2f} |")
-    have = sql_constant()
-    print(f"SQL constant overhead_call_ns(): {have}")
-    if args.check and abs(have - round(a, -2)) > 100:
-        print(f"drift: the fit gives {round(a, -2):.0f}", file=sys.stderr)
+    have, err, have_err = sql_constant(), relative_error(data), sql_error()
+    print(f"the call term's relative error (root mean square of residual / call term, {len(data)} loops): {err:.2f}")
+    print(f"SQL constants overhead_call_ns(): {have}, overhead_call_err(): {have_err}")
+    drift = []
+    if abs(have - round(a, -2)) > 100:
+        drift.append(f"the fit gives {round(a, -2):.0f} ns a call")
+    if abs(have_err - round(err, 2)) > 0.01:
+        drift.append(f"the residuals give a relative error of {err:.2f}")
+    if args.check and drift:
+        print("drift: " + "; ".join(drift), file=sys.stderr)
         return 1
     return 0
 

@@ -168,3 +168,15 @@ def test_no_header_when_overhead_is_small(ddp: Path) -> None:
     assert "capture overhead" not in _terminal(report)
     assert 'id="capture-overhead"' not in render_html(report)
     assert all("nsys' own" not in e for f in report.findings for e in f.evidence)
+
+
+def test_the_sql_constants_are_the_calibrations() -> None:
+    """scripts/calibrate_overhead.py refits the per-call cost and its relative error from the
+    modern captures with plain sqlite3 and fails when the SQL module's constants drift from them."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "calibrate_overhead.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "overhead_call_ns(): 7600, overhead_call_err(): 0.56" in done.stdout

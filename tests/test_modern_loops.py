@@ -167,6 +167,22 @@ def test_graph_loop_gets_graph_advice(reports, capture: str) -> None:
     assert ("graph" in origins) == (capture == "gpt_compile_ro_graphtrace")
 
 
+@pytest.mark.parametrize("capture", GRAPHS)
+def test_a_healthy_graph_loop_idle_within_the_profilers_estimate_is_info(reports, capture: str) -> None:
+    """Both traces of the healthy compiled loop: what is left of the GPU's idle between replays
+    after nsys' estimated per-call cost is smaller than that estimate's own error (its
+    calibration's: 0.56 of the call term, scripts/calibrate_overhead.py) together with the steps'
+    variation, so the finding is `info` and says why first."""
+    rep = reports[capture]
+    (f,) = [f for f in rep.findings if f.kind == "cuda_graphs"]
+    (o,) = rep.capture_overhead.ranks
+    removed = f.cost_ms - f.unprofiled_ms
+    assert f.unprofiled_err_ms == pytest.approx(0.56 * (o.est_ms - o.profiler_ms) * min(1.0, removed / o.est_ms),
+                                                abs=0.002)
+    assert f.severity == "info" and f.unprofiled_ms < 2 * f.unprofiled_err_ms
+    assert f"an estimate with a standard error of {f.unprofiled_err_ms} ms" in f.evidence[0], f.evidence[0]
+
+
 def test_node_trace_kernels_belong_to_their_launch(stores, truth) -> None:
     """With node tracing every graph kernel belongs to the cudaGraphLaunch that replayed it
     (same correlation id), hence to a step."""
@@ -226,10 +242,11 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
     assert RULE.evaluate(context([rank(0)], {"graph_usage": [row | {"rank": 3}]})) == []
     # nsys' estimated per-call cost (12 ms) is the profiler's share of the 20 ms idle: the saving
     # stays this capture's 20 ms, the severity is the 8 ms left without the profiler.
-    over = {"rank": 0, "est_ns": 12_000_000, "api_calls": 1500}
+    over = {"rank": 0, "est_ns": 12_000_000, "est_err_ns": 6_720_000, "api_calls": 1500}
     (g,) = RULE.evaluate(context([rank(0, window_ms=100.0, gpu_busy_ms=80.0)],
                                  {"graph_usage": [row], "capture_overhead": [over]}))
     assert g.cost_ms == 20.0 and g.severity == "medium" and g.unprofiled_ms == 8.0 and f.unprofiled_ms is None
+    assert g.unprofiled_err_ms == 6.72 and f.unprofiled_err_ms is None
     assert cost(g) == "fixing it saves ~20.0 ms, 20% of the steps' time (about 8.0 ms without the profiler)"
     assert ("rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls): "
             "without the profiler the GPU idles about 8.0 ms") in g.evidence

@@ -222,8 +222,9 @@ def test_launch_bound() -> None:
     # nsys's estimated per-call cost explains 4 of the 15 ms: said, with what the fix saves
     # without the profiler; the saving is this capture's (its twin with the fix loses the calls'
     # nsys cost too), the severity the 11 ms left (11 % of the window: medium, not the 15 %'s).
-    tables["capture_overhead"] = [{"rank": 0, "est_ns": 4_000_000, "api_calls": 520}]
+    tables["capture_overhead"] = [{"rank": 0, "est_ns": 4_000_000, "est_err_ns": 2_240_000, "api_calls": 520}]
     (t,) = _run("launch_bound", context([rank(0)], tables))
+    assert (t.unprofiled_ms, t.unprofiled_err_ms, f.unprofiled_err_ms) == (11.0, 2.24, None)
     assert t.evidence[1].startswith("rank 0: ≈ 4.0 ms of those gaps is nsys' own per-call cost")
     assert t.evidence[2] == "without the profiler the fix saves about 11.0 ms (the gaps less nsys' estimated share)"
     assert t.cost_ms == 15.0 and t.title == f.title and t.severity == "medium"
@@ -760,18 +761,24 @@ def _found_with(monkeypatch, found: list[Finding], steps: list[StepRow]) -> list
 EIGHT = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
 
 
-@pytest.mark.parametrize(("saving", "unprofiled", "pct", "kept"), [
-    (1.5, None, 3.0, "info"),    # low, under the 1.779 ms the steps' variation hides
-    (2.0, None, 3.0, "low"),     # low, above it
-    (30.0, 1.5, 3.0, "info"),    # the saving without the profiler is what is measured
-    (1.5, None, 8.0, "medium"),  # medium and above: never tested (the cause makes the steps vary)
+@pytest.mark.parametrize(("saving", "unprofiled", "err", "pct", "kept", "floor"), [
+    (1.5, None, None, 3.0, "info", 1.779),  # low, under the 1.779 ms the steps' variation hides
+    (2.0, None, None, 3.0, "low", 1.779),   # low, above it
+    (30.0, 1.5, None, 3.0, "info", 1.779),  # the saving without the profiler is what is measured
+    # ... an estimate: its error adds in quadrature, 2 * sqrt((1.779 / 2)^2 + 1^2) = 2.677 ms
+    (30.0, 2.0, 1.0, 3.0, "info", 2.677),
+    (30.0, 2.7, 1.0, 3.0, "low", 2.677),
+    (1.5, None, None, 8.0, "medium", 1.779),  # medium and above: never tested (the cause makes the steps vary)
 ])
-def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving, unprofiled, pct, kept) -> None:
-    small = finding("small", [0], "a small cause", ["seen"], "fix it", saving, pct=pct, unprofiled_ms=unprofiled)
+def test_a_low_saving_within_the_steps_own_variation_is_info(monkeypatch, saving, unprofiled, err, pct, kept,
+                                                              floor) -> None:
+    small = finding("small", [0], "a small cause", ["seen"], "fix it", saving, pct=pct, unprofiled_ms=unprofiled,
+                    unprofiled_err_ms=err)
     (f,) = _found_with(monkeypatch, [small], _steps(EIGHT))
     assert f.severity == kept
-    said = "a before/after measurement of 8 steps each tells apart 1.779 ms or more, so it is `info`"
+    said = f"a before/after measurement of 8 steps each tells apart {floor} ms or more, so it is `info`"
     assert f.evidence[0].endswith(said) if kept == "info" else f.evidence == ["seen"]
+    assert ("standard error of 1.0 ms" in f.evidence[0]) == (kept == "info" and err is not None)
     # Fewer than 4 complete steps have no spread to measure a small saving against: low is info
     # (the reason says so), medium and above stand.
     (f,) = _found_with(monkeypatch, [small], _steps(EIGHT[:3]))

@@ -16,6 +16,11 @@ step ends with its range, not at a next step's start, and is no sample of the lo
 n is every analysed step, as the findings' savings count them. Under MIN_STEPS complete steps
 there is no spread, and a measurement of so few steps tells apart no small saving: such a low
 finding is info as well (a capture without steps has no loop to measure, and is not tested).
+
+A saving estimated without the profiler (the capture's idle less nsys' estimated per-call cost)
+carries that estimate's error too (its calibration's: capture_overhead's est_err_ns). It adds to
+the measurement's in quadrature: the summed saving must be at least
+2 * sqrt(2 * n * sigma^2 + err^2), or the finding is info.
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ class StepNoise:
 
     @property
     def floor_ms(self) -> float:
-        return math.inf if self.sigma_ms is None else Z * self.sigma_ms * math.sqrt(2 * self.steps)
+        return self.floor_with(0.0)
+
+    def floor_with(self, err_ms: float) -> float:
+        """The smallest summed saving told apart, where the saving itself is an estimate with
+        standard error `err_ms` (0: measured)."""
+        if self.sigma_ms is None:
+            return math.inf
+        return Z * math.sqrt(2 * self.steps * self.sigma_ms ** 2 + err_ms ** 2)
 
 
 def analysed_steps(report: Report) -> list[StepRow]:
@@ -146,7 +158,9 @@ def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     """`f` as it is, or at `info` with the reason where it is `low` by the time it costs and its
     saving (without the profiler where the rule estimated that) is within the steps' own variation."""
     saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
-    if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= noise.floor_ms:
+    err = f.unprofiled_err_ms or 0.0
+    floor = noise.floor_with(err) if noise is not None else math.inf
+    if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= floor:
         return f
     # The reason first: the terminal shows a finding's first lines.
     said = f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''}"
@@ -155,7 +169,10 @@ def measurable(f: Finding, noise: StepNoise | None) -> Finding:
                f"{MIN_STEPS} a spread needs, no before/after measurement of so few steps could tell it from "
                "what they vary by themselves, so it is `info`")
     else:
-        why = (f"{said} over the {noise.steps} analysed steps is less than they vary by themselves (sigma "
-               f"{round(noise.sigma_ms, 3)} ms a step): a before/after measurement of {noise.steps} steps each "
-               f"tells apart {round(noise.floor_ms, 3)} ms or more, so it is `info`")
+        within = (f", an estimate with a standard error of {round(err, 3)} ms (nsys' cost taken off it, from its "
+                  "calibration), is within that error and what the steps vary by themselves" if err else
+                  " is less than they vary by themselves")
+        why = (f"{said} over the {noise.steps} analysed steps{within} (sigma {round(noise.sigma_ms, 3)} ms a step): "
+               f"a before/after measurement of {noise.steps} steps each tells apart {round(floor, 3)} ms or more, "
+               "so it is `info`")
     return f.model_copy(update={"severity": "info", "evidence": [why, *f.evidence]})

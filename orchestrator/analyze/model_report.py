@@ -178,6 +178,10 @@ class Finding(Strict):
                                         "estimated: cost_ms less nsys' own per-call cost in it (capture_overhead), "
                                         "where the cost is GPU idle that traced CUDA calls lengthen; the severity "
                                         "follows it; none where the capture's saving is the fix's")
+    unprofiled_err_ms: float | None = Field(None, description="the standard error of unprofiled_ms: nsys' "
+                                            "estimated cost's error from its calibration (capture_overhead "
+                                            "est_err_ns); a low finding's saving must exceed it together with "
+                                            "the steps' own variation to be more than info")
 
 
 class Window(Strict):

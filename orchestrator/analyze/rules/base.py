@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 from orchestrator.analyze.model_report import Finding, Report, Severity
+from orchestrator.analyze.units import ms
 from orchestrator.metrics.engine import CALL_GAP, Options, Views
 
 # NVTX range names that are the input pipeline in real code.
@@ -211,6 +212,14 @@ def launch_gaps(ctx: Context, churning: set[int]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def overhead_error_ms(row: dict[str, Any], removed_ms: float) -> float:
+    """The standard error of `removed_ms` of nsys' estimated cost taken off a rank's idle (its
+    `capture_overhead` row): the call term's calibrated error, in proportion where less than the
+    whole estimate was taken off (the idle caps it)."""
+    est = ms(row["est_ns"])
+    return ms(row["est_err_ns"]) * min(1.0, removed_ms / est) if est > 0 else 0.0
+
+
 def worst_first(by_rank: dict[int, T], cost: Callable[[T], float] = float) -> list[tuple[int, T]]:
     """(rank, value) pairs by `cost(value)`, the highest first (ties: the lower rank): per-rank
     evidence is listed in this order, since a large job's terminal and HTML show a finding's
@@ -229,14 +238,17 @@ def severity_for(pct_of_window: float) -> Severity:
 
 def finding(kind: str, ranks: Iterable[int], title: str, evidence: list[str], fix: str, cost_ms: float,
             *, pct: float | None = None, severity: Severity | None = None,
-            victims: Iterable[int] = (), unprofiled_ms: float | None = None) -> Finding:
+            victims: Iterable[int] = (), unprofiled_ms: float | None = None,
+            unprofiled_err_ms: float | None = None) -> Finding:
     """The one way a rule makes a finding: severity from `pct` (of the window) unless given."""
     if severity is None:
         severity = severity_for(pct or 0.0)
     return Finding(kind=kind, severity=severity, ranks=sorted(set(ranks)), title=title, evidence=evidence,
                    fix=fix, cost_ms=round(cost_ms, 3), cost_pct=None if pct is None else round(pct, 2),
                    victims=sorted(set(victims)),
-                   unprofiled_ms=None if unprofiled_ms is None else round(unprofiled_ms, 3))
+                   unprofiled_ms=None if unprofiled_ms is None else round(unprofiled_ms, 3),
+                   unprofiled_err_ms=None if unprofiled_ms is None or unprofiled_err_ms is None
+                   else round(unprofiled_err_ms, 3))
 
 
 class DeclaredViews(Views):

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
-from orchestrator.analyze.rules.base import Context, Rule, finding, graph_eager_steps, one_offs, severity_for
+from orchestrator.analyze.rules.base import (
+    Context,
+    Rule,
+    finding,
+    graph_eager_steps,
+    one_offs,
+    overhead_error_ms,
+    severity_for,
+)
 from orchestrator.analyze.units import ms
 
 FIX = ("The loop already replays CUDA graphs; the GPU idles on what still runs outside them. Capture more of "
@@ -94,7 +102,8 @@ class CudaGraphs(Rule):
             self.kind, [r["rank"] for r in rows], title,
             evidence, SHAPES_FIX if recording else FIX, idle[worst], pct=100 * idle[worst] / win[worst],
             severity=severity_for(max(100 * (idle[rk] - nsys.get(rk, 0.0)) / win[rk] for rk in idle)),
-            unprofiled_ms=idle[worst] - nsys[worst] if nsys.get(worst) else None)]
+            unprofiled_ms=idle[worst] - nsys[worst] if nsys.get(worst) else None,
+            unprofiled_err_ms=overhead_error_ms(over[worst], nsys[worst]) if nsys.get(worst) else None)]
 
 
 RULE = CudaGraphs()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
-from orchestrator.analyze.rules.base import Context, Rule, finding, launch_gaps, severity_for
+from orchestrator.analyze.rules.base import Context, Rule, finding, launch_gaps, overhead_error_ms, severity_for
 from orchestrator.analyze.units import ms
 
 FIX = ("The GPU waits on kernel launches: capture steady-state steps with CUDA graphs "
@@ -92,7 +92,8 @@ class LaunchBound(Rule):
         # shows: the fix removes nsys' per-call cost with the calls); the severity is the loop's
         # own share, what is left without the profiler.
         gaps = {rk: ms(small[rk]["ns"]) for rk in real}
-        unprofiled = max(ms(own[rk]) for rk in real)
+        mine = max(real, key=lambda rk: own[rk])
+        unprofiled = ms(own[mine])
         if unprofiled < max(gaps.values()):
             evidence.append(f"without the profiler the fix saves about {unprofiled} ms (the gaps less nsys' "
                             "estimated share)")
@@ -105,7 +106,8 @@ class LaunchBound(Rule):
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
             FIX_GRAPHS if graphs else FIX, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
             severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)),
-            unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None)]
+            unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None,
+            unprofiled_err_ms=overhead_error_ms(over[mine], ms(nsys[mine])) if nsys.get(mine) else None)]
 
     def _same_loop(self, hit: list[tuple[int, dict, dict]], real: list[int]) -> list[tuple[int, int, dict]]:
         """(rank, the launch-bound rank it matches, its kernel_stats row) for each rank of `hit`

@@ -8,19 +8,24 @@
 -- +-4 ms per 10-20 ms eager step). Launches are not a term of their own: in every loop they
 -- are about half the calls, so the fit cannot tell them apart. The added CPU time only
 -- lengthens the window where the GPU waited on the CPU, so the call term is capped by the
--- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it.
+-- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it. The call term's error is
+-- the calibration's too: the root mean square of each calibration loop's residual over its call
+-- term, one relative standard deviation (about half the term).
 -- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref, map_ranks, map_todo, map_capture_api.
 -- Provides:
 --   overhead_call_ns()  nsys's cost per traced CUDA call, ns (the calibrated constant)
+--   overhead_call_err()  the relative standard error of the call term (the calibration's residuals)
 --   capture_api(rank INTEGER, api_calls BIGINT, launches BIGINT)  per rank, the CUDA calls starting in its
 --       window and the kernel and graph launches among them (the map's for map_ranks)
---   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, share,
---       distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
+--   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, est_err_ns,
+--       share, distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
 --       api_calls = CUDA calls starting in it (any thread), launches = the kernel and graph
 --       launches among them; est_ns = profiler_ns + least(api_calls * overhead_call_ns(),
---       launch_gap_ns); share = est_ns / window_ns; distorted: share > 5 %, or above 3x the
+--       launch_gap_ns); est_err_ns = that call term x overhead_call_err() (the profiler time is
+--       measured); share = est_ns / window_ns; distorted: share > 5 %, or above 3x the
 --       other ranks' median share (and above 2 %; past 16 ranks the median of all: loo_ref)
 CREATE OR REPLACE MACRO overhead_call_ns() AS 7600;
+CREATE OR REPLACE MACRO overhead_call_err() AS 0.56::DOUBLE;
 
 CREATE OR REPLACE TABLE capture_api AS
 SELECT w.rank, count(*) AS api_calls,
@@ -49,6 +54,7 @@ WITH prof AS (
     SELECT *, est_ns / window_ns AS share FROM est
 ), x AS (SELECT rank, 'share' AS key, share AS x FROM shared),
 others AS (SELECT rank, ref_med AS others_share FROM loo_ref('x'))
-SELECT s.rank, s.window_ns, s.profiler_ns, s.api_calls, s.launches, s.launch_gap_ns, s.est_ns, s.share,
+SELECT s.rank, s.window_ns, s.profiler_ns, s.api_calls, s.launches, s.launch_gap_ns, s.est_ns,
+       (s.est_ns - s.profiler_ns) * overhead_call_err() AS est_err_ns, s.share,
        (s.share > 0.05 OR (s.share > 0.02 AND s.share > 3 * coalesce(o.others_share, 1))) AS distorted
 FROM shared s LEFT JOIN others o USING (rank);

@@ -158,6 +158,14 @@ def test_launch_gaps_the_profiler_explains_get_no_cuda_graph_advice(modern: dict
                                                      "JOIN capture_overhead o USING (rank)")
     assert row["gaps"] - row["est_ns"] < 0.1 * row["window_ns"]  # what is left would not have fired the rule
     assert any(f.kind == "pageable_memcpy" for f in report.findings)
+    # What the unprofiled timing is to be held to: the GPU's work a step, as plain sqlite3 has it
+    # over the steady steps (truth.json: steps 5..N; orch's window is every step after the first).
+    (line,) = [e for e in lb.evidence if "its GPU works" in e]
+    truth = json.loads((MODERN / "truth.json").read_text())
+    (steady,) = [t["steady"] for name, t in truth.items() if name.startswith("resnet18_pageable_nvtx_r0_")]
+    assert float(line.split("its GPU works ")[1].split(" ms")[0]) == pytest.approx(steady["gpu_busy_ms_per_step"],
+                                                                                  rel=0.05)
+    assert "standard error" in next(e for e in lb.evidence if "nsys' own per-call cost" in e)
 
 
 def test_no_header_when_overhead_is_small(ddp: Path) -> None:

@@ -231,15 +231,15 @@ def test_launch_bound() -> None:
     assert "capture steady-state steps with CUDA graphs" in f.fix
     # 12 of the 15 ms: the 3 ms left are under 10 % of the 100 ms window. Not the loop's doing:
     # an info finding that says so and asks for an unprofiled timing, never CUDA graphs.
-    tables["capture_overhead"] = [{"rank": 0, "est_ns": 12_000_000, "api_calls": 1600}]
+    tables["capture_overhead"] = [{"rank": 0, "est_ns": 12_000_000, "est_err_ns": 6_720_000, "api_calls": 1600}]
     (p,) = _run("launch_bound", context([rank(0)], tables))
     assert p.title == "launch gaps within what the profiler itself added" and p.severity == "info"
     assert p.cost_ms == 0.0 and "CUDA graphs" not in p.fix.split(".")[0] and "without nsys" in p.fix
     # Two ranks, one explained by nsys and one not: the finding names the other, with its cost.
     two = {"kernel_stats": [{"rank": r, "n": 2000, "median_ns": 8000, "n_steps": 4} for r in (0, 1)],
            "small_gaps": [{"rank": r, "n": 1990, "ns": 15_000_000} for r in (0, 1)], "graph_usage": [{"rank": 5}],
-           "capture_overhead": [{"rank": 0, "est_ns": 12_000_000, "api_calls": 1600},
-                                {"rank": 1, "est_ns": 1_000_000, "api_calls": 130}]}
+           "capture_overhead": [{"rank": 0, "est_ns": 12_000_000, "est_err_ns": 6_720_000, "api_calls": 1600},
+                                {"rank": 1, "est_ns": 1_000_000, "est_err_ns": 560_000, "api_calls": 130}]}
     (m,) = _run("launch_bound", context([rank(0), rank(1)], two))
     assert m.ranks == [1] and m.cost_ms == 15.0 and "capture steady-state steps with CUDA graphs" in m.fix
     assert m.evidence[-1].startswith("rank(s) 0: the gaps left after nsys' share are under 10 % of the window")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.analyze.measurable import analysed_steps
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.allocator_churn import RULE as ALLOCATOR
 from orchestrator.analyze.rules.base import Context, Rule, finding, launch_gaps, overhead_error_ms, severity_for
@@ -18,9 +19,9 @@ FIX_GRAPHS = ("The GPU waits on the kernels launched outside the CUDA graphs thi
               "eager ops (torch.compile), or grow the per-kernel work (batch size).")
 # Every rank's launch gaps are within nsys' estimated per-call cost.
 FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in this capture are within what "
-                "tracing every CUDA call added. Time a few steps without nsys (the loop's own step timer) "
-                "before acting; adopt CUDA graphs or torch.compile only if the unprofiled step is still "
-                "longer than its GPU work.")
+                "tracing every CUDA call added, by its estimate. Time a few steps without nsys (the loop's own "
+                "step timer) before acting; adopt CUDA graphs or torch.compile only if the unprofiled step is "
+                "still longer than its GPU work a step (above).")
 
 
 @dataclass
@@ -74,11 +75,12 @@ class LaunchBound(Rule):
                        "and frees fill: the allocator churn finding's)" if rk in alloc else "")
                     for rk, k, sg in hit]
         evidence += [f"rank {rk}: ≈ {ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
-                     f"{over[rk]['api_calls']} traced CUDA calls): without the profiler the loop is less "
-                     f"launch-bound than it looks here" for rk, ns in sorted(nsys.items())]
+                     f"{over[rk]['api_calls']} traced CUDA calls; standard error "
+                     f"{round(overhead_error_ms(over[rk], ms(ns)), 3)} ms, the estimate's calibration): without "
+                     "the profiler the loop is less launch-bound than it looks here" for rk, ns in sorted(nsys.items())]
         if not real:
-            return [finding(self.kind, own, "launch gaps within what the profiler itself added", evidence,
-                            FIX_PROFILER, 0.0, severity="info")]
+            return [finding(self.kind, own, "launch gaps within what the profiler itself added",
+                            evidence + self._gpu_work(ctx, sorted(own)), FIX_PROFILER, 0.0, severity="info")]
         wait = {r.rank: r.exposed_wait_ms for r in ctx.report.ranks}
         same = [(rk, of, k) for rk, of, k in self._same_loop(hit, real)
                 if self._many_gaps(wait.get(rk, 0.0) * 1e6, win[rk])]
@@ -108,6 +110,17 @@ class LaunchBound(Rule):
             severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)),
             unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None,
             unprofiled_err_ms=overhead_error_ms(over[mine], ms(nsys[mine])) if nsys.get(mine) else None)]
+
+    @staticmethod
+    def _gpu_work(ctx: Context, ranks: list[int]) -> list[str]:
+        """What an unprofiled step timing is held to: each rank's GPU work a step."""
+        n = len(analysed_steps(ctx.report))
+        if not n:
+            return []
+        return [f"rank {r.rank}: its GPU works {round(r.gpu_busy_ms / n, 3)} ms a step ({r.gpu_busy_ms} ms over "
+                f"{n} analysed steps), and its median step takes {r.median_step_ms} ms under nsys: a step timed "
+                f"without nsys longer than {round(r.gpu_busy_ms / n, 3)} ms is the loop's own launch or CPU time"
+                for r in ctx.report.ranks if r.rank in ranks and r.median_step_ms]
 
     def _same_loop(self, hit: list[tuple[int, dict, dict]], real: list[int]) -> list[tuple[int, int, dict]]:
         """(rank, the launch-bound rank it matches, its kernel_stats row) for each rank of `hit`

@@ -139,7 +139,7 @@ def relative_error(data: list[dict]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="fail if the SQL module's constant is not the fit's")
+    ap.add_argument("--check", action="store_true", help="fail if the SQL module's constants are not the fit's")
     args = ap.parse_args()
     data = rows()
     a = fit(data)

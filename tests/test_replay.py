@@ -41,19 +41,22 @@ def _truth(case: str) -> dict:
     return json.loads((FIXTURES / "truth" / f"{case}.json").read_text())
 
 
+def _report(exports: list[Path], layout: str | None, tmp: Path) -> Report:
+    """orch's report of these compressed exports, decompressed into `tmp`, with this layout."""
+    (tmp / "in").mkdir()
+    for src in exports:
+        opener = lzma.open if src.suffix == ".xz" else gzip.open
+        with opener(src) as fi, open(tmp / "in" / src.stem, "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+    return build_report(collect([tmp / "in"], tmp / "run", layout=Layout.parse(layout), workers=1).store, Options())
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
     out = {}
     for case in PLANTED + HEALTHY:
-        spec, tmp = _truth(case)["input"], tmp_path_factory.mktemp(case)
-        (tmp / "in").mkdir()
-        for name in spec["exports"]:
-            src = FIXTURES / name
-            opener = lzma.open if src.suffix == ".xz" else gzip.open
-            with opener(src) as fi, open(tmp / "in" / src.stem, "wb") as fo:
-                shutil.copyfileobj(fi, fo)
-        store = collect([tmp / "in"], tmp / "run", layout=Layout.parse(spec.get("layout")), workers=1).store
-        out[case] = build_report(store, Options())
+        spec = _truth(case)["input"]
+        out[case] = _report([FIXTURES / n for n in spec["exports"]], spec.get("layout"), tmp_path_factory.mktemp(case))
     return out
 
 
@@ -178,13 +181,9 @@ SUBSETS = [("pp4-slow-loader", (0, 2)), ("pp4-uneven", (0, 2)), ("pp4-uneven", (
 
 def _profiled_only(pair: str, kept: tuple[int, ...], tmp: Path) -> Report:
     """The report of pairs/`pair` with only the exports of ranks `kept`, its layout known."""
-    (tmp / "in").mkdir()
-    for src in sorted((FIXTURES / "pairs" / pair / "exports").glob("*.sqlite.gz")):
-        if int(src.name.split("_r")[1].split("_")[0]) in kept:
-            with gzip.open(src) as fi, open(tmp / "in" / src.stem, "wb") as fo:
-                shutil.copyfileobj(fi, fo)
-    layout = Layout.parse("pp=2,dp=2,microbatches=4")
-    return build_report(collect([tmp / "in"], tmp / "run", layout=layout, workers=1).store, Options())
+    exports = [src for src in sorted((FIXTURES / "pairs" / pair / "exports").glob("*.sqlite.gz"))
+               if int(src.name.split("_r")[1].split("_")[0]) in kept]
+    return _report(exports, "pp=2,dp=2,microbatches=4", tmp)
 
 
 @pytest.mark.parametrize(("pair", "kept"), SUBSETS)

@@ -131,26 +131,29 @@ class PipelineBubble(Rule):
                             pct=max(balanced.saving_pct, 0.0), severity="info" if info else None)]
         held = next((f for f in ctx.findings if f.kind == "unprofiled_straggler" and f.severity != "info"), None)
         if unprofiled and held:
-            left = max(cost - held.cost_ms, 0.0)
-            evidence.append(f"rank(s) {ranges(held.ranks)}, not profiled, hold up the profiled ranks in their "
-                            f"collectives: that finding costs what having them on time saves, {held.cost_ms} ms, "
-                            "this excess included"
-                            + (f"; {round(left, 3)} ms of the excess is beyond it" if left else ""))
-            fix = HELD_FIX.format(ranks=ranges(held.ranks)) + " " + FIX
-            return [finding(self.kind, ranks, title, evidence, fix, left,
-                            pct=round(lost * left / cost, 2) if cost else 0.0, severity=None if left else "info")]
+            claim = (f"rank(s) {ranges(held.ranks)}, not profiled, hold up the profiled ranks in their collectives: "
+                     f"that finding costs what having them on time saves, {held.cost_ms} ms, this excess included")
+            return self._counted(claim, max(cost - held.cost_ms, 0.0), cost, lost, ranks, title, evidence,
+                                 HELD_FIX.format(ranks=ranges(held.ranks)) + " " + FIX)
         claimed = self._claimed(ctx, root[0]) if root and theory is not None else None
         if claimed is None:
             return [finding(self.kind, ranks, title, evidence, fix, cost, pct=lost)]
         replayed = ctx.report.what_if(root[0]) is not None
-        left = 0.0 if replayed else max(cost - claimed.cost_ms, 0.0)
-        evidence.append(f"rank {root[0]}'s straggler finding ({claimed.severity}) costs what the steps would lose "
-                        f"with it at its peers' pace, {claimed.cost_ms} ms, this excess included"
-                        + (" (the replay's what-if: it measures what fixing the root saves, which this share of the "
-                           "window only estimates)" if replayed else "")
-                        + (f"; {round(left, 3)} ms of the excess is beyond it" if left else ": it is counted there"))
+        claim = (f"rank {root[0]}'s straggler finding ({claimed.severity}) costs what the steps would lose with it at "
+                 f"its peers' pace, {claimed.cost_ms} ms, this excess included"
+                 + (" (the replay's what-if: it measures what fixing the root saves, which this share of the window "
+                    "only estimates)" if replayed else ""))
+        return self._counted(claim, 0.0 if replayed else max(cost - claimed.cost_ms, 0.0), cost, lost, ranks, title,
+                             evidence, fix)
+
+    def _counted(self, claim: str, left: float, cost: float, lost: float, ranks: list[int], title: str,
+                 evidence: list[str], fix: str) -> list[Finding]:
+        """The bubble where another finding (`claim` says which) costs its excess: only the
+        `left` ms beyond that finding's, at the excess's share of the window for them; info when
+        nothing is left, so one delay is counted once."""
+        beyond = f"; {round(left, 3)} ms of the excess is beyond it" if left else ": it is counted there"
         pct = round(lost * left / cost, 2) if cost else 0.0
-        return [finding(self.kind, ranks, title, evidence, fix, left, pct=pct,
+        return [finding(self.kind, ranks, title, [*evidence, claim + beyond], fix, left, pct=pct,
                         severity=None if left else "info")]
 
     @staticmethod

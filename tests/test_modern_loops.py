@@ -247,7 +247,7 @@ def test_cuda_graphs_rule_on_small_tables() -> None:
                                  {"graph_usage": [row], "capture_overhead": [over]}))
     assert g.cost_ms == 20.0 and g.severity == "medium" and g.unprofiled_ms == 8.0 and f.unprofiled_ms is None
     assert g.unprofiled_err_ms == 6.72 and f.unprofiled_err_ms is None
-    assert cost(g) == "fixing it saves ~20.0 ms, 20% of the steps' time (about 8.0 ms without the profiler)"
+    assert cost(g) == "fixing it saves ~20.0 ms, 20% of the steps' time (about 8.0 ± 6.7 ms without the profiler)"
     assert ("rank 0: ≈ 12.0 ms of that idle is nsys' own per-call cost (estimated from 1500 traced CUDA calls): "
             "without the profiler the GPU idles about 8.0 ms") in g.evidence
     # The step that recorded the graphs (a one-off: 30 ms against a median 5 ms) idled 6 ms of the rest.

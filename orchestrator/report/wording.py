@@ -56,7 +56,8 @@ def cost(f: Finding) -> str:
     if f.cost_ms <= 0:
         return ""
     share = f", {f.cost_pct:g}% of the steps' time" if f.cost_pct is not None else ""
-    bare = f" (about {f.unprofiled_ms:,.1f} ms without the profiler)" if f.unprofiled_ms is not None else ""
+    err = f" ± {f.unprofiled_err_ms:,.1f}" if f.unprofiled_err_ms else ""  # nsys' estimate's standard error
+    bare = f" (about {f.unprofiled_ms:,.1f}{err} ms without the profiler)" if f.unprofiled_ms is not None else ""
     return f"fixing it saves ~{f.cost_ms:,.1f} ms{share}{bare}"
 
 

@@ -123,16 +123,21 @@ def test_header_and_tempered_launch_bound_on_eager(eager: Report, modern: dict[s
     assert 'id="capture-overhead"' in render_html(eager)
     (lb,) = [f for f in eager.findings if f.kind == "launch_bound"]
     assert any("nsys' own per-call cost" in e for e in lb.evidence)
-    (row,) = _rows(modern["gpt_eager_nvtx"], "SELECT g.ns AS gaps, o.est_ns FROM small_gaps g "
+    (row,) = _rows(modern["gpt_eager_nvtx"], "SELECT g.ns AS gaps, o.est_ns, o.profiler_ns FROM small_gaps g "
                                              "JOIN capture_overhead o USING (rank)")
     # The saving is this capture's gaps (its twin with the fix sheds their nsys cost too); what
     # is left without the profiler, the loop's own part, is said and sets the severity.
     assert lb.cost_ms == pytest.approx(row["gaps"] / 1e6, abs=1e-3)
     own = round((row["gaps"] - row["est_ns"]) / 1e6, 3)
     assert f"without the profiler the fix saves about {own} ms (the gaps less nsys' estimated share)" in lb.evidence
-    # ... and beside the saving, wherever it is shown (the terminal's and the HTML's cost).
+    # ... and beside the saving, wherever it is shown (the terminal's and the HTML's cost), with
+    # the standard error of nsys' share: the calibration's 0.56 of its call term (the estimate
+    # less the profiler's own measured time), all of it taken off here.
     assert lb.unprofiled_ms == own
-    said = f"fixing it saves ~{lb.cost_ms:,.1f} ms, {lb.cost_pct:g}% of the steps' time (about {own:,.1f} ms without"
+    err = 0.56 * (row["est_ns"] - row["profiler_ns"]) / 1e6
+    assert lb.unprofiled_err_ms == pytest.approx(err, abs=1e-3)
+    said = (f"fixing it saves ~{lb.cost_ms:,.1f} ms, {lb.cost_pct:g}% of the steps' time (about {own:,.1f} ± "
+            f"{err:,.1f} ms without")
     assert said in " ".join(_terminal(eager).split()) and said in render_html(eager).replace("&#x27;", "'")
 
 

@@ -157,10 +157,12 @@ def noise_floor(report: Report, found: list[Finding]) -> StepNoise | None:
 def measurable(f: Finding, noise: StepNoise | None) -> Finding:
     """`f` as it is, or at `info` with the reason where it is `low` by the time it costs and its
     saving (without the profiler where the rule estimated that) is within the steps' own variation."""
+    if noise is None or f.severity != "low" or not costed_in_time(f):
+        return f
     saving = f.cost_ms if f.unprofiled_ms is None else f.unprofiled_ms
     err = f.unprofiled_err_ms or 0.0
-    floor = noise.floor_with(err) if noise is not None else math.inf
-    if noise is None or f.severity != "low" or not costed_in_time(f) or saving >= floor:
+    floor = noise.floor_with(err)
+    if saving >= floor:
         return f
     # The reason first: the terminal shows a finding's first lines.
     said = f"{round(saving, 3)} ms{' without the profiler' if f.unprofiled_ms is not None else ''}"

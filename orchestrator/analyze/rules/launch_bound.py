@@ -74,10 +74,11 @@ class LaunchBound(Rule):
                     + (f" (and {alloc[rk]['small_n']} more, {ms(alloc[rk]['small_ns'])} ms, that device allocations "
                        "and frees fill: the allocator churn finding's)" if rk in alloc else "")
                     for rk, k, sg in hit]
+        err = {rk: overhead_error_ms(over[rk], ms(ns)) for rk, ns in nsys.items()}
         evidence += [f"rank {rk}: ≈ {ms(ns)} ms of those gaps is nsys' own per-call cost (estimated from "
-                     f"{over[rk]['api_calls']} traced CUDA calls; standard error "
-                     f"{round(overhead_error_ms(over[rk], ms(ns)), 3)} ms, the estimate's calibration): without "
-                     "the profiler the loop is less launch-bound than it looks here" for rk, ns in sorted(nsys.items())]
+                     f"{over[rk]['api_calls']} traced CUDA calls; standard error {round(err[rk], 3)} ms, the "
+                     "estimate's calibration): without the profiler the loop is less launch-bound than it looks "
+                     "here" for rk, ns in sorted(nsys.items())]
         if not real:
             return [finding(self.kind, own, "launch gaps within what the profiler itself added",
                             evidence + self._gpu_work(ctx, sorted(own)), FIX_PROFILER, 0.0, severity="info")]
@@ -109,7 +110,7 @@ class LaunchBound(Rule):
             FIX_GRAPHS if graphs else FIX, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
             severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)),
             unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None,
-            unprofiled_err_ms=overhead_error_ms(over[mine], ms(nsys[mine])) if nsys.get(mine) else None)]
+            unprofiled_err_ms=err[mine] if nsys.get(mine) else None)]
 
     @staticmethod
     def _gpu_work(ctx: Context, ranks: list[int]) -> list[str]:

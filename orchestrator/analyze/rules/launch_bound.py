@@ -21,7 +21,7 @@ FIX_GRAPHS = ("The GPU waits on the kernels launched outside the CUDA graphs thi
 FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in this capture are within what "
                 "tracing every CUDA call added, by its estimate. Time a few steps without nsys (the loop's own "
                 "step timer) before acting; adopt CUDA graphs or torch.compile only if the unprofiled step is "
-                "still longer than its GPU work a step (above).")
+                "still longer than its GPU work a step (its evidence gives it).")
 
 
 @dataclass

@@ -15,6 +15,8 @@ class RankOutcome(Strict):
     open_ranges: list[str] = Field(default_factory=list, description="NVTX ranges it was in when its capture "
                                                                       "ended, outermost first")
     furthest: str | None = Field(None, description="the furthest phase of its last step it began")
+    ran_on_s: float | None = Field(None, description="seconds its process went on making calls after its loop's "
+                                   "last range ended, where it closed every range itself (a job that ended early)")
     exit: str | None = Field(None, description="how its process ended, in words, where the launcher said")
     stack: list[str] = Field(default_factory=list, description="its main thread's Python stack when orch stopped "
                              "it, innermost first (from the stack dump)")
@@ -39,7 +41,9 @@ class Outcome(Strict):
     scheduler_state: str = Field(description="the scheduler's word: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...")
     line: str = Field(description="the outcome in one line")
     behind: list[int] = Field(default_factory=list, description="ranks that never reached the step or phase "
-                                                                 "the others were waiting in")
+                                                                 "the others were waiting in, or never exited")
+    never_exited: list[int] = Field(default_factory=list, description="ranks that finished every step the others "
+                                    "did and never exited: they closed their ranges and made calls until the stop")
     ranks: list[RankOutcome] = Field(default_factory=list)
     dumps: list[str] = Field(default_factory=list, description="hang evidence beside the reports, relative "
                                                                "to the run directory (stack dumps, Flight Recorder)")

@@ -88,6 +88,21 @@ def running(ends: list[dict[str, Any]], late: list[int], stop_ns: int | None = N
     return "; ".join(said[:4])
 
 
+def never_exited(ends: list[dict[str, Any]], stop_ns: int | None = None) -> tuple[list[int], list[int]]:
+    """The ranks that finished their loop and never exited, and those that exited after it: each
+    closed its last range itself and made calls after it (`rank_end.ran_on_ns`); the first kept
+    making them until the stop (to within STOP_LATENCY_NS of it, or of the last call any rank
+    made where the stop's time is unknown), the second stopped well before. A rank of neither
+    (no call after its loop) says nothing either way."""
+    ran = [e for e in ends if e.get("ran_on_ns") is not None]
+    if not ran:
+        return [], []
+    last = {e["rank"]: e["end_ns"] + e["ran_on_ns"] for e in ran}
+    stop = stop_ns if stop_ns is not None else max(e["end_ns"] + (e.get("ran_on_ns") or 0) for e in ends)
+    stuck = [r for r, t in last.items() if t >= stop - STOP_LATENCY_NS]
+    return sorted(stuck), sorted(set(last) - set(stuck))
+
+
 def clock_base(v: Views) -> int | None:
     """The UTC time of the store's clock zero (collect's `clock_base_utc_ns`): a UTC time the job
     recorded (a stop, a Flight Recorder entry) minus this is on the trace's clock."""
@@ -129,7 +144,8 @@ def build_outcome(v: Views) -> Outcome | None:
     exits = {t.failed_rank: t.failed_exit or None for t in ev.tasks if t.failed_rank is not None}
     ranks = [RankOutcome(rank=e["rank"], last_step=e["last_step"], last_done_step=e["last_done_step"],
                          open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
-                         stack=ev.stacks.get(e["rank"], []))
+                         stack=ev.stacks.get(e["rank"], []),
+                         ran_on_s=None if e["ran_on_ns"] is None else round(e["ran_on_ns"] / 1e9, 1))
              for e in ends]
     # A rank whose report was lost still left its stack and its Flight Recorder: the root of a
     # hang can be one of them.
@@ -176,6 +192,11 @@ def build_outcome(v: Views) -> Outcome | None:
         # Neither the trace nor the recorder tells the ranks apart; their stacks do.
         late, root_from = st_root, "stacks"
     base = clock_base(v)
+    # Every rank finished the same steps, and some never ended: what held the job to its limit
+    # came after the loop (teardown, the interpreter's exit, code outside the ranges).
+    stuck_after, exited = never_exited(ends, stop_ns(ev, base)) if stopped and not late else ([], [])
+    if stuck_after:
+        late, root_from = stuck_after, "trace"
     # A rank that called a collective the others did not is the root even where its loop went on
     # (NCCL can complete the mismatched pair and shift every later one): no running loop to judge.
     moving = "" if called_other else running(ends, late, stop_ns(ev, base))
@@ -190,7 +211,14 @@ def build_outcome(v: Views) -> Outcome | None:
         waiting = sorted(known - set(late))
         step = next((call_step(v, c, base) for c in ev.flight_diverged if c.rank in late), None) if called_other \
             else None
-        if called_other:
+        if stuck_after:
+            by = {e["rank"]: e for e in ends}
+            said = (f"rank(s) {_list(late)} finished every step (the last, {by[late[0]]['last_step']}) but never "
+                    f"exited: its process went on {by[late[0]]['ran_on_ns'] / 1e9:.1f} s past its last range, until "
+                    "the stop (a hang after the training loop: in teardown, at the interpreter's exit, or in code "
+                    "outside the ranges)" + (f", while rank(s) {_list(exited)} exited" if exited else ""))
+            waiting = []
+        elif called_other:
             said = (f"rank(s) {_list(late)} called a collective the others never called"
                     + (f" in step {step}" if step is not None else "") + " (the Flight Recorder line below)")
         elif root_from == "stacks" and crowd is not None:
@@ -243,7 +271,7 @@ def build_outcome(v: Views) -> Outcome | None:
         after = "?" if ev.stop.after_s is None else ev.stop.after_s
         parts.append(f"orch stopped the captures at {why} after {after} s")
     line = f"{state} ({sched})" + (": " + "; ".join(parts) if parts else "")
-    return Outcome(state=state, scheduler_state=sched, line=line, behind=late, ranks=ranks,
+    return Outcome(state=state, scheduler_state=sched, line=line, behind=late, never_exited=stuck_after, ranks=ranks,
                    dumps=ev.dumps, flight_recorder=fr_lines, ran_out=ran_out, gpu_lost=lost,
                    failed_first=failed[0], failed_how=failed[1], failed_step=failed[2],
                    root_frame=frame or None, root_from=root_from if frame or late else None,

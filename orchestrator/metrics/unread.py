@@ -35,14 +35,14 @@ _GATES = """
 SELECT rank FROM (
     SELECT rank FROM map_none UNION SELECT rank FROM ops_todo UNION SELECT rank FROM map_todo
     UNION (SELECT rank FROM cuda_calls EXCEPT SELECT rank FROM steps))
-WHERE rank IN (SELECT rank FROM ranks WHERE status = 'ok')"""
+WHERE rank IN (SELECT rank FROM ranks WHERE status IN ('ok', 'partial'))"""
 
 # Every rank mapped by this SQL, each with steps from its NVTX ranges: a rank without them has
 # its steps inferred from its CUDA calls again (12_inferred_steps.sql: family 5), and a run that
 # would open a gate anyway is not worth running twice.
 _ALL_MAPPED = """
 SELECT count(*) = 0 FROM ranks
-WHERE status = 'ok' AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
+WHERE status IN ('ok', 'partial') AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
                          OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 5))"""
 
 # A job that ended early has the first step some rank never finished cut from every rank

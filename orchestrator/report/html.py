@@ -219,6 +219,7 @@ def _outcome(report: Report) -> str:
     cls = "sev-info" if o.state == "completed" else "sev-high"
     rows = "".join(f"<li>rank {r.rank}: last finished step {_e(r.last_done_step)}"
                    + (f", in {_e(' > '.join(r.open_ranges))} when its capture ended" if r.open_ranges else "")
+                   + (f", then went on {r.ran_on_s:.1f} s outside its ranges" if r.ran_on_s is not None else "")
                    + (f", {_e(r.exit)}" if r.exit else "")
                    + (f"<br><small>stack: {_e(' ← '.join(r.stack))}</small>" if r.stack else "") + "</li>"
                    for r in o.ranks if o.state != "completed")

@@ -148,6 +148,7 @@ _MAPPED: tuple[tuple[str, str], ...] = (
     # this SQL, so that the calls themselves stay in the parts.
     ("map_cuda_calls", "cuda_calls"),
     ("map_busy_thread", "busy_thread"),
+    ("map_last_call", "last_call"),
     ("map_rank_device", "rank_device"),
     # Window statistics (map_ranks, as above): the CUDA calls in the window, the allocator's,
     # the copies', the kernels' and memory operations' tables, the CUDA graphs'.

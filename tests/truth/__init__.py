@@ -117,6 +117,13 @@ def range_starts(con: sqlite3.Connection, like: str) -> list[int]:
         "WHERE coalesce(e.text, s.value) LIKE ? ORDER BY e.start", (like,))]
 
 
+def range_ends(con: sqlite3.Connection, like: str) -> list[int]:
+    """End times of the NVTX ranges whose text is LIKE `like` and that ended, in time order."""
+    return [r[0] for r in con.execute(
+        "SELECT e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+        "WHERE coalesce(e.text, s.value) LIKE ? AND e.\"end\" IS NOT NULL ORDER BY e.\"end\"", (like,))]
+
+
 def span_ms(cons: dict[int, sqlite3.Connection], like: str, first: int = 1) -> float:
     """ms from the `first`-th range LIKE `like` to the last one's start, the mean over the ranks:
     what the steps after the first took, whatever their lengths."""

@@ -1,6 +1,7 @@
 """Truth of the failing jobs: tests/fixtures/faults (real NCCL jobs on H200s, one fault planted
-in each by the workload's arguments) and tests/fixtures/gloo-hangs (real 4-rank gloo jobs on CPUs,
-one rank stuck or calling a collective the others do not), READMEs there.
+in each by the workload's arguments), tests/fixtures/gloo-hangs (real 4-rank gloo jobs on CPUs,
+one rank stuck or calling a collective the others do not) and tests/fixtures/exit-hang (a gloo
+job whose rank never exited after its last step, nothing planted), READMEs there.
 
 The cause and its rank are the workload's own arguments (the spec in each run's manifest.json),
 each checked against a second record the job left: torchrun's "Root Cause" in the job's log for a
@@ -19,7 +20,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from tests.truth import FIXTURES, Truth, levels, opened, peaks, range_starts
+from tests.truth import FIXTURES, Truth, levels, opened, peaks, range_ends, range_starts
 
 RESNET = "Step % Start"  # ddp_faults.py's steps
 GLOO = "train_step"      # stuck_rank.py's one range a step
@@ -277,6 +278,37 @@ def _world(run: Path) -> int:
     return int(json.loads((run / "manifest.json").read_text())["world_size"])
 
 
+def _exit_hang(tmp: Path) -> Truth:
+    """tests/fixtures/exit-hang: nothing planted. Every rank printed the program's last line (the
+    job's log); the ranks whose OS-runtime calls went on more than STILL_S after the end of their
+    last step range (plain sqlite3) never exited: the root. orch's stop record says the time limit
+    ended the job, the ranks' last steps are complete: hung after the loop."""
+    name = "exit-hang"
+    run = FIXTURES / name
+    stop = _stop(run)
+    done = sorted({int(r) for r in re.findall(r"^rank (\d+) stage \d+ done", _log(run, "out"), re.M)})
+    with opened({"run": name}, tmp) as cons:
+        after = {}
+        for r, con in cons.items():
+            (last,) = con.execute('SELECT max("end") FROM OSRT_API').fetchone()
+            after[r] = (last - range_ends(con, "step %")[-1]) / 1e9
+    root = sorted(r for r, s in after.items() if s > STILL_S)
+    if done != sorted(after) or not root or stop is None or stop["reason"] != "timeout":
+        raise ValueError(f"{name}: printed done {done}, ran on {after}, stop {stop}")
+    said = ", ".join(f"rank {r} {s:.1f} s" for r, s in after.items())
+    how = {"cause": "nothing planted: every rank printed the program's last line (the job's log), then the job "
+                    "ran to its time limit (orch's stop record, submitit/*_stop.json)",
+           "root": f"plain sqlite3: each rank's last OS-runtime call after the end of its last 'step N' range: "
+                   f"{said}; over {STILL_S:.0f} s: the rank(s) that never exited",
+           "outcome": f"orch's stop record {stop['reason']} ({stop['signal']}) after {stop['after_s']} s, every "
+                      "step range closed, a rank's calls going on to the stop: hung after the loop",
+           "peak_bytes": "none: a CPU-only gloo job, no GPU memory events", "steps": HOW["steps"]}
+    return Truth(case=name, about=f"2-rank gloo job of train.py on CPUs: both ranks finished their 6 steps, rank(s) "
+                 f"{', '.join(map(str, root))} never exited, until orch stopped the job at the time limit's warning "
+                 f"after {stop['after_s']} s", input={"run": name}, cause="hang", root=root, outcome="hung",
+                 steps=None, peak_bytes=None, how=how)
+
+
 def cases() -> list[Truth]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,4 +318,5 @@ def cases() -> list[Truth]:
             out.append(_case(name, d))
             for f in d.iterdir():  # the decompressed exports of one job at a time
                 f.unlink()
+        out.append(_exit_hang(Path(tmp)))
     return out

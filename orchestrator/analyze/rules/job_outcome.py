@@ -22,6 +22,14 @@ _FIX = {
     "timed out": "The job was still running at its time limit: raise slurm.time or profile fewer steps "
                  "(profile.capture_range).",
     "cancelled": "The job was cancelled: the steps it finished are analysed, the unfinished one is not.",
+    # The ranks closed their last range themselves and kept running: nothing in the loop held them.
+    "after": "Rank(s) {ranks} finished the training loop, and what ran after it never returned: it held the job "
+             "to its end. Their stacks when orch stopped them are in the run's dumps/ folder (a file left empty: "
+             "the interpreter was already exiting, so the hang is in teardown, not in the program's own code). "
+             "Look for a collective or barrier after the loop that some ranks never call (evaluation, a checkpoint "
+             "or a log line on some ranks only), a thread or process the program started and never ended, and "
+             "end torch.distributed explicitly (dist.barrier(), then dist.destroy_process_group()) at the end of "
+             "main. Every step above is complete: its analysis stands.",
     "oom": "Rank {rank} ran out of GPU memory (how much it held, in which step, and what the others held then: "
            "above; its growth per step: the memory findings). Lower that rank's peak: the batch or sample that "
            "step got (a long sequence, an unbucketed batch), what the loop keeps from step to step, a smaller "
@@ -49,6 +57,7 @@ class JobOutcome(Rule):
         evidence = [o.line] + [
             f"rank {r.rank}: last finished step {r.last_done_step if r.last_done_step is not None else 'none'}"
             + (f", in {' > '.join(r.open_ranges)} when its capture ended" if r.open_ranges else "")
+            + (f", then went on {r.ran_on_s:.1f} s outside its ranges" if r.ran_on_s is not None else "")
             + (f", {r.exit}" if r.exit else "")
             for r in o.ranks] + list(o.flight_recorder)
         # The first rank to fail by its own error, not every rank that exited: on several nodes the
@@ -63,17 +72,20 @@ class JobOutcome(Rule):
         mismatch = "collective mismatch" in o.line or any("differs across ranks" in x for x in o.flight_recorder)
         who = ", ".join(map(str, o.behind))
         oom = o.ran_out
+        after = bool(o.never_exited)
         title = f"the job {'was cancelled' if o.state == 'cancelled' else o.state} ({o.scheduler_state})" + (
             f": rank(s) {who} called a collective the others did not" if o.behind and mismatch else
+            f": rank(s) {who} finished every step but never exited" if after else
             f": rank(s) {who} never got as far as the others" if o.behind else
             f": rank {oom} ran out of GPU memory" if oom is not None else
             f": {_short(o.failed_how)}" if o.failed_first is not None else "")
-        fix = _mismatch_fix(o) if mismatch else _root_fix(o) if o.state == "hung" and o.behind else \
+        fix = _mismatch_fix(o) if mismatch else _FIX["after"].format(ranks=who) if after else \
+            _root_fix(o) if o.state == "hung" and o.behind else \
             _oom_fix(o, oom) if oom is not None else \
             _failed_fix(o) if o.failed_first is not None else _FIX.get(o.state, _FIX["failed"])
         # A hang's victims: every other rank, the one whose watchdog fired first included; a
         # failure's: every other rank, stopped after the first (or failing on the peer it lost).
-        victims = [r.rank for r in o.ranks if r.rank not in ranks] if o.behind or first else []
+        victims = [r.rank for r in o.ranks if r.rank not in ranks] if (o.behind and not after) or first else []
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high", victims=victims)]
 
 

@@ -1,0 +1,75 @@
+"""A job whose ranks all finished their loop and one never exited: the root is what ran after the
+loop, not a rank behind, and not the time limit.
+
+The real capture (tests/fixtures/exit-hang, README there): a 2-rank gloo job of
+scripts/examples/train.py through `orch submit` on this machine; both ranks ran their 6 steps and
+printed their last line, rank 1 exited, rank 0 never did, and orch stopped the job at the time
+limit's warning 1710 s later. The truth is read without orch: plain sqlite3 over the exports
+(each rank's `step N` ranges and the end of its last OS-runtime call) and the task's log."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_orch
+from tests.test_stack_classes import copy_xz_run
+from tests.truth import range_ends
+
+FIXTURE = REPO / "tests" / "fixtures" / "exit-hang"
+
+
+def truth(export: Path) -> tuple[int, int, int]:
+    """(last step whose range closed, that range's end, the end of the last OS-runtime call), in
+    the export's own ns, by sqlite3 alone (the loop thread's last range is its last step's)."""
+    con = sqlite3.connect(export)
+    steps = [int(t) for (t,) in con.execute(
+        "SELECT substr(coalesce(e.text, s.value), 6) FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+        "WHERE coalesce(e.text, s.value) LIKE 'step %' AND e.\"end\" IS NOT NULL")]
+    # The store keeps the OS-runtime calls of 10 us or more (store/tables.py, OSRT_MIN_NS).
+    (last_call,) = con.execute('SELECT max("end") FROM OSRT_API WHERE "end" - start >= 10000').fetchone()
+    return max(steps), range_ends(con, "step %")[-1], last_call
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, str]:
+    """The capture collected and reported: (run, report JSON, terminal text, HTML)."""
+    run = copy_xz_run(FIXTURE, tmp_path_factory.mktemp("exit-hang") / "run")
+    c = run_orch("collect", str(run))
+    assert c.returncode == 0, c.stderr
+    r = run_orch("report", str(run), "--json", str(run / "r.json"), "--html", str(run / "r.html"), "--wide")
+    assert r.returncode == 0, r.stderr
+    return run, json.loads((run / "r.json").read_text()), r.stdout, (run / "r.html").read_text()
+
+
+@pytest.mark.replay
+def test_the_rank_that_never_exited_after_its_last_step_is_the_root(hung) -> None:
+    run, rep, text, html = hung
+    # Both ranks printed the program's last line (after destroy_process_group), as the log says.
+    log = (run / "submitit" / "19978_0_log.out").read_text()
+    assert {int(m) for m in re.findall(r"rank (\d) stage 0 done", log)} == {0, 1}
+    exports = {int(re.search(r"_r(\d)_", p.name).group(1)): p for p in (run / "exports").glob("*.sqlite")}
+    t = {r: truth(p) for r, p in exports.items()}
+    assert {r: v[0] for r, v in t.items()} == {0: 5, 1: 5}
+    ran_on = {r: (last - end) / 1e9 for r, (_, end, last) in t.items()}
+    assert ran_on[0] > 1000 > 1 > ran_on[1] > 0.1, ran_on
+    o = rep["outcome"]
+    assert (o["state"], o["scheduler_state"], o["behind"], o["never_exited"], o["root_from"]) == \
+        ("hung", "TIMEOUT", [0], [0], "trace"), o["line"]
+    for r in o["ranks"]:
+        # Every range closed by the program: no rank was inside a step when its capture ended.
+        assert (r["last_step"], r["last_done_step"], r["open_ranges"]) == (5, 5, []), r
+        assert r["ran_on_s"] == pytest.approx(ran_on[r["rank"]], abs=0.06)
+    assert o["line"].startswith("hung (TIMEOUT): rank(s) 0 finished every step (the last, 5) but never exited")
+    assert "while rank(s) 1 exited" in o["line"]
+    top = rep["findings"][0]
+    assert (top["kind"], top["ranks"], top["victims"], top["severity"]) == ("job_outcome", [0], [], "high")
+    assert top["title"] == "the job hung (TIMEOUT): rank(s) 0 finished every step but never exited"
+    assert "slurm.time" not in top["fix"] and "destroy_process_group" in top["fix"]
+    assert "rank 0: last finished step 5, then went on 1726.5 s outside its ranges" in top["evidence"]
+    assert "finished every step but never exited" in " ".join(text.split())
+    assert "then went on 1726.5 s outside its ranges" in html

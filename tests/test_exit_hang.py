@@ -15,12 +15,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.conftest import REPO, run_orch
-from tests.test_stack_classes import copy_xz_run
+from tests.conftest import REPO, JobTree, run_orch
+from tests.test_stack_classes import copy_xz_run, line_of
 from tests.truth import range_ends
 
 FIXTURE = REPO / "tests" / "fixtures" / "exit-hang"
+WORKLOAD = REPO / "scripts" / "workloads" / "stuck_rank.py"
 
 
 def truth(export: Path) -> tuple[int, int, int]:
@@ -73,3 +75,47 @@ def test_the_rank_that_never_exited_after_its_last_step_is_the_root(hung) -> Non
     assert "rank 0: last finished step 5, then went on 1726.5 s outside its ranges" in top["evidence"]
     assert "finished every step but never exited" in " ".join(text.split())
     assert "then went on 1726.5 s outside its ranges" in html
+
+
+@pytest.mark.jobs
+@pytest.mark.nsys
+def test_a_rank_whose_thread_never_ends_is_ended_after_its_grace(tmp_path: Path, nsys: str, tree: JobTree) -> None:
+    """A real 2-rank gloo job (scripts/workloads/stuck_rank.py): rank 1 hands its losses to an
+    uploader thread that is never told to stop, so its process never ends once its loop is done.
+    orch ends it `exit_grace_s` after its program finished, the job completes long before its time
+    limit, its report keeps every step, and the report names the thread's line."""
+    spec = {"name": "uploader", "cluster": "local", "run_root": str(tmp_path / "runs"), "slurm": {"time": "05:00"},
+            "launch": {"script": str(WORKLOAD), "nproc_per_node": 2, "args": ["--steps", "20", "--uploader-rank", "1"],
+                       "env": {"GLOO_SOCKET_IFNAME": "lo"}},
+            "profile": {"ranks": "all", "trace": ["nvtx", "osrt"], "exit_grace_s": 10}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    p = tree.orch("submit", str(tmp_path / "job.yaml"), "--wait", "--timeout", "240")
+    assert p.returncode == 0 and "COMPLETED" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert tree.survivors() == []
+    (run,) = (tmp_path / "runs").iterdir()
+    # Not the time limit's stop: no stop record; both programs printed their last line.
+    assert not list((run / "submitit").glob("*_stop.json"))
+    log = "".join(f.read_text() for f in (run / "submitit").glob("*_log.out"))
+    assert {int(m) for m in re.findall(r"^rank (\d) done", log, re.M)} == {0, 1}
+    assert (run / "dumps" / "exit_hang.r1").read_text().split() == ["10", "ok"]
+    assert not (run / "dumps" / "exit_hang.r0").exists()
+    upload = line_of(WORKLOAD, "losses.get()")
+    # faulthandler's dump, halfway through the grace: the uploader thread in its queue's get.
+    assert f'File "{WORKLOAD}", line {upload} in upload' in (run / "dumps" / "stacks.r1.txt").read_text()
+    # Every step of rank 1 is in its report, closed (plain sqlite3 over its export).
+    (export,) = (run / "exports").glob("*_r1_*.sqlite")
+    assert len(range_ends(sqlite3.connect(export), "train_step")) == 20
+    assert tree.orch("collect", str(run)).returncode == 0
+    r = tree.orch("report", str(run), "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    o = rep["outcome"]
+    assert (o["state"], o["scheduler_state"]) == ("completed", "COMPLETED")
+    assert o["line"] == "completed (COMPLETED): rank(s) 1 finished but did not exit: orch ended it 10 s later " \
+                        "(profile.exit_grace_s)"
+    ends = {x["rank"]: x for x in o["ranks"]}
+    assert (ends[1]["exit_grace_s"], ends[1]["exit_threads"]) == (10, [f"{WORKLOAD}:{upload} (upload)"])
+    assert (ends[0]["exit_grace_s"], ends[0]["exit_threads"]) == (None, [])
+    top = rep["findings"][0]
+    assert (top["kind"], top["ranks"], top["severity"]) == ("job_outcome", [1], "medium")
+    assert "daemon=True" in top["fix"] and "dumps/stacks.r1.txt" in top["fix"]

@@ -18,6 +18,10 @@ class RankOutcome(Strict):
     ran_on_s: float | None = Field(None, description="seconds its process went on making calls after its loop's "
                                    "last range ended, where it closed every range itself (a job that ended early)")
     exit: str | None = Field(None, description="how its process ended, in words, where the launcher said")
+    exit_grace_s: int | None = Field(None, description="its program finished but its process did not end: orch "
+                                     "ended it this long after (profile.exit_grace_s)")
+    exit_threads: list[str] = Field(default_factory=list, description="then, where each thread of the program's "
+                                    "own that still ran was, `file:line (function)`")
     stack: list[str] = Field(default_factory=list, description="its main thread's Python stack when orch stopped "
                              "it, innermost first (from the stack dump)")
 

@@ -145,7 +145,8 @@ def build_outcome(v: Views) -> Outcome | None:
     ranks = [RankOutcome(rank=e["rank"], last_step=e["last_step"], last_done_step=e["last_done_step"],
                          open_ranges=list(e["open_ranges"] or []), furthest=e["furthest"], exit=exits.get(e["rank"]),
                          stack=ev.stacks.get(e["rank"], []),
-                         ran_on_s=None if e["ran_on_ns"] is None else round(e["ran_on_ns"] / 1e9, 1))
+                         ran_on_s=None if e["ran_on_ns"] is None else round(e["ran_on_ns"] / 1e9, 1),
+                         **_exit_hang(ev, e["rank"]))
              for e in ends]
     # A rank whose report was lost still left its stack and its Flight Recorder: the root of a
     # hang can be one of them.
@@ -257,6 +258,10 @@ def build_outcome(v: Views) -> Outcome | None:
         if _OOM.search(first.error):
             ran_out = first.failed_rank
             parts.append(oom.at_failure(v, first.failed_rank, oom_said))
+    ended = [r for r in ranks if r.exit_grace_s is not None]
+    for grace in sorted({r.exit_grace_s for r in ended}):
+        parts.append(f"rank(s) {_list([r.rank for r in ended if r.exit_grace_s == grace])} finished but did not "
+                     f"exit: orch ended it {grace} s later (profile.exit_grace_s)")
     why_lost: dict[str, list[int]] = {}
     for r, why in sorted(ev.reports_lost.items()):
         why_lost.setdefault(why, []).append(r)
@@ -277,6 +282,15 @@ def build_outcome(v: Views) -> Outcome | None:
                    root_frame=frame or None, root_from=root_from if frame or late else None,
                    stack_classes=stacks.mark(sc, late),
                    torch_oom=ev.oom.get(ran_out) if ran_out is not None else None)
+
+
+def _exit_hang(ev: JobEvidence, rank: int) -> dict[str, Any]:
+    """A rank's program that finished and whose process orch ended: the grace it had, and where
+    each thread of the program's own that still ran was."""
+    h = ev.exit_hangs.get(rank)
+    if h is None:
+        return {}
+    return {"exit_grace_s": h.grace_s, "exit_threads": [stacks.program_frame(t) for t in h.threads]}
 
 
 def _root_frame(ev: JobEvidence, sc: list[StackClassOut], late: list[int], called_other: bool) -> str:

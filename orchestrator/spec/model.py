@@ -281,6 +281,11 @@ class Profile(Strict):
     # must exceed the grace.
     stop_grace_s: int = Field(default=60, ge=1, le=3600)
     warn_lead_s: int | None = Field(default=None, ge=2, le=86400)
+    # A profiled rank whose program finished (its main module returned or raised) but whose
+    # process has not ended this many seconds later (a thread it never ends, an atexit handler,
+    # the teardown of torch.distributed or of the interpreter that hangs) has its capture stopped
+    # and is ended, its stacks dumped first: the job does not wait for its time limit. 0: never.
+    exit_grace_s: int = Field(default=120, ge=0, le=86400)
     # Each profiled rank exports its own report to SQLite once nsys wrote it, on its node and in
     # parallel with every other rank, into the run's exports/, where `orch collect` takes it as
     # it is. Bounded by export_timeout_s; skipped while the job is being stopped (collect then

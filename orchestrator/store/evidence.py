@@ -60,6 +60,17 @@ class StackClass(_Kept):
     frames: list[str]  # innermost first, each `file:line (function)` with the file's whole path
 
 
+class ExitHang(_Kept):
+    """A rank whose program finished but whose process did not end, which its wrapper ended after
+    profile.exit_grace_s (dumps/exit_hang.r<RANK>), with its threads' stacks halfway there."""
+
+    grace_s: int
+    how: str = ""  # how the program finished: ok, or exception (an uncaught one ended it)
+    # each thread other than the main one and orch's hook, then: its frames, innermost first,
+    # `file:line (function)` with the file's whole path
+    threads: list[list[str]] = []
+
+
 class JobEvidence(_Kept):
     """What a job run under orch left about how it ended, read once at collect time."""
 
@@ -76,6 +87,7 @@ class JobEvidence(_Kept):
     oom: dict[int, str] = {}  # rank -> torch's out-of-memory message, whole (what it asked, what it held)
     reports_lost: dict[int, str] = {}  # rank -> why its report was lost, in the rank wrapper's words
     loaders: dict[int, list[LoaderSettings]] = {}  # rank -> its DataLoaders' settings (orch's loop marks)
+    exit_hangs: dict[int, ExitHang] = {}  # rank -> its program finished and its process was ended
 
     @property
     def ended_early(self) -> bool:

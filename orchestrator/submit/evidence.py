@@ -25,13 +25,16 @@ from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.runpaths import RunPaths
-from orchestrator.store.evidence import JobEvidence, LastCollective, StackClass, StopRecord, TaskEnd
+from orchestrator.store.evidence import ExitHang, JobEvidence, LastCollective, StackClass, StopRecord, TaskEnd
 from orchestrator.store.loaders import LOADERS_BYTES, LOADERS_NAME, loaders
 
 MAX_DUMP_BYTES = 256 << 20  # a recorder of 20,000 entries with stacks is a few MiB
 MAX_STACK_BYTES = 1 << 20  # the last dumps of a stack file; a rank dumped many times appends
 _FR_NAME = re.compile(r"rank_(\d{1,7})")
 _STACK_NAME = re.compile(r"stacks\.r(\d{1,7})\.txt")
+_EXIT_NAME = re.compile(r"exit_hang\.r(\d{1,7})")
+# orch's own threads and frames in a rank's stacks: the hook's, the loop marks'.
+_ORCH_FILES = ("/pyhooks/sitecustomize.py", "/pyhooks/orch_loop_marks.py")
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)')
 
 
@@ -48,7 +51,8 @@ def gather(run: Path) -> JobEvidence | None:
                        flight_diverged=diverged_collectives(paths.flight_recorder), stacks=stacks(paths.dumps),
                        stack_classes=stack_classes(paths.dumps), oom=torch_oom(st["tasks"]),
                        reports_lost=reports_lost(st["tasks"]),
-                       loaders=loaders(rank_texts(paths.dumps, LOADERS_NAME, LOADERS_BYTES, tail=False)))
+                       loaders=loaders(rank_texts(paths.dumps, LOADERS_NAME, LOADERS_BYTES, tail=False)),
+                       exit_hangs=exit_hangs(paths.dumps))
 
 
 _LOST = re.compile(r"^orch: rank (\d{1,7}): report lost: (.*)$", re.M)
@@ -287,6 +291,31 @@ def stack_classes(folder: Path) -> list[StackClass]:
             key = tuple(f"{m['file']}:{m['line']} ({m['func']})"[:500] for m in block[:MAX_CLASS_FRAMES])
             by.setdefault(key, []).append(rank)
     return [StackClass(ranks=r, frames=list(k)) for k, r in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1]))]
+
+
+def exit_hangs(folder: Path) -> dict[int, ExitHang]:
+    """Per rank its wrapper ended after its program finished (`exit_hang.r<RANK>`: the grace and
+    how the program finished), with the threads of the dump faulthandler wrote in the meantime
+    (the stack file's last, after its `Timeout (...)!` line): every thread but the main one (its
+    stack ends in the interpreter's exit, not in `<module>`) and orch's hook."""
+    out = {}
+    texts = _stack_texts(folder)
+    for rank, said in rank_texts(folder, _EXIT_NAME, 256, tail=False).items():
+        grace, _, how = said.strip().partition(" ")
+        if not grace.isdigit():
+            continue
+        stack = texts.get(rank, "")
+        at = stack.rfind("Timeout (")
+        dump = stack[at:] if at >= 0 else ""
+        threads = []
+        for block in dump.split("\nThread ")[1:]:
+            frames = [f"{m['file']}:{m['line']} ({m['func']})"[:500] for line in block.splitlines()
+                      if (m := _FRAME.fullmatch(line))][:MAX_CLASS_FRAMES]
+            if frames and not (frames[-1].endswith("(<module>)") or frames[-1].endswith("(_shutdown)")
+                               or any(f.split(":")[0].endswith(_ORCH_FILES) for f in frames)):
+                threads.append(frames)
+        out[rank] = ExitHang(grace_s=int(grace), how=how.strip(), threads=threads)
+    return out
 
 
 def stacks(folder: Path) -> dict[int, list[str]]:

@@ -12,6 +12,10 @@ rank that reloaded its shard re-syncs its weights from rank 0 with `dist.broadca
 others go on to their backward's all-reduce. `--pg-timeout-s S` gives the process group the
 timeout users give `init_process_group`, after which a collective that waits raises.
 
+Or one rank can hand its losses to a metrics uploader thread (`--uploader-rank R`), started as
+threads usually are (not a daemon) and never told to stop: the rank finishes every step, prints
+its last line, and its process never ends (the interpreter waits for the thread at exit).
+
     torchrun --nproc_per_node 4 stuck_rank.py --steps 50 --stuck-rank 3 --stuck-step 5
 """
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
+import threading
 import time
 from datetime import timedelta
 
@@ -39,6 +45,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--resync-rank", type=int, default=-1)
     p.add_argument("--resync-step", type=int, default=5)
     p.add_argument("--pg-timeout-s", type=float, default=0.0)
+    p.add_argument("--uploader-rank", type=int, default=-1)
     return p.parse_args()
 
 
@@ -48,6 +55,12 @@ def read_batch(rank: int, step: int, a: argparse.Namespace) -> torch.Tensor:
         time.sleep(a.stuck_s)  # the read that never returns
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(a.batch, a.width, generator=g)
+
+
+def upload(losses: queue.Queue) -> None:
+    """Post each loss to the metrics service as it comes (here: there is none to post to)."""
+    while True:
+        losses.get()
 
 
 def resync(model: nn.Module) -> None:
@@ -83,9 +96,13 @@ def main() -> None:
     net = nn.Sequential(nn.Linear(a.width, a.width), nn.ReLU(), nn.Linear(a.width, a.width)).to(dev)
     model = nn.parallel.DistributedDataParallel(net, device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    losses: queue.Queue = queue.Queue()
+    if rank == a.uploader_rank:
+        threading.Thread(target=upload, args=(losses,), name="uploader").start()
     for step in range(a.steps):
         with nvtx.annotate("train_step"):
             loss = train_step(model, opt, rank, step, a, dev)
+        losses.put(float(loss))
         if rank == 0 and step % 10 == 0:
             print(f"step {step}: loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()

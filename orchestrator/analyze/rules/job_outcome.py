@@ -34,6 +34,14 @@ _FIX = {
            "above; its growth per step: the memory findings). Lower that rank's peak: the batch or sample that "
            "step got (a long sequence, an unbucketed batch), what the loop keeps from step to step, a smaller "
            "micro-batch with gradient accumulation, activation checkpointing.",
+    # What orch ended once the program had finished: a thread it started and never ended, which
+    # the interpreter waits for before it exits, or a teardown that hung.
+    "threads": "End the threads the program starts once the loop is done, then join them (put a sentinel on the "
+               "queue a thread reads, or set an Event it checks), or start them with daemon=True: the interpreter "
+               "waits for every other thread before it exits. Every thread's stack is in dumps/stacks.r{rank}.txt.",
+    "teardown": "No thread of the program's own still ran: the interpreter's or a library's teardown hung (its "
+                "stacks are in dumps/stacks.r{rank}.txt). End torch.distributed explicitly at the end of main "
+                "(dist.barrier(), then dist.destroy_process_group()).",
     # A collective some ranks call and others do not (inside `if rank == 0:`, an evaluation or
     # a log line on the main process only) pairs with a different collective on the others: NCCL
     # hangs, gloo aborts on the size check.
@@ -52,7 +60,9 @@ class JobOutcome(Rule):
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         o = ctx.report.outcome
-        if o is None or o.state in ("completed", "running", "unknown"):
+        if o is not None and o.state == "completed":
+            return _not_exited(o)
+        if o is None or o.state in ("running", "unknown"):
             return []
         evidence = [o.line] + [
             f"rank {r.rank}: last finished step {r.last_done_step if r.last_done_step is not None else 'none'}"
@@ -87,6 +97,23 @@ class JobOutcome(Rule):
         # failure's: every other rank, stopped after the first (or failing on the peer it lost).
         victims = [r.rank for r in o.ranks if r.rank not in ranks] if (o.behind and not after) or first else []
         return [finding(self.kind, ranks, title, evidence, fix, 0.0, severity="high", victims=victims)]
+
+
+def _not_exited(o: Outcome) -> list[Finding]:
+    """A job that completed because orch ended the ranks whose program finished and whose process
+    did not: without orch it would have held its allocation until its time limit."""
+    ended = [r for r in o.ranks if r.exit_grace_s is not None]
+    if not ended:
+        return []
+    who = [r.rank for r in ended]
+    evidence = [o.line] + [f"rank {r.rank}: " + (f"a thread of the program's own still ran at "
+                                                 f"{', '.join(r.exit_threads)}" if r.exit_threads
+                                                 else "no thread of the program's own still ran") for r in ended]
+    threads = any(r.exit_threads for r in ended)
+    title = (f"rank(s) {', '.join(map(str, who))} finished but did not exit: orch ended it after "
+             f"{ended[0].exit_grace_s} s (profile.exit_grace_s)")
+    return [finding("job_outcome", who, title, evidence, _FIX["threads" if threads else "teardown"].format(
+        rank=who[0]), 0.0, severity="medium")]
 
 
 def _short(text: str, most: int = 160) -> str:

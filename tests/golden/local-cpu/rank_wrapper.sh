@@ -105,6 +105,37 @@ release() {
 }
 trap stop_capture TERM INT HUP
 
+# A program that finished but does not end: its hook writes finished.r<RANK> (its pid, and `ok`,
+# `exit:N` or `exception`) once its main module is done; a process still there ORCH_EXIT_GRACE_S
+# later hangs in what runs after (a thread it never ends, an atexit handler, the teardown of
+# torch.distributed or of the interpreter), where it would hold the job until its time limit. Its
+# capture is stopped as a stop does (nsys keeps the ranges, ends the program, writes the report), it
+# is recorded as dumps/exit_hang.r<RANK>, and the rank ends as its program did: 0 where it finished
+# cleanly.
+grace=${ORCH_EXIT_GRACE_S:-0}
+fin=""
+if [ -n "$ctl" ] && [ "$grace" -gt 0 ]; then fin=$ctl/finished.r$rank; fi
+fin_at=""
+exit_asked=0
+exit_how=""
+exit_overdue() {
+  local app pid how
+  if [ ! -e "$fin" ]; then return 1; fi
+  app=$(cat "$started" 2>/dev/null || true)
+  read -r pid how < "$fin" || return 1
+  if [ -z "$app" ] || [ "$pid" != "$app" ]; then return 1; fi  # another Python of the rank's: not it
+  if [ -z "$fin_at" ]; then fin_at=$SECONDS; exit_how=$how; fi
+  [ $((SECONDS - fin_at)) -ge "$grace" ] && running "$app"
+}
+end_exit() {
+  exit_asked=1
+  asked=1
+  echo "orch: rank $rank: its program (pid $(cat "$started" 2>/dev/null || true)) finished ($exit_how) but had" \
+       "not exited $grace s later (profile.exit_grace_s): stopping its capture, which ends it" >&2
+  if [ -n "${ORCH_DUMP_DIR:-}" ]; then echo "$grace $exit_how" > "$ORCH_DUMP_DIR/exit_hang.r$rank" 2>/dev/null || true; fi
+  kill -TERM "$nsys_pid" 2>/dev/null || true
+}
+
 # nsys first records into a raw stream (.qdstrm, under TMPDIR), then turns it into the report.
 # A signal while it does that aborts it and deletes the stream: Slurm sends SIGTERM to every
 # process of a step it ends (srun --kill-on-bad-exit after another node's rank failed, scancel,
@@ -136,6 +167,7 @@ link_stream() {
 for attempt in $(seq 1 "$attempts"); do
   rc=0
   rm -f "$kept" "$kept.name"
+  if [ -n "$fin" ]; then rm -f "$fin"; fin_at=""; fi
   # shellcheck disable=SC2016 # the inner sh expands them
   ORCH_STARTED=$started setsid nsys profile "${nsys_args[@]}" -o '/orch/run/reports/ddp-cpu_%q{ORCH_JOB_ID}_r%q{RANK}_%h.%p' \
     /bin/sh -c 'echo $$ > "$ORCH_STARTED" 2>/dev/null; unset ORCH_STARTED; exec "$@"' orch-rank "$@" &
@@ -158,7 +190,11 @@ for attempt in $(seq 1 "$attempts"); do
     fi
     sleep 0.2 || true
   done
-  while kill -0 "$nsys_pid" 2>/dev/null; do wait "$nsys_pid" || true; done
+  while kill -0 "$nsys_pid" 2>/dev/null; do
+    if [ -z "$fin" ]; then wait "$nsys_pid" || true; continue; fi
+    if [ "$exit_asked" -eq 0 ] && [ "$asked" -eq 0 ] && exit_overdue; then end_exit; fi
+    sleep 0.5 || true
+  done
   wait "$nsys_pid" || rc=$?
   ended=$nsys_pid
   nsys_pid=""  # (a stop from here on has no nsys to ask)
@@ -184,6 +220,16 @@ for attempt in $(seq 1 "$attempts"); do
   # nsys, in a session of its own. It is still this rank: the wrapper waits for it (torchrun
   # would otherwise count the rank as ended while its program trains on, unseen), and passes a
   # stop to it.
+  if [ "$exit_asked" -eq 1 ]; then
+    # The program finished before: its status is how it finished, not how nsys ended it.
+    case $exit_how in
+      ok) rc=0 ;;
+      exit:[0-9]*) rc=${exit_how#exit:} ;;
+      *) if [ "$rc" -eq 0 ]; then rc=1; fi ;;
+    esac
+    for _ in 1 2 3 4 5 6 7 8 9 10; do running "$app" || break; sleep 0.5 || true; done
+    if running "$app"; then kill -KILL "$app" 2>/dev/null || true; fi
+  fi
   if [ "$ran" -eq 1 ] && running "$app" && sleep 1 && running "$app"; then
     echo "orch: rank $rank: nsys exited (status $rc) while its program (pid $app) ran on (nsys' own" \
          "message, if any, is above): waiting for the program, unprofiled from here" >&2
@@ -199,7 +245,7 @@ for attempt in $(seq 1 "$attempts"); do
     rm -f "$kept" "$kept.name"
   fi
   rm -f "$started"
-  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid" "$ctl/released.r$rank"; fi
+  if [ -n "$ctl" ]; then rm -f "$ctl/nsys.r$rank.pid" "$ctl/released.r$rank" "$ctl/finished.r$rank"; fi
   # The export `orch collect` would make, made here, now (profile.export_in_job): a stop kills it.
   if [ -n "$report" ] && [ "$stop" -eq 0 ]; then
     setsid bash "$here/export_report.sh" "$report" "$rc" &

@@ -56,6 +56,8 @@ echo "orch: node $node_rank/$nnodes on $(hostname) job $ORCH_JOB_ID: torchrun ${
 # finish its report (profile.stop_grace_s) before it is killed and named here.
 export ORCH_STOP_GRACE_S=60
 export ORCH_RELEASE_WAIT_S=${ORCH_RELEASE_WAIT_S:-10}
+# A profiled program that finished but has not exited this long after is ended (profile.exit_grace_s).
+export ORCH_EXIT_GRACE_S=120
 export ORCH_CTL_DIR=/orch/run/logs/.orch-$ORCH_JOB_ID-n$node_rank
 mkdir -p "$ORCH_CTL_DIR"
 

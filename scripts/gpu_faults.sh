@@ -67,6 +67,9 @@ scenario() {
     pp) echo "10||vit_pp_dp.py|{pp: 2, dp: $((gpus / 2)), microbatches: 4}|--pp 2 --dp $((gpus / 2)) --microbatches 4 --schedule gpipe --steps 12" ;;
     tp) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8" ;;
     tp-quiet) echo "10||tp_fsdp.py|{tp: 2, dp: $((gpus / 2))}|--tp 2 --dp $((gpus / 2)) --steps 8 --log-every 0" ;;
+    # rank 1 (rank 0 on one GPU) hands its losses to a thread it never stops: its process never
+    # ends once its loop is done; orch ends it profile.exit_grace_s (default) after
+    uploader) echo "5||stuck_rank.py||--steps 200 --uploader-rank $((gpus > 1 ? 1 : 0))" ;;
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }

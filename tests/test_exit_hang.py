@@ -1,11 +1,14 @@
-"""A job whose ranks all finished their loop and one never exited: the root is what ran after the
-loop, not a rank behind, and not the time limit.
+"""Ranks that finish their loop and do not end: the root is what runs after the loop, not a rank
+behind, and not the time limit; and orch ends such a rank once its program finished.
 
-The real capture (tests/fixtures/exit-hang, README there): a 2-rank gloo job of
-scripts/examples/train.py through `orch submit` on this machine; both ranks ran their 6 steps and
-printed their last line, rank 1 exited, rank 0 never did, and orch stopped the job at the time
-limit's warning 1710 s later. The truth is read without orch: plain sqlite3 over the exports
-(each rank's `step N` ranges and the end of its last OS-runtime call) and the task's log."""
+Real captures, the truth read without orch (plain sqlite3 over the exports, the task's log):
+- tests/fixtures/exit-hang: a 2-rank gloo job of scripts/examples/train.py through `orch submit`
+  on this machine, made before orch ended such ranks; both ranks ran their 6 steps and printed
+  their last line, rank 1 exited, rank 0 never did, and orch stopped the job at the time limit's
+  warning 1710 s later;
+- a job run here: scripts/workloads/stuck_rank.py, whose rank 1 never stops its uploader thread,
+  with `profile.exit_grace_s: 10`; tests/fixtures/exit-ended is one such run.
+READMEs there."""
 
 from __future__ import annotations
 
@@ -91,6 +94,7 @@ def test_a_rank_whose_thread_never_ends_is_ended_after_its_grace(tmp_path: Path,
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     p = tree.orch("submit", str(tmp_path / "job.yaml"), "--wait", "--timeout", "240")
     assert p.returncode == 0 and "COMPLETED" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "rank 1: its program finished but did not exit: orch ended it 10 s later" in p.stdout
     assert tree.survivors() == []
     (run,) = (tmp_path / "runs").iterdir()
     # Not the time limit's stop: no stop record; both programs printed their last line.
@@ -119,3 +123,23 @@ def test_a_rank_whose_thread_never_ends_is_ended_after_its_grace(tmp_path: Path,
     top = rep["findings"][0]
     assert (top["kind"], top["ranks"], top["severity"]) == ("job_outcome", [1], "medium")
     assert "daemon=True" in top["fix"] and "dumps/stacks.r1.txt" in top["fix"]
+
+
+@pytest.mark.replay
+def test_the_rank_orch_ended_after_its_program_finished_is_named_with_its_thread(tmp_path: Path) -> None:
+    """The real capture of the job above (tests/fixtures/exit-ended, README there), collected as a
+    user who copied the run: the report names rank 1 and the line its thread waited at."""
+    run = copy_xz_run(REPO / "tests" / "fixtures" / "exit-ended", tmp_path / "run")
+    assert run_orch("collect", str(run)).returncode == 0
+    r = run_orch("report", str(run), "--json", str(run / "r.json"))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((run / "r.json").read_text())
+    script = json.loads((run / "manifest.json").read_text())["spec"]["launch"]["script"]
+    upload = line_of(run / "program" / "stuck_rank.py", "losses.get()")
+    o = rep["outcome"]
+    assert (o["state"], o["behind"]) == ("completed", [])
+    ends = {x["rank"]: x for x in o["ranks"]}
+    assert (ends[1]["exit_grace_s"], ends[1]["exit_threads"]) == (10, [f"{script}:{upload} (upload)"])
+    top = rep["findings"][0]
+    assert (top["kind"], top["ranks"], top["severity"]) == ("job_outcome", [1], "medium")
+    assert top["title"] == "rank(s) 1 finished but did not exit: orch ended it after 10 s (profile.exit_grace_s)"

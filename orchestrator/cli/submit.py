@@ -171,6 +171,9 @@ def print_status(st: dict[str, Any]) -> None:
                 task.get("log_kind", ""), "log tail")
             out.print(f"--- task {task['task']} {what} ({task['stderr']}):", markup=False)
             out.print(task["log_tail"], markup=False)
+    for rank, grace in st.get("exit_ended", {}).items():
+        out.print(f"rank {rank}: its program finished but did not exit: orch ended it {grace} s later "
+                  f"(profile.exit_grace_s; every thread's stack: dumps/stacks.r{rank}.txt)", markup=False)
     none = "no report (its task's log says why)" if st["state"] in TERMINAL else "no report yet"
     for rank in st["profiled_ranks"]:
         files = st["reports"].get(rank) or st["reports"].get(str(rank)) or []

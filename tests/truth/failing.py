@@ -1,7 +1,8 @@
 """Truth of the failing jobs: tests/fixtures/faults (real NCCL jobs on H200s, one fault planted
 in each by the workload's arguments), tests/fixtures/gloo-hangs (real 4-rank gloo jobs on CPUs,
-one rank stuck or calling a collective the others do not) and tests/fixtures/exit-hang (a gloo
-job whose rank never exited after its last step, nothing planted), READMEs there.
+one rank stuck or calling a collective the others do not), tests/fixtures/exit-hang (a gloo job
+whose rank never exited after its last step, nothing planted) and tests/fixtures/exit-ended (a
+rank's thread never stopped, which orch ended), READMEs there.
 
 The cause and its rank are the workload's own arguments (the spec in each run's manifest.json),
 each checked against a second record the job left: torchrun's "Root Cause" in the job's log for a
@@ -278,6 +279,14 @@ def _world(run: Path) -> int:
     return int(json.loads((run / "manifest.json").read_text())["world_size"])
 
 
+def _ran_on(name: str, tmp: Path, like: str) -> dict[int, float]:
+    """Per rank, seconds from the end of its last step range to the end of its last OS-runtime
+    call (plain sqlite3): how long its process went on after its loop."""
+    with opened({"run": name}, tmp) as cons:
+        return {r: (con.execute('SELECT max("end") FROM OSRT_API').fetchone()[0] - range_ends(con, like)[-1]) / 1e9
+                for r, con in cons.items()}
+
+
 def _exit_hang(tmp: Path) -> Truth:
     """tests/fixtures/exit-hang: nothing planted. Every rank printed the program's last line (the
     job's log); the ranks whose OS-runtime calls went on more than STILL_S after the end of their
@@ -287,11 +296,7 @@ def _exit_hang(tmp: Path) -> Truth:
     run = FIXTURES / name
     stop = _stop(run)
     done = sorted({int(r) for r in re.findall(r"^rank (\d+) stage \d+ done", _log(run, "out"), re.M)})
-    with opened({"run": name}, tmp) as cons:
-        after = {}
-        for r, con in cons.items():
-            (last,) = con.execute('SELECT max("end") FROM OSRT_API').fetchone()
-            after[r] = (last - range_ends(con, "step %")[-1]) / 1e9
+    after = _ran_on(name, tmp, "step %")
     root = sorted(r for r, s in after.items() if s > STILL_S)
     if done != sorted(after) or not root or stop is None or stop["reason"] != "timeout":
         raise ValueError(f"{name}: printed done {done}, ran on {after}, stop {stop}")
@@ -309,6 +314,35 @@ def _exit_hang(tmp: Path) -> Truth:
                  steps=None, peak_bytes=None, how=how)
 
 
+# A program of these jobs ends within this long of its loop (exit-hang's rank 1: 0.6 s).
+EXIT_S = 5.0
+
+
+def _exit_ended(tmp: Path) -> Truth:
+    """tests/fixtures/exit-ended: the planted rank (stuck_rank.py's --uploader-rank) starts a thread
+    it never stops; its OS-runtime calls go on more than EXIT_S after its last step range (plain
+    sqlite3), the others' do not. No stop of orch's; the scheduler's word is the outcome."""
+    name = "exit-ended"
+    run = FIXTURES / name
+    args = json.loads((run / "manifest.json").read_text())["spec"]["launch"]["args"]
+    planted = [int(_arg(args, "--uploader-rank"))]
+    after = _ran_on(name, tmp, GLOO)
+    late = sorted(r for r, s in after.items() if s > EXIT_S)
+    sched = _scheduler(run)
+    if late != planted or _stop(run) is not None or sched != "COMPLETED":
+        raise ValueError(f"{name}: planted {planted}, ran on {after}, {sched}")
+    said = ", ".join(f"rank {r} {s:.1f} s" for r, s in after.items())
+    how = {"cause": "planted: stuck_rank.py's --uploader-rank (manifest.json's spec; program/stuck_rank.py): a "
+                    "thread never stopped, which the interpreter waits for at exit",
+           "root": f"planted: the workload's --uploader-rank in the spec; plain sqlite3: each rank's last OS-runtime "
+                   f"call after the end of its last 'train_step' range: {said}; over {EXIT_S:.0f} s: {late}",
+           "outcome": f"the scheduler's word {sched} (status.txt), no stop record of orch's (submitit/)",
+           "peak_bytes": "none: a CPU-only gloo job, no GPU memory events", "steps": HOW["steps"]}
+    return Truth(case=name, about=f"2-rank gloo DDP on CPUs, rank {planted[0]} hands its losses to a thread it never "
+                 "stops: its process does not end after its 20 steps; the job completed", input={"run": name},
+                 cause="hang", root=planted, outcome="completed", steps=None, peak_bytes=None, how=how)
+
+
 def cases() -> list[Truth]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -318,5 +352,5 @@ def cases() -> list[Truth]:
             out.append(_case(name, d))
             for f in d.iterdir():  # the decompressed exports of one job at a time
                 f.unlink()
-        out.append(_exit_hang(Path(tmp)))
+        out += [_exit_hang(Path(tmp)), _exit_ended(Path(tmp))]
     return out

@@ -25,11 +25,12 @@ _FIX = {
     # The ranks closed their last range themselves and kept running: nothing in the loop held them.
     "after": "Rank(s) {ranks} finished the training loop, and what ran after it never returned: it held the job "
              "to its end. Their stacks when orch stopped them are in the run's dumps/ folder (a file left empty: "
-             "the interpreter was already exiting, so the hang is in teardown, not in the program's own code). "
-             "Look for a collective or barrier after the loop that some ranks never call (evaluation, a checkpoint "
-             "or a log line on some ranks only), a thread or process the program started and never ended, and "
-             "end torch.distributed explicitly (dist.barrier(), then dist.destroy_process_group()) at the end of "
-             "main. Every step above is complete: its analysis stands.",
+             "no Python thread of it could run then, as when the interpreter is exiting). Look for a collective "
+             "or barrier after the loop that some ranks never call (evaluation, a checkpoint or a log line on some "
+             "ranks only), a thread or process the program started and never ended, and end torch.distributed "
+             "explicitly (dist.barrier(), then dist.destroy_process_group()) at the end of main. Once its program "
+             "has finished, orch ends such a rank after profile.exit_grace_s instead of waiting for the time "
+             "limit. Every step above is complete: its analysis stands.",
     "oom": "Rank {rank} ran out of GPU memory (how much it held, in which step, and what the others held then: "
            "above; its growth per step: the memory findings). Lower that rank's peak: the batch or sample that "
            "step got (a long sequence, an unbucketed batch), what the loop keeps from step to step, a smaller "

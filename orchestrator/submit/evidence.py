@@ -296,8 +296,9 @@ def stack_classes(folder: Path) -> list[StackClass]:
 def exit_hangs(folder: Path) -> dict[int, ExitHang]:
     """Per rank its wrapper ended after its program finished (`exit_hang.r<RANK>`: the grace and
     how the program finished), with the threads of the dump faulthandler wrote in the meantime
-    (the stack file's last, after its `Timeout (...)!` line): every thread but the main one (its
-    stack ends in the interpreter's exit, not in `<module>`) and orch's hook."""
+    (the stack file's last, after its `Timeout (...)!` line, and the release's after it): every
+    thread but the main one (its stack ends in the interpreter's exit, not in `<module>`) and
+    orch's hook."""
     out = {}
     texts = _stack_texts(folder)
     for rank, said in rank_texts(folder, _EXIT_NAME, 256, tail=False).items():
@@ -311,9 +312,10 @@ def exit_hangs(folder: Path) -> dict[int, ExitHang]:
         for block in dump.split("\nThread ")[1:]:
             frames = [f"{m['file']}:{m['line']} ({m['func']})"[:500] for line in block.splitlines()
                       if (m := _FRAME.fullmatch(line))][:MAX_CLASS_FRAMES]
-            if frames and not (frames[-1].endswith("(<module>)") or frames[-1].endswith("(_shutdown)")
-                               or any(f.split(":")[0].endswith(_ORCH_FILES) for f in frames)):
-                threads.append(frames)
+            if frames and frames not in threads and not (
+                    frames[-1].endswith(("(<module>)", "(_shutdown)"))
+                    or any(f.split(":")[0].endswith(_ORCH_FILES) for f in frames)):
+                threads.append(frames)  # (the stop's own dump, after it, has the same threads)
         out[rank] = ExitHang(grace_s=int(grace), how=how.strip(), threads=threads)
     return out
 

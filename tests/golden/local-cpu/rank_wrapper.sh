@@ -133,6 +133,9 @@ end_exit() {
   echo "orch: rank $rank: its program (pid $(cat "$started" 2>/dev/null || true)) finished ($exit_how) but had" \
        "not exited $grace s later (profile.exit_grace_s): stopping its capture, which ends it" >&2
   if [ -n "${ORCH_DUMP_DIR:-}" ]; then echo "$grace $exit_how" > "$ORCH_DUMP_DIR/exit_hang.r$rank" 2>/dev/null || true; fi
+  # The release, as for a stop: a process that never exits never has its CUDA activity handed to
+  # nsys (CUPTI's buffers go out at a normal exit), so its kernels would be lost.
+  release "$(cat "$started" 2>/dev/null || true)"
   kill -TERM "$nsys_pid" 2>/dev/null || true
 }
 

@@ -171,7 +171,7 @@ def print_status(st: dict[str, Any]) -> None:
                 task.get("log_kind", ""), "log tail")
             out.print(f"--- task {task['task']} {what} ({task['stderr']}):", markup=False)
             out.print(task["log_tail"], markup=False)
-    for rank, grace in st.get("exit_ended", {}).items():
+    for rank, grace in exit_ended(st).items():
         out.print(f"rank {rank}: its program finished but did not exit: orch ended it {grace} s later "
                   f"(profile.exit_grace_s; every thread's stack: dumps/stacks.r{rank}.txt)", markup=False)
     none = "no report (its task's log says why)" if st["state"] in TERMINAL else "no report yet"
@@ -180,12 +180,21 @@ def print_status(st: dict[str, Any]) -> None:
         out.print(f"rank {rank}: " + (", ".join(Path(f).name for f in files) if files else none), markup=False)
 
 
+def exit_ended(st: dict[str, Any]) -> dict[int, int]:
+    """The ranks whose program finished and whose process orch ended, each with the grace it had
+    (profile.exit_grace_s): what the job's dumps/ folder records."""
+    from orchestrator.runpaths import RunPaths
+    from orchestrator.submit.evidence import exit_hangs
+
+    return {r: h.grace_s for r, h in sorted(exit_hangs(RunPaths(Path(st["run"])).dumps).items())}
+
+
 def cmd_status(a: argparse.Namespace) -> int:
     from orchestrator.submit.core import job_status
 
     st = job_status(run_arg(a))
     if a.json:
-        out.print_json(json.dumps(st, default=str))
+        out.print_json(json.dumps({**st, "exit_ended": exit_ended(st)}, default=str))
     else:
         print_status(st)
     return 0

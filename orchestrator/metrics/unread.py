@@ -42,8 +42,9 @@ WHERE rank IN (SELECT rank FROM ranks WHERE status IN ('ok', 'partial'))"""
 # would open a gate anyway is not worth running twice.
 _ALL_MAPPED = """
 SELECT count(*) = 0 FROM ranks
-WHERE status IN ('ok', 'partial') AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
-                         OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 5))"""
+WHERE status IN ('ok', 'partial')
+  AND (rank NOT IN (SELECT rank FROM map_scope WHERE split_part(sql, ' ', 1) = ?)
+       OR rank NOT IN (SELECT rank FROM map_steps WHERE family <> 5))"""
 
 # A job that ended early has the first step some rank never finished cut from every rank
 # (10_steps.sql, open_steps), and each map the step its own rank was stopped in

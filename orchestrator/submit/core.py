@@ -16,7 +16,6 @@ from orchestrator.rundir import ExpectedReport, Manifest, default_root, read_man
 from orchestrator.runpaths import RunPaths
 from orchestrator.spec import ResolvedJob
 from orchestrator.submit.backend import TERMINAL, Backend, tail
-from orchestrator.submit.evidence import exit_hangs
 from orchestrator.submit.local import LocalBackend
 from orchestrator.submit.node import stop_file
 from orchestrator.submit.slurm import SlurmBackend
@@ -137,8 +136,7 @@ def job_status(run: Path) -> dict[str, Any]:
                 t["log_tail"], t["log_kind"] = "\n".join(dict.fromkeys(said)), "orch"
     return {"run": str(run), "job_id": m.job_id, "name": m.name, "executor": m.executor,
             **state, "tasks": tasks, "profiled_ranks": m.profiled_ranks,
-            "reports": existing_reports(m),
-            "exit_ended": {r: h.grace_s for r, h in sorted(exit_hangs(RunPaths(run).dumps).items())}}
+            "reports": existing_reports(m)}
 
 
 def cancel(run: Path) -> tuple[Manifest, list[str]]:

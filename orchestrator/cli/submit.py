@@ -186,6 +186,8 @@ def exit_ended(st: dict[str, Any]) -> dict[int, int]:
     from orchestrator.runpaths import RunPaths
     from orchestrator.submit.evidence import exit_hangs
 
+    if not st.get("run"):
+        return {}
     return {r: h.grace_s for r, h in sorted(exit_hangs(RunPaths(Path(st["run"])).dumps).items())}
 
 

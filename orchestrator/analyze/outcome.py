@@ -94,10 +94,9 @@ def never_exited(ends: list[dict[str, Any]], stop_ns: int | None = None) -> tupl
     making them until the stop (to within STOP_LATENCY_NS of it, or of the last call any rank
     made where the stop's time is unknown), the second stopped well before. A rank of neither
     (no call after its loop) says nothing either way."""
-    ran = [e for e in ends if e.get("ran_on_ns") is not None]
-    if not ran:
+    last = {e["rank"]: e["end_ns"] + e["ran_on_ns"] for e in ends if e.get("ran_on_ns") is not None}
+    if not last:
         return [], []
-    last = {e["rank"]: e["end_ns"] + e["ran_on_ns"] for e in ran}
     stop = stop_ns if stop_ns is not None else max(e["end_ns"] + (e.get("ran_on_ns") or 0) for e in ends)
     stuck = [r for r, t in last.items() if t >= stop - STOP_LATENCY_NS]
     return sorted(stuck), sorted(set(last) - set(stuck))

@@ -230,9 +230,9 @@ def _shape(c: LastCollective) -> str:
     return "" if any(w in c.op for w in ("to_all", ":gather", ":scatter")) else c.sizes
 
 
-def _main_block(text: str) -> list[re.Match[str]]:
-    """The main thread's frames in the last faulthandler dump of a stack file that has it: the
-    block whose outermost frame is `<module>`, innermost first; [] without one."""
+def _blocks(text: str) -> list[list[re.Match[str]]]:
+    """The threads' frames in faulthandler dumps, a block per thread (its run of frame lines,
+    whatever its header: `Thread 0x...`, `Current thread 0x...`), innermost first."""
     blocks: list[list[re.Match[str]]] = []
     cur: list[re.Match[str]] = []
     for line in text.splitlines():
@@ -244,7 +244,13 @@ def _main_block(text: str) -> list[re.Match[str]]:
             cur = []
     if cur:
         blocks.append(cur)
-    main = [b for b in blocks if b[-1]["func"] == "<module>"]
+    return blocks
+
+
+def _main_block(text: str) -> list[re.Match[str]]:
+    """The main thread's frames in the last faulthandler dump of a stack file that has it: the
+    block whose outermost frame is `<module>`, innermost first; [] without one."""
+    main = [b for b in _blocks(text) if b[-1]["func"] == "<module>"]
     return main[-1] if main else []
 
 
@@ -307,15 +313,12 @@ def exit_hangs(folder: Path) -> dict[int, ExitHang]:
             continue
         stack = texts.get(rank, "")
         at = stack.rfind("Timeout (")
-        dump = stack[at:] if at >= 0 else ""
-        threads = []
-        for block in dump.split("\nThread ")[1:]:
-            frames = [f"{m['file']}:{m['line']} ({m['func']})"[:500] for line in block.splitlines()
-                      if (m := _FRAME.fullmatch(line))][:MAX_CLASS_FRAMES]
-            if frames and frames not in threads and not (
-                    frames[-1].endswith(("(<module>)", "(_shutdown)"))
-                    or any(f.split(":")[0].endswith(_ORCH_FILES) for f in frames)):
-                threads.append(frames)  # (the stop's own dump, after it, has the same threads)
+        threads: list[list[str]] = []
+        for block in _blocks(stack[at:] if at >= 0 else ""):
+            frames = [f"{m['file']}:{m['line']} ({m['func']})"[:500] for m in block[:MAX_CLASS_FRAMES]]
+            if frames not in threads and block[-1]["func"] not in ("<module>", "_shutdown") \
+                    and not any(m["file"].endswith(_ORCH_FILES) for m in block):
+                threads.append(frames)  # (the release's own dump, after it, has the same threads)
         out[rank] = ExitHang(grace_s=int(grace), how=how.strip(), threads=threads)
     return out
 

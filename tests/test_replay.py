@@ -98,6 +98,9 @@ def test_every_report_says_how_far_its_replay_is_from_the_trace(reports: dict[st
     twin = reports["dp2pp2-gpipe-ok"]
     row = next(r for r in diff_reports(twin, rep)["rows"] if r["metric"] == "replay error %")
     assert (row["a"], row["b"]) == (twin.replay.error_pct, rep.replay.error_pct)
+    # the terminal's diff keeps only rows that moved: each run's replay is a line of its own
+    assert diff_reports(twin, twin)["replay"] == [f"A: {twin.replay.line}", f"B: {twin.replay.line}"]
+    assert f"{twin.replay.error_pct:.2f} %" in twin.replay.line
 
 
 # The real captures where a rank's what-if is left unreplayed: a 2-rank job whose other rank

@@ -190,7 +190,7 @@ def cmd_diff(a: argparse.Namespace) -> int:
     out.print(t)
     if d["only_in_a"] or d["only_in_b"]:
         out.print(f"ranks only in A: {d['only_in_a']}, only in B: {d['only_in_b']}", markup=False)
-    for line in [pace_line(d), *findings_lines(d["findings"])]:
+    for line in [*d["replay"], pace_line(d), *findings_lines(d["findings"])]:
         if line:
             out.print(line, markup=False)
     if a.json:

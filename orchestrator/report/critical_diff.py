@@ -54,3 +54,14 @@ def critical_rows(a: Report, b: Report, scale: float = 1.0) -> list[dict[str, An
         out.append(_row(f"critical-path root rank {rk}: excess ms/step", va, vb,
                         grew > ROOT_MIN_MS and (va == 0 or grew / va > ROOT_REL * scale)))
     return out
+
+
+def replay_lines(a: Report, b: Report) -> list[str]:
+    """Each run's replay of its unchanged trace, in words (`Replay.line`), always shown: the table
+    keeps only rows that moved, and a what-if in either run is no surer than its replay. None for
+    two runs neither of which was replayed (one GPU, a CPU job: no cross-rank graph)."""
+    if a.replay is None and b.replay is None:
+        return []
+    return [f"{side}: {r.replay.line if r.replay else 'not replayed (no NCCL work matched across ranks)'}"
+            for side, r in (("A", a), ("B", b))]
+

@@ -19,7 +19,7 @@ from orchestrator.analyze.measurable import pace_gap_floor, paces
 from orchestrator.analyze.model_columns import Diff, diff_columns
 from orchestrator.analyze.model_report import RankMetrics, Report
 from orchestrator.report.comm_diff import comm_rows
-from orchestrator.report.critical_diff import critical_rows
+from orchestrator.report.critical_diff import critical_rows, replay_lines
 from orchestrator.report.findings_diff import findings_check
 from orchestrator.report.memory_diff import memory_rows
 
@@ -66,7 +66,7 @@ def diff_reports(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any]:
     rows = [*per_rank, *held, *path]
     return {"rows": rows, "regressions": [r for r in rows if r["regressed"]], "pace": change,
             "only_in_a": sorted(set(ra) - set(rb)), "only_in_b": sorted(set(rb) - set(ra)),
-            "findings": findings_check(a, b)}
+            "findings": findings_check(a, b), "replay": replay_lines(a, b)}
 
 
 def pace_change(a: Report, b: Report, scale: float = 1.0) -> dict[str, Any] | None:

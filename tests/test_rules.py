@@ -128,6 +128,35 @@ def test_data_loader_stall_says_the_python_its_samples_found() -> None:
             "of the 9 Python samples orch took in that idle time (100%)") in f.evidence
 
 
+def test_data_loader_stall_counts_the_workers_that_would_keep_up() -> None:
+    """Rank 0's 2 workers set its pace: 10 steps of 40 ms in which its loop thread waits 20 ms for
+    the next batch. Each worker takes 2 x 40 = 80 ms a batch, and a step of 20 ms without the wait
+    needs one every 20 ms: 4 workers. Without the run's loader settings, or where the wait is the
+    epoch starts' (under the rule's threshold without them), nothing is said of the workers."""
+    from orchestrator.store.loaders import LoaderSettings
+
+    steps = [StepRow(step=i, ms_by_rank={"0": 40.0}, spread_ms=0.0, warmup=i == 0) for i in range(11)]
+    views = {"gap_cpu": [], "gap_python": [], "cp_roots": [], "cp_steps": []}
+    two = {0: [LoaderSettings(num_workers=2, persistent_workers=True, batch_size=16, dataset="Tokens")]}
+
+    def run(gaps: dict[str, float], loaders: dict) -> Finding:
+        ctx = context([rank(0, window_ms=400.0, gaps_by_range_ms=gaps)], views, steps=steps, loaders=loaders)
+        (f,) = _run("data_loader_stall", ctx)
+        return f
+
+    f = run({"orch: next batch": 200.0}, two)
+    assert ("rank 0: its 2 DataLoader workers deliver a batch every 40.0 ms on average and the loop thread waits "
+            "20.0 ms of it for the next batch: each worker takes about 80.0 ms a batch, and a step without the "
+            "wait takes 20.0 ms") in f.evidence
+    assert f.fix.startswith("Rank 0's 2 workers cannot keep up: DataLoader(num_workers=4) or more keeps the next "
+                            "batch ready")
+    assert "cannot keep up" not in run({"orch: next batch": 200.0}, {}).fix
+    # the wait is the epoch starts' (workers started anew), not the steady one's
+    anew = {0: [LoaderSettings(num_workers=2, persistent_workers=False, batch_size=16, dataset="Tokens")]}
+    g = run({"orch: next batch": 19.0, "orch: loader start": 180.0}, anew)
+    assert "anew" in g.fix and "cannot keep up" not in g.fix
+
+
 def test_data_loader_stall_names_workers_that_start_anew_every_epoch() -> None:
     """8 of rank 0's 18 ms of input idle fall while the loop thread starts an epoch's batches, and
     its loader's 4 workers are not persistent: the fix keeps them. Persistent workers (or the idle

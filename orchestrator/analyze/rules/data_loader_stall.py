@@ -17,9 +17,11 @@ its batches in its loop thread (num_workers=0) is named in the fix."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.analyze.measurable import analysed_steps
 from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
@@ -39,6 +41,18 @@ from orchestrator.ranklist import ranges
 START = "orch: loader start"
 # The OS calls that start a process (the OS runtime's names): a DataLoader starting its workers.
 FORKS = ("fork", "vfork", "clone", "clone3", "posix_spawn")
+
+
+@dataclass(frozen=True)
+class Workers:
+    """A loader whose workers set the loop's pace: how many, how many would keep up, the mean
+    step and the loop thread's wait for a batch in it, and a worker's time for one batch (ms)."""
+
+    workers: int
+    needed: int
+    step_ms: float
+    wait_ms: float
+    batch_ms: float
 
 
 @dataclass
@@ -96,6 +110,11 @@ class DataLoaderStall(Rule):
                 severity = "info"
         alone = [rk for rk in sorted(stall) if any(s.num_workers == 0 for s in ctx.report.loaders.get(rk, []))]
         restart = self.restarting(ctx, stall)
+        few = self.too_few_workers(ctx, stall, restart)
+        evidence += [f"rank {rk}: its {w.workers} DataLoader workers deliver a batch every {w.step_ms:.1f} ms on "
+                     f"average and the loop thread waits {w.wait_ms:.1f} ms of it for the next batch: each worker "
+                     f"takes about {w.batch_ms:.1f} ms a batch, and a step without the wait takes "
+                     f"{w.step_ms - w.wait_ms:.1f} ms" for rk, w in sorted(few.items())]
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
                      + (f": {round(forked, 3)} ms in `fork`, starting processes" if forked else "")
@@ -105,7 +124,10 @@ class DataLoaderStall(Rule):
                if alone else "") + (
                f"Rank(s) {ranges(sorted(restart))} start their DataLoader's workers anew every epoch: "
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
-               "the next. " if restart else "") + ctx.data_loader_fix()
+               "the next. " if restart else "") + "".join(
+               f"Rank {rk}'s {w.workers} workers cannot keep up: DataLoader(num_workers={w.needed}) or more keeps "
+               "the next batch ready (each worker needs a CPU core), or make each batch cheaper to prepare. "
+               for rk, w in sorted(few.items())) + ctx.data_loader_fix()
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
                         severity=severity)]
 
@@ -126,6 +148,29 @@ class DataLoaderStall(Rule):
             anew = any(s.num_workers and s.persistent_workers is False for s in ctx.report.loaders.get(r.rank, []))
             if r.rank in stall and ms > 0 and (anew or forked.get(r.rank)):
                 out[r.rank] = (ms, forked.get(r.rank, 0.0))
+        return out
+
+    def too_few_workers(self, ctx: Context, stall: dict[int, float],
+                        restart: dict[int, tuple[float, float]]) -> dict[int, Workers]:
+        """Per stalled rank whose loader has workers (its one loader with num_workers > 0, by the
+        loop marks) and whose loop thread still waits for batches once its workers run (the idle
+        in input ranges less the epoch starts' `restart`, at least `min_share` of its steps): in
+        that steady state the n workers set the pace, a batch every step, so each takes n x step
+        for a batch, and keeping up with a step of (step - wait) needs ceil(n x step / (step -
+        wait)) of them."""
+        steps = {r.rank: r for r in ctx.report.ranks}
+        n_steps = len(analysed_steps(ctx.report))
+        win = ctx.window_ms()
+        out = {}
+        for rk, ms in stall.items():
+            mine = [s for s in ctx.report.loaders.get(rk, []) if s.num_workers]
+            wait = ms - restart.get(rk, (0.0, 0.0))[0]
+            if len(mine) != 1 or not n_steps or rk not in steps or wait < self.min_share * win[rk]:
+                continue
+            step, per = win[rk] / n_steps, wait / n_steps
+            n = mine[0].num_workers or 0
+            if step > per:
+                out[rk] = Workers(n, math.ceil(n * step / (step - per) - 1e-9), step, per, n * step)
         return out
 
     def stalled(self, ctx: Context) -> dict[int, float]:

@@ -146,11 +146,17 @@ def test_data_loader_stall_counts_the_workers_that_would_keep_up() -> None:
 
     f = run({"orch: next batch": 200.0}, two)
     assert ("rank 0: its 2 DataLoader workers deliver a batch every 40.0 ms on average and the loop thread waits "
-            "20.0 ms of it for the next batch: each worker takes about 80.0 ms a batch, and a step without the "
-            "wait takes 20.0 ms") in f.evidence
+            "20.0 ms of it for the next batch: each worker takes about 80.0 ms a batch, and a step without waiting "
+            "(for the batch or for the other ranks) takes 20.0 ms") in f.evidence
     assert f.fix.startswith("Rank 0's 2 workers cannot keep up: DataLoader(num_workers=4) or more keeps the next "
                             "batch ready")
     assert "cannot keep up" not in run({"orch: next batch": 200.0}, {}).fix
+    # a rank that also waits 10 ms a step for a peer in collectives (a peer's slower loader paces
+    # it too) would take 10 ms a step on its own: 8 workers
+    ctx = context([rank(0, window_ms=400.0, exposed_wait_ms=100.0, gaps_by_range_ms={"orch: next batch": 200.0})],
+                  views, steps=steps, loaders=two)
+    (w,) = _run("data_loader_stall", ctx)
+    assert "DataLoader(num_workers=8) or more" in w.fix
     # the wait is the epoch starts' (workers started anew), not the steady one's
     anew = {0: [LoaderSettings(num_workers=2, persistent_workers=False, batch_size=16, dataset="Tokens")]}
     g = run({"orch: next batch": 19.0, "orch: loader start": 180.0}, anew)

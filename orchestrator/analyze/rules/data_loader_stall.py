@@ -46,13 +46,15 @@ FORKS = ("fork", "vfork", "clone", "clone3", "posix_spawn")
 @dataclass(frozen=True)
 class Workers:
     """A loader whose workers set the loop's pace: how many, how many would keep up, the mean
-    step and the loop thread's wait for a batch in it, and a worker's time for one batch (ms)."""
+    step and the loop thread's wait for a batch in it, a worker's time for one batch, and the
+    step without that wait or any wait for the other ranks in collectives (ms)."""
 
     workers: int
     needed: int
     step_ms: float
     wait_ms: float
     batch_ms: float
+    own_ms: float
 
 
 @dataclass
@@ -113,8 +115,8 @@ class DataLoaderStall(Rule):
         few = self.too_few_workers(ctx, stall, restart)
         evidence += [f"rank {rk}: its {w.workers} DataLoader workers deliver a batch every {w.step_ms:.1f} ms on "
                      f"average and the loop thread waits {w.wait_ms:.1f} ms of it for the next batch: each worker "
-                     f"takes about {w.batch_ms:.1f} ms a batch, and a step without the wait takes "
-                     f"{w.step_ms - w.wait_ms:.1f} ms" for rk, w in sorted(few.items())]
+                     f"takes about {w.batch_ms:.1f} ms a batch, and a step without waiting (for the batch or "
+                     f"for the other ranks) takes {w.own_ms:.1f} ms" for rk, w in sorted(few.items())]
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
                      + (f": {round(forked, 3)} ms in `fork`, starting processes" if forked else "")
@@ -156,8 +158,9 @@ class DataLoaderStall(Rule):
         loop marks) and whose loop thread still waits for batches once its workers run (the idle
         in input ranges less the epoch starts' `restart`, at least `min_share` of its steps): in
         that steady state the n workers set the pace, a batch every step, so each takes n x step
-        for a batch, and keeping up with a step of (step - wait) needs ceil(n x step / (step -
-        wait)) of them."""
+        for a batch, and keeping up with the step the rank would take without waiting (less its
+        wait for the batch and its wait for the other ranks in collectives, exposed_wait_ms: a
+        peer with a slower loader paces it too) needs ceil(n x step / that) of them."""
         steps = {r.rank: r for r in ctx.report.ranks}
         n_steps = len(analysed_steps(ctx.report))
         win = ctx.window_ms()
@@ -168,9 +171,10 @@ class DataLoaderStall(Rule):
             if len(mine) != 1 or not n_steps or rk not in steps or wait < self.min_share * win[rk]:
                 continue
             step, per = win[rk] / n_steps, wait / n_steps
+            own = step - per - (steps[rk].exposed_wait_ms or 0.0) / n_steps
             n = mine[0].num_workers or 0
-            if step > per:
-                out[rk] = Workers(n, math.ceil(n * step / (step - per) - 1e-9), step, per, n * step)
+            if own > 0:
+                out[rk] = Workers(n, math.ceil(n * step / own - 1e-9), step, per, n * step, own)
         return out
 
     def stalled(self, ctx: Context) -> dict[int, float]:

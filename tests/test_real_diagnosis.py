@@ -107,6 +107,38 @@ def test_tutorial_dataloader_starves_every_rank(reports, truth, capture: str) ->
         assert "running on the CPU" in text
 
 
+def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores, truth, tmp_path: Path) -> None:
+    """resnet_nw2's ranks decode the same JPEGs with DataLoader(num_workers=2) (the workload's
+    arguments, real/README.md): with the run's loader settings in the store, as `orch collect` of
+    its run keeps them, the fix counts the workers that keep up. The independent count is the
+    oracle's for rank 1, the rank nobody paces: its 2 workers deliver a batch every mean step
+    period, so each takes 2 x that, and the step without its wait between the step ranges and
+    without its exposed NCCL time needs ceil(2 x period / that) of them. Rank 0 loads the same
+    batches: the same count, though its own step holds its wait for rank 1 (taken off as orch's
+    exposed wait)."""
+    import duckdb
+
+    from orchestrator.store.evidence import JobEvidence
+    from orchestrator.store.loaders import LoaderSettings
+
+    store = tmp_path / "profile.duckdb"
+    shutil.copy(stores["resnet_nw2"], store)
+    two = [LoaderSettings(num_workers=2, pin_memory=True, prefetch_factor=2, persistent_workers=False,
+                          batch_size=64, dataset="ImageFolder")]
+    ev = JobEvidence(job_id="1", executor="local", state="COMPLETED", loaders={0: two, 1: two})
+    with duckdb.connect(str(store)) as con:
+        con.execute("INSERT INTO meta VALUES ('job', ?)", [ev.model_dump_json()])
+    (stall,) = [f for f in build_report(store, Options()).findings if f.kind == "data_loader_stall"]
+    r1 = truth["resnet_nw2"]["ranks"]["1"]
+    period, wait = r1["step_period_ms"]["mean"], r1["between_steps_ms"]["mean"]
+    nccl = r1["exposed_nccl_pct"] / 100 * r1["window_ms"] / r1["step_period_ms"]["n"]
+    need = -(-2 * period // (period - wait - nccl))
+    (said,) = [w for w in stall.evidence if w.startswith("rank 1: its 2 DataLoader workers")]
+    # one sentence for both ranks, the most either needs
+    count = int(stall.fix.split("The 2 DataLoader workers of rank(s) 0-1 cannot keep up: DataLoader(num_workers=")[1].split(")")[0])
+    assert abs(count - need) <= 1, (count, need, said)
+
+
 def test_critical_path_tiles_every_step(stores) -> None:
     """Every step's critical path is one rank's work after another, back to back from the step's
     first GPU work to its last (no gap, no overlap): checked in plain Python over the segments,

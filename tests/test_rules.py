@@ -148,8 +148,8 @@ def test_data_loader_stall_counts_the_workers_that_would_keep_up() -> None:
     assert ("rank 0: its 2 DataLoader workers deliver a batch every 40.0 ms on average and the loop thread waits "
             "20.0 ms of it for the next batch: each worker takes about 80.0 ms a batch, and a step without waiting "
             "(for the batch or for the other ranks) takes 20.0 ms") in f.evidence
-    assert f.fix.startswith("Rank 0's 2 workers cannot keep up: DataLoader(num_workers=4) or more keeps the next "
-                            "batch ready")
+    assert f.fix.startswith("The 2 DataLoader workers of rank(s) 0 cannot keep up: DataLoader(num_workers=4) or more "
+                            "keeps the next batch ready")
     assert "cannot keep up" not in run({"orch: next batch": 200.0}, {}).fix
     # a rank that also waits 10 ms a step for a peer in collectives (a peer's slower loader paces
     # it too) would take 10 ms a step on its own: 8 workers

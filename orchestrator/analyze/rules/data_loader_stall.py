@@ -126,10 +126,7 @@ class DataLoaderStall(Rule):
                if alone else "") + (
                f"Rank(s) {ranges(sorted(restart))} start their DataLoader's workers anew every epoch: "
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
-               "the next. " if restart else "") + "".join(
-               f"Rank {rk}'s {w.workers} workers cannot keep up: DataLoader(num_workers={w.needed}) or more keeps "
-               "the next batch ready (each worker needs a CPU core), or make each batch cheaper to prepare. "
-               for rk, w in sorted(few.items())) + ctx.data_loader_fix()
+               "the next. " if restart else "") + self._more_workers(few) + ctx.data_loader_fix()
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
                         severity=severity)]
 
@@ -176,6 +173,17 @@ class DataLoaderStall(Rule):
             if own > 0:
                 out[rk] = Workers(n, math.ceil(n * step / own - 1e-9), step, per, n * step, own)
         return out
+
+    @staticmethod
+    def _more_workers(few: dict[int, Workers]) -> str:
+        """The fix's words for `too_few_workers`: one sentence for the ranks with as many workers,
+        naming the most any of them needs (a job's ranks mostly run one loader)."""
+        by_n: dict[int, list[int]] = defaultdict(list)
+        for rk, w in few.items():
+            by_n[w.workers].append(rk)
+        return "".join(f"The {n} DataLoader workers of rank(s) {ranges(sorted(rks))} cannot keep up: DataLoader(num_workers="
+                       f"{max(few[rk].needed for rk in rks)}) or more keeps the next batch ready (each worker needs a "
+                       "CPU core), or make each batch cheaper to prepare. " for n, rks in sorted(by_n.items()))
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:

@@ -135,7 +135,8 @@ def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores,
     need = -(-2 * period // (period - wait - nccl))
     (said,) = [w for w in stall.evidence if w.startswith("rank 1: its 2 DataLoader workers")]
     # one sentence for both ranks, the most either needs
-    count = int(stall.fix.split("The 2 DataLoader workers of rank(s) 0-1 cannot keep up: DataLoader(num_workers=")[1].split(")")[0])
+    said_fix = "The 2 DataLoader workers of rank(s) 0-1 cannot keep up: DataLoader(num_workers="
+    count = int(stall.fix.split(said_fix)[1].split(")")[0])
     assert abs(count - need) <= 1, (count, need, said)
 
 

@@ -181,9 +181,10 @@ class DataLoaderStall(Rule):
         by_n: dict[int, list[int]] = defaultdict(list)
         for rk, w in few.items():
             by_n[w.workers].append(rk)
-        return "".join(f"The {n} DataLoader workers of rank(s) {ranges(sorted(rks))} cannot keep up: DataLoader(num_workers="
-                       f"{max(few[rk].needed for rk in rks)}) or more keeps the next batch ready (each worker needs a "
-                       "CPU core), or make each batch cheaper to prepare. " for n, rks in sorted(by_n.items()))
+        return "".join(f"The {n} DataLoader workers of rank(s) {ranges(sorted(rks))} cannot keep up: "
+                       f"DataLoader(num_workers={max(few[rk].needed for rk in rks)}) or more keeps the next batch "
+                       "ready (each worker needs a CPU core), or make each batch cheaper to prepare. "
+                       for n, rks in sorted(by_n.items()))
 
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:

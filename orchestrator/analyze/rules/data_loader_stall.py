@@ -158,17 +158,17 @@ class DataLoaderStall(Rule):
         for a batch, and keeping up with the step the rank would take without waiting (less its
         wait for the batch and its wait for the other ranks in collectives, exposed_wait_ms: a
         peer with a slower loader paces it too) needs ceil(n x step / that) of them."""
-        steps = {r.rank: r for r in ctx.report.ranks}
+        ranks = {r.rank: r for r in ctx.report.ranks}
         n_steps = len(analysed_steps(ctx.report))
         win = ctx.window_ms()
         out = {}
         for rk, ms in stall.items():
             mine = [s for s in ctx.report.loaders.get(rk, []) if s.num_workers]
             wait = ms - restart.get(rk, (0.0, 0.0))[0]
-            if len(mine) != 1 or not n_steps or rk not in steps or wait < self.min_share * win[rk]:
+            if len(mine) != 1 or not n_steps or rk not in ranks or wait < self.min_share * win[rk]:
                 continue
             step, per = win[rk] / n_steps, wait / n_steps
-            own = step - per - (steps[rk].exposed_wait_ms or 0.0) / n_steps
+            own = step - per - (ranks[rk].exposed_wait_ms or 0.0) / n_steps
             n = mine[0].num_workers or 0
             if own > 0:
                 out[rk] = Workers(n, math.ceil(n * step / own - 1e-9), step, per, n * step, own)

@@ -115,7 +115,7 @@ def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores,
     period, so each takes 2 x that, and the step without its wait between the step ranges and
     without its exposed NCCL time needs ceil(2 x period / that) of them. Rank 0 loads the same
     batches: the same count, though its own step holds its wait for rank 1 (taken off as orch's
-    exposed wait)."""
+    exposed wait). The straggler finding on rank 1 names it too."""
     import duckdb
 
     from orchestrator.store.evidence import JobEvidence
@@ -128,7 +128,9 @@ def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores,
     ev = JobEvidence(job_id="1", executor="local", state="COMPLETED", loaders={0: two, 1: two})
     with duckdb.connect(str(store)) as con:
         con.execute("INSERT INTO meta VALUES ('job', ?)", [ev.model_dump_json()])
-    (stall,) = [f for f in build_report(store, Options()).findings if f.kind == "data_loader_stall"]
+    rep = build_report(store, Options())
+    (stall,) = [f for f in rep.findings if f.kind == "data_loader_stall"]
+    (late,) = [f for f in rep.findings if f.kind == "straggler"]
     r1 = truth["resnet_nw2"]["ranks"]["1"]
     period, wait = r1["step_period_ms"]["mean"], r1["between_steps_ms"]["mean"]
     nccl = r1["exposed_nccl_pct"] / 100 * r1["window_ms"] / r1["step_period_ms"]["n"]
@@ -138,6 +140,8 @@ def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores,
     said_fix = "The 2 DataLoader workers of rank(s) 0-1 cannot keep up: DataLoader(num_workers="
     count = int(stall.fix.split(said_fix)[1].split(")")[0])
     assert abs(count - need) <= 1, (count, need, said)
+    # the top finding, rank 1 late in its input, names the same count
+    assert late.ranks == [1] and f"{said_fix}{count})" in late.fix
 
 
 def test_critical_path_tiles_every_step(stores) -> None:

@@ -17,11 +17,10 @@ its batches in its loop thread (num_workers=0) is named in the fix."""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.measurable import analysed_steps
+from orchestrator.analyze.loader_workers import MIN_SHARE, START, input_idle, more_workers, too_few_workers
 from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
@@ -37,24 +36,8 @@ from orchestrator.analyze.rules.base import (
 from orchestrator.metrics.engine import is_input_range
 from orchestrator.ranklist import ranges
 
-# orch's loop mark around DataLoader.__iter__ (templates/orch_loop_marks.py.j2): an epoch's start.
-START = "orch: loader start"
 # The OS calls that start a process (the OS runtime's names): a DataLoader starting its workers.
 FORKS = ("fork", "vfork", "clone", "clone3", "posix_spawn")
-
-
-@dataclass(frozen=True)
-class Workers:
-    """A loader whose workers set the loop's pace: how many, how many would keep up, the mean
-    step and the loop thread's wait for a batch in it, a worker's time for one batch, and the
-    step without that wait or any wait for the other ranks in collectives (ms)."""
-
-    workers: int
-    needed: int
-    step_ms: float
-    wait_ms: float
-    batch_ms: float
-    own_ms: float
 
 
 @dataclass
@@ -64,7 +47,7 @@ class DataLoaderStall(Rule):
     reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps")  # the critical path's, through straggler.reported
     final = True  # after the straggler rule, whose roots it leaves their saving
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
-    min_share: float = 0.05
+    min_share: float = MIN_SHARE
 
     def evaluate(self, ctx: Context) -> list[Finding]:
         win = ctx.window_ms()
@@ -112,11 +95,8 @@ class DataLoaderStall(Rule):
                 severity = "info"
         alone = [rk for rk in sorted(stall) if any(s.num_workers == 0 for s in ctx.report.loaders.get(rk, []))]
         restart = self.restarting(ctx, stall)
-        few = self.too_few_workers(ctx, stall, restart)
-        evidence += [f"rank {rk}: its {w.workers} DataLoader workers deliver a batch every {w.step_ms:.1f} ms on "
-                     f"average and the loop thread waits {w.wait_ms:.1f} ms of it for the next batch: each worker "
-                     f"takes about {w.batch_ms:.1f} ms a batch, and a step without waiting (for the batch or "
-                     f"for the other ranks) takes {w.own_ms:.1f} ms" for rk, w in sorted(few.items())]
+        few = too_few_workers(ctx, stall, {rk: ms for rk, (ms, _) in restart.items()}, self.min_share)
+        evidence += [w.line(rk) for rk, w in sorted(few.items())]
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
                      + (f": {round(forked, 3)} ms in `fork`, starting processes" if forked else "")
@@ -126,7 +106,7 @@ class DataLoaderStall(Rule):
                if alone else "") + (
                f"Rank(s) {ranges(sorted(restart))} start their DataLoader's workers anew every epoch: "
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
-               "the next. " if restart else "") + self._more_workers(few) + ctx.data_loader_fix()
+               "the next. " if restart else "") + more_workers(few) + ctx.data_loader_fix()
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
                         severity=severity)]
 
@@ -149,53 +129,11 @@ class DataLoaderStall(Rule):
                 out[r.rank] = (ms, forked.get(r.rank, 0.0))
         return out
 
-    def too_few_workers(self, ctx: Context, stall: dict[int, float],
-                        restart: dict[int, tuple[float, float]]) -> dict[int, Workers]:
-        """Per stalled rank whose loader has workers (its one loader with num_workers > 0, by the
-        loop marks) and whose loop thread still waits for batches once its workers run (the idle
-        in input ranges less the epoch starts' `restart`, at least `min_share` of its steps): in
-        that steady state the n workers set the pace, a batch every step, so each takes n x step
-        for a batch, and keeping up with the step the rank would take without waiting (less its
-        wait for the batch and its wait for the other ranks in collectives, exposed_wait_ms: a
-        peer with a slower loader paces it too) needs ceil(n x step / that) of them."""
-        ranks = {r.rank: r for r in ctx.report.ranks}
-        n_steps = len(analysed_steps(ctx.report))
-        win = ctx.window_ms()
-        out = {}
-        for rk, ms in stall.items():
-            mine = [s for s in ctx.report.loaders.get(rk, []) if s.num_workers]
-            wait = ms - restart.get(rk, (0.0, 0.0))[0]
-            if len(mine) != 1 or not n_steps or rk not in ranks or wait < self.min_share * win[rk]:
-                continue
-            step, per = win[rk] / n_steps, wait / n_steps
-            own = step - per - (ranks[rk].exposed_wait_ms or 0.0) / n_steps
-            n = mine[0].num_workers or 0
-            if own > 0:
-                out[rk] = Workers(n, math.ceil(n * step / own - 1e-9), step, per, n * step, own)
-        return out
-
-    @staticmethod
-    def _more_workers(few: dict[int, Workers]) -> str:
-        """The fix's words for `too_few_workers`: one sentence for the ranks with as many workers,
-        naming the most any of them needs (a job's ranks mostly run one loader)."""
-        by_n: dict[int, list[int]] = defaultdict(list)
-        for rk, w in few.items():
-            by_n[w.workers].append(rk)
-        return "".join(f"The {n} DataLoader workers of rank(s) {ranges(sorted(rks))} cannot keep up: "
-                       f"DataLoader(num_workers={max(few[rk].needed for rk in rks)}) or more keeps the next batch "
-                       "ready (each worker needs a CPU core), or make each batch cheaper to prepare. "
-                       for n, rks in sorted(by_n.items()))
-
     def stalled(self, ctx: Context) -> dict[int, float]:
         """Per rank whose GPU idles in input-pipeline ranges for `min_share` of its window or more:
         that idle in ms."""
         win = ctx.window_ms()
-        data: dict[int, float] = defaultdict(float)
-        for r in ctx.report.ranks:
-            for name, ms in r.gaps_by_range_ms.items():
-                if is_input_range(name):
-                    data[r.rank] += ms
-        return {rk: ms for rk, ms in data.items() if win.get(rk) and ms >= self.min_share * win[rk]}
+        return {rk: ms for rk, ms in input_idle(ctx).items() if win.get(rk) and ms >= self.min_share * win[rk]}
 
     @staticmethod
     def _bubble_hidden(ctx: Context, rk: int, stall_ms: float, window_ms: float) -> float:

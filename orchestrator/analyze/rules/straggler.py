@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from orchestrator.analyze.loader_workers import START, input_idle, more_workers, too_few_workers
 from orchestrator.analyze.model_report import Finding, Severity
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
@@ -334,7 +335,7 @@ class Straggler(Rule):
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if is_input_range(phase):
-            return f"Rank {rk} is late because its `{phase}` is slow: " + ctx.data_loader_fix()
+            return f"Rank {rk} is late because its `{phase}` is slow: " + _workers(ctx, rk) + ctx.data_loader_fix()
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
         if call:
@@ -358,6 +359,18 @@ class Straggler(Rule):
                     "these kernels more often or longer (work only it does, other input shapes, another kernel "
                     "choice). " + NO_CAUSE_FIX.format(rk=rk))
         return NO_CAUSE_FIX.format(rk=rk)
+
+
+def _workers(ctx: Context, rk: int) -> str:
+    """How many DataLoader workers would keep rank `rk` fed, in the fix's words, where the run's
+    loop marks noted its loader and its workers set its pace (loader_workers.py): with the other
+    ranks whose workers set theirs, as the data-loader finding says it (one count for a loader
+    they share; the rank's alone would make the next slowest the straggler). The epoch starts of
+    a loader whose workers start anew every epoch are the data-loader finding's."""
+    restart = {r.rank: r.gaps_by_range_ms.get(START, 0.0) for r in ctx.report.ranks
+               if any(s.num_workers and s.persistent_workers is False for s in ctx.report.loaders.get(r.rank, []))}
+    few = too_few_workers(ctx, input_idle(ctx), restart)
+    return more_workers(few) if rk in few else ""
 
 
 RULE = Straggler()

@@ -64,4 +64,3 @@ def replay_lines(a: Report, b: Report) -> list[str]:
         return []
     return [f"{side}: {r.replay.line if r.replay else 'not replayed (no NCCL work matched across ranks)'}"
             for side, r in (("A", a), ("B", b))]
-

@@ -142,6 +142,7 @@ def test_the_tutorials_two_workers_are_counted_against_the_pace_they_set(stores,
     assert abs(count - need) <= 1, (count, need, said)
     # the top finding, rank 1 late in its input, names the same count
     assert late.ranks == [1] and f"{said_fix}{count})" in late.fix
+    assert "num_workers>0" not in stall.fix and "num_workers>0" not in late.fix
 
 
 def test_critical_path_tiles_every_step(stores) -> None:

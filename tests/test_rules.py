@@ -150,7 +150,10 @@ def test_data_loader_stall_counts_the_workers_that_would_keep_up() -> None:
             "(for the batch or for the other ranks) takes 20.0 ms") in f.evidence
     assert f.fix.startswith("The 2 DataLoader workers of rank(s) 0 cannot keep up: DataLoader(num_workers=4) or more "
                             "keeps the next batch ready")
-    assert "cannot keep up" not in run({"orch: next batch": 200.0}, {}).fix
+    # the general advice after the count does not ask for num_workers>0 again
+    assert "DataLoader(pin_memory=True, prefetch_factor>=2" in f.fix and "num_workers>0" not in f.fix
+    unknown = run({"orch: next batch": 200.0}, {}).fix
+    assert "cannot keep up" not in unknown and "DataLoader(num_workers>0, pin_memory=True" in unknown
     # a rank that also waits 10 ms a step for a peer in collectives (a peer's slower loader paces
     # it too) would take 10 ms a step on its own: 8 workers
     ctx = context([rank(0, window_ms=400.0, exposed_wait_ms=100.0, gaps_by_range_ms={"orch: next batch": 200.0})],

@@ -21,8 +21,11 @@ from orchestrator.metrics.engine import CALL_GAP, Options, Views
 
 # NVTX range names that are the input pipeline in real code.
 
+# The data-loader fix's advice on the worker count, left out where the fix already names how many
+# workers would keep up (loader_workers.more_workers).
+WORKERS_ARG = "num_workers>0, "
 DATA_LOADER_FIX = (
-    "Feed the GPU ahead of time: DataLoader(num_workers>0, pin_memory=True, prefetch_factor>=2, "
+    f"Feed the GPU ahead of time: DataLoader({WORKERS_ARG}pin_memory=True, prefetch_factor>=2, "
     "persistent_workers=True), copy with .to(device, non_blocking=True), and move decoding/"
     "augmentation out of the training loop."
 )
@@ -40,7 +43,7 @@ CPU_GAP_FIX = (
 # The same advice for a CPU-only capture (no GPU traced): there the others wait in collectives,
 # and advice about feeding a GPU reads as a bug.
 DATA_LOADER_FIX_CPU = (
-    "Have each batch ready before the step needs it: DataLoader(num_workers>0, pin_memory=True, "
+    f"Have each batch ready before the step needs it: DataLoader({WORKERS_ARG}pin_memory=True, "
     "prefetch_factor>=2, persistent_workers=True), and move decoding/augmentation out of the training loop."
 )
 CPU_GAP_FIX_CPU = (
@@ -290,8 +293,11 @@ class Context:
         """`gpu` for a capture with GPU work, else its CPU-only wording `cpu`."""
         return gpu if self.report.gpu_activity else cpu
 
-    def data_loader_fix(self) -> str:
-        return self.worded(DATA_LOADER_FIX, DATA_LOADER_FIX_CPU)
+    def data_loader_fix(self, workers_named: bool = False) -> str:
+        """The data-loader advice; `workers_named`: the fix before it already says how many workers
+        would keep up, so the advice does not say `num_workers>0` after it."""
+        text = self.worded(DATA_LOADER_FIX, DATA_LOADER_FIX_CPU)
+        return text.replace(WORKERS_ARG, "") if workers_named else text
 
     def cpu_gap_fix(self) -> str:
         return self.worded(CPU_GAP_FIX, CPU_GAP_FIX_CPU)

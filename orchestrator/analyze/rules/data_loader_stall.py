@@ -106,7 +106,7 @@ class DataLoaderStall(Rule):
                if alone else "") + (
                f"Rank(s) {ranges(sorted(restart))} start their DataLoader's workers anew every epoch: "
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
-               "the next. " if restart else "") + more_workers(few) + ctx.data_loader_fix()
+               "the next. " if restart else "") + more_workers(few) + ctx.data_loader_fix(bool(few))
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
                         severity=severity)]
 

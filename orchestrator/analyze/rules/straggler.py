@@ -335,7 +335,8 @@ class Straggler(Rule):
         if phase == BETWEEN_STEPS_WORK:
             return f"Rank {rk} is late because of work it alone does between steps. " + OTHER_WORK_FIX
         if is_input_range(phase):
-            return f"Rank {rk} is late because its `{phase}` is slow: " + _workers(ctx, rk) + ctx.data_loader_fix()
+            count = _workers(ctx, rk)
+            return f"Rank {rk} is late because its `{phase}` is slow: " + count + ctx.data_loader_fix(bool(count))
         if phase != COMPUTE:
             return f"Rank {rk} is late while in `{phase}`: make that range faster on rank {rk} or move it off the step."
         if call:

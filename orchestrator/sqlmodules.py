@@ -1,8 +1,9 @@
 """The analysis SQL modules' headers, read as declarations (after Perfetto's SQL standard
 library: every module says what it reads and what it provides, and a checker holds it to it).
 
-Each `metrics/sql/NN_*.sql` opens with a comment block; three of its lines are machine-read:
+Each `metrics/sql/NN_*.sql` opens with a comment block; four of its lines are machine-read:
 
+    -- Map: per rank                      (optional: the file is the map's, run per rank)
     -- Reads: gpu_ops, win (any note in parentheses), params.
     -- Writes: steps, step_source.        (optional: earlier modules' tables it adds rows to)
     -- Provides:
@@ -16,6 +17,9 @@ next comment lines and ends with a period. A `Provides` entry starts at three sp
 block ends at the first line indented less. A table the map writes for the reduce
 (store/map_tables.py) gives each column its type (INTEGER, BIGINT, DOUBLE, VARCHAR, BOOLEAN):
 the header is the one declaration of its columns, which the store and the map read from it.
+A `Map: per rank` file computes what needs one rank's rows alone: the map runs it on its rank,
+and the analysis runs it only over the ranks whose map it cannot take (metrics/sqlrun.py), so
+that it reads no other rank's rows and nothing read across ranks.
 The scheduler builds its DAG from these declarations (sqlrun.py), tests/test_sql_modules.py
 checks them against what DuckDB runs, and scripts/gen_metrics_doc.py turns them into
 docs/metrics.md.
@@ -67,6 +71,7 @@ class Module:
     writes: tuple[str, ...]
     provides: tuple[Provided, ...]
     sql: str
+    per_rank: bool = False  # `-- Map: per rank`
 
     @property
     def public(self) -> tuple[Provided, ...]:
@@ -163,7 +168,7 @@ def parse(file: str, sql: str) -> Module:
     if not any(s.startswith("-- Reads:") for s in lines):
         raise HeaderError(f"{file}: no `-- Reads:` line (write `-- Reads: nothing.` when it reads nothing)")
     return Module(file, _list_line(lines, "Reads", file), _list_line(lines, "Writes", file),
-                  _provides(lines, file), sql)
+                  _provides(lines, file), sql, "-- Map: per rank" in lines)
 
 
 def parse_all(files: Iterable[tuple[str, str]]) -> list[Module]:

@@ -24,18 +24,22 @@ import duckdb
 
 from orchestrator.analyze import rules as rules_pkg
 from orchestrator.analyze.rules import base
+from orchestrator.metrics import rankpass
 from orchestrator.sqlmodules import Module
 
-_OBJECTS = """
+# (The per-rank pass's inputs are views of other objects' rows: metrics/rankpass.py.)
+_OBJECTS = f"""
     SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = 'memory'
     UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE database_name = 'memory' AND NOT internal
+        AND schema_name <> '{rankpass.INPUTS}'
     UNION ALL SELECT function_name, function_type FROM duckdb_functions()
         WHERE database_name = 'memory' AND function_type IN ('macro', 'table_macro') AND NOT internal
 """
 
 
 def objects(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
-    """Name -> table | view | macro | table_macro, of everything in the in-memory catalog."""
+    """Name -> table | view | macro | table_macro, of everything in the in-memory catalog (a
+    name the per-rank pass and the files after it both have: the latter's, which it takes)."""
     return dict(con.execute(_OBJECTS).fetchall())
 
 
@@ -71,7 +75,7 @@ def materialize(full: duckdb.DuckDBPyConnection, path: Path) -> None:
     full.execute(f"ATTACH '{path}' AS snap")
     for name, kind in objects(full).items():
         if kind in ("table", "view"):
-            full.execute(f'CREATE TABLE snap.main."{name}" AS SELECT * FROM memory.main."{name}"')
+            full.execute(f'CREATE TABLE snap.main."{name}" AS SELECT * FROM "{name}"')
     full.execute("DETACH snap")
 
 

@@ -16,14 +16,16 @@ from orchestrator.store.map_tables import SUMMARIES
 pytestmark = pytest.mark.fast
 
 SQL = SQL_DIR / "67_capture_overhead.sql"
+API = SQL_DIR / "67_capture_api.sql"
 CALL_NS = 7600
 WINDOW_NS = 1_000_000_000
 
 
 def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[int, int],
               mapped: dict[int, tuple[int, int]] | None = None) -> dict[int, dict]:
-    """`mapped`: ranks whose window's calls and launches a map counted (map_capture_api); their
-    own CUDA calls are then not read."""
+    """`mapped`: ranks whose window's calls and launches a map counted (map_capture_api): their
+    rows of capture_api are the map's, taken as the analysis takes them (map_tables.Summary.taken),
+    the other ranks' counted from their CUDA calls."""
     con = duckdb.connect()
     con.execute("CREATE TABLE map_ranks(rank INT, off BIGINT)")
     con.execute(next(s for s in SUMMARIES if s.table == "map_capture_api").ddl())
@@ -44,8 +46,12 @@ def _overhead(calls: dict[int, int], profiler_ns: dict[int, int], gaps_ns: dict[
             con.execute("INSERT INTO profiler_overhead VALUES (?, ?, ?)",
                         [rk, WINDOW_NS - profiler_ns[rk], WINDOW_NS + 7_000_000])
         con.execute("INSERT INTO small_gaps VALUES (?, 10, ?)", [rk, gaps_ns[rk]])
-    con.execute("CREATE TABLE map_todo AS SELECT rank FROM win ANTI JOIN map_ranks USING (rank)")
     con.execute((SQL_DIR / "00_macros.sql").read_text())  # loo_ref
+    con.execute(API.read_text())
+    taken = next(s for s in SUMMARIES if s.table == "map_capture_api").taken("map_ranks")
+    con.execute("ALTER TABLE capture_api RENAME TO own")
+    con.execute(f"CREATE TABLE capture_api AS SELECT * FROM own ANTI JOIN map_ranks USING (rank) "
+                f"UNION ALL BY NAME {taken}")
     con.execute(SQL.read_text())
     return {r[0]: dict(zip([d[0] for d in con.description], r, strict=True))
             for r in con.execute("SELECT * FROM capture_overhead ORDER BY rank").fetchall()}

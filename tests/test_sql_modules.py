@@ -104,7 +104,7 @@ def test_the_report_reads_only_public_views(checked: Checked) -> None:
 
 
 @pytest.mark.parametrize(("edit", "expected"), [
-    ({"55_host_sync.sql": (", gap_attr.", ".")}, "55_host_sync.sql reads gap_attr without declaring it"),
+    ({"55_sync_steps.sql": (", gap_attr,", ",")}, "55_sync_steps.sql reads gap_attr without declaring it"),
     ({"40_gaps.sql": ("small_gaps(rank INTEGER, n BIGINT, ns BIGINT)", "small_gaps(rank INTEGER, n BIGINT, "
                                                                        "total_ns BIGINT)")},
      "40_gaps.sql: small_gaps(rank, n, total_ns) is really small_gaps(rank, n, ns)"),
@@ -188,6 +188,25 @@ def test_typed_header_entries_are_the_map_tables() -> None:
     assert {s.table: s.columns for s in SUMMARIES}["map_steps"] == (
         ("rank", "INTEGER"), ("tid", "BIGINT"), ("start", "BIGINT"), ("end", "BIGINT"), ("step", "INTEGER"),
         ("family", "INTEGER"))
+
+
+def test_the_per_rank_pass_reads_what_runs_before_it() -> None:
+    """The per-rank files' inputs are made before the first of them (metrics/rankpass.py): one
+    that reads a name a later file provides is refused; and their views read only the pass's own
+    tables (a view binds its names where it is read: one over an input would read every rank's
+    rows from the files after the pass)."""
+    from orchestrator.metrics import rankpass
+
+    modules = _modules()
+    made = {p.name for m in modules if m.per_rank for p in m.provides}
+    for m in (m for m in modules if m.per_rank):
+        for st in duckdb.extract_statements(m.sql):
+            view = re.match(r"\s*CREATE OR REPLACE VIEW (\w+) AS (.*)", st.query, re.S)
+            if view:
+                assert sqlcheck.sql_tables(view.group(2)) <= made, (m.file, view.group(1))
+    late = _modules({"90_gpu_work.sql": ("-- Reads: memcpy,", "-- Reads: sync_steps, memcpy,")})
+    with pytest.raises(HeaderError, match=r"per-rank files read \['sync_steps'\]"):
+        rankpass.plan(late)
 
 
 def test_metrics_doc_is_up_to_date() -> None:

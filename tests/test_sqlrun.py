@@ -1,5 +1,5 @@
 """The analysis SQL run concurrently (metrics/sqlrun.py): the dependencies it takes from the
-files' declared headers, and the same tables as a plain run of every file in order, on a real capture."""
+files' declared headers, and the same tables as a plain run of every unit in order, on a real capture."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from orchestrator.layout import Layout
 from orchestrator.metrics import sqlrun
 from orchestrator.metrics.engine import (
     Options,
+    _plan,
     analysis,
     analysis_threads,
     attach_store,
     on_writer,
     prepare,
+    session,
     store_rows,
 )
 from orchestrator.sqlmodules import SQL_DIR
@@ -52,16 +54,16 @@ def test_dependencies_from_the_declared_headers() -> None:
 
 
 def _rows(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple]:
-    """A table's rows, sorted, floats rounded (parallel sums may differ in the last bits)."""
-    typed = con.execute(f'SELECT column_name, column_type FROM (DESCRIBE memory.main."{table}")').fetchall()
+    """A table's rows (`schema.name`), sorted, floats rounded (parallel sums may differ in the last bits)."""
+    typed = con.execute(f"SELECT column_name, column_type FROM (DESCRIBE memory.{table})").fetchall()
     sel = ", ".join(f'round("{c}", 6)' if t in ("DOUBLE", "FLOAT") else f'"{c}"' for c, t in typed)
-    return sorted(con.execute(f'SELECT {sel} FROM memory.main."{table}"').fetchall(), key=repr)
+    return sorted(con.execute(f"SELECT {sel} FROM memory.{table}").fetchall(), key=repr)
 
 
 def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
-    """Every analysis table after the concurrent run equals a plain in-order run of every file
-    on one connection (a missing dependency fails with 'does not exist' or, for a file that
-    adds rows to another's table, gives a different table)."""
+    """Every analysis table after the concurrent run equals a plain in-order run of every unit
+    on one connection, each on its own search path (a missing dependency fails with 'does not
+    exist' or, for a file that adds rows to another's table, gives a different table)."""
     inp = tmp_path / "in"
     inp.mkdir()
     for f in sorted(REAL.glob("resnet_nw2_r*_*.sqlite.gz")):
@@ -71,13 +73,21 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
     ref = attach_store(store)
     try:
         prepare(ref, Options())
-        for f in sorted(p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")):
-            ref.execute(f.read_text())
-        names = [r[0] for r in ref.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'memory' ORDER BY 1").fetchall()]
+        units = _plan()
+        assert [u.name for u in units if u.sql] == sorted(p.name for p in SQL_DIR.iterdir() if p.name.endswith(".sql"))
+        for u in units:
+            if u.path:
+                ref.execute(f"SET search_path = '{u.path}'")
+            if u.call:
+                u.call(ref)
+            else:
+                ref.execute(u.sql)
+            session(ref)
+        tables = ("SELECT schema_name || '.' || table_name FROM duckdb_tables() WHERE database_name = 'memory' "
+                  "ORDER BY 1")
+        names = [r[0] for r in ref.execute(tables).fetchall()]
         assert len(names) > 50
-        got = [r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'memory' ORDER BY 1").fetchall()]
+        got = [r[0] for r in con.execute(tables).fetchall()]
         assert got == names
         for n in names:
             assert _rows(con, n) == _rows(ref, n), n

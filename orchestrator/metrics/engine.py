@@ -24,7 +24,7 @@ from orchestrator import sqlmodules
 from orchestrator.duckdb_memory import cores as orch_cores
 from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
-from orchestrator.metrics import sqlrun, unread
+from orchestrator.metrics import rankpass, sqlrun, unread
 from orchestrator.sqltext import attach, execute, set_option
 from orchestrator.store import map_tables
 from orchestrator.store.evidence import JobEvidence
@@ -106,6 +106,7 @@ def attach_store(store: Path) -> duckdb.DuckDBPyConnection:
     except BaseException:
         con.close()
         raise
+    rankpass.schemas(con)
     session(con)
     limit(con)  # analysis tables past the limit spill to disk instead of growing (duckdb_memory.py)
     set_option(con, "threads", analysis_threads(store_rows(con, meta)))
@@ -132,13 +133,14 @@ def analysis_threads(store_rows: int, cores: int | None = None) -> int:
 
 def session(con: duckdb.DuckDBPyConnection) -> None:
     """Per-connection settings, for the analysis connection and each of its cursors. Names
-    resolve to the analysis objects (in-memory catalog) first, then to the store's tables;
+    resolve to the analysis objects (in-memory catalog) first, then to the per-rank pass's own
+    (rankpass.py), then to the store's tables;
     the analysis creates its objects in memory, so the store is never written.
     DuckDB turns an ASOF join whose left side it ESTIMATES below 64 rows into a nested loop
     over the whole right side; its estimates of our CTEs are often far too low (NVTX ranges x
     CUDA calls as a loop, several times slower: docs/benchmarks-code.md). The ASOF joins here are the
     linear paths on purpose: always take them."""
-    con.execute("SET search_path = 'memory.main,store.main'")
+    con.execute(f"SET search_path = 'memory.main,memory.{rankpass.PASS},store.main'")
     con.execute("SET asof_loop_join_threshold = 0")
 
 
@@ -225,14 +227,14 @@ def map_sql() -> str:
     with other statements are never taken."""
     h = hashlib.sha256()
     for u in sqlrun.needed(_plan(), map_tables.SQL_FILES):
-        h.update(sqlmodules.code(u.sql).encode())
+        h.update(sqlmodules.code(u.sql).encode() if u.sql else u.name.encode())
     h.update(repr(map_tables.SUMMARIES).encode())
     return h.hexdigest()[:16]
 
 
 @functools.cache
 def _plan() -> list[sqlrun.Unit]:
-    return sqlrun.plan_modules(sqlmodules.analysis_modules())
+    return rankpass.plan(sqlmodules.analysis_modules())
 
 
 class Views:
@@ -339,6 +341,7 @@ def on_writer(writer: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     writer's. The store's rows are read where they are (memory or file) while the checkpoint
     writes them, instead of after it, from a reopened file."""
     con = writer.cursor()
+    rankpass.schemas(con)
     session(con)
     set_option(con, "threads", analysis_threads(store_rows(con)))
     return con

@@ -35,11 +35,14 @@ from orchestrator.timings import phase
 
 @dataclass(frozen=True)
 class Unit:
-    """One SQL file: its name, its text and the earlier units it must wait for."""
+    """One SQL file: its name, its text and the earlier units it must wait for; `path`: the
+    search path it runs on, where not the connection's; `call`: what it runs instead of SQL."""
 
     name: str
     sql: str
     after: tuple[str, ...]
+    path: str | None = None
+    call: Callable[[duckdb.DuckDBPyConnection], None] | None = None
 
 
 def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
@@ -109,8 +112,16 @@ def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
         for dep in u.after:
             futures[dep].result()  # re-raises a dependency's failure
         with phase(f"analyze: {u.name}"):
+            cur = cursor()
             try:
-                cursor().execute(u.sql)
+                if u.path:
+                    cur.execute(f"SET search_path = '{u.path}'")
+                if u.call:
+                    u.call(cur)
+                else:
+                    cur.execute(u.sql)
+                if u.path:  # the cursor's own again, for the next unit it runs
+                    setup(cur)
             except duckdb.Error as e:
                 e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
                 raise

@@ -13,11 +13,11 @@ the analysis a pass over every event of every rank: at 1,024 CPU ranks most of t
 small results as parts; the reduce stores them in the `map_*` tables below. The analysis takes a
 rank's mapped rows only where the map's scopes are the ones it would use itself (the same
 selected-steps window on the CPU and the GPU side, step count, process, gap threshold and SQL:
-map_ranks in 21_stats_scope.sql) and computes the other ranks itself: a report with other options
-(`--steps`, `--steps-from`, `--gap-ms`, the whole capture), a job stopped early, a rank whose steps
-the job-wide detection chose differently, a store mapped by another version of these files, all
-fall back to the central SQL, so the report is the same either way (tests/test_parts.py on every
-real fixture).
+map_ranks in 21_stats_scope.sql) and maps the other ranks itself, with the same statements
+(metrics/rankpass.py): a report with other options (`--steps`, `--steps-from`, `--gap-ms`, the
+whole capture), a job stopped early, a rank whose steps the job-wide detection chose differently,
+a store mapped by another version of these files, so the report is the same either way
+(tests/test_parts.py on every real fixture).
 
 Three keys, from the loosest to the strictest, each checked by the analysis itself:
 - the SQL (map_done, 05_mapped.sql): what needs the rank's events alone, whatever the job and the
@@ -27,7 +27,8 @@ Three keys, from the loosest to the strictest, each checked by the analysis itse
   compute launched between steps). For these ranks `gpu_ops` holds the NCCL kernels only, and
   every file that needs more of their ops takes the map's rows or, outside map_ranks, waits for
   22_gpu_ops_rest.sql to add them;
-- the scopes (map_ranks): the window statistics.
+- the scopes (map_ranks): the window statistics, the tables of the files marked `-- Map: per
+  rank`, which the analysis takes whole from the map or from its own per-rank pass.
 With the three, the report reads a mapped rank's CUDA calls, kernels, copies, memsets and
 OS-runtime calls only for the ranks it draws in the timeline, and the reduce leaves them in the
 parts (store/views.py, IF_MAPPED). Its NVTX ranges are still read (steps, NCCL's byte counts,
@@ -66,6 +67,14 @@ class Summary:
     source: str
     columns: tuple[tuple[str, str], ...]
     own: bool = False
+    clock: tuple[str, ...] = ()  # the columns that are times on the rank's own clock
+
+    def taken(self, ranks: str) -> str:
+        """The map's rows of the ranks in `ranks` (a relation of rank and off, the rank's clock
+        offset in the store), their times moved onto the store's clock."""
+        moved = ", ".join(f'm."{c}" + k.off AS "{c}"' for c in self.clock)
+        return (f"SELECT m.*{f' REPLACE ({moved})' if moved else ''} "
+                f"FROM {self.table} m JOIN {ranks} k USING (rank)")
 
     def ddl(self, schema: str = "") -> str:
         cols = ", ".join(f'"{c}" {t}' for c, t in self.columns)
@@ -99,67 +108,70 @@ class Summary:
 
 
 # Each mapped table: its store name and the analysis table or view it holds, whose entry in its
-# file's header (metrics/sql) gives its columns their types: the one declaration of them.
-_MAPPED: tuple[tuple[str, str], ...] = (
-    # The key (21_stats_scope.sql, rank_scope): in the map's one-rank store the rank's clock
-    # offset is 0, so its times are on the rank's own clock; the analysis adds the store's.
-    ("map_scope", "rank_scope"),
-    ("map_phase_rows", "phase_rows"),
-    ("map_api_table", "api_table"),
-    ("map_thread_table", "thread_table"),
-    ("map_sync_copies", "sync_copies"),
-    ("map_sync_api_calls", "sync_api_calls"),
-    # Slice bounds on the rank's own clock, shifted by the analysis.
-    ("map_gpu_slices", "gpu_slices"),
-    # The GPU's compute intervals (what the critical path reads across ranks), on the rank's own
-    # clock, with their running total (upto); then each class's time in the window.
-    ("map_compute_islands", "compute_islands"),
-    ("map_gpu_time", "gpu_time"),
+# file's header (metrics/sql) gives its columns their types: the one declaration of them; then
+# the columns that are times, on the rank's own clock in the map's one-rank store (its clock
+# offset there is 0), which the analysis moves onto the store's where it takes the map's rows in
+# place of its own per-rank pass (metrics/rankpass.py). The tables of the files before that pass
+# take a rank's rows their own way (05_mapped.sql, 14_gpu_ops.sql).
+_MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # The key (21_stats_scope.sql, rank_scope).
+    ("map_scope", "rank_scope", ()),
+    ("map_phase_rows", "phase_rows", ()),
+    ("map_api_table", "api_table", ()),
+    ("map_thread_table", "thread_table", ()),
+    ("map_sync_copies", "sync_copies", ()),
+    ("map_sync_api_calls", "sync_api_calls", ()),
+    # Nsys' gpu-low-util slices.
+    ("map_gpu_slices", "gpu_slices", ("s", "e")),
+    # The GPU's compute intervals (what the critical path reads across ranks), with their
+    # running total (upto); then each class's time in the window.
+    ("map_compute_islands", "compute_islands", ("s", "e")),
+    ("map_gpu_time", "gpu_time", ()),
     # The GPU's idle gaps of at least --gap-ms with the CPU range that explains each (the map's
-    # threshold is in its scope key), on the rank's own clock.
-    ("map_gap_attr", "gap_attr"),
-    ("map_between_steps", "between_steps"),
+    # threshold is in its scope key).
+    ("map_gap_attr", "gap_attr", ("s", "e")),
+    ("map_between_steps", "between_steps", ("s", "e")),
     # What the gaps are made of (40_gaps.sql, 45_cpu_state.sql, 99_slice_idle.sql): the short ones,
     # the OS calls the loop thread was in during the long ones and the Python functions it ran,
     # the idle of each slice.
-    ("map_small_gaps", "small_gaps"),
-    ("map_alloc_gaps", "alloc_gaps"),
-    ("map_osrt_traced", "osrt_traced"),
-    ("map_gap_cpu", "gap_cpu"),
-    ("map_gap_python", "gap_python"),
-    ("map_slice_idle", "slice_idle"),
-    # Host syncs and the GPU idle after each, on the rank's own clock; their per-rank totals.
-    ("map_host_syncs", "host_syncs"),
-    ("map_sync_idle", "sync_idle"),
+    ("map_small_gaps", "small_gaps", ()),
+    ("map_alloc_gaps", "alloc_gaps", ()),
+    ("map_osrt_traced", "osrt_traced", ()),
+    ("map_gap_cpu", "gap_cpu", ()),
+    ("map_gap_python", "gap_python", ()),
+    ("map_slice_idle", "slice_idle", ()),
+    # Host syncs and the GPU idle after each; their per-rank totals.
+    ("map_host_syncs", "host_syncs", ("start", "end")),
+    ("map_sync_idle", "sync_idle", ("start", "end")),
     # Where the CPU blocked on its GPU (56_cpu_blocks.sql): the replay's bounds on its launches.
-    ("map_cpu_blocks", "cpu_blocks"),
-    ("map_queue_wait", "queue_wait"),
-    ("map_sync_stats", "sync_stats"),
+    ("map_cpu_blocks", "cpu_blocks", ()),
+    ("map_queue_wait", "queue_wait", ()),
+    ("map_sync_stats", "sync_stats", ()),
     # What derives from the rank's own events and steps alone (05_mapped.sql, 14_gpu_ops.sql):
     # taken wherever the map ran this SQL (the optimizer's launches) and its steps are the
     # report's (the GPU ops per step, the NCCL kernels, the compute between steps), whatever
-    # the options; on the rank's own clock.
-    ("map_opt_launch", "opt_launch"),
-    ("map_steps", "steps"),
-    ("map_step_ops", "step_ops"),
-    ("map_comm_ops", "comm_ops"),
-    ("map_offstep", "offstep_islands"),
+    # the options.
+    ("map_opt_launch", "opt_launch", ()),
+    ("map_steps", "steps", ()),
+    ("map_step_ops", "step_ops", ()),
+    ("map_comm_ops", "comm_ops", ()),
+    ("map_offstep", "offstep_islands", ()),
     # The rank's CUDA calls, counted and picked (11_cuda_calls.sql): taken wherever the map ran
     # this SQL, so that the calls themselves stay in the parts.
-    ("map_cuda_calls", "cuda_calls"),
-    ("map_busy_thread", "busy_thread"),
-    ("map_last_call", "last_call"),
-    ("map_rank_device", "rank_device"),
+    ("map_cuda_calls", "cuda_calls", ()),
+    ("map_busy_thread", "busy_thread", ()),
+    ("map_last_call", "last_call", ()),
+    ("map_rank_device", "rank_device", ()),
     # Window statistics (map_ranks, as above): the CUDA calls in the window, the allocator's,
     # the copies', the kernels' and memory operations' tables, the CUDA graphs'.
-    ("map_capture_api", "capture_api"),
-    ("map_alloc_calls", "alloc_calls"),
-    ("map_kernel_stats", "kernel_stats"),
-    ("map_memcpy_window", "memcpy_window"),
-    ("map_mem_rows", "mem_rows"),
-    ("map_kernel_rows", "kernel_rows"),
-    ("map_graph_usage", "graph_usage"),
-    ("map_graph_eager", "graph_eager_steps"),
+    ("map_capture_api", "capture_api", ()),
+    ("map_alloc_calls", "alloc_calls", ()),
+    ("map_kernel_stats", "kernel_stats", ()),
+    ("map_memcpy_window", "memcpy_window", ()),
+    ("map_mem_rows", "mem_rows", ()),
+    ("map_kernel_rows", "kernel_rows", ()),
+    ("map_graph_usage", "graph_usage", ()),
+    ("map_graph_eager", "graph_eager_steps", ()),
 )
 # Written as parts of their own (large tables), not in the rank's stacked part.
 _OWN = ("map_compute_islands",)
@@ -167,11 +179,11 @@ _OWN = ("map_compute_islands",)
 
 def _summaries() -> tuple[Summary, ...]:
     typed = {p.name: p for m in sqlmodules.analysis_modules() for p in m.provides if p.types}
-    missing = [src for _, src in _MAPPED if src not in typed]
+    missing = [src for _, src, _ in _MAPPED if src not in typed]
     if missing:  # a header that lost its types: the map's columns would be unknown
         raise sqlmodules.HeaderError(f"the map writes {missing}, whose headers give their columns no types")
-    return tuple(Summary(table, src, tuple(zip(typed[src].columns, typed[src].types, strict=True)), table in _OWN)
-                 for table, src in _MAPPED)
+    return tuple(Summary(table, src, tuple(zip(typed[src].columns, typed[src].types, strict=True)), table in _OWN,
+                         clock) for table, src, clock in _MAPPED)
 
 
 SUMMARIES = _summaries()
@@ -203,8 +215,8 @@ def stacked_select() -> str:
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
 SQL_FILES = ("13_rank_device.sql", "30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql",
-             "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_overhead.sql", "90_gpu_work.sql", "92_phases.sql",
-             "94_kernel_table.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
+             "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_api.sql", "90_gpu_work.sql", "92_phases.sql",
+             "94_kernel_rows.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

@@ -16,18 +16,12 @@
 --       own as map_scope, on the rank's own clock (store/map_tables.py)
 --   map_ranks(rank, off)  ranks whose map_scope moved by off (the store's clock offset and
 --       correction of the rank) is their rank_scope: the stats files take their rows from the map
---   map_todo(rank)  every other rank, and -1: the per-rank files compute these themselves. A SEMI
---       JOIN with it reads nothing of an event table when the map did every rank, if it runs on
---       the table's scan alone: inside a larger query the optimizer may join the other tables
---       first and scan every rank's rows, so a file that joins such rows with more than map_todo
---       takes them in a MATERIALIZED CTE (todo rows: `x AS MATERIALIZED (SELECT ... FROM t SEMI
---       JOIN map_todo ...)`). -1 is no report's rank: a table that is a view over the parts
---       opens only the files of the ranks a join's other side holds, and every file when that
---       side is empty; so the rank sets that gate event reads (map_none, ops_todo and these)
---       are never empty, and no join yields a row for -1
---   stats_cpu_todo(rank, s, e, n_steps)  stats_cpu of the other ranks (and -1, no scope): what
---       the stats files compute
---   stats_gpu_todo(rank, s, e, n_steps)  stats_gpu of the same ranks
+--   map_todo(rank)  every other rank, and -1: the ranks the analysis maps itself, in its per-rank
+--       pass (the files marked `-- Map: per rank`, run over these ranks' rows alone: sqlrun.py).
+--       -1 is no report's rank: a table that is a view over the parts opens only the files of
+--       the ranks a join's other side holds, and every file when that side is empty; so the rank
+--       sets that gate event reads (map_none, ops_todo and this) are never empty, and no join
+--       yields a row for -1
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
 
 CREATE OR REPLACE TABLE stats_cpu AS
@@ -66,12 +60,6 @@ WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = c.gs AND k.ge +
 
 CREATE OR REPLACE TABLE map_todo AS
 SELECT rank FROM ranks ANTI JOIN map_ranks USING (rank) UNION ALL SELECT -1;
-
-CREATE OR REPLACE TABLE stats_cpu_todo AS
-SELECT * FROM stats_cpu SEMI JOIN map_todo USING (rank) UNION ALL SELECT -1, NULL, NULL, NULL;
-
-CREATE OR REPLACE TABLE stats_gpu_todo AS
-SELECT * FROM stats_gpu SEMI JOIN map_todo USING (rank) UNION ALL SELECT -1, NULL, NULL, NULL;
 
 CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

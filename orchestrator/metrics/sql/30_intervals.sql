@@ -1,12 +1,10 @@
--- GPU time per rank by class, as interval unions clipped to the window. The ranks in map_ranks
--- are the map's (map_compute_islands, map_gpu_time: store/map_tables.py; their islands on the
--- rank's own clock, shifted by map_ranks.off): a rank's unions need its own GPU ops only. Of their
--- islands only the compute ones are read, which the critical path reads across ranks, where they
--- are (the parts, store/views.py OWN_MAPPED): what the other classes are read for (the gaps, the
--- slices, the time split) is the map's too.
--- Reads: gpu_ops, win, map_ranks, map_todo, map_compute_islands, map_gpu_time, is_p2p, is_comm,
--- union_intervals, union_length. Provides:
---   islands(rank, cls, s, e, upto)  unions per class of the ranks in map_todo: compute (non-NCCL
+-- GPU time per rank by class, as interval unions clipped to the window: a rank's unions need its
+-- own GPU ops only. Of a mapped rank's islands only the compute ones are kept, which the critical
+-- path reads across ranks, where they are (the parts, store/views.py OWN_MAPPED): what the other
+-- classes are read for (the gaps, the slices, the time split) is the map's too.
+-- Map: per rank
+-- Reads: gpu_ops, win, is_p2p, is_comm, union_intervals, union_length. Provides:
+--   islands(rank, cls, s, e, upto)  unions per class of the ranks mapped here: compute (non-NCCL
 --       kernels and CUDA graph replays), comm (NCCL kernels), busy (every GPU op), p2p (NCCL
 --       send/recv); upto: the class's time on the rank up to the island's end (what any span
 --       holds of the class is two lookups: the last island starting before each end)
@@ -17,7 +15,7 @@
 --   _clipped(rank, cls, s, e)  GPU ops clipped to the window, classed (the unions' input)
 CREATE OR REPLACE TABLE _clipped AS
 SELECT o.rank, c.cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e
-FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
+FROM gpu_ops o JOIN win w USING (rank)
 CROSS JOIN (VALUES ('compute'), ('comm'), ('busy'), ('p2p')) c(cls)
 WHERE o."end" > w.w0 AND o.start < w.w1
   AND (c.cls = 'busy'
@@ -33,9 +31,7 @@ SELECT *, CAST(sum(CAST(e - s AS DOUBLE)) OVER (PARTITION BY rank, cls ORDER BY 
 FROM union_intervals('_clipped');
 
 CREATE OR REPLACE VIEW compute_islands AS
-SELECT rank, s, e, upto FROM islands WHERE cls = 'compute'
-UNION ALL
-SELECT m.rank, m.s + k.off, m.e + k.off, m.upto FROM map_compute_islands m JOIN map_ranks k USING (rank);
+SELECT rank, s, e, upto FROM islands WHERE cls = 'compute';
 
 CREATE OR REPLACE TABLE gpu_time AS
 WITH u AS (
@@ -52,7 +48,4 @@ WITH u AS (
 )
 SELECT w.rank, coalesce(u.compute_ns, 0) AS compute_ns, coalesce(u.comm_ns, 0) AS comm_ns,
        coalesce(u.busy_ns, 0) AS busy_ns, coalesce(u.p2p_ns, 0) AS p2p_ns, coalesce(o.ns, 0) AS overlap_ns
-FROM win w LEFT JOIN u USING (rank) LEFT JOIN o USING (rank)
-WHERE w.rank IN (SELECT rank FROM map_todo)
-UNION ALL BY NAME
-SELECT * FROM map_gpu_time SEMI JOIN map_ranks USING (rank);
+FROM win w LEFT JOIN u USING (rank) LEFT JOIN o USING (rank);

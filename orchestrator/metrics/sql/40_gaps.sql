@@ -14,31 +14,25 @@
 -- what the thread did, where `between steps` says only where), the CUDA call (`loop thread in
 -- cudaStreamSynchronize`), else the OS runtime call (`loop thread in poll`), else `loop thread in
 -- Python between CUDA calls` (running its own code: no call to wait in).
--- The ranks in map_ranks have their gap_attr and between_steps from the map (map_gap_attr,
--- map_between_steps: store/map_tables.py, on the rank's own clock, shifted by map_ranks.off): a
--- rank's gaps need its own events only.
--- The device allocator's calls count per rank in its selected iterations (alloc_calls), the map's
--- for map_ranks; a rank's calls themselves (alloc_api) are read for the map_todo ranks only.
--- Reads: islands, nvtx, steps, first_step, loop_thread, cuda_api, loop_osrt, memcpy, params, map_ranks, map_todo,
--- map_gap_attr, map_between_steps, map_small_gaps, map_alloc_gaps, map_alloc_calls, is_sync_api, overlapping,
--- range_group, in_selected.
+-- A rank's gaps need its own events only. The device allocator's calls count per rank in its
+-- selected iterations (alloc_calls).
+-- Map: per rank
+-- Reads: islands, nvtx, cpu_ranges, steps, first_step, loop_thread, cuda_api, loop_osrt, memcpy, params,
+-- is_sync_api, overlapping, range_group, in_selected.
 -- Provides:
---   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the map_todo ranks
+--   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the ranks mapped here
 --   between_steps(rank INTEGER, s BIGINT, e BIGINT, other_work BOOLEAN)  the intervals between consecutive
 --       step ranges
---   cpu_ranges(nvtx_row, rank, tid, start, end, depth)  default-domain ranges (with a name) that
---       are not steps; nvtx_row = the range's rowid in nvtx: its name is read back only for the few
---       ranges a result names (a million names copied here took 40 % of this table's time)
 --   gap_attr(rank INTEGER, s BIGINT, e BIGINT, dur BIGINT, range_group VARCHAR, range_text VARCHAR)  gaps >=
 --       gap_ns with their CPU range
 --   small_gaps(rank INTEGER, n BIGINT, ns BIGINT)  per rank, the count and time of gaps shorter than gap_ns
---       (the launch-bound signature; the map's for map_ranks)
+--       (the launch-bound signature)
 --   alloc_gaps(rank INTEGER, n BIGINT, ns BIGINT, small_n BIGINT, small_ns BIGINT)  per rank, the gaps (any
 --       length) that device allocations and frees (alloc_api) fill at least a quarter of, and those of them
 --       shorter than gap_ns: the GPU waited for the launch that came after the allocator's call and its host
 --       work around it (a long wait for something else, the next batch, with one allocation inside is not
 --       theirs)
---   alloc_api(rank, start, end, base)  the map_todo ranks' device allocations and frees (base: the call's
+--   alloc_api(rank, start, end, base)  the device allocations and frees (base: the call's
 --       name without its _vN suffix): cudaMalloc*, cuMemAlloc*, cuMemCreate, cudaFree*, cuMemFree*,
 --       cuMemRelease
 --   alloc_calls(rank INTEGER, n_steps BIGINT, n_alloc BIGINT, n_free BIGINT, n_sync_free BIGINT, api_ns BIGINT,
@@ -51,31 +45,16 @@ WITH b AS (
 )
 SELECT rank, e AS s, next_s AS e, next_s - e AS dur FROM b WHERE next_s IS NOT NULL;
 
--- A range holds a step when the earliest-ending step that starts at or after it ends inside
--- it: one ASOF join per range (not every range against every step of its thread).
-CREATE OR REPLACE TABLE cpu_ranges AS
-WITH sm AS (
-    SELECT rank, tid, start, min("end") OVER (PARTITION BY rank, tid ORDER BY start DESC
-                                              RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS min_end
-    FROM steps
-), n AS (
-    SELECT rowid AS nvtx_row, rank, tid, start, "end", depth FROM nvtx
-    WHERE (domain_id = 0 OR starts_with(text, 'orch: ')) AND text IS NOT NULL
-)
-SELECT n.* FROM n ASOF LEFT JOIN sm ON sm.rank = n.rank AND sm.tid = n.tid AND n.start <= sm.start
-WHERE sm.min_end IS NULL OR n."end" IS NULL OR sm.min_end > n."end";
-
 -- The intervals between two consecutive step ranges (NVTX steps only), and whether the loop
 -- thread synchronised with the GPU, copied to the host or launched kernels in them.
 CREATE OR REPLACE TABLE between_steps AS
 WITH iv AS (
     SELECT rank, "end" AS s, lead(start) OVER (PARTITION BY rank ORDER BY start) AS e
-    FROM steps SEMI JOIN map_todo USING (rank) WHERE family < 5
+    FROM steps WHERE family < 5
 ), calls AS (  -- only the calls that decide: syncs, copies to the host, launches
     SELECT a.rank, a.start, is_sync_api(a.name) OR m.kind = 'DtoH' AS sync_or_copy, a.name LIKE '%Launch%' AS launch
-    FROM cuda_api a JOIN loop_thread l USING (rank, tid) SEMI JOIN map_todo USING (rank)
-    LEFT JOIN (SELECT * FROM memcpy SEMI JOIN map_todo USING (rank)) m
-        ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM cuda_api a JOIN loop_thread l USING (rank, tid)
+    LEFT JOIN memcpy m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE is_sync_api(a.name) OR a.name LIKE '%Launch%' OR a.name LIKE '%emcpy%'
 ), hits AS (  -- the intervals never overlap: the one a call starts in is the last starting at or before it
     SELECT c.rank, i.s, count(*) FILTER (WHERE c.sync_or_copy) > 0 OR count(*) FILTER (WHERE c.launch) >= 3 AS other_work
@@ -84,15 +63,13 @@ WITH iv AS (
 )
 SELECT iv.rank, iv.s, iv.e, coalesce(h.other_work, false) AS other_work
 FROM iv LEFT JOIN hits h USING (rank, s)
-WHERE iv.e > iv.s
-UNION ALL BY NAME
-SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_between_steps m JOIN map_ranks k USING (rank);
+WHERE iv.e > iv.s;
 
 CREATE OR REPLACE TABLE gap_attr AS
 WITH gaps AS (
-    SELECT g.* FROM busy_gaps g SEMI JOIN map_todo USING (rank), params p WHERE g.dur >= p.gap_ns
+    SELECT g.* FROM busy_gaps g, params p WHERE g.dur >= p.gap_ns
 ), long_ranges AS (  -- covering half of a gap takes at least half of the shortest gap
-    SELECT c.*, n.text FROM cpu_ranges c SEMI JOIN map_todo USING (rank) JOIN nvtx n ON n.rowid = c.nvtx_row, params p
+    SELECT c.*, n.text FROM cpu_ranges c JOIN nvtx n ON n.rowid = c.nvtx_row, params p
     WHERE 2 * (c."end" - c.start) >= p.gap_ns
 ), cand AS (  -- a range covering half a gap contains its midpoint; overlapping() finds the pairs
     SELECT c.rank, c.d_s AS s, c.text, c.depth,
@@ -106,8 +83,7 @@ WITH gaps AS (
 ), mid AS (SELECT rank, s, s + dur // 2 AS m FROM gaps),
 api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last one started before it)
     SELECT g.rank, g.s, regexp_replace(a.name, '_v\d+$', '') AS call FROM mid g
-    ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)
-               SEMI JOIN map_todo USING (rank)) a
+    ASOF JOIN (SELECT a.rank, a.start, a."end", a.name FROM cuda_api a JOIN loop_thread USING (rank, tid)) a
         ON a.rank = g.rank AND g.m >= a.start
     WHERE a."end" > g.m
 ), os AS (
@@ -118,7 +94,6 @@ api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last on
 ), lib AS (  -- the loop thread's library range (NCCL's, CCCL's) holding the gap's midpoint
     SELECT g.rank, g.s, l.domain || ':' || l.text AS call FROM mid g
     ASOF JOIN (SELECT n.rank, n.start, n."end", n.domain, n.text FROM nvtx n JOIN loop_thread USING (rank, tid)
-               SEMI JOIN map_todo USING (rank)
                WHERE n.domain_id <> 0 AND n.domain NOT IN ('orch', 'orch.py') AND n.text IS NOT NULL) l
         ON l.rank = g.rank AND g.m >= l.start
     WHERE l."end" > g.m
@@ -136,38 +111,33 @@ FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
 LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s
 LEFT JOIN api a ON a.rank = g.rank AND a.s = g.s
 LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s
-LEFT JOIN lib l ON l.rank = g.rank AND l.s = g.s
-UNION ALL BY NAME
-SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gap_attr m JOIN map_ranks k USING (rank);
+LEFT JOIN lib l ON l.rank = g.rank AND l.s = g.s;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE TABLE small_gaps AS
 SELECT g.rank, count(*) AS n, sum(g.dur) AS ns FROM busy_gaps g, params p
-WHERE g.dur < p.gap_ns GROUP BY g.rank
-UNION ALL BY NAME
-SELECT * FROM map_small_gaps SEMI JOIN map_ranks USING (rank);
+WHERE g.dur < p.gap_ns GROUP BY g.rank;
 
 -- Allocator churn: device allocations and frees called inside the selected iterations.
 -- cudaFree and cuMemFree wait for the whole device to finish before they return: each is a
 -- device synchronisation in the loop. cuMemCreate/cuMemRelease are the expandable-segments
 -- allocator's calls. Host (pinned) allocations are not counted.
 CREATE OR REPLACE TABLE alloc_api AS
-WITH todo AS (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)),
-names AS (  -- the regex once per distinct name
+WITH names AS (  -- the regex once per distinct name
     SELECT name, regexp_replace(name, '_v\d+$', '') AS base
-    FROM (SELECT DISTINCT name FROM todo)
+    FROM (SELECT DISTINCT name FROM cuda_api)
     WHERE regexp_matches(regexp_replace(name, '_v\d+$', ''),
         '^(cudaMalloc|cudaMallocAsync|cudaMallocFromPoolAsync|cudaMallocManaged|cudaMallocPitch|cudaMalloc3D|'
         'cuMemAlloc|cuMemAllocAsync|cuMemAllocFromPoolAsync|cuMemAllocManaged|cuMemAllocPitch|cuMemCreate|'
         'cudaFree|cudaFreeAsync|cuMemFree|cuMemFreeAsync|cuMemRelease)$')
 )
-SELECT a.rank, a.start, a."end", n.base FROM todo a JOIN names n USING (name);
+SELECT a.rank, a.start, a."end", n.base FROM cuda_api a JOIN names n USING (name);
 
 CREATE OR REPLACE TABLE alloc_calls AS
 WITH it AS (  -- selected iterations: from a step's start to the next one's (the last: its range end)
     SELECT s.rank, s.start AS s, coalesce(lead(s.start) OVER (PARTITION BY s.rank ORDER BY s.start), s."end") AS e,
            s.step, f.first_step
-    FROM (SELECT * FROM steps SEMI JOIN map_todo USING (rank)) s JOIN first_step f USING (rank)
+    FROM steps s JOIN first_step f USING (rank)
 ), sel AS (
     SELECT it.* FROM it, params p WHERE in_selected(it.step, it.first_step, p.step_lo, p.step_hi)
 ), placed AS (  -- each call in the iteration it starts in (ASOF: no steps x calls join)
@@ -182,9 +152,7 @@ WITH it AS (  -- selected iterations: from a step's start to the next one's (the
 )
 SELECT s.rank, s.n_steps, coalesce(per.n_alloc, 0) AS n_alloc, coalesce(per.n_free, 0) AS n_free,
        coalesce(per.n_sync_free, 0) AS n_sync_free, coalesce(per.api_ns, 0) AS api_ns, s.step_ns
-FROM (SELECT rank, count(*) AS n_steps, sum(e - s) AS step_ns FROM sel GROUP BY rank) s LEFT JOIN per USING (rank)
-UNION ALL BY NAME
-SELECT * FROM map_alloc_calls SEMI JOIN map_ranks USING (rank);
+FROM (SELECT rank, count(*) AS n_steps, sum(e - s) AS step_ns FROM sel GROUP BY rank) s LEFT JOIN per USING (rank);
 
 CREATE OR REPLACE TABLE alloc_gaps AS
 WITH o AS (
@@ -194,6 +162,4 @@ WITH o AS (
 )
 SELECT o.rank, count(*) AS n, sum(o.dur) AS ns, count(*) FILTER (WHERE o.dur < p.gap_ns) AS small_n,
        coalesce(sum(o.dur) FILTER (WHERE o.dur < p.gap_ns), 0) AS small_ns
-FROM o, params p WHERE 4 * o.filled >= o.dur GROUP BY o.rank
-UNION ALL BY NAME
-SELECT * FROM map_alloc_gaps SEMI JOIN map_ranks USING (rank);
+FROM o, params p WHERE 4 * o.filled >= o.dur GROUP BY o.rank;

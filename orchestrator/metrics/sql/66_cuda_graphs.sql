@@ -3,8 +3,9 @@
 -- step, host syncs, Python). With graph-level tracing a replay is one GPU op whose span
 -- includes the idle between its nodes, so its GPU time reads a little higher than the sum of
 -- its kernels that node-level tracing (--cuda-graph-trace=node) shows.
+-- Map: per rank
 -- Reads: gpu_ops, win, gpu_time, loop_thread, cuda_api, steps, first_step, params,
--- is_sync_api, union_length, in_selected, overlapping, map_ranks, map_todo, map_graph_usage, map_graph_eager.
+-- is_sync_api, union_length, in_selected, overlapping.
 -- Provides:
 --   graph_usage(rank INTEGER, replays BIGINT, n_steps BIGINT, graph_level BOOLEAN, graph_busy_ns BIGINT,
 --       busy_ns BIGINT, graph_share_pct DOUBLE, eager_kernels BIGINT, eager_kernel_ns BIGINT, top_eager
@@ -18,14 +19,12 @@
 --       host syncs, copies, other CUDA calls, and no CUDA call at all (python_ns: Python, or waiting in
 --       backward() for the autograd engine); captures = the graphs recorded in the window (stream captures
 --       begun: torch.compile's CUDA graph trees record one for each new input shape, after a warm-up run of
---       it), capture_steps = the selected steps they began in; the map's (map_graph_usage) for map_ranks
+--       it), capture_steps = the selected steps they began in
 --   graph_eager_steps(rank INTEGER, step INTEGER)  per rank whose graphs are recorded in 3 or more of its
 --       selected steps (recording recurs: a new graph for each new input shape), the selected steps that
 --       replay no graph or begin a capture: the model runs eagerly there (CUDA graph trees warm a new shape up
---       eagerly, then record it, synchronising around both), so the GPU idle of those steps is the recording's;
---       the map's (map_graph_eager) for map_ranks
+--       eagerly, then record it, synchronising around both), so the GPU idle of those steps is the recording's
 --   _graph_clipped(rank, cls, s, e, kind)  GPU ops run inside CUDA graphs, clipped to the window
---       (the map_todo ranks': the helpers below compute those only)
 --   _graph_calls(rank, start, end, capture)  the graph launch calls (capture false) and stream captures
 --       begun (true) in the window, on the ranks with graph work
 --   _graph_steps(rank, step, replays, captures)  per selected step of those ranks: the graph launches and the
@@ -34,7 +33,7 @@
 --   _graph_loop_calls(rank, start, end, what)  the loop thread's CUDA calls between graph launches
 CREATE OR REPLACE TABLE _graph_clipped AS
 SELECT o.rank, 'graph' AS cls, greatest(o.start, w.w0) AS s, least(o."end", w.w1) AS e, o.kind
-FROM gpu_ops o JOIN (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w USING (rank)
+FROM gpu_ops o JOIN win w USING (rank)
 WHERE o.graph AND o."end" > w.w0 AND o.start < w.w1;
 
 CREATE OR REPLACE TABLE _graph_calls AS  -- the CUDA calls are read once, and only on ranks with graphs
@@ -117,13 +116,9 @@ SELECT g.rank, coalesce(r.replays, 0) AS replays, n.n_steps, g.graph_level, g.gr
 FROM g JOIN gpu_time t USING (rank) LEFT JOIN replays r USING (rank) LEFT JOIN capture_steps k USING (rank)
 LEFT JOIN n_steps n USING (rank)
 LEFT JOIN eager e USING (rank) LEFT JOIN between b USING (rank) LEFT JOIN by_what c USING (rank)
-WHERE g.graph_busy_ns > 0
-UNION ALL BY NAME
-SELECT * FROM map_graph_usage SEMI JOIN map_ranks USING (rank);
+WHERE g.graph_busy_ns > 0;
 
 CREATE OR REPLACE TABLE graph_eager_steps AS
 SELECT rank, step FROM _graph_steps
 WHERE (replays = 0 OR captures > 0)
-  AND rank IN (SELECT rank FROM _graph_steps GROUP BY rank HAVING count(*) FILTER (WHERE captures > 0) >= 3)
-UNION ALL
-SELECT * FROM map_graph_eager SEMI JOIN map_ranks USING (rank);
+  AND rank IN (SELECT rank FROM _graph_steps GROUP BY rank HAVING count(*) FILTER (WHERE captures > 0) >= 3);

@@ -11,12 +11,10 @@
 -- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it. The call term's error is
 -- the calibration's too: the root mean square of each calibration loop's residual over its call
 -- term, one relative standard deviation (about half the term).
--- Reads: win, cuda_api, profiler_overhead, small_gaps, loo_ref, map_ranks, map_todo, map_capture_api.
+-- Reads: win, capture_api, profiler_overhead, small_gaps, loo_ref.
 -- Provides:
 --   overhead_call_ns()  nsys's cost per traced CUDA call, ns (the calibrated constant)
 --   overhead_call_err()  the relative standard error of the call term (the calibration's residuals)
---   capture_api(rank INTEGER, api_calls BIGINT, launches BIGINT)  per rank, the CUDA calls starting in its
---       window and the kernel and graph launches among them (the map's for map_ranks)
 --   capture_overhead(rank, window_ns, profiler_ns, api_calls, launches, launch_gap_ns, est_ns, est_err_ns,
 --       share, distorted)  per rank: profiler_ns = PROFILER_OVERHEAD time clipped to the window;
 --       api_calls = CUDA calls starting in it (any thread), launches = the kernel and graph
@@ -26,16 +24,6 @@
 --       other ranks' median share (and above 2 %; past 16 ranks the median of all: loo_ref)
 CREATE OR REPLACE MACRO overhead_call_ns() AS 7600;
 CREATE OR REPLACE MACRO overhead_call_err() AS 0.56::DOUBLE;
-
-CREATE OR REPLACE TABLE capture_api AS
-SELECT w.rank, count(*) AS api_calls,
-       count(*) FILTER (WHERE a.name LIKE 'cudaLaunchKernel%' OR a.name LIKE 'cuLaunchKernel%'
-                        OR a.name LIKE 'cudaGraphLaunch%' OR a.name LIKE 'cuGraphLaunch%') AS launches
-FROM (SELECT * FROM win SEMI JOIN map_todo USING (rank)) w
-JOIN cuda_api a ON a.rank = w.rank AND a.start >= w.w0 AND a.start < w.w1
-GROUP BY w.rank
-UNION ALL
-SELECT * FROM map_capture_api SEMI JOIN map_ranks USING (rank);
 
 CREATE OR REPLACE TABLE capture_overhead AS
 WITH prof AS (

@@ -1,27 +1,20 @@
 -- CUDA API and OS runtime calls across ranks (`cuda_api_sum`, `osrt_sum` per rank) and the
--- thread view of seed 000: which thread launched, which was blocked, per step. The rows of the
--- ranks in map_ranks are the map's (map_api_table, map_thread_table: store/map_tables.py).
--- Reads: cuda_api, osrt, threads, stats_cpu, stats_cpu_todo, is_sync_api, union_length, rank_pid, loo_ref,
--- map_ranks, map_api_table, map_thread_table. Provides:
+-- thread view of seed 000: which thread launched, which was blocked, per step; each rank's rows
+-- (the OS calls across ranks: 98_cpu_call_excess.sql).
+-- Map: per rank
+-- Reads: cuda_api, osrt, threads, stats_cpu, is_sync_api, union_length, rank_pid. Provides:
 --   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
 --       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
 --       DataLoader processes: a python thread outside the rank's process) / other
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
 --   is_thread_wait(name)  those of them by which a thread waits for another thread of its process
 --   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
---   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu, of
---       the ranks not in map_ranks; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
+--   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
 --       blocking = is_sync_api (CUDA) or is_wait_call (OS)
 --   api_table(rank INTEGER, api VARCHAR, name VARCHAR, tid BIGINT, thread VARCHAR, role VARCHAR, n BIGINT,
 --       total_ns BIGINT, mean_ns DOUBLE, med_ns DOUBLE, min_ns BIGINT, max_ns BIGINT, std_ns DOUBLE, n_steps
 --       BIGINT, per_step_ns DOUBLE, pct DOUBLE)  tid NULL: the call over all threads (the nsys row); else per
 --       thread; pct = share of the rank's time in that api
---   cpu_call_excess(rank, name, ns_per_step, median_ns_per_step, excess_ns_per_step)
---       per rank its (up to 3) OS calls on the main thread whose time per step most exceeds the
---       other ranks' median (loo_ref; a rank with OS calls traced that never makes one counts 0
---       of it): what the loop thread of a rank whose GPU work starts late does that the others do
---       not. Waits for its own threads (is_thread_wait) are left out: a loop thread in
---       pthread_cond_wait during backward waits for the autograd thread's launches
 --   thread_table(rank INTEGER, tid BIGINT, thread VARCHAR, role VARCHAR, span_ns BIGINT, launch_ns BIGINT,
 --       sync_ns BIGINT, wait_ns BIGINT, blocked_ns BIGINT, n_steps BIGINT, top_wait VARCHAR,
 --       blocked_per_step_ns DOUBLE, blocked_pct DOUBLE, launch_pct DOUBLE)  per thread with calls: launch_ns
@@ -54,23 +47,23 @@ CREATE OR REPLACE MACRO is_wait_call(name) AS is_thread_wait(name) OR coalesce(r
 -- Names are cleaned and classified once per distinct name (a few dozen), not per call.
 CREATE OR REPLACE TABLE api_names AS
 SELECT 'cuda' AS api, name AS raw, regexp_replace(name, '_v\d{4}$', '') AS name, is_sync_api(name) AS blocking
-FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN stats_cpu_todo USING (rank))
+FROM (SELECT DISTINCT name FROM cuda_api SEMI JOIN stats_cpu USING (rank))
 UNION ALL
-SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt SEMI JOIN stats_cpu_todo USING (rank));
+SELECT 'osrt', name, name, is_wait_call(name) FROM (SELECT DISTINCT name FROM osrt SEMI JOIN stats_cpu USING (rank));
 
 CREATE OR REPLACE TABLE api_calls AS
 SELECT a.rank, 'cuda' AS api, n.name, a.tid, a.start, a."end", coalesce(n.blocking, false) AS blocking
-FROM cuda_api a JOIN stats_cpu_todo c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
+FROM cuda_api a JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'cuda' AND n.raw = a.name
 WHERE a.start >= c.s AND a.start < c.e AND a."end" >= a.start
 UNION ALL
 SELECT o.rank, 'osrt', o.name, o.tid, o.start, o."end", coalesce(n.blocking, false)
-FROM osrt o JOIN stats_cpu_todo c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
+FROM osrt o JOIN stats_cpu c USING (rank) LEFT JOIN api_names n ON n.api = 'osrt' AND n.raw = o.name
 WHERE o.start >= c.s AND o.start < c.e AND o."end" >= o.start;
 
 CREATE OR REPLACE TABLE _thread_names AS
 SELECT t.rank, t.tid, coalesce(t.name, 'thread ' || t.os_tid) || ' (' || t.os_tid || ')' AS thread,
        thread_role(t.name, t.pid = r.pid AND t.os_tid = t.pid) AS role
-FROM (SELECT * FROM threads SEMI JOIN stats_cpu_todo USING (rank)) t JOIN rank_pid r USING (rank)
+FROM (SELECT * FROM threads SEMI JOIN stats_cpu USING (rank)) t JOIN rank_pid r USING (rank)
 WHERE (t.rank, t.tid) IN (SELECT DISTINCT rank, tid FROM api_calls);
 
 CREATE OR REPLACE TABLE api_table AS
@@ -84,22 +77,7 @@ WITH t AS (
 SELECT t.rank, t.api, t.name, t.tid, n.thread, n.role, t.n, t.total_ns, t.mean_ns, t.med_ns, t.min_ns, t.max_ns,
        t.std_ns, c.n_steps, t.total_ns / c.n_steps AS per_step_ns,
        100.0 * t.total_ns / sum(CASE WHEN t.tid IS NULL THEN t.total_ns END) OVER (PARTITION BY t.rank, t.api) AS pct
-FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid
-UNION ALL BY NAME
-SELECT * FROM map_api_table SEMI JOIN map_ranks USING (rank);
-
-CREATE OR REPLACE TABLE cpu_call_excess AS
-WITH m AS (SELECT rank, name, sum(per_step_ns) AS ns FROM api_table
-           WHERE api = 'osrt' AND role = 'main' AND NOT is_thread_wait(name) GROUP BY ALL),
-rk AS (SELECT DISTINCT rank FROM api_table WHERE api = 'osrt'),
-g AS (SELECT rk.rank, nm.name, coalesce(m.ns, 0) AS ns
-      FROM rk CROSS JOIN (SELECT DISTINCT name FROM m) nm LEFT JOIN m ON m.rank = rk.rank AND m.name = nm.name),
-x AS (SELECT rank, name AS key, ns AS x FROM g),
-med AS (SELECT rank, key AS name, ref_med AS ns FROM loo_ref('x'))
-SELECT g.rank, g.name, g.ns AS ns_per_step, med.ns AS median_ns_per_step, g.ns - med.ns AS excess_ns_per_step
-FROM g JOIN med USING (rank, name)
-WHERE g.ns > med.ns
-QUALIFY row_number() OVER (PARTITION BY g.rank ORDER BY g.ns - med.ns DESC, g.name) <= 3;
+FROM t JOIN stats_cpu c USING (rank) LEFT JOIN _thread_names n ON n.rank = t.rank AND n.tid = t.tid;
 
 CREATE OR REPLACE TABLE _thread_calls AS  -- clipped to the scope: a wait that outlives it counts inside only
 SELECT a.rank, a.tid AS cls, a.start AS s, least(a."end", c.e) AS e, a.name, a.api, a.blocking
@@ -130,6 +108,4 @@ WITH per AS (
 )
 SELECT *, blocked_ns / n_steps AS blocked_per_step_ns,
        100.0 * blocked_ns / nullif(span_ns, 0) AS blocked_pct, 100.0 * launch_ns / nullif(span_ns, 0) AS launch_pct
-FROM t
-UNION ALL BY NAME
-SELECT * FROM map_thread_table SEMI JOIN map_ranks USING (rank);
+FROM t;

@@ -1,9 +1,7 @@
 -- The `nsys analyze` rules orch did not have, across ranks (pageable async memcpy and sync
--- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql). The rows of
--- the ranks in map_ranks are the map's (map_sync_copies, map_sync_api_calls, map_gpu_slices:
--- store/map_tables.py; slice bounds there are on the rank's own clock, shifted by map_ranks.off).
--- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, stats_cpu_todo, stats_gpu_todo,
--- is_sync_api, union_intervals, map_ranks, map_todo, map_sync_copies, map_sync_api_calls, map_gpu_slices.
+-- APIs are rules/pageable_memcpy.py and rules/host_sync.py over 55_host_sync.sql): each rank's.
+-- Map: per rank
+-- Reads: cuda_api, memcpy, memset, gpu_ops, stats_cpu, stats_gpu, is_sync_api, union_intervals.
 -- Provides:
 --   sync_copies(rank INTEGER, what VARCHAR, n BIGINT, api_ns BIGINT, gpu_ns BIGINT, bytes BIGINT, n_steps
 --       BIGINT, top_api VARCHAR)  per rank, what = `memcpy`: cudaMemcpy* calls without Async whose copy is
@@ -19,43 +17,39 @@
 --       up, so its in-use can pass 100 % and hide idle time)
 --   _slice_ops(rank, cls, s, e, start, end)  GPU ops clipped to each slice
 CREATE OR REPLACE TABLE sync_copies AS
-WITH a AS MATERIALIZED (  -- todo rows (map_todo in 21_stats_scope.sql)
-    SELECT rank, correlation_id, name, start, "end" FROM cuda_api SEMI JOIN map_todo USING (rank)
+WITH a AS MATERIALIZED (
+    SELECT rank, correlation_id, name, start, "end" FROM cuda_api
     WHERE (name LIKE 'cudaMemcpy%' AND name NOT LIKE '%Async%')
        OR (name LIKE 'cudaMemset%' AND lower(name) NOT LIKE '%async%')
 ), mc AS MATERIALIZED (
-    SELECT rank, correlation_id, start, "end", bytes FROM memcpy SEMI JOIN map_todo USING (rank)
+    SELECT rank, correlation_id, start, "end", bytes FROM memcpy
     WHERE NOT (bytes <= 64000 AND kind = 'HtoD') AND kind <> 'DtoD'
 ),
-ms AS MATERIALIZED (SELECT rank, correlation_id, start, "end", bytes FROM memset SEMI JOIN map_todo USING (rank)),
+ms AS MATERIALIZED (SELECT rank, correlation_id, start, "end", bytes FROM memset),
 c AS (
     SELECT a.rank, 'memcpy' AS what, a.correlation_id, a.name, a."end" - a.start AS api_ns,
            m."end" - m.start AS gpu_ns, m.bytes
-    FROM a JOIN stats_cpu_todo s USING (rank) JOIN mc m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM a JOIN stats_cpu s USING (rank) JOIN mc m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemcpy%' AND a.name NOT LIKE '%Async%'
     UNION ALL
     SELECT a.rank, 'memset', a.correlation_id, a.name, a."end" - a.start, m."end" - m.start, m.bytes
-    FROM a JOIN stats_cpu_todo s USING (rank) JOIN ms m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
+    FROM a JOIN stats_cpu s USING (rank) JOIN ms m ON m.rank = a.rank AND m.correlation_id = a.correlation_id
     WHERE a.start >= s.s AND a.start < s.e AND a.name LIKE 'cudaMemset%' AND lower(a.name) NOT LIKE '%async%'
 )
 SELECT c.rank, c.what, count(*) AS n, sum(c.api_ns) AS api_ns, sum(c.gpu_ns) AS gpu_ns, sum(c.bytes) AS bytes,
        any_value(s.n_steps) AS n_steps, mode(regexp_replace(c.name, '_v\d+$', '')) AS top_api
-FROM c JOIN stats_cpu s USING (rank) GROUP BY c.rank, c.what
-UNION ALL BY NAME
-SELECT * FROM map_sync_copies SEMI JOIN map_ranks USING (rank);
+FROM c JOIN stats_cpu s USING (rank) GROUP BY c.rank, c.what;
 
 CREATE OR REPLACE TABLE sync_api_calls AS
 SELECT a.rank, regexp_replace(a.name, '_v\d+$', '') AS name, count(*) AS n, sum(a."end" - a.start) AS ns,
        max(a."end" - a.start) AS max_ns, any_value(s.n_steps) AS n_steps
-FROM (SELECT * FROM cuda_api SEMI JOIN map_todo USING (rank)) a JOIN stats_cpu_todo s USING (rank)
+FROM cuda_api a JOIN stats_cpu s USING (rank)
 WHERE a.start >= s.s AND a.start < s.e AND is_sync_api(a.name) AND NOT starts_with(a.name, 'cudaMemcpy')
   AND NOT starts_with(a.name, 'cuMemcpy')
-GROUP BY ALL
-UNION ALL BY NAME
-SELECT * FROM map_sync_api_calls SEMI JOIN map_ranks USING (rank);
+GROUP BY ALL;
 
 CREATE OR REPLACE TABLE _slice_ops AS
-SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu_todo g USING (rank)
+SELECT o.rank, 0 AS cls, o.start AS s, o."end" AS e, o.start, o."end" FROM gpu_ops o JOIN stats_gpu g USING (rank)
 WHERE o."end" > g.s AND o.start < g.e;
 
 CREATE OR REPLACE TABLE gpu_slices AS
@@ -73,6 +67,4 @@ SELECT rank, slice, s, e, busy_ns, 100.0 * busy_ns / (e - s) AS util_pct FROM (
     SELECT sl.rank, sl.slice, sl.s, sl.e,
            coalesce(sum(least(b.e, sl.e) - greatest(b.s, sl.s)) FILTER (WHERE b.rank IS NOT NULL), 0) AS busy_ns
     FROM sl LEFT JOIN busy b ON b.rank = sl.rank AND b.e > sl.s AND b.s < sl.e
-    GROUP BY sl.rank, sl.slice, sl.s, sl.e)
-UNION ALL BY NAME
-SELECT m.* REPLACE (m.s + k.off AS s, m.e + k.off AS e) FROM map_gpu_slices m JOIN map_ranks k USING (rank);
+    GROUP BY sl.rank, sl.slice, sl.s, sl.e);

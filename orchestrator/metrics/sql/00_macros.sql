@@ -92,10 +92,11 @@ GROUP BY rank, cls;
 -- the capture's length). Returns the columns of `ivs` plus d_s, d_e. Zero-length intervals of
 -- `dis` are left out (every use sums overlaps or needs a positive length).
 CREATE OR REPLACE MACRO overlapping(dis, ivs) AS TABLE
-WITH d AS MATERIALIZED (
-    SELECT rank, s, e, row_number() OVER (PARTITION BY rank ORDER BY s) AS k FROM query_table(dis) WHERE e > s
-), i AS MATERIALIZED (
+WITH i AS MATERIALIZED (
     SELECT row_number() OVER () AS i_id, * FROM query_table(ivs)
+), d AS MATERIALIZED (  -- the ranks with intervals only (and -1: map_todo in 21_stats_scope.sql says why)
+    SELECT rank, s, e, row_number() OVER (PARTITION BY rank ORDER BY s) AS k FROM query_table(dis)
+    WHERE e > s AND rank IN (SELECT rank FROM i UNION ALL SELECT -1)
 ), lo AS (
     SELECT i.i_id, i.rank, d.k FROM i ASOF JOIN d ON d.rank = i.rank AND i.start < d.e
 ), hi AS (

@@ -18,13 +18,14 @@ pass would see whole.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 
 import duckdb
 
 from orchestrator import sqlmodules
 from orchestrator.metrics.sqlrun import Unit, plan_modules
-from orchestrator.store.map_tables import SUMMARIES
+from orchestrator.store.map_tables import SUMMARIES, Summary
 
 PASS = "rank_pass"
 INPUTS = "rank_inputs"
@@ -34,6 +35,11 @@ PATH = f"memory.{PASS},memory.{INPUTS},memory.main,store.main"
 # its rows narrowed by the rank's other tables the statements join it with.
 WHOLE = ("nvtx",)
 INPUT_UNIT = "per-rank inputs"
+# Whether the pass has a rank to map: one with a report that no map covers (`ranks` is read on
+# PATH, where its view over the ranks to map comes first: the same rows for this join).
+_TODO = ("SELECT count(*) > 0 FROM memory.main.map_todo t JOIN ranks r USING (rank) "
+         "WHERE r.status IN ('ok', 'partial')")
+_CREATE = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
 
 
 def schemas(con: duckdb.DuckDBPyConnection) -> None:
@@ -61,11 +67,42 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
     out = [*units[:first], Unit(INPUT_UNIT, "", deps, call=functools.partial(inputs, names=tuple(outside)))]
     taken = {s.source: s for s in SUMMARIES}
     for m, u in zip(modules[first:], units[first:], strict=True):
-        take = "".join(f"\nCREATE OR REPLACE VIEW memory.main.{p.name} AS SELECT * FROM memory.{PASS}.{p.name} "
-                       f"UNION ALL BY NAME {taken[p.name].taken('memory.main.map_ranks')};"
-                       for p in m.provides if p.name in taken)
-        out.append(Unit(u.name, u.sql + take, (*u.after, INPUT_UNIT), path=PATH) if m.per_rank else u)
+        if not m.per_rank:
+            out.append(u)
+            continue
+        made = _made(m)
+        mapped = [(taken[p.name], made[p.name]) for p in m.provides if p.name in taken]
+        sql = u.sql + "".join(f"\nCREATE OR REPLACE {kind} memory.main.{t.source} AS SELECT * FROM memory.{PASS}."
+                              f"{t.source} UNION ALL BY NAME {t.taken('memory.main.map_ranks')};" for t, kind in mapped)
+        out.append(Unit(u.name, sql, (*u.after, INPUT_UNIT), path=PATH,
+                        call=functools.partial(_per_rank, sql=sql, idle=_idle(m, made, mapped))))
     return out
+
+
+def _made(m: sqlmodules.Module) -> dict[str, str]:
+    """What each statement of a per-rank file makes: name -> MACRO | TABLE | VIEW. A taken table
+    is made as its file makes it: a view stays one (the compute islands are read where they are)."""
+    return {x.group(2): x.group(1).upper() for st in duckdb.extract_statements(m.sql)
+            if (x := _CREATE.match(sqlmodules.code(st.query)))}
+
+
+def _idle(m: sqlmodules.Module, made: dict[str, str], mapped: Sequence[tuple[Summary, str]]) -> str:
+    """What a per-rank file leaves when every rank is the map's: its macros, the map's rows of
+    its mapped tables, and its other tables and views empty, for what reads them after the pass
+    (each of the kind the file makes: an analysis run again on the connection replaces them)."""
+    macros = [st.query.strip() for st in duckdb.extract_statements(m.sql)
+              if (x := _CREATE.match(sqlmodules.code(st.query))) and x.group(1).upper() == "MACRO"]
+    empty = [p for p in m.provides if made.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
+    return "".join([*(f"{q};\n" for q in macros),
+                    *(f"CREATE OR REPLACE {made.get(p.name, 'TABLE')} memory.{PASS}.{p.name} AS SELECT "
+                      + ", ".join(f'NULL AS "{c}"' for c in p.columns) + " WHERE false;\n" for p in empty),
+                    *(f"CREATE OR REPLACE {kind} memory.main.{t.source} AS {t.taken('memory.main.map_ranks')};\n"
+                      for t, kind in mapped)])
+
+
+def _per_rank(con: duckdb.DuckDBPyConnection, sql: str, idle: str) -> None:
+    """A per-rank file: its statements where a rank is left to map, else `idle`."""
+    con.execute(sql if con.execute(_TODO).fetchone()[0] else idle)
 
 
 def inputs(con: duckdb.DuckDBPyConnection, names: Sequence[str]) -> None:

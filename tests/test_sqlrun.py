@@ -76,13 +76,7 @@ def test_concurrent_run_equals_the_files_in_order(tmp_path: Path) -> None:
         units = _plan()
         assert [u.name for u in units if u.sql] == sorted(p.name for p in SQL_DIR.iterdir() if p.name.endswith(".sql"))
         for u in units:
-            if u.path:
-                ref.execute(f"SET search_path = '{u.path}'")
-            if u.call:
-                u.call(ref)
-            else:
-                ref.execute(u.sql)
-            session(ref)
+            sqlrun.execute(ref, u, session)
         tables = ("SELECT schema_name || '.' || table_name FROM duckdb_tables() WHERE database_name = 'memory' "
                   "ORDER BY 1")
         names = [r[0] for r in ref.execute(tables).fetchall()]

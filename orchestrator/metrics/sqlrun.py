@@ -94,6 +94,19 @@ def workers() -> int:
     return min(8, n, max(2, n // 2))
 
 
+def execute(cur: duckdb.DuckDBPyConnection, u: Unit, setup: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
+    """Run one unit on `cur`: on its own search path where it has one, then `setup` again, so
+    that the cursor is its own for the next unit it runs."""
+    if u.path:
+        cur.execute(f"SET search_path = '{u.path}'")
+    if u.call:
+        u.call(cur)
+    else:
+        cur.execute(u.sql)
+    if u.path:
+        setup(cur)
+
+
 def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
         setup: Callable[[duckdb.DuckDBPyConnection], None], n_workers: int | None = None) -> None:
     """Execute `units` on cursors of `con` (each prepared by `setup`), dependencies first."""
@@ -112,16 +125,8 @@ def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
         for dep in u.after:
             futures[dep].result()  # re-raises a dependency's failure
         with phase(f"analyze: {u.name}"):
-            cur = cursor()
             try:
-                if u.path:
-                    cur.execute(f"SET search_path = '{u.path}'")
-                if u.call:
-                    u.call(cur)
-                else:
-                    cur.execute(u.sql)
-                if u.path:  # the cursor's own again, for the next unit it runs
-                    setup(cur)
+                execute(cursor(), u, setup)
             except duckdb.Error as e:
                 e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
                 raise

@@ -3,7 +3,7 @@ library: every module says what it reads and what it provides, and a checker hol
 
 Each `metrics/sql/NN_*.sql` opens with a comment block; four of its lines are machine-read:
 
-    -- Map: per rank                      (optional: the file is the map's, run per rank)
+    -- Map: per rank (map_done)           (optional: the file is the map's, run per rank)
     -- Reads: gpu_ops, win (any note in parentheses), params.
     -- Writes: steps, step_source.        (optional: earlier modules' tables it adds rows to)
     -- Provides:
@@ -18,8 +18,9 @@ block ends at the first line indented less. A table the map writes for the reduc
 (store/map_tables.py) gives each column its type (INTEGER, BIGINT, DOUBLE, VARCHAR, BOOLEAN):
 the header is the one declaration of its columns, which the store and the map read from it.
 A `Map: per rank` file computes what needs one rank's rows alone: the map runs it on its rank,
-and the analysis runs it only over the ranks whose map it cannot take (metrics/sqlrun.py), so
-that it reads no other rank's rows and nothing read across ranks.
+and the analysis runs it only over the ranks whose map it cannot take (metrics/rankpass.py), so
+that it reads no other rank's rows. The name in parentheses is its key, the ranks whose map is
+taken (map_ranks when none is given).
 The scheduler builds its DAG from these declarations (sqlrun.py), tests/test_sql_modules.py
 checks them against what DuckDB runs, and scripts/gen_metrics_doc.py turns them into
 docs/metrics.md.
@@ -71,7 +72,7 @@ class Module:
     writes: tuple[str, ...]
     provides: tuple[Provided, ...]
     sql: str
-    per_rank: bool = False  # `-- Map: per rank`
+    per_rank: str | None = None  # `-- Map: per rank (key)`: the key
 
     @property
     def public(self) -> tuple[Provided, ...]:
@@ -168,7 +169,18 @@ def parse(file: str, sql: str) -> Module:
     if not any(s.startswith("-- Reads:") for s in lines):
         raise HeaderError(f"{file}: no `-- Reads:` line (write `-- Reads: nothing.` when it reads nothing)")
     return Module(file, _list_line(lines, "Reads", file), _list_line(lines, "Writes", file),
-                  _provides(lines, file), sql, "-- Map: per rank" in lines)
+                  _provides(lines, file), sql, _map_key(lines, file))
+
+
+def _map_key(lines: list[str], file: str) -> str | None:
+    """The key of a `-- Map: per rank` file (`map_ranks` unless its parentheses name another)."""
+    for line in lines:
+        m = re.fullmatch(r"-- Map: per rank(?: \((\w+)\))?", line)
+        if m:
+            return m.group(1) or "map_ranks"
+        if line.startswith("-- Map:"):
+            raise HeaderError(f"{file}: `{line}`: write `-- Map: per rank` or `-- Map: per rank (key)`")
+    return None
 
 
 def parse_all(files: Iterable[tuple[str, str]]) -> list[Module]:

@@ -140,7 +140,7 @@ def session(con: duckdb.DuckDBPyConnection) -> None:
     over the whole right side; its estimates of our CTEs are often far too low (NVTX ranges x
     CUDA calls as a loop, several times slower: docs/benchmarks-code.md). The ASOF joins here are the
     linear paths on purpose: always take them."""
-    con.execute(f"SET search_path = 'memory.main,memory.{rankpass.PASS},store.main'")
+    con.execute(f"SET search_path = '{rankpass.SEARCH}'")
     con.execute("SET asof_loop_join_threshold = 0")
 
 

@@ -1,18 +1,21 @@
 """The analysis's per-rank pass: the map's own SQL, run in the report over the ranks whose map
-it cannot take (map_todo, 21_stats_scope.sql: no map, another scope, another SQL).
+it cannot take.
 
 A `-- Map: per rank` file (sqlmodules.py) computes what needs one rank's rows alone. The map
-runs it on its one-rank store; the analysis runs the same statements once over every rank it
-maps itself, where each name the files read from before the pass is a view of that name's rows
-of those ranks only (schema INPUTS, first on the files' search path) and what the files create
-goes to schema PASS. Each table the map writes is then taken, under its own name, as the
-pass's rows and the map's rows of the other ranks (map_ranks), their times moved onto the
-store's clock (store/map_tables.py: `Summary.taken`). So one statement computes each per-rank
-table, over the ranks the analysis maps, and no file writes the other ranks' half. The files
-after the pass read the taken tables first, then the pass's own helpers (the search path of
-`engine.session`). A view binds its names where it is read: a per-rank file's views read only
-the pass's own tables (tests/test_sql_modules.py), never an input, which a reader after the
-pass would see whole.
+runs it on its one-rank store. The analysis runs the same statements once, over every rank
+whose map it cannot take: a rank outside the file's key, the ranks whose map is taken (KEYS:
+map_ranks, the map measured in the report's own scope, 21_stats_scope.sql; map_done, the map
+ran this SQL, for what no option changes, 05_mapped.sql). There, each name the file reads from
+the store or from a file that is not its key's per-rank file is a view of that name's rows of
+those ranks only (a schema of the file's own, first on its search path after the pass's), and
+what the file creates goes to its key's pass schema. Each table the map writes is then taken,
+under its own name, as the pass's rows and the map's rows of the key's ranks, their times moved
+onto the store's clock (store/map_tables.py: `Summary.taken`). So one statement computes each
+per-rank table, and no file writes the other ranks' half. Where every rank with a report is
+the map's, the file's statements do not run (`_idle`). The files after the pass read the taken
+tables first, then the pass's own helpers (the search path of `engine.session`). A view binds
+its names where it is read: a per-rank file's views read only its pass's own tables
+(tests/test_sql_modules.py), never an input, which a reader after the pass would see whole.
 """
 
 from __future__ import annotations
@@ -27,55 +30,65 @@ from orchestrator import sqlmodules
 from orchestrator.metrics.sqlrun import Unit, plan_modules
 from orchestrator.store.map_tables import SUMMARIES, Summary
 
-PASS = "rank_pass"
-INPUTS = "rank_inputs"
-# What the per-rank files resolve names in: their own tables, the ranks' inputs, then the rest.
-PATH = f"memory.{PASS},memory.{INPUTS},memory.main,store.main"
+# A per-rank file's key (the ranks whose map is taken) -> the ranks the analysis maps itself
+# (every other rank, and -1: 21_stats_scope.sql says why).
+KEYS = {"map_ranks": "map_todo", "map_done": "map_none"}
 # Read by rowid (17_cpu_ranges.sql keys the ranges by it), which a view has not: read whole,
 # its rows narrowed by the rank's other tables the statements join it with.
 WHOLE = ("nvtx",)
-INPUT_UNIT = "per-rank inputs"
-# Whether the pass has a rank to map: one with a report that no map covers (`ranks` is read on
-# PATH, where its view over the ranks to map comes first: the same rows for this join).
-_TODO = ("SELECT count(*) > 0 FROM memory.main.map_todo t JOIN ranks r USING (rank) "
-         "WHERE r.status IN ('ok', 'partial')")
+# Whether a pass has a rank to map: one with a report that no map covers.
+_TODO = "SELECT count(*) > 0 FROM memory.main.{todo} t JOIN ranks r USING (rank) WHERE r.status IN ('ok', 'partial')"
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
 
 
+def pass_schema(key: str) -> str:
+    """Where the per-rank files of `key` create what they make."""
+    return f"rank_pass_{key}"
+
+
+# The analysis's own objects, then the passes' (their helpers), then the store's.
+SEARCH = ",".join(["memory.main", *(f"memory.{pass_schema(k)}" for k in KEYS), "store.main"])
+
+
+INPUTS_PREFIX = "rank_in_"
+
+
+def _inputs_schema(m: sqlmodules.Module) -> str:
+    return INPUTS_PREFIX + re.sub(r"\W", "_", m.file.removesuffix(".sql"))
+
+
 def schemas(con: duckdb.DuckDBPyConnection) -> None:
-    """The pass's schemas, in the analysis's own catalog."""
-    for s in (PASS, INPUTS):
+    """The passes' schemas and each per-rank file's inputs' schema, in the analysis's own catalog."""
+    names = [*(pass_schema(k) for k in KEYS),
+             *(_inputs_schema(m) for m in sqlmodules.analysis_modules() if m.per_rank)]
+    for s in names:
         con.execute(f"CREATE SCHEMA IF NOT EXISTS memory.{s}")
 
 
 def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
-    """The analysis's units: each file as sqlrun plans it, the per-rank files run on PATH and
-    followed by the statements that take their mapped tables, after one unit that makes their
-    inputs (`inputs`), placed before the first of them (workers take units in order: the
-    inputs unit can wait only for files before it)."""
+    """The analysis's units: each file as sqlrun plans it, each per-rank file run on its own
+    search path, making its inputs first (`inputs`) and taking its mapped tables after."""
     units = plan_modules(modules)
-    first = next((i for i, m in enumerate(modules) if m.per_rank), None)
-    if first is None:
-        return units
-    made = {p.name for m in modules if m.per_rank for p in m.provides}
-    outside = sorted({r for m in modules if m.per_rank for r in m.reads if r not in made})
-    late = sorted(set(outside) & {p.name for m in modules[first:] for p in m.provides})
-    if late:
-        raise sqlmodules.HeaderError(f"per-rank files read {late}, which a file after the first of them provides")
-    deps = tuple(u.name for m, u in zip(modules[:first], units[:first], strict=True)
-                 if (m.names | set(m.writes)) & {*outside, "map_todo"})
-    out = [*units[:first], Unit(INPUT_UNIT, "", deps, call=functools.partial(inputs, names=tuple(outside)))]
+    providers = {p.name: u.name for m, u in zip(modules, units, strict=True) for p in m.provides}
     taken = {s.source: s for s in SUMMARIES}
-    for m, u in zip(modules[first:], units[first:], strict=True):
+    out = []
+    for m, u in zip(modules, units, strict=True):
         if not m.per_rank:
             out.append(u)
             continue
+        key, todo = m.per_rank, KEYS[m.per_rank]
+        own = {p.name for x in modules if x.per_rank == key for p in x.provides}
+        ins = tuple(sorted(r for r in m.reads if r not in own))
         made = _made(m)
         mapped = [(taken[p.name], made[p.name]) for p in m.provides if p.name in taken]
-        sql = u.sql + "".join(f"\nCREATE OR REPLACE {kind} memory.main.{t.source} AS SELECT * FROM memory.{PASS}."
-                              f"{t.source} UNION ALL BY NAME {t.taken('memory.main.map_ranks')};" for t, kind in mapped)
-        out.append(Unit(u.name, sql, (*u.after, INPUT_UNIT), path=PATH,
-                        call=functools.partial(_per_rank, sql=sql, idle=_idle(m, made, mapped))))
+        sql = u.sql + "".join(f"\nCREATE OR REPLACE {kind} memory.main.{t.source} AS SELECT * FROM "
+                              f"memory.{pass_schema(key)}.{t.source} UNION ALL BY NAME "
+                              f"{t.taken(f'memory.main.{key}')};" for t, kind in mapped)
+        schema = _inputs_schema(m)
+        path = f"memory.{pass_schema(key)},memory.{schema},memory.main,store.main"
+        after = tuple(dict.fromkeys((*u.after, providers[key], providers[todo])))
+        out.append(Unit(u.name, sql, after, path=path, call=functools.partial(
+            _per_rank, schema=schema, names=ins, todo=todo, sql=sql, idle=_idle(m, key, made, mapped))))
     return out
 
 
@@ -86,7 +99,7 @@ def _made(m: sqlmodules.Module) -> dict[str, str]:
             if (x := _CREATE.match(sqlmodules.code(st.query)))}
 
 
-def _idle(m: sqlmodules.Module, made: dict[str, str], mapped: Sequence[tuple[Summary, str]]) -> str:
+def _idle(m: sqlmodules.Module, key: str, made: dict[str, str], mapped: Sequence[tuple[Summary, str]]) -> str:
     """What a per-rank file leaves when every rank is the map's: its macros, the map's rows of
     its mapped tables, and its other tables and views empty, for what reads them after the pass
     (each of the kind the file makes: an analysis run again on the connection replaces them)."""
@@ -94,21 +107,26 @@ def _idle(m: sqlmodules.Module, made: dict[str, str], mapped: Sequence[tuple[Sum
               if (x := _CREATE.match(sqlmodules.code(st.query))) and x.group(1).upper() == "MACRO"]
     empty = [p for p in m.provides if made.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
     return "".join([*(f"{q};\n" for q in macros),
-                    *(f"CREATE OR REPLACE {made.get(p.name, 'TABLE')} memory.{PASS}.{p.name} AS SELECT "
-                      + ", ".join(f'NULL AS "{c}"' for c in p.columns) + " WHERE false;\n" for p in empty),
-                    *(f"CREATE OR REPLACE {kind} memory.main.{t.source} AS {t.taken('memory.main.map_ranks')};\n"
+                    *(f"CREATE OR REPLACE {made.get(p.name, 'TABLE')} memory.{pass_schema(key)}.{p.name} AS "
+                      "SELECT " + ", ".join(f'NULL AS "{c}"' for c in p.columns) + " WHERE false;\n" for p in empty),
+                    *(f"CREATE OR REPLACE {kind} memory.main.{t.source} AS {t.taken(f'memory.main.{key}')};\n"
                       for t, kind in mapped)])
 
 
-def _per_rank(con: duckdb.DuckDBPyConnection, sql: str, idle: str) -> None:
-    """A per-rank file: its statements where a rank is left to map, else `idle`."""
-    con.execute(sql if con.execute(_TODO).fetchone()[0] else idle)
+def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str, sql: str,
+              idle: str) -> None:
+    """A per-rank file: its inputs and its statements where a rank is left to map, else `idle`."""
+    if con.execute(_TODO.format(todo=todo)).fetchone()[0]:
+        inputs(con, schema, names, todo)
+        con.execute(sql)
+    else:
+        con.execute(idle)
 
 
-def inputs(con: duckdb.DuckDBPyConnection, names: Sequence[str]) -> None:
-    """Schema INPUTS: of each table or view in `names` with a rank column, a view of its rows of
-    the ranks the pass maps (map_todo), over the one the analysis would read (its own catalog's,
-    else the store's)."""
+def inputs(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str) -> None:
+    """In `schema`: of each table or view in `names` with a rank column, a view of its rows of
+    the ranks in `todo`, over the one the analysis would read (its own catalog's, else the
+    store's)."""
     rows = con.execute(
         "SELECT database_name, table_name FROM duckdb_columns() WHERE column_name = 'rank' "
         "AND schema_name = 'main' AND database_name IN ('memory', 'store') AND list_contains(?, table_name)",
@@ -118,5 +136,5 @@ def inputs(con: duckdb.DuckDBPyConnection, names: Sequence[str]) -> None:
         if db == "memory" or table not in where:
             where[table] = db
     for table, db in sorted(where.items()):
-        con.execute(f'CREATE OR REPLACE VIEW memory.{INPUTS}."{table}" AS SELECT * FROM {db}.main."{table}" '
-                    "SEMI JOIN memory.main.map_todo USING (rank)")
+        con.execute(f'CREATE OR REPLACE VIEW memory.{schema}."{table}" AS SELECT * FROM {db}.main."{table}" '
+                    f"SEMI JOIN memory.main.{todo} USING (rank)")

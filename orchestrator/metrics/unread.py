@@ -2,8 +2,8 @@
 
 Where every rank's map ran this analysis SQL in the report's scope, the analysis takes each
 rank's statistics from the map and reads the event tables only for the ranks no map covered:
-every read of them is joined to one of the gates below (the per-rank pass reads them through
-views joined to map_todo: rankpass.py), which then hold no rank. On the parts
+every read of them is joined to one of the gates below (the per-rank files read them through
+views of the ranks they map: rankpass.py), which then hold no rank. On the parts
 route those tables are views over one Parquet file per rank, and DuckDB binds such a view at
 every statement that names it, checking and parsing every file's path however few rows the
 gate lets through: a cost per statement that grows with the ranks, for reads that return

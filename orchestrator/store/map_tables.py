@@ -111,8 +111,8 @@ class Summary:
 # file's header (metrics/sql) gives its columns their types: the one declaration of them; then
 # the columns that are times, on the rank's own clock in the map's one-rank store (its clock
 # offset there is 0), which the analysis moves onto the store's where it takes the map's rows in
-# place of its own per-rank pass (metrics/rankpass.py). The tables of the files before that pass
-# take a rank's rows their own way (05_mapped.sql, 14_gpu_ops.sql).
+# place of its own per-rank pass (metrics/rankpass.py). The steps' tables are the key of the GPU
+# ops per step, which 14_gpu_ops.sql takes its own way.
 _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # The key (21_stats_scope.sql, rank_scope).
     ("map_scope", "rank_scope", ()),
@@ -144,14 +144,14 @@ _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("map_host_syncs", "host_syncs", ("start", "end")),
     ("map_sync_idle", "sync_idle", ("start", "end")),
     # Where the CPU blocked on its GPU (56_cpu_blocks.sql): the replay's bounds on its launches.
-    ("map_cpu_blocks", "cpu_blocks", ()),
-    ("map_queue_wait", "queue_wait", ()),
+    ("map_cpu_blocks", "cpu_blocks", ("start", "end", "done", "lb")),
+    ("map_queue_wait", "queue_wait", ("launch",)),
     ("map_sync_stats", "sync_stats", ()),
-    # What derives from the rank's own events and steps alone (05_mapped.sql, 14_gpu_ops.sql):
-    # taken wherever the map ran this SQL (the optimizer's launches) and its steps are the
-    # report's (the GPU ops per step, the NCCL kernels, the compute between steps), whatever
-    # the options.
-    ("map_opt_launch", "opt_launch", ()),
+    # What derives from the rank's own events and steps alone: taken wherever the map ran this
+    # SQL (the optimizer's launches: map_done, 05_mapped.sql) and where its steps are the report's
+    # (the GPU ops per step, the NCCL kernels, the compute between steps: 14_gpu_ops.sql),
+    # whatever the options.
+    ("map_opt_launch", "opt_launch", ("start",)),
     ("map_steps", "steps", ()),
     ("map_step_ops", "step_ops", ()),
     ("map_comm_ops", "comm_ops", ()),
@@ -160,7 +160,7 @@ _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # this SQL, so that the calls themselves stay in the parts.
     ("map_cuda_calls", "cuda_calls", ()),
     ("map_busy_thread", "busy_thread", ()),
-    ("map_last_call", "last_call", ()),
+    ("map_last_call", "last_call", ("end_ns",)),
     ("map_rank_device", "rank_device", ()),
     # Window statistics (map_ranks, as above): the CUDA calls in the window, the allocator's,
     # the copies', the kernels' and memory operations' tables, the CUDA graphs'.
@@ -214,9 +214,10 @@ def stacked_select() -> str:
 
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
-SQL_FILES = ("13_rank_device.sql", "30_intervals.sql", "40_gaps.sql", "45_cpu_state.sql", "55_host_sync.sql",
-             "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_api.sql", "90_gpu_work.sql", "92_phases.sql",
-             "94_kernel_rows.sql", "96_memory_ops.sql", "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
+SQL_FILES = ("06_opt_launch.sql", "11_cuda_calls.sql", "13_rank_device.sql", "30_intervals.sql", "40_gaps.sql",
+             "45_cpu_state.sql", "55_host_sync.sql", "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_api.sql",
+             "90_gpu_work.sql", "92_phases.sql", "94_kernel_rows.sql", "96_memory_ops.sql", "98_api_osrt.sql",
+             "99_nsys_rules.sql", "99_slice_idle.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

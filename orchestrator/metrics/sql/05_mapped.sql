@@ -7,8 +7,7 @@
 --   map_done(rank, off)  ranks whose map ran this SQL (params.map_sql); off: the rank's clock
 --       offset and correction in the store
 --   map_none(rank)       every other rank, and -1 (no report's: map_todo in 21_stats_scope.sql says
---       why): the files compute these from the event tables (a SEMI JOIN with it reads nothing of
---       them when the map did every rank)
+--       why): the ranks the `-- Map: per rank (map_done)` files map themselves (rankpass.py)
 CREATE OR REPLACE TABLE map_done AS
 SELECT m.rank, any_value(r.clock_offset_ns + coalesce(r.clock_correction_ns, 0)) AS off
 FROM map_scope m JOIN ranks r USING (rank), params p

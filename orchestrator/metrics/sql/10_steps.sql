@@ -1,8 +1,6 @@
 -- Steps: which NVTX ranges mark training iterations.
--- Reads: nvtx, params, kernels, cuda_api, is_optimizer_kernel, map_done, map_none, map_opt_launch.
+-- Reads: nvtx, params, opt_launch.
 -- Provides:
---   opt_launch(rank INTEGER, start BIGINT)   the launches of the optimizer's kernels (the map's where
---       map_done)
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
 --   step_ranges(rank, tid, start, end, step, family, i, has_opt)  the chosen ranges, numbered;
 --       i: their order on the rank; has_opt: the optimizer launched a kernel inside
@@ -56,19 +54,6 @@ CREATE OR REPLACE TABLE step_source AS
 SELECT family, first(text ORDER BY rank, start, text) AS pattern FROM step_marks  -- the first one: stable output
 WHERE family = (SELECT min(family) FROM (SELECT family FROM step_marks GROUP BY family HAVING count(*) >= 2))
 GROUP BY family;
-
--- The optimizer's kernels (and gradient clipping's), timed by their launch call: every rank's,
--- whatever its ranges (the map's, taken as they are, must not depend on the job's step family).
-CREATE OR REPLACE TABLE opt_launch AS
-WITH k AS (
-    SELECT rank, correlation_id FROM kernels SEMI JOIN map_none USING (rank)
-    WHERE short_name IN (SELECT short_name
-                         FROM (SELECT DISTINCT short_name FROM kernels SEMI JOIN map_none USING (rank))
-                         WHERE is_optimizer_kernel(short_name))
-)
-SELECT a.rank, a.start FROM cuda_api a SEMI JOIN k ON k.rank = a.rank AND k.correlation_id = a.correlation_id
-UNION ALL
-SELECT o.rank, o.start + d.off FROM map_opt_launch o JOIN map_done d USING (rank);
 
 CREATE OR REPLACE TABLE step_ranges AS
 WITH fam AS (

@@ -23,6 +23,7 @@ from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import Context, Rule
 from orchestrator.collect.collect import collect_parts
 from orchestrator.layout import Layout
+from orchestrator.metrics import rankpass
 from orchestrator.metrics.engine import Options, Views, analysis
 from orchestrator.sqlmodules import SQL_DIR, HeaderError, Module
 from orchestrator.store.map_tables import SUMMARIES
@@ -203,6 +204,8 @@ def test_a_per_rank_files_views_read_only_its_pass() -> None:
                 assert sqlcheck.sql_tables(view.group(2)) <= own, (m.file, view.group(1))
     with pytest.raises(HeaderError, match="Map: per rank"):
         _modules({"90_gpu_work.sql": ("-- Map: per rank", "-- Map: per rank, mapped")})
+    with pytest.raises(HeaderError, match="the key is one of"):
+        rankpass.plan(_modules({"90_gpu_work.sql": ("-- Map: per rank", "-- Map: per rank (map_scope)")}))
 
 
 def test_metrics_doc_is_up_to_date() -> None:

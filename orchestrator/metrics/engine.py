@@ -227,7 +227,7 @@ def map_sql() -> str:
     with other statements are never taken."""
     h = hashlib.sha256()
     for u in sqlrun.needed(_plan(), map_tables.SQL_FILES):
-        h.update(sqlmodules.code(u.sql).encode() if u.sql else u.name.encode())
+        h.update(sqlmodules.code(u.sql).encode())
     h.update(repr(map_tables.SUMMARIES).encode())
     return h.hexdigest()[:16]
 

@@ -76,6 +76,9 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         if not m.per_rank:
             out.append(u)
             continue
+        if m.per_rank not in KEYS:
+            raise sqlmodules.HeaderError(f"{m.file}: `-- Map: per rank ({m.per_rank})`: "
+                                         f"the key is one of {sorted(KEYS)}")
         key, todo = m.per_rank, KEYS[m.per_rank]
         own = {p.name for x in modules if x.per_rank == key for p in x.provides}
         ins = tuple(sorted(r for r in m.reads if r not in own))

@@ -130,13 +130,13 @@ def inputs(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], to
     """In `schema`: of each table or view in `names` with a rank column, a view of its rows of
     the ranks in `todo`, over the one the analysis would read (its own catalog's, else the
     store's)."""
-    rows = con.execute(
-        "SELECT database_name, table_name FROM duckdb_columns() WHERE column_name = 'rank' "
-        "AND schema_name = 'main' AND database_name IN ('memory', 'store') AND list_contains(?, table_name)",
-        [[n for n in names if n not in WHOLE]]).fetchall()
+    # (no value bound: DuckDB's client binding a Python list looks for pandas once per element)
+    rows = con.execute("SELECT database_name, table_name FROM duckdb_columns() WHERE column_name = 'rank' "
+                       "AND schema_name = 'main' AND database_name IN ('memory', 'store')").fetchall()
+    wanted = set(names) - set(WHOLE)
     where: dict[str, str] = {}
     for db, table in rows:
-        if db == "memory" or table not in where:
+        if table in wanted and (db == "memory" or table not in where):
             where[table] = db
     for table, db in sorted(where.items()):
         con.execute(f'CREATE OR REPLACE VIEW memory.{schema}."{table}" AS SELECT * FROM {db}.main."{table}" '

@@ -83,7 +83,7 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         own = {p.name for x in modules if x.per_rank == key for p in x.provides}
         ins = tuple(sorted(r for r in m.reads if r not in own))
         made = _made(m)
-        mapped = [(taken[p.name], made[p.name]) for p in m.provides if p.name in taken]
+        mapped = [(taken[p.name], made[p.name][0]) for p in m.provides if p.name in taken]
         sql = u.sql + "".join(f"\nCREATE OR REPLACE {kind} memory.main.{t.source} AS SELECT * FROM "
                               f"memory.{pass_schema(key)}.{t.source} UNION ALL BY NAME "
                               f"{t.taken(f'memory.main.{key}')};" for t, kind in mapped)
@@ -95,25 +95,26 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
     return out
 
 
-def _made(m: sqlmodules.Module) -> dict[str, str]:
-    """What each statement of a per-rank file makes: name -> MACRO | TABLE | VIEW. A taken table
-    is made as its file makes it: a view stays one (the compute islands are read where they are)."""
-    return {x.group(2): x.group(1).upper() for st in duckdb.extract_statements(m.sql)
+def _made(m: sqlmodules.Module) -> dict[str, tuple[str, str]]:
+    """What each statement of a per-rank file makes: name -> (MACRO | TABLE | VIEW, the statement).
+    A taken table is made as its file makes it: a view stays one (the compute islands are read
+    where they are)."""
+    return {x.group(2): (x.group(1).upper(), st.query.strip()) for st in duckdb.extract_statements(m.sql)
             if (x := _CREATE.match(sqlmodules.code(st.query)))}
 
 
-def _idle(m: sqlmodules.Module, key: str, made: dict[str, str], mapped: Sequence[tuple[Summary, str]]) -> str:
+def _idle(m: sqlmodules.Module, key: str, made: dict[str, tuple[str, str]],
+          mapped: Sequence[tuple[Summary, str]]) -> str:
     """What a per-rank file leaves when every rank is the map's: its macros, the map's rows of
     its mapped tables, and its other tables and views empty, for what reads them after the pass
     (each of the kind the file makes: an analysis run again on the connection replaces them)."""
-    macros = [st.query.strip() for st in duckdb.extract_statements(m.sql)
-              if (x := _CREATE.match(sqlmodules.code(st.query))) and x.group(1).upper() == "MACRO"]
-    empty = [p for p in m.provides if made.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
-    return "".join([*(f"{q};\n" for q in macros),
-                    *(f"CREATE OR REPLACE {made.get(p.name, 'TABLE')} memory.{pass_schema(key)}.{p.name} AS "
+    kind = {name: k for name, (k, _) in made.items()}
+    empty = [p for p in m.provides if kind.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
+    return "".join([*(f"{q};\n" for k, q in made.values() if k == "MACRO"),
+                    *(f"CREATE OR REPLACE {kind.get(p.name, 'TABLE')} memory.{pass_schema(key)}.{p.name} AS "
                       "SELECT " + ", ".join(f'NULL AS "{c}"' for c in p.columns) + " WHERE false;\n" for p in empty),
-                    *(f"CREATE OR REPLACE {kind} memory.main.{t.source} AS {t.taken(f'memory.main.{key}')};\n"
-                      for t, kind in mapped)])
+                    *(f"CREATE OR REPLACE {k} memory.main.{t.source} AS {t.taken(f'memory.main.{key}')};\n"
+                      for t, k in mapped)])
 
 
 def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str, sql: str,

@@ -20,7 +20,9 @@ the header is the one declaration of its columns, which the store and the map re
 A `Map: per rank` file computes what needs one rank's rows alone: the map runs it on its rank,
 and the analysis runs it only over the ranks whose map it cannot take (metrics/rankpass.py), so
 that it reads no other rank's rows. The name in parentheses is its key, the ranks whose map is
-taken (map_ranks when none is given).
+taken, or that need nothing of the file (map_ranks when none is given). Where no rank is left to
+it, its tables are made empty: one that a reader binds with its types (a name a string function
+reads) gives them too.
 The scheduler builds its DAG from these declarations (sqlrun.py), tests/test_sql_modules.py
 checks them against what DuckDB runs, and scripts/gen_metrics_doc.py turns them into
 docs/metrics.md.

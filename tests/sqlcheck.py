@@ -130,8 +130,10 @@ def _run_once(m: Module, modules: Sequence[Module], full: duckdb.DuckDBPyConnect
                 need_macro(r)
             elif r in kinds:
                 con.execute(f'CREATE {"TABLE" if r in m.writes else "VIEW"} "{r}" AS SELECT * FROM snap.main."{r}"')
-            elif r in stored:  # a copy, not a view: the analysis reads some tables' rowid
-                con.execute(f'CREATE TABLE "{r}" AS SELECT * FROM store.main."{r}" LIMIT 0')
+            elif r in stored:  # a copy, not a view: the analysis reads some tables' rowid; the small
+                # ones whole, as the analysis's tables are (the rank sets of both are checked against each other)
+                n, = con.execute(f'SELECT count(*) FROM store.main."{r}"').fetchone()
+                con.execute(f'CREATE TABLE "{r}" AS SELECT * FROM store.main."{r}"{" LIMIT 0" if n > 10_000 else ""}')
         for name in reversed(macros):
             con.execute(_macro_sql(full, name))
         con.execute("SET search_path = 'memory.main'")  # the store's tables only through the copies above

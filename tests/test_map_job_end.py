@@ -16,12 +16,11 @@ import pytest
 
 from orchestrator.collect.options import CollectOptions
 from orchestrator.collect.run import collect_run
-from orchestrator.metrics import unread
 from orchestrator.metrics.engine import Options
 from tests import independent
 from tests.conftest import copy_run, run_orch
+from tests.test_event_reads import report, spoil_event_parts
 from tests.test_parts import assert_same_report, rank_lists
-from tests.test_unread import _candidates, _report
 
 pytestmark = pytest.mark.replay
 
@@ -52,8 +51,8 @@ def test_the_maps_of_a_stopped_job_cut_the_step_their_rank_was_stopped_in(name: 
 def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: Path) -> None:
     """The cancelled job with only the reports of the ranks that were furthest (the others
     lost): every rank was stopped in the same step, so every map's scope is the report's, and
-    the analysis runs over empty views of the gated event tables (metrics/unread.py). Their
-    parts spoiled, the report is still the in-process one, without a second run."""
+    the per-rank files read no event (tests/test_event_reads.py). Their parts spoiled, the
+    report is still the in-process one."""
     runs = {}
     for route in ("in-process", "parts"):
         run = copy_run(FAULTS / "cancel", tmp_path / route)
@@ -65,11 +64,5 @@ def test_a_stopped_job_whose_ranks_stopped_in_one_step_reads_no_event(tmp_path: 
         runs[route] = run
     ref = collect_run(runs["in-process"], CollectOptions(workers=2)).store
     res = collect_run(runs["parts"], CollectOptions(parts=True, summaries=True, workers=2, view_min_rows=0))
-    tables = _candidates(res.store)
-    assert {"cuda_api", "kernels", "osrt"} <= set(tables) <= set(unread.GATED)
-    for t in tables:
-        for f in (runs["parts"] / "parts").glob(f"table={t}/*/*.parquet"):
-            f.write_bytes(b"\0" * f.stat().st_size)
-    report, again = _report(res.store, Options(), None)
-    assert not again
-    assert report == _report(ref, Options(), None)[0]
+    assert {"cuda_api", "kernels", "osrt"} <= set(spoil_event_parts(res.store))
+    assert report(res.store, Options()) == report(ref, Options())

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from orchestrator.analyze.build import build_report, report_from_views
 from orchestrator.collect.collect import collect, collect_parts
+from orchestrator.errors import OrchError
 from orchestrator.layout import Layout
 from orchestrator.metrics.engine import Options, analysis
 from orchestrator.store.map_tables import STACK, SUMMARIES, stack_columns
@@ -284,26 +285,32 @@ def test_map_summaries_of_another_scope_are_recomputed(opts: Options, tmp_path: 
     b = _parts("real/ddp_slowrank", tmp_path)
     assert mapped_ranks(b, Options()) == [0, 1]
     # None mapped in that scope; their steps are still the map's, but every op is read again
-    # (22_gpu_ops_rest.sql).
-    lists, report = lists_and_report(b, opts, "map_ranks", "ops_late")
-    assert lists == [[], [0, 1]]
+    # (13_steps_mapped.sql).
+    lists, report = lists_and_report(b, opts, "map_ranks", "ops_mapped", "ops_todo")
+    assert lists == [[], [], [-1, 0, 1]]
     same_reports(refs.report("real/ddp_slowrank", opts), report)
 
 
-@pytest.mark.parametrize("change", ["n_steps + 1 AS n_steps", "'0123456789abcdef' AS sql"],
+LAST_STEP_LATER = 'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"'
+
+
+@pytest.mark.parametrize("edits", [[("map_scope", "n_steps + 1 AS n_steps"), ("map_steps", LAST_STEP_LATER)],
+                                   [("map_scope", "'0123456789abcdef' AS sql")]],
                          ids=["other steps", "other SQL"])
-def test_map_summary_whose_scope_differs_is_recomputed(change: str, tmp_path: Path, refs: References) -> None:
-    """A rank whose map counted another number of steps (as when the job-wide step detection
-    differs from the rank's own), or ran another version of the SQL, is computed centrally;
-    the other rank's rows are taken."""
+def test_map_summary_whose_scope_differs_is_recomputed(edits: list[tuple[str, str]], tmp_path: Path,
+                                                       refs: References) -> None:
+    """A rank whose map counted other steps (as when the job-wide step detection differs from the
+    rank's own), or ran another version of the SQL, is computed centrally; the other rank's rows
+    are taken."""
     b = _parts("real/ddp_slowrank", tmp_path)
-    edit_map_table(tmp_path / "b" / "parts", 1, "map_scope", change)
+    for table, change in edits:
+        edit_map_table(tmp_path / "b" / "parts", 1, table, change)
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     lists, report = lists_and_report(b, Options(), "map_ranks")
     assert lists == [[0]]
     # The CUDA calls stay in the parts only where every rank's map ran this SQL (views.IF_MAPPED).
-    assert ("cuda_api" in b2.views) == (change == "n_steps + 1 AS n_steps")
+    assert ("cuda_api" in b2.views) == (edits[0][1] == "n_steps + 1 AS n_steps")
     same_reports(refs.report("real/ddp_slowrank"), report)
 
 
@@ -347,8 +354,11 @@ def test_store_with_map_tables_of_another_shape(tmp_path: Path, refs: References
     same_reports(refs.report("real/ddp_slowrank"), report)
 
 
-def _op_kinds(store: Path) -> set[tuple]:
-    return set(analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops")[0])
+def _op_kinds(store: Path) -> tuple[set[tuple], set[tuple]]:
+    """(rank, kind, is_comm) of the GPU ops the analysis read from the events, and of the NCCL kernels."""
+    ops, comm = analysed(store, Options(), "SELECT DISTINCT rank, kind, is_comm FROM gpu_ops",
+                         "SELECT DISTINCT rank, kind, is_comm FROM comm_ops")
+    return set(ops), set(comm)
 
 
 def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path, refs: References) -> None:
@@ -357,19 +367,33 @@ def test_gpu_ops_of_ranks_whose_steps_are_the_maps(tmp_path: Path, refs: Referen
     other steps (here one step ending 1 ns later) is computed from its events. Either way the
     report is the in-process one."""
     b = _parts("real/ddp_slowrank", tmp_path)
-    (ops,), report = lists_and_report(b, Options(), "ops_partial")
+    (ops,), report = lists_and_report(b, Options(), "ops_mapped")
     assert ops == [0, 1]
-    assert _op_kinds(b) == {(0, "kernel", True), (1, "kernel", True)}
+    assert _op_kinds(b) == (set(), {(0, "kernel", True), (1, "kernel", True)})
     same_reports(refs.report("real/ddp_slowrank"), report)
-    edit_map_table(tmp_path / "b" / "parts", 1, "map_steps",
-                   'CASE WHEN step = (SELECT max(step) FROM t) THEN "end" + 1 ELSE "end" END AS "end"')
+    edit_map_table(tmp_path / "b" / "parts", 1, "map_steps", LAST_STEP_LATER)
     b2 = collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
     assert b2.reused == 2 and b2.store == b
     # (-1, no rank: the set is never empty)
-    lists, report = lists_and_report(b, Options(), "ops_partial", "ops_todo")
+    lists, report = lists_and_report(b, Options(), "ops_mapped", "ops_todo")
     assert lists == [[0], [-1, 1]]
-    assert (1, "kernel", False) in _op_kinds(b) and (0, "kernel", False) not in _op_kinds(b)
+    ops, comm = _op_kinds(b)
+    assert {r for r, _, _ in ops} == {1} and (1, "kernel", False) in ops
+    assert comm == {(0, "kernel", True), (1, "kernel", True)}
     same_reports(refs.report("real/ddp_slowrank"), report)
+
+
+def test_gpu_ops_taken_without_the_statistics_stop_the_analysis(tmp_path: Path) -> None:
+    """A rank whose GPU ops are its map's is in the report's scope too (13_steps_mapped.sql): the
+    per-rank files never need its other ops, which the analysis does not read. A map whose scope
+    disagrees with its own steps (here one more step counted: no map writes that) stops the
+    analysis with an error instead of statistics without those ops."""
+    b = _parts("real/ddp_slowrank", tmp_path)
+    edit_map_table(tmp_path / "b" / "parts", 1, "map_scope", "n_steps + 1 AS n_steps")
+    collect_parts([tmp_path / "src"], tmp_path / "b", layout=Layout(), console=QUIET, summaries=True)
+    with pytest.raises(OrchError, match=r"21_stats_scope\.sql: .*the GPU ops of rank 1 were taken from its map, "
+                       r"but not its statistics.*re-run `orch collect`"):
+        analysed(b, Options())
 
 
 def test_map_statistics_that_cannot_be_read_are_left_out(tmp_path: Path, refs: References) -> None:

@@ -1,7 +1,7 @@
 """The timeline's data (analyze/model_timeline.py), read from the analysis views in the same
 pass as the report: the per-step times of a CPU-only capture (its steps are NVTX ranges), NCCL
 waiting per step, and for two steps the individual kernels, waits and NVTX ranges of a few
-ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `gpu_ops` (NCCL
+ranks (the `Report` holds per-rank totals). Views read: `steps`, `step_gpu`, `comm_ops` (NCCL
 kernels), the drawn ranks' GPU work from the event tables (`gpu_work_of`), `compute_islands`,
 `nccl_waits` (waiting per NCCL kernel, from `coll` and `p2p_match`), `host_syncs`, the critical
 path (`cp_path`, `wait_edges`, `cp_segments`), `nvtx`. A view that is missing is an error: a
@@ -20,6 +20,7 @@ from orchestrator.analyze.model_timeline import Edge, Extras, Hidden, Lane, Path
 from orchestrator.analyze.rank_pick import pick_ranks
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.units import ms
+from orchestrator.metrics import rankpass
 from orchestrator.metrics.engine import Views
 
 MAX_LANES = 16  # lanes drawn per step; the other ranks are summarised in one line
@@ -49,7 +50,7 @@ def extras_from_views(v: Views, report: Report) -> Extras:
     for rk, by in ex.cpu_step_ms.items():
         ex.first_step[rk] = min(by)
     for r in v.query("""SELECT w.rank, o.step, sum(w.e - w.s) AS ns FROM nccl_waits w
-                        JOIN gpu_ops o ON o.rank = w.rank AND o.start = w.s AND o.is_comm
+                        JOIN comm_ops o ON o.rank = w.rank AND o.start = w.s
                         WHERE o.step IS NOT NULL GROUP BY ALL ORDER BY ALL"""):
         ex.wait_ms.setdefault(r["rank"], {})[r["step"]] = ms(r["ns"])
     picks = pick_steps(report, ex)
@@ -89,11 +90,12 @@ def _frame(v: Views, report: Report, ex: Extras, label: str, step: int,
 
 def _drawn_ops(v: Views, frames: list[_Frame]) -> dict[int, list[dict[str, Any]]]:
     """The GPU ops of the drawn ranks inside each frame (by its index), from the event tables in
-    one read for every frame: gpu_ops holds the NCCL kernels only of the ranks the map did."""
+    one read for every frame: the analysis keeps the GPU ops of the ranks no map did only."""
     if not frames:
         return {}
     out: dict[int, list[dict[str, Any]]] = {}
     drawn = [(i, rk, f.t0, f.t1) for i, f in enumerate(frames) for rk in f.shown]
+    rankpass.table_macro(v.con, "gpu_work_of")  # (made here: the analysis reads no mapped rank's events)
     for o in v.query("""SELECT f.i, o.rank, o.kind, o.is_comm, o.name, o.start, o."end"
                         FROM gpu_work_of(?) o
                         JOIN (SELECT unnest(?) AS i, unnest(?) AS rank, unnest(?) AS t0, unnest(?) AS t1) f

@@ -7,5 +7,5 @@ analysis, which runs them across ranks and turns the views into the report.
   `sqlrun.py` runs the files in dependency order, independent files at once;
 - `engine.py` opens the store, sets the session and the `params` table, runs the files and
   reads the views (`Views`);
-- `unread.py`: the event views the analysis leaves unbound where every rank was mapped.
+- `rankpass.py`: the per-rank files run once over the ranks whose map the analysis cannot take.
 """

@@ -24,7 +24,7 @@ from orchestrator import sqlmodules
 from orchestrator.duckdb_memory import cores as orch_cores
 from orchestrator.duckdb_memory import limit, out_of_memory
 from orchestrator.errors import OrchError
-from orchestrator.metrics import rankpass, sqlrun, unread
+from orchestrator.metrics import rankpass, sqlrun
 from orchestrator.sqltext import attach, execute, set_option
 from orchestrator.store import map_tables
 from orchestrator.store.evidence import JobEvidence
@@ -150,28 +150,21 @@ MAP_OPTIONS = Options()
 _SCOPE = ("gap_ms", "steps", "steps_from", "stats_scope")
 
 
+def map_options(opts: Options) -> bool:
+    """Whether the options that decide a rank's scope are the map's (params.map_options): only
+    then can a rank's GPU ops be the map's (13_steps_mapped.sql)."""
+    return all(getattr(opts, f) == getattr(MAP_OPTIONS, f) for f in _SCOPE)
+
+
 def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] | None = None,
-            workers: int | None = None, unread_tables: Sequence[str] | None = None) -> None:
+            workers: int | None = None) -> None:
     """Create every analysis table/view (in memory, the store stays untouched), independent
     files at the same time (sqlrun.py). `only`: these files and what they depend on (the
-    map's per-rank tables, map_tables.py); `workers`: files at once (default sqlrun.workers);
-    `unread_tables`: the event views to run over empty ones first (unread.py; default: those
-    unread.candidates names for a whole analysis in the maps' scope)."""
+    map's per-rank tables, map_tables.py); `workers`: files at once (default sqlrun.workers)."""
     prepare(con, opts)
     units = _plan() if only is None else sqlrun.needed(_plan(), only)
-    if unread_tables is None:
-        in_scope = only is None and all(getattr(opts, f) == getattr(MAP_OPTIONS, f) for f in _SCOPE)
-        unread_tables = unread.candidates(con) if in_scope else []
-    left = unread.leave_unread(con, unread_tables) if unread_tables else None
-    try:
-        with phase("analyze: SQL (wall)"):
-            sqlrun.run(con, units, session, workers)
-    finally:  # (a failed analysis leaves the Python API's connection reading the real views too)
-        if left is not None:
-            left.restore(con)
-    if left is not None and unread.needed(con):
-        with phase("analyze: SQL again, over the events"):
-            sqlrun.run(con, units, session, workers)
+    with phase("analyze: SQL (wall)"):
+        sqlrun.run(con, units, session, workers)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
@@ -196,17 +189,17 @@ def is_input_range(name: str) -> bool:
     return not name.startswith(CALL_GAP) and bool(DATA_RANGE.search(name))
 
 _PARAMS = ("CREATE OR REPLACE TABLE params (gap_ns BIGINT, step_lo INTEGER, step_hi INTEGER, steps_from VARCHAR, "
-           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR, input_re VARCHAR, "
-           "call_gap VARCHAR)")
+           "microbatches INTEGER, stats_scope VARCHAR, ended_early BOOLEAN, map_sql VARCHAR, map_options BOOLEAN, "
+           "input_re VARCHAR, call_gap VARCHAR)")
 
 
 def create_params(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """The `params` table every SQL file reads the user's options from."""
     lo, hi = opts.steps if opts.steps else (None, None)
     con.execute(_PARAMS)
-    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    execute(con, "INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [round(opts.gap_ms * 1e6), lo, hi, opts.steps_from, opts.microbatches, opts.stats_scope, ended_early(con),
-             map_sql(), "(?i)" + DATA_RANGE.pattern, CALL_GAP])
+             map_sql(), map_options(opts), "(?i)" + DATA_RANGE.pattern, CALL_GAP])
 
 
 def ended_early(con: duckdb.DuckDBPyConnection) -> bool:

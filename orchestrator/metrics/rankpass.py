@@ -30,15 +30,16 @@ from orchestrator import sqlmodules
 from orchestrator.metrics.sqlrun import Unit, plan_modules
 from orchestrator.store.map_tables import SUMMARIES, Summary
 
-# A per-rank file's key (the ranks whose map is taken) -> the ranks the analysis maps itself
-# (every other rank, and -1: 21_stats_scope.sql says why).
-KEYS = {"map_ranks": "map_todo", "map_done": "map_none"}
+# A per-rank file's key (the ranks whose map is taken, or that need nothing of the file) -> the
+# ranks the analysis maps itself (every other rank, and -1: 21_stats_scope.sql says why).
+KEYS = {"map_ranks": "map_todo", "map_done": "map_none", "ops_mapped": "ops_todo", "steps_known": "steps_todo"}
 # Read by rowid (17_cpu_ranges.sql keys the ranges by it), which a view has not: read whole,
 # its rows narrowed by the rank's other tables the statements join it with.
 WHOLE = ("nvtx",)
 # Whether a pass has a rank to map: one with a report that no map covers.
 _TODO = "SELECT count(*) > 0 FROM memory.main.{todo} t JOIN ranks r USING (rank) WHERE r.status IN ('ok', 'partial')"
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
+_TABLE_MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO \w+\s*\([^)]*\)\s*AS TABLE\b", re.I)
 
 
 def pass_schema(key: str) -> str:
@@ -88,11 +89,22 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
                               f"memory.{pass_schema(key)}.{t.source} UNION ALL BY NAME "
                               f"{t.taken(f'memory.main.{key}')};" for t, kind in mapped)
         schema = _inputs_schema(m)
-        path = f"memory.{pass_schema(key)},memory.{schema},memory.main,store.main"
+        others = [f"memory.{pass_schema(k)}" for k in KEYS if k != key]
+        path = ",".join([f"memory.{pass_schema(key)}", f"memory.{schema}", "memory.main", *others, "store.main"])
         after = tuple(dict.fromkeys((*u.after, providers[key], providers[todo])))
         out.append(Unit(u.name, sql, after, path=path, call=functools.partial(
             _per_rank, schema=schema, names=ins, todo=todo, sql=sql, idle=_idle(m, key, made, mapped))))
     return out
+
+
+def table_macro(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Make the table macro `name` of a per-rank file in the analysis's own catalog, over every
+    rank's events, for a reader after the analysis (the timeline draws a few ranks' GPU work)."""
+    for m in sqlmodules.analysis_modules():
+        if m.per_rank and name in (made := _made(m)):
+            con.execute(made[name][1])
+            return
+    raise KeyError(name)
 
 
 def _made(m: sqlmodules.Module) -> dict[str, tuple[str, str]]:
@@ -107,14 +119,24 @@ def _idle(m: sqlmodules.Module, key: str, made: dict[str, tuple[str, str]],
           mapped: Sequence[tuple[Summary, str]]) -> str:
     """What a per-rank file leaves when every rank is the map's: its macros, the map's rows of
     its mapped tables, and its other tables and views empty, for what reads them after the pass
-    (each of the kind the file makes: an analysis run again on the connection replaces them)."""
+    (each of the kind the file makes: an analysis run again on the connection replaces them).
+    Not its table macros: DuckDB binds one where it is made, reading the events it names, which
+    is what the pass must not do (a reader after it makes one with `table_macro`)."""
     kind = {name: k for name, (k, _) in made.items()}
     empty = [p for p in m.provides if kind.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
-    return "".join([*(f"{q};\n" for k, q in made.values() if k == "MACRO"),
+    macros = [q for k, q in made.values() if k == "MACRO" and not _TABLE_MACRO.match(sqlmodules.code(q))]
+    return "".join([*(f"{q};\n" for q in macros),
                     *(f"CREATE OR REPLACE {kind.get(p.name, 'TABLE')} memory.{pass_schema(key)}.{p.name} AS "
-                      "SELECT " + ", ".join(f'NULL AS "{c}"' for c in p.columns) + " WHERE false;\n" for p in empty),
+                      "SELECT " + _nulls(p) + " WHERE false;\n" for p in empty),
                     *(f"CREATE OR REPLACE {k} memory.main.{t.source} AS {t.taken(f'memory.main.{key}')};\n"
                       for t, k in mapped)])
+
+
+def _nulls(p: sqlmodules.Provided) -> str:
+    """A row of NULLs in a provided name's columns, of its header's types where it gives them."""
+    types = p.types or ("",) * len(p.columns)
+    return ", ".join(f'CAST(NULL AS {t}) AS "{c}"' if t else f'NULL AS "{c}"'
+                     for c, t in zip(p.columns, types, strict=True))
 
 
 def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str, sql: str,
@@ -129,16 +151,19 @@ def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str],
 
 def inputs(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str) -> None:
     """In `schema`: of each table or view in `names` with a rank column, a view of its rows of
-    the ranks in `todo`, over the one the analysis would read (its own catalog's, else the
-    store's)."""
+    the ranks in `todo`, over the one the analysis would read (the first on its search path:
+    its own catalog's, a pass's, else the store's)."""
     # (no value bound: DuckDB's client binding a Python list looks for pandas once per element)
-    rows = con.execute("SELECT database_name, table_name FROM duckdb_columns() WHERE column_name = 'rank' "
-                       "AND schema_name = 'main' AND database_name IN ('memory', 'store')").fetchall()
+    rows = con.execute("SELECT database_name, schema_name, table_name FROM duckdb_columns() "
+                       "WHERE column_name = 'rank' AND database_name IN ('memory', 'store')").fetchall()
+    order = [p.split(".") for p in SEARCH.split(",")]
     wanted = set(names) - set(WHOLE)
-    where: dict[str, str] = {}
-    for db, table in rows:
-        if table in wanted and (db == "memory" or table not in where):
-            where[table] = db
-    for table, db in sorted(where.items()):
-        con.execute(f'CREATE OR REPLACE VIEW memory.{schema}."{table}" AS SELECT * FROM {db}.main."{table}" '
+    where: dict[str, tuple[int, str]] = {}
+    for db, sch, table in rows:
+        if table in wanted and [db, sch] in order:
+            at = order.index([db, sch])
+            if table not in where or at < where[table][0]:
+                where[table] = (at, f"{db}.{sch}")
+    for table, (_, rel) in sorted(where.items()):
+        con.execute(f'CREATE OR REPLACE VIEW memory.{schema}."{table}" AS SELECT * FROM {rel}."{table}" '
                     f"SEMI JOIN memory.main.{todo} USING (rank)")

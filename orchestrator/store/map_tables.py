@@ -22,11 +22,11 @@ a store mapped by another version of these files, so the report is the same eith
 Three keys, from the loosest to the strictest, each checked by the analysis itself:
 - the SQL (map_done, 05_mapped.sql): what needs the rank's events alone, whatever the job and the
   options (the optimizer's launches, the CUDA calls' counts and busiest thread);
-- the steps (ops_mapped, 14_gpu_ops.sql): what needs the rank's events and its steps (the GPU ops
-  per step that the window is made of, the NCCL kernels the collectives are matched from, the
-  compute launched between steps). For these ranks `gpu_ops` holds the NCCL kernels only, and
-  every file that needs more of their ops takes the map's rows or, outside map_ranks, waits for
-  22_gpu_ops_rest.sql to add them;
+- the steps (ops_mapped, 13_steps_mapped.sql): what needs the rank's events and its steps (the
+  GPU ops per step that the window is made of, the NCCL kernels the collectives are matched
+  from, the compute launched between steps: 14_gpu_ops.sql), where the options that decide a
+  rank's scope are the map's too, so that these ranks are among map_ranks and no file needs
+  their other ops (`gpu_ops` holds the other ranks' only);
 - the scopes (map_ranks): the window statistics, the tables of the files marked `-- Map: per
   rank`, which the analysis takes whole from the map or from its own per-rank pass.
 With the three, the report reads a mapped rank's CUDA calls, kernels, copies, memsets and
@@ -111,8 +111,8 @@ class Summary:
 # file's header (metrics/sql) gives its columns their types: the one declaration of them; then
 # the columns that are times, on the rank's own clock in the map's one-rank store (its clock
 # offset there is 0), which the analysis moves onto the store's where it takes the map's rows in
-# place of its own per-rank pass (metrics/rankpass.py). The steps' tables are the key of the GPU
-# ops per step, which 14_gpu_ops.sql takes its own way.
+# place of its own per-rank pass (metrics/rankpass.py). The steps' table is the key of the GPU
+# ops per step (13_steps_mapped.sql), never taken.
 _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # The key (21_stats_scope.sql, rank_scope).
     ("map_scope", "rank_scope", ()),
@@ -153,9 +153,9 @@ _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # whatever the options.
     ("map_opt_launch", "opt_launch", ("start",)),
     ("map_steps", "steps", ()),
-    ("map_step_ops", "step_ops", ()),
-    ("map_comm_ops", "comm_ops", ()),
-    ("map_offstep", "offstep_islands", ()),
+    ("map_step_ops", "step_ops", ("s", "e")),
+    ("map_comm_ops", "comm_ops", ("start", "end", "launch")),
+    ("map_offstep", "offstep_islands", ("s", "e")),
     # The rank's CUDA calls, counted and picked (11_cuda_calls.sql): taken wherever the map ran
     # this SQL, so that the calls themselves stay in the parts.
     ("map_cuda_calls", "cuda_calls", ()),

@@ -1,5 +1,5 @@
 -- Steps: which NVTX ranges mark training iterations.
--- Reads: nvtx, params, opt_launch.
+-- Reads: nvtx, params, opt_launch, ranks.
 -- Provides:
 --   step_marks(rank, tid, start, end, text, family)  every NVTX range that looks like a step
 --   step_ranges(rank, tid, start, end, step, family, i, has_opt)  the chosen ranges, numbered;
@@ -16,6 +16,9 @@
 --       behind never entered.
 --   every_step(rank, tid, start, end, step, family)  steps and open_steps together: every step
 --       range a rank began (where it stood when it ended: rank_end, mem_peak)
+--   steps_known(rank, off)  the ranks with steps from their NVTX ranges (off: 0), which need no
+--       steps inferred from their CUDA calls (12_inferred_steps.sql)
+--   steps_todo(rank)  every other rank, and -1 (map_todo in 21_stats_scope.sql says why)
 -- Families, first match wins across the job: 0 = --steps-from REGEX; 1 = numbered names in
 -- the spellings real code uses (`step 12`, `Step 12 Start`, `step_12`, `iteration 12`,
 -- `train_step 12`); 2 = torch.profiler's `ProfilerStep#12`; 3 = unnumbered repeated names
@@ -113,3 +116,8 @@ SELECT s.* FROM steps s, params p, cut c WHERE p.ended_early AND s.step >= c.ste
 DELETE FROM steps s USING open_steps o WHERE s.rank = o.rank AND s.step = o.step;
 
 CREATE OR REPLACE VIEW every_step AS SELECT * FROM steps UNION ALL BY NAME SELECT * FROM open_steps;
+
+CREATE OR REPLACE TABLE steps_known AS SELECT DISTINCT rank, 0 AS off FROM steps;
+
+CREATE OR REPLACE TABLE steps_todo AS
+SELECT rank FROM ranks ANTI JOIN steps_known USING (rank) UNION ALL SELECT -1;

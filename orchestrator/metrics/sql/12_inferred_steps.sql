@@ -1,4 +1,5 @@
 -- Inferred iterations: for ranks without step ranges, the trace's own period.
+-- Map: per rank (steps_known)
 -- Reads: steps, step_source, kernels, graph_execs, cuda_api, cuda_calls, is_sync_api, is_optimizer_kernel.
 -- Writes: steps, step_source. Rows of family 5, when no rank had NVTX steps (its own or orch's marks): steps
 -- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (5, beat name).
@@ -182,7 +183,7 @@ WHERE rank NOT IN (SELECT rank FROM optimizer);
 
 -- The beat's bursts inside its extended run, plus the burst just before it: the interval into
 -- the run is the warm-up iteration (step 0), which the window leaves out like any first step.
-INSERT INTO steps BY NAME
+INSERT INTO memory.main.steps BY NAME
 WITH ext AS (  -- the beat's bursts and the interval to the next one
     SELECT bb.rank, bb.ts, lead(bb.ts) OVER w - bb.ts AS iv, row_number() OVER w AS i
     FROM beat_bursts bb JOIN beat b USING (rank, src, name) WINDOW w AS (PARTITION BY bb.rank ORDER BY bb.ts)
@@ -215,5 +216,5 @@ FROM (
     SELECT b.rank, b.tid, b.start, coalesce(b.next, least(b.one_period, greatest(c.t, b.start + 1))) AS "end"
     FROM bounded b LEFT JOIN last_call c USING (rank, tid));
 
-INSERT INTO step_source
-SELECT 5, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM step_source) HAVING count(*) > 0;
+INSERT INTO memory.main.step_source
+SELECT 5, min(name) FROM beat WHERE NOT EXISTS (SELECT 1 FROM memory.main.step_source) HAVING count(*) > 0;

@@ -1,7 +1,8 @@
 -- The nsys-stats tables across ranks, part 0: their scope and the cross-rank outlier test,
 -- which every stats table (phases, kernels, memory operations, API calls, nsys rules) uses.
 -- Its own file so that those tables need not wait for the phase table (sqlrun.py).
--- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope, map_done.
+-- Reads: ranks (all but missing), steps, first_step, win, params, in_selected, map_scope, map_done, ops_mapped,
+-- step_ops.
 -- Provides:
 --   stats_cpu(rank, s, e, n_steps)   CPU-side scope: the span of the selected steps (NULL n_steps
 --       and the window `win` without steps); params.stats_scope = 'capture': everything (what
@@ -20,8 +21,10 @@
 --       pass (the files marked `-- Map: per rank`, run over these ranks' rows alone: sqlrun.py).
 --       -1 is no report's rank: a table that is a view over the parts opens only the files of
 --       the ranks a join's other side holds, and every file when that side is empty; so the rank
---       sets that gate event reads (map_none, ops_todo and this) are never empty, and no join
---       yields a row for -1
+--       sets that gate event reads (map_none, ops_todo, steps_todo and this) are never empty, and
+--       no join yields a row for -1. A rank whose GPU ops are the map's (ops_mapped) and that has
+--       any is in map_ranks: the per-rank files never need its other ops, which gpu_ops lacks;
+--       else the analysis stops with an error rather than compute that rank without them
 --   is_outlier(x, ref_med, ref_mad)  x above the others by > 3 MAD, > 10 % and > 1 ms
 
 CREATE OR REPLACE TABLE stats_cpu AS
@@ -59,7 +62,11 @@ WHERE k.s + k.off = c.s AND k.e + k.off = c.e AND k.gs + k.off = c.gs AND k.ge +
   AND k.n_steps IS NOT DISTINCT FROM c.n_steps AND k.pid = c.pid AND k.sql = c.sql;
 
 CREATE OR REPLACE TABLE map_todo AS
-SELECT rank FROM ranks ANTI JOIN map_ranks USING (rank) UNION ALL SELECT -1;
+SELECT rank FROM ranks ANTI JOIN map_ranks USING (rank) UNION ALL SELECT -1
+UNION ALL
+SELECT CAST(error('orch: the GPU ops of rank ' || rank || ' were taken from its map, but not its statistics')
+            AS INTEGER)
+FROM ops_mapped WHERE rank NOT IN (SELECT rank FROM map_ranks) AND rank IN (SELECT rank FROM step_ops);
 
 CREATE OR REPLACE MACRO is_outlier(x, ref_med, ref_mad) AS coalesce(
     x > ref_med + 3 * ref_mad AND x > 1.1 * ref_med AND x - ref_med > 1e6, false);

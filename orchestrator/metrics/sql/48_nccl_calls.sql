@@ -5,7 +5,7 @@
 -- calling thread, at the call or at the ncclGroupEnd that closes its group. The communicator
 -- ID is the same on every member of a communicator and differs between communicators: it tells
 -- which ranks a collective ran among (a TP group, a stage's DP group) without a layout.
--- Reads: nvtx, gpu_ops. Provides:
+-- Reads: nvtx, comm_ops. Provides:
 --   nccl_kind(name)   all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | send_recv | other
 --   nccl_calls(rank, tid, start, kind, call, msg_bytes, peer, comm)
 --       NCCL calls with their message size, peer and communicator, from NCCL's NVTX payload
@@ -45,7 +45,7 @@ WHERE text LIKE 'nccl%' AND text NOT IN ('ncclGroupStart', 'ncclGroupEnd') AND n
 
 CREATE OR REPLACE TABLE nccl_launch AS
 SELECT rank, start AS k_start, nccl_kind(name) AS kind, tid, launch AS l_start
-FROM gpu_ops WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL;
+FROM comm_ops WHERE kind = 'kernel' AND is_comm AND launch IS NOT NULL;
 
 CREATE OR REPLACE TABLE nccl_kernel_comm AS
 SELECT l.rank, l.k_start AS start, c.comm

@@ -8,7 +8,7 @@
 -- kernels ran on; a layout group's, its ranks with a window. Only collectives seen on every
 -- rank of the group, inside every rank's window, count. A rank waits from its own start until
 -- the latest start in the group, at most the kernel's length.
--- Reads: gpu_ops, ranks, win, nccl_kernel_comm, nccl_comm_size, is_p2p, is_comm, binom_tail. Provides:
+-- Reads: comm_ops, ranks, win, nccl_kernel_comm, nccl_comm_size, is_p2p, is_comm, binom_tail. Provides:
 --   coll(rank, grp, name, start, end, kth, in_win, latest, earliest, n_seen, all_in_win,
 --       wait_ns, is_last, group_size)  one row per rank and matched collective kernel; grp
 --       names the group (`comm <id>` or `stage <s> tp <t>`)
@@ -24,7 +24,7 @@
 CREATE OR REPLACE TABLE coll AS
 WITH c0 AS (
     SELECT o.rank, o.name, o.start, o."end", kc.comm
-    FROM gpu_ops o LEFT JOIN nccl_kernel_comm kc ON kc.rank = o.rank AND kc.start = o.start
+    FROM comm_ops o LEFT JOIN nccl_kernel_comm kc ON kc.rank = o.rank AND kc.start = o.start
     WHERE o.kind = 'kernel' AND o.is_comm AND NOT is_p2p(o.name)
 ), by_comm AS (  -- communicators only when every rank's export has them (90 % of its kernels): one
     -- rank's export without NCCL's payload would otherwise match with nobody

@@ -5,7 +5,7 @@
 -- the other (both follow the same schedule). With more ranks (a middle stage has two peers)
 -- the peer is the overlapping send/recv kernel on an adjacent stage of the same pipeline
 -- whose end is closest; kernels with no overlapping peer stay unmatched (no wait counted).
--- Reads: gpu_ops, ranks, win, coll, coll_last, is_p2p, is_comm. Provides:
+-- Reads: comm_ops, ranks, win, coll, coll_last, is_p2p, is_comm. Provides:
 --   p2p_match(rank, start, end, peer, peer_start, wait_ns)   one row per matched kernel
 --   p2p_rank(rank, n_p2p, n_matched, p2p_wait_ns)
 --       per rank: send/recv kernels, how many matched a peer's, their waiting
@@ -21,7 +21,7 @@ CREATE OR REPLACE TABLE _p2p_all AS
 SELECT o.rank, r.stage, r.dp_index, r.tp_index, o.start, o."end",
        row_number() OVER (PARTITION BY o.rank ORDER BY o.start) AS kth,
        (o."end" > w.w0 AND o.start < w.w1) AS in_win
-FROM gpu_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
+FROM comm_ops o JOIN ranks r USING (rank) JOIN win w USING (rank)
 WHERE o.kind = 'kernel' AND is_p2p(o.name);
 
 -- Ranks with p2p traffic that have exactly one possible peer among the ranks with p2p traffic.

@@ -3,7 +3,7 @@
 -- rank's part for all-gather (send) and reduce-scatter (recv). Every call belongs to the first
 -- NCCL kernel of the same kind launched on its thread at or after it (an ASOF join); the calls
 -- of one group add up.
--- Reads: nccl_calls, nccl_launch, gpu_ops. Provides:
+-- Reads: nccl_calls, nccl_launch, comm_ops. Provides:
 --   comm_bytes(rank, start, kind, msg_bytes, send_bytes, recv_bytes, n_calls, source)  one row per sized kernel
 --   comm_size_info(n_calls, n_sized_calls, n_comm_kernels, n_sized_kernels)
 --       how many calls and kernels have a size
@@ -24,5 +24,5 @@ HAVING count(msg_bytes) = count(*);
 CREATE OR REPLACE TABLE comm_size_info AS
 SELECT (SELECT count(*) FROM nccl_calls) AS n_calls,
        (SELECT count(msg_bytes) FROM nccl_calls) AS n_sized_calls,
-       (SELECT count(*) FROM gpu_ops WHERE kind = 'kernel' AND is_comm) AS n_comm_kernels,
+       (SELECT count(*) FROM comm_ops WHERE kind = 'kernel' AND is_comm) AS n_comm_kernels,
        (SELECT count(*) FROM comm_bytes) AS n_sized_kernels;

@@ -15,7 +15,7 @@
 -- peer) is another rank. pred: where the walk back goes from a node: from a wait to the rank
 -- waited for, at the moment it arrived; from a node that did not wait (that rank was on time or
 -- last: every peer is in step with it afterwards) to the same rank's previous node.
--- Reads: coll, coll_last, p2p_match, gpu_ops, ranks, is_p2p, is_comm. Provides:
+-- Reads: coll, coll_last, p2p_match, comm_ops, ranks, is_p2p, is_comm. Provides:
 --   wait_nodes(id, step, rank, kind, idx, s, e, waited_for, wait_ns, excess_ns, carried_ns, pred)
 --       s = the kernel's start, e = when its wait ended (s when it did not wait); idx = the
 --       kernel's place among the rank's kernels of that kind in the step
@@ -28,11 +28,11 @@ WITH c AS (  -- every collective instance on every rank, waiting or not, with th
     FROM coll c LEFT JOIN coll_last l USING (grp, name, kth)
 ), n AS (  -- the step of each: its kernel's (the step its launch happened in)
     SELECT c.*, o.step FROM c
-    JOIN gpu_ops o ON o.rank = c.rank AND o.start = c.start AND o.name = c.name AND o.kind = 'kernel'
+    JOIN comm_ops o ON o.rank = c.rank AND o.start = c.start AND o.name = c.name AND o.kind = 'kernel'
     UNION ALL
     SELECT m.rank, m.start, o.name, m.wait_ns, CASE WHEN m.wait_ns > 0 THEN m.peer ELSE m.rank END, 'p2p', o.step
     FROM p2p_match m
-    JOIN gpu_ops o ON o.rank = m.rank AND o.start = m.start AND o.kind = 'kernel' AND o.is_comm AND is_p2p(o.name)
+    JOIN comm_ops o ON o.rank = m.rank AND o.start = m.start AND o.kind = 'kernel' AND o.is_comm AND is_p2p(o.name)
 ), k AS (
     SELECT n.rank, n.start, n.wait_ns, CASE WHEN n.wait_ns > 0 THEN n.waited_for ELSE n.rank END AS waited_for,
            n.kind, n.step, r.stage, r.dp_index, r.tp_index,

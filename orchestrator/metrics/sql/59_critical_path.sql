@@ -11,8 +11,8 @@
 -- PP and microbatches are all just waits here.
 -- Ties (two ranks ending a step, or putting the same excess on the path, at the same
 -- nanosecond) go to the lowest rank: the report must not depend on the order rows are read in.
--- Reads: wait_nodes, wait_edges, step_ops, offstep_raw, ops_partial, map_offstep, ranks, first_step,
--- params, gap_attr, compute_islands, in_selected, overlapping, union_intervals. Provides:
+-- Reads: wait_nodes, wait_edges, step_ops, offstep_islands, ranks, first_step,
+-- params, gap_attr, compute_islands, in_selected, overlapping. Provides:
 --   cp_steps(step, rank, t0, t1)                 the step's span and the rank that ends it
 --   cp_path(step, hop, id, upto)                 the nodes on the path, hop 0 = the last
 --   cp_segments(step, hop, rank, s, e, in_excess_ns, out_excess_ns, created_ns, waited_for)
@@ -84,18 +84,13 @@ SELECT seg.step, seg.hop, seg.rank, seg.s, seg.e, seg.in_excess_ns, coalesce(c.n
        greatest(coalesce(c.ns, 0) - seg.in_excess_ns, 0) AS created_ns, seg.waited_for
 FROM seg LEFT JOIN caused c USING (step, hop);
 
--- Compute launched outside every step range (offstep_raw: metrics, evaluation, logging
+-- Compute launched outside every step range (offstep_islands: metrics, evaluation, logging
 -- between steps) is that work, not the step's: it counts as `between steps (other work)`.
 CREATE OR REPLACE TABLE cp_segment_phase AS
 WITH seg AS (SELECT step, hop, rank, s AS start, e AS "end" FROM cp_segments WHERE e > s),
 ci AS (  -- the path's ranks only: a step's path crosses a few of the job's ranks
     SELECT rank, s, e FROM compute_islands WHERE rank IN (SELECT rank FROM seg)),
-bs_raw AS (SELECT * FROM offstep_raw WHERE rank IN (SELECT rank FROM seg)),
-bs AS (  -- the map's union where gpu_ops has a rank's NCCL kernels only (ops_partial)
-    SELECT rank, s, e FROM union_intervals('bs_raw')
-    UNION ALL
-    SELECT m.rank, m.s + k.off, m.e + k.off FROM map_offstep m JOIN ops_partial k USING (rank)
-    WHERE m.rank IN (SELECT rank FROM seg)),
+bs AS (SELECT rank, s, e FROM offstep_islands WHERE rank IN (SELECT rank FROM seg)),
 idle AS (
     SELECT o.step, o.hop, o.rank, g.range_group AS what, sum(least(o."end", o.d_e) - greatest(o.start, o.d_s)) AS ns
     FROM overlapping('gap_attr', 'seg') o

@@ -31,7 +31,7 @@
 -- report (profile.ranks chose a few), no instance matches them and their wait reads as the rank's
 -- own work; the what-if takes out of it the wait above what the other profiled ranks wait in
 -- communicators of the same size and kernel (coll_unseen).
--- Reads: coll, p2p_match, gpu_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
+-- Reads: coll, p2p_match, gpu_ops, comm_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
 -- first_step, params, in_selected, win, nccl_kernel_comm, nccl_comm_size, comm_bytes, compute_islands, overlapping,
 -- is_p2p, is_comm.
 -- Provides:
@@ -95,7 +95,7 @@ WITH c AS (  -- collective nodes: the k-th kernel of one name in one communicato
     FROM p2p_match
 ), n AS (
     SELECT x.*, o.step, o.launch AS l FROM (SELECT * FROM c UNION ALL SELECT * FROM p) x
-    JOIN gpu_ops o ON o.rank = x.rank AND o.start = x.s AND o.kind = 'kernel' AND o.is_comm
+    JOIN comm_ops o ON o.rank = x.rank AND o.start = x.s AND o.kind = 'kernel' AND o.is_comm
     WHERE o.step IS NOT NULL
 ), i AS (  -- one step per instance (its members' launches may straddle a step boundary), the
     -- last arrival, and the transfer: the last arriver's kernel, which waited for nobody
@@ -228,7 +228,7 @@ CREATE OR REPLACE TABLE _rp_unseen_k AS
 WITH seen AS (SELECT comm, count(DISTINCT rank) AS n FROM nccl_kernel_comm GROUP BY comm),
 k AS (
     SELECT o.rank, o.name, o.start, o."end", kc.comm, s.n_ranks, seen.n AS seen, b.msg_bytes
-    FROM gpu_ops o JOIN nccl_kernel_comm kc ON kc.rank = o.rank AND kc.start = o.start
+    FROM comm_ops o JOIN nccl_kernel_comm kc ON kc.rank = o.rank AND kc.start = o.start
     JOIN nccl_comm_size s USING (comm) JOIN seen USING (comm) JOIN win w ON w.rank = o.rank
     LEFT JOIN comm_bytes b ON b.rank = o.rank AND b.start = o.start
     WHERE o.kind = 'kernel' AND o.is_comm AND NOT is_p2p(o.name) AND s.n_ranks > seen.n

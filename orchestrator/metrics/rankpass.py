@@ -92,8 +92,9 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         others = [f"memory.{pass_schema(k)}" for k in KEYS if k != key]
         path = ",".join([f"memory.{pass_schema(key)}", f"memory.{schema}", "memory.main", *others, "store.main"])
         after = tuple(dict.fromkeys((*u.after, providers[key], providers[todo])))
+        outside = {r for x in modules if x is not m for r in x.reads}
         out.append(Unit(u.name, sql, after, path=path, call=functools.partial(
-            _per_rank, schema=schema, names=ins, todo=todo, sql=sql, idle=_idle(m, key, made, mapped))))
+            _per_rank, schema=schema, names=ins, todo=todo, sql=sql, idle=_idle(m, key, made, mapped, outside))))
     return out
 
 
@@ -116,15 +117,18 @@ def _made(m: sqlmodules.Module) -> dict[str, tuple[str, str]]:
 
 
 def _idle(m: sqlmodules.Module, key: str, made: dict[str, tuple[str, str]],
-          mapped: Sequence[tuple[Summary, str]]) -> str:
-    """What a per-rank file leaves when every rank is the map's: its macros, the map's rows of
-    its mapped tables, and its other tables and views empty, for what reads them after the pass
-    (each of the kind the file makes: an analysis run again on the connection replaces them).
-    Not its table macros: DuckDB binds one where it is made, reading the events it names, which
-    is what the pass must not do (a reader after it makes one with `table_macro`)."""
+          mapped: Sequence[tuple[Summary, str]], outside: set[str]) -> str:
+    """What a per-rank file leaves when every rank is the map's: the macros other files read
+    (`outside`: their Reads), the map's rows of its mapped tables, and its other public tables
+    and views empty, for what reads them after the pass (each of the kind the file makes: an
+    analysis run again on the connection replaces them). Not its table macros: DuckDB binds one
+    where it is made, reading the events it names, which is what the pass must not do (a reader
+    after it makes one with `table_macro`). Nor its private helpers, which nothing outside the
+    file reads."""
     kind = {name: k for name, (k, _) in made.items()}
-    empty = [p for p in m.provides if kind.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
-    macros = [q for k, q in made.values() if k == "MACRO" and not _TABLE_MACRO.match(sqlmodules.code(q))]
+    empty = [p for p in m.public if kind.get(p.name) != "MACRO" and p.name not in {t.source for t, _ in mapped}]
+    macros = [q for name, (k, q) in made.items()
+              if k == "MACRO" and name in outside and not _TABLE_MACRO.match(sqlmodules.code(q))]
     return "".join([*(f"{q};\n" for q in macros),
                     *(f"CREATE OR REPLACE {kind.get(p.name, 'TABLE')} memory.{pass_schema(key)}.{p.name} AS "
                       "SELECT " + _nulls(p) + " WHERE false;\n" for p in empty),

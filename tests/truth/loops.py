@@ -68,6 +68,15 @@ CASES = {
         "modern_loops.py's eager GPT, each sample tokenised in Python for 5 ms (--sample-ms 5) by a DataLoader "
         "with num_workers=0, 20 optimizer steps, no NVTX; orch's loop marks on", "input", [0],
         ("loops_tokenise_w0", "loops_tokenise_w8"), "planted: --sample-ms 5 --workers 0"),
+    "loops_tokenise_w2": (
+        "modern_loops.py's eager GPT, each sample tokenised in Python for 5 ms (--sample-ms 5) by a DataLoader "
+        "with num_workers=2, 20 optimizer steps, no NVTX; orch's loop marks on", "input", [0],
+        ("loops_tokenise_w2", "loops_tokenise_w8_rerun"), "planted: --sample-ms 5 --workers 2"),
+    "loops_tokenise_w8": (
+        "loops_tokenise_w2's loop with num_workers=8, which keep the next batch ready; nothing planted, "
+        "launch-bound", "launch", [0], None,
+        "the eager GPT is launch-bound (nothing planted for it), as graphs-gpt_eager_nvtx measured against its "
+        "twin replayed as one CUDA graph"),
     "hf_gpt2_accum4": (
         "GPT-2 small from scratch with the HF Trainer (transformers 5), bf16, 4 micro-batches of gradient "
         "accumulation, 2 DataLoader workers, 20 optimizer steps; orch's loop marks on; nothing planted", "none", [],

@@ -27,9 +27,11 @@ from orchestrator.analyze.rules import base
 from orchestrator.metrics import rankpass
 from orchestrator.sqlmodules import Module
 
-# (The per-rank files' inputs are views of other objects' rows: metrics/rankpass.py.)
+# (The per-rank files' inputs are views of other objects' rows, and the store's names they read
+# a table of the pass's own: metrics/rankpass.py.)
 _OBJECTS = f"""
     SELECT table_name, 'table' FROM duckdb_tables() WHERE database_name = 'memory'
+        AND NOT starts_with(schema_name, '{rankpass.INPUTS_PREFIX}')
     UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE database_name = 'memory' AND NOT internal
         AND NOT starts_with(schema_name, '{rankpass.INPUTS_PREFIX}')
     UNION ALL SELECT function_name, function_type FROM duckdb_functions()

@@ -169,9 +169,11 @@ def run_sql(con: duckdb.DuckDBPyConnection, opts: Options, only: Sequence[str] |
 
 def prepare(con: duckdb.DuckDBPyConnection, opts: Options) -> None:
     """What the SQL files read besides the store: the options, and the map's per-rank tables
-    (empty where the store has none)."""
+    (empty where the store has none); and which store names the per-rank pass narrows to its
+    ranks (rankpass.catalog)."""
     map_tables.create_missing(con)
     create_params(con, opts)
+    rankpass.catalog(con)
 
 
 # The names of input-pipeline ranges and phases (a data loader's, a batch fetch): the rules read

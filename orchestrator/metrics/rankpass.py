@@ -52,6 +52,8 @@ SEARCH = ",".join(["memory.main", *(f"memory.{pass_schema(k)}" for k in KEYS), "
 
 
 INPUTS_PREFIX = "rank_in_"
+# The names the analysis reads from the store with a rank column (`catalog`).
+_STORE_NAMES = f"memory.{INPUTS_PREFIX}store.names"
 
 
 def _inputs_schema(m: sqlmodules.Module) -> str:
@@ -60,7 +62,7 @@ def _inputs_schema(m: sqlmodules.Module) -> str:
 
 def schemas(con: duckdb.DuckDBPyConnection) -> None:
     """The passes' schemas and each per-rank file's inputs' schema, in the analysis's own catalog."""
-    names = [*(pass_schema(k) for k in KEYS),
+    names = [*(pass_schema(k) for k in KEYS), f"{INPUTS_PREFIX}store",
              *(_inputs_schema(m) for m in sqlmodules.analysis_modules() if m.per_rank)]
     for s in names:
         con.execute(f"CREATE SCHEMA IF NOT EXISTS memory.{s}")
@@ -72,6 +74,7 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
     units = plan_modules(modules)
     providers = {p.name: u.name for m, u in zip(modules, units, strict=True) for p in m.provides}
     taken = {s.source: s for s in SUMMARIES}
+    made_at = _made_at(modules)
     out = []
     for m, u in zip(modules, units, strict=True):
         if not m.per_rank:
@@ -93,8 +96,26 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         path = ",".join([f"memory.{pass_schema(key)}", f"memory.{schema}", "memory.main", *others, "store.main"])
         after = tuple(dict.fromkeys((*u.after, providers[key], providers[todo])))
         outside = {r for x in modules if x is not m for r in x.reads}
+        ranked = {r: made_at[r] for r in ins if r in made_at}
+        store = tuple(r for r in ins if r not in providers and r not in WHOLE)
         out.append(Unit(u.name, sql, after, path=path, call=functools.partial(
-            _per_rank, schema=schema, names=ins, todo=todo, sql=sql, idle=_idle(m, key, made, mapped, outside))))
+            _per_rank, schema=schema, made_at=ranked, store=store, todo=todo, sql=sql,
+            idle=_idle(m, key, made, mapped, outside))))
+    return out
+
+
+def _made_at(modules: Sequence[sqlmodules.Module]) -> dict[str, str]:
+    """Where the analysis makes each of its tables and views with a rank column (its header's
+    columns say which): a per-rank file's in its pass's schema, but the tables the map writes,
+    which it takes into the analysis's own; any other file's there too."""
+    taken = {s.source for s in SUMMARIES}
+    out = {}
+    for x in modules:
+        kind = {name: k for name, (k, _) in _made(x).items()}
+        for p in x.provides:
+            if kind.get(p.name) != "MACRO" and "rank" in p.columns and p.name not in WHOLE:
+                out[p.name] = (f"memory.{pass_schema(x.per_rank)}" if x.per_rank and p.name not in taken
+                               else "memory.main")
     return out
 
 
@@ -143,31 +164,36 @@ def _nulls(p: sqlmodules.Provided) -> str:
                      for c, t in zip(p.columns, types, strict=True))
 
 
-def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str, sql: str,
-              idle: str) -> None:
+def _per_rank(con: duckdb.DuckDBPyConnection, schema: str, made_at: dict[str, str], store: Sequence[str],
+              todo: str, sql: str, idle: str) -> None:
     """A per-rank file: its inputs and its statements where a rank is left to map, else `idle`."""
     if con.execute(_TODO.format(todo=todo)).fetchone()[0]:
-        inputs(con, schema, names, todo)
+        inputs(con, schema, made_at, store, todo)
         con.execute(sql)
     else:
         con.execute(idle)
 
 
-def inputs(con: duckdb.DuckDBPyConnection, schema: str, names: Sequence[str], todo: str) -> None:
-    """In `schema`: of each table or view in `names` with a rank column, a view of its rows of
-    the ranks in `todo`, over the one the analysis would read (the first on its search path:
-    its own catalog's, a pass's, else the store's)."""
-    # (no value bound: DuckDB's client binding a Python list looks for pandas once per element)
-    rows = con.execute("SELECT database_name, schema_name, table_name FROM duckdb_columns() "
-                       "WHERE column_name = 'rank' AND database_name IN ('memory', 'store')").fetchall()
-    order = [p.split(".") for p in SEARCH.split(",")]
-    wanted = set(names) - set(WHOLE)
-    where: dict[str, tuple[int, str]] = {}
-    for db, sch, table in rows:
-        if table in wanted and [db, sch] in order:
-            at = order.index([db, sch])
-            if table not in where or at < where[table][0]:
-                where[table] = (at, f"{db}.{sch}")
-    for table, (_, rel) in sorted(where.items()):
+def catalog(con: duckdb.DuckDBPyConnection) -> None:
+    """Which of the names the analysis reads from the store have a rank column, and where it
+    reads each (its own catalog's view first: a moved run's parts, an empty map table; else the
+    store's), read once before the analysis: the catalog function lists every column of both
+    catalogs, a cost each per-rank file would otherwise pay."""
+    con.execute(f"CREATE OR REPLACE TABLE {_STORE_NAMES} AS SELECT DISTINCT database_name AS db, table_name AS name "
+                "FROM duckdb_columns() WHERE column_name = 'rank' AND schema_name = 'main' "
+                "AND database_name IN ('memory', 'store')")
+
+
+def inputs(con: duckdb.DuckDBPyConnection, schema: str, made_at: dict[str, str], store: Sequence[str],
+           todo: str) -> None:
+    """In `schema`: of each name the file reads with a rank column, a view of its rows of the
+    ranks in `todo`, over the one the analysis would read: `made_at` where the analysis makes
+    them (plan), and of `store`, the names it reads from the store, those `catalog` found."""
+    where = dict(made_at)
+    if store:  # (no value bound: DuckDB's client binding a Python list looks for pandas once per element)
+        for db, name in con.execute(f"SELECT db, name FROM {_STORE_NAMES} ORDER BY db = 'store'").fetchall():
+            if name in store and name not in where:
+                where[name] = f"{db}.main"
+    for table, rel in sorted(where.items()):
         con.execute(f'CREATE OR REPLACE VIEW memory.{schema}."{table}" AS SELECT * FROM {rel}."{table}" '
                     f"SEMI JOIN memory.main.{todo} USING (rank)")

@@ -84,6 +84,9 @@ LOOP_TIMINGS=(
   "loops_tokenise_w0|--sample-ms 5 --workers 0 --steps 20"
   "loops_tokenise_w8|--sample-ms 5 --workers 8 --steps 20"
   "loops_tokenise_w2|--sample-ms 5 --workers 2 --steps 20"
+  # (6 and 7 workers: around the count orch's data-loader fix names for loops_tokenise_w2)
+  "loops_tokenise_w6|--sample-ms 5 --workers 6 --steps 20"
+  "loops_tokenise_w7|--sample-ms 5 --workers 7 --steps 20"
   "loops_fused_accum4|--accum 4 --steps 20 --fused"
   "hf_tokenise_w0|--accum 1 --steps 20 --workers 0 --sample-ms 5|hf_trainer.py"
   "hf_tokenise_w8|--accum 1 --steps 20 --workers 8 --sample-ms 5|hf_trainer.py"

@@ -39,6 +39,7 @@ WHOLE = ("nvtx",)
 # Whether a pass has a rank to map: one with a report that no map covers.
 _TODO = "SELECT count(*) > 0 FROM memory.main.{todo} t JOIN ranks r USING (rank) WHERE r.status IN ('ok', 'partial')"
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
+_MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO (\w+)", re.I | re.M)
 _TABLE_MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO \w+\s*\([^)]*\)\s*AS TABLE\b", re.I)
 
 
@@ -111,9 +112,9 @@ def _made_at(modules: Sequence[sqlmodules.Module]) -> dict[str, str]:
     taken = {s.source for s in SUMMARIES}
     out = {}
     for x in modules:
-        kind = {name: k for name, (k, _) in _made(x).items()}
+        macros = set(_MACRO.findall(x.sql))
         for p in x.provides:
-            if kind.get(p.name) != "MACRO" and "rank" in p.columns and p.name not in WHOLE:
+            if p.name not in macros and "rank" in p.columns and p.name not in WHOLE:
                 out[p.name] = (f"memory.{pass_schema(x.per_rank)}" if x.per_rank and p.name not in taken
                                else "memory.main")
     return out

@@ -4,11 +4,11 @@
 -- Writes: steps, step_source. Rows of family 5, when no rank had NVTX steps (its own or orch's marks): steps
 -- [beat_i, beat_{i+1}) on the beat's launching thread, step = i; step_source (5, beat name).
 -- Provides:
---   beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
---   beat_candidates(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv,
+--   _beat_occ(rank, src, name, tid, ts, cand)  cand: one integer per (rank, src, name)
+--   _beat_candidates(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv,
 --       regular)  each candidate's longest run, judged
---   beat_bursts(rank, src, name, cand, n, ts, tid)  each candidate's occurrences merged in bursts
---   beat_runs(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
+--   _beat_bursts(rank, src, name, cand, n, ts, tid)  each candidate's occurrences merged in bursts
+--   _beat_runs(rank, src, name, cand, run, n, n_bursts, bursts, t0, t1, period_ns, rcv)  its regular stretches
 --   beat(rank, src, name, t0, t1, bursts, period_ns, rcv, micro_batches, micro_name)  the chosen beat
 -- Method (no NVTX: the loop's own period), per rank that has no step ranges:
 --   1. Candidate beats: every kernel short name, timed by the start of its CUDA launch call
@@ -58,7 +58,7 @@
 -- can pick the warm-up's pattern.
 -- cand: one integer per (rank, src, name), what every window below partitions by (sorting on
 -- the kernel names themselves made each window several times slower).
-CREATE OR REPLACE TABLE beat_occ AS
+CREATE OR REPLACE TABLE _beat_occ AS
 WITH todo AS (
     SELECT rank FROM cuda_calls WHERE rank NOT IN (SELECT rank FROM steps)
 ), sync_names AS (  -- the regex once per distinct name, not once per call; none read where every rank has steps
@@ -83,11 +83,11 @@ SELECT occ.*, cands.cand FROM occ JOIN cands USING (rank, src, name);
 -- are kept (bursts) or found again by an ASOF join (runs), not numbered by a running sum
 -- partitioned by cand, which was most of this file's time (DuckDB's partitioned framed sum:
 -- 21 ms of 37 ms for 35 k occurrences).
-CREATE OR REPLACE TABLE beat_bursts AS
+CREATE OR REPLACE TABLE _beat_bursts AS
 WITH occ AS (
     SELECT *, ts - lag(ts) OVER (PARTITION BY cand ORDER BY ts, tid) AS gap,
            count(*) OVER (PARTITION BY cand) AS n
-    FROM beat_occ
+    FROM _beat_occ
 ), sorted AS (
     SELECT cand, gap,
            row_number() OVER (PARTITION BY cand ORDER BY gap DESC) AS r,
@@ -108,12 +108,12 @@ WHERE o.n >= 4 AND (o.gap IS NULL OR o.gap > coalesce(b.merge_le, 0));
 -- most: its longest run is the one judged) gets its median and MAD, holistic aggregates that
 -- cost most of this statement over every run. The other runs keep period_ns and rcv NULL;
 -- their candidates are not regular either way.
-CREATE OR REPLACE TABLE beat_runs AS
+CREATE OR REPLACE TABLE _beat_runs AS
 WITH iv AS MATERIALIZED (  -- iv: from this burst to the next
     SELECT * FROM (
         SELECT *, CAST(lead(ts) OVER w - ts AS DOUBLE) AS iv, lag(ts) OVER w AS prev_ts,
                row_number() OVER w AS i, count(*) OVER (PARTITION BY cand) AS n_bursts
-        FROM beat_bursts WINDOW w AS (PARTITION BY cand ORDER BY ts))
+        FROM _beat_bursts WINDOW w AS (PARTITION BY cand ORDER BY ts))
     WHERE iv IS NOT NULL
 ), starts AS (  -- a run: consecutive intervals each within 25 % of the one before
     SELECT rank, src, name, cand, n, n_bursts, ts AS run, i FROM iv
@@ -134,15 +134,15 @@ LEFT JOIN judged j ON j.cand = s.cand AND j.run = s.run;
 
 -- Each candidate's longest run, then the lowest robust CV, then the first (an aggregate per
 -- cand, not a window: a hash group instead of a sort of every run).
-CREATE OR REPLACE TABLE beat_candidates AS
+CREATE OR REPLACE TABLE _beat_candidates AS
 SELECT r.*, r.bursts >= 4 AND r.rcv < 0.2 AND r.bursts >= r.n_bursts / 3.0 AS regular
-FROM beat_runs r JOIN (
-    SELECT cand, arg_min(run, (-bursts, rcv, run)) AS run FROM beat_runs GROUP BY cand) USING (cand, run);
+FROM _beat_runs r JOIN (
+    SELECT cand, arg_min(run, (-bursts, rcv, run)) AS run FROM _beat_runs GROUP BY cand) USING (cand, run);
 
 CREATE OR REPLACE TABLE beat AS
 WITH long_runs AS (
-    SELECT c.* FROM beat_candidates c
-    JOIN (SELECT rank, max(t1 - t0) AS span FROM beat_candidates WHERE regular GROUP BY rank) m USING (rank)
+    SELECT c.* FROM _beat_candidates c
+    JOIN (SELECT rank, max(t1 - t0) AS span FROM _beat_candidates WHERE regular GROUP BY rank) m USING (rank)
     WHERE c.regular AND c.t1 - c.t0 >= 0.2 * m.span
 ), votes AS (
     SELECT rank, bursts, row_number() OVER (PARTITION BY rank ORDER BY count(*) DESC, bursts) AS i
@@ -154,16 +154,16 @@ WITH long_runs AS (
     WHERE j = 1
 ), opt_cand AS (  -- regular optimizer kernels slower than the beat
     SELECT c.rank, c.src, c.name, c.cand, c.t0, c.t1, c.bursts, c.period_ns, c.rcv, v.src AS v_src, v.name AS micro_name
-    FROM beat_candidates c JOIN voted v USING (rank)
+    FROM _beat_candidates c JOIN voted v USING (rank)
     WHERE c.regular AND c.src = 'kernel' AND is_optimizer_kernel(c.name) AND c.period_ns >= 1.5 * v.period_ns
 ), opt_iv AS (  -- each interval between two optimizer bursts of its regular run
     SELECT * FROM (
         SELECT o.*, b.ts, lead(b.ts) OVER (PARTITION BY o.cand ORDER BY b.ts) AS nxt
-        FROM opt_cand o JOIN beat_bursts b ON b.cand = o.cand AND b.ts BETWEEN o.t0 AND o.t1)
+        FROM opt_cand o JOIN _beat_bursts b ON b.cand = o.cand AND b.ts BETWEEN o.t0 AND o.t1)
     WHERE nxt IS NOT NULL
 ), opt_k AS (  -- the beat's bursts in each interval: k micro-batches per optimizer step
     SELECT i.cand, i.ts, count(vb.ts) AS k
-    FROM opt_iv i LEFT JOIN beat_bursts vb
+    FROM opt_iv i LEFT JOIN _beat_bursts vb
         ON vb.rank = i.rank AND vb.src = i.v_src AND vb.name = i.micro_name AND vb.ts >= i.ts AND vb.ts < i.nxt
     GROUP BY i.cand, i.ts
 ), opt_mode AS (  -- the usual count, held by at least three quarters of the intervals
@@ -186,7 +186,7 @@ WHERE rank NOT IN (SELECT rank FROM optimizer);
 INSERT INTO memory.main.steps BY NAME
 WITH ext AS (  -- the beat's bursts and the interval to the next one
     SELECT bb.rank, bb.ts, lead(bb.ts) OVER w - bb.ts AS iv, row_number() OVER w AS i
-    FROM beat_bursts bb JOIN beat b USING (rank, src, name) WINDOW w AS (PARTITION BY bb.rank ORDER BY bb.ts)
+    FROM _beat_bursts bb JOIN beat b USING (rank, src, name) WINDOW w AS (PARTITION BY bb.rank ORDER BY bb.ts)
 ), banded AS (  -- intervals within [1/4, 8] x the period; consecutive ones share i - r
     SELECT e.*, e.i - row_number() OVER (PARTITION BY e.rank ORDER BY e.i) AS isl
     FROM ext e JOIN beat b USING (rank) WHERE e.iv BETWEEN 0.25 * b.period_ns AND 8 * b.period_ns
@@ -198,13 +198,13 @@ WITH ext AS (  -- the beat's bursts and the interval to the next one
     SELECT b.rank, coalesce(max(bb.ts), any_value(least(b.t0, x.x0))) AS t_first,
            any_value(greatest(b.t1, coalesce(x.x1, b.t1))) AS t_last
     FROM beat b LEFT JOIN extended x USING (rank)
-    LEFT JOIN beat_bursts bb ON bb.rank = b.rank AND bb.src = b.src AND bb.name = b.name
+    LEFT JOIN _beat_bursts bb ON bb.rank = b.rank AND bb.src = b.src AND bb.name = b.name
         AND bb.ts < least(b.t0, coalesce(x.x0, b.t0))
     GROUP BY b.rank
 ), bounded AS (  -- the last burst's step ends one period later or at its thread's last CUDA call
     SELECT bb.rank, bb.tid, bb.ts AS start, lead(bb.ts) OVER (PARTITION BY bb.rank ORDER BY bb.ts) AS next,
            CAST(bb.ts + b.period_ns AS BIGINT) AS one_period
-    FROM beat_bursts bb JOIN beat b USING (rank, src, name) JOIN lead_in l USING (rank)
+    FROM _beat_bursts bb JOIN beat b USING (rank, src, name) JOIN lead_in l USING (rank)
     WHERE bb.ts BETWEEN l.t_first AND l.t_last
 ), last_call AS (
     SELECT a.rank, a.tid, max(a."end") AS t FROM cuda_api a JOIN (SELECT DISTINCT rank, tid FROM bounded) USING (rank, tid)

@@ -12,7 +12,7 @@
 --       is its cudaGraphLaunch's, with --cuda-graph-trace=node)
 --   step_ops(rank INTEGER, step INTEGER, n BIGINT, s BIGINT, e BIGINT)  per rank and launching step (NULL:
 --       launched outside every step): the ops, the first start and the last end
---   offstep_raw(rank, cls, s, e)  compute kernels launched outside every step (the critical path's
+--   _offstep_raw(rank, cls, s, e)  compute kernels launched outside every step (the critical path's
 --       `between steps (other work)`)
 --   offstep_islands(rank INTEGER, s BIGINT, e BIGINT)  their union
 --   comm_ops(rank INTEGER, kind VARCHAR, is_comm BOOLEAN, start BIGINT, end BIGINT, correlation_id BIGINT,
@@ -51,10 +51,10 @@ LEFT JOIN launch l ON l.rank = g.rank AND l.correlation_id = g.correlation_id;
 CREATE OR REPLACE TABLE step_ops AS
 SELECT rank, step, count(*) AS n, min(start) AS s, max("end") AS e FROM gpu_ops GROUP BY rank, step;
 
-CREATE OR REPLACE VIEW offstep_raw AS
+CREATE OR REPLACE VIEW _offstep_raw AS
 SELECT rank, 'b' AS cls, start AS s, "end" AS e FROM gpu_ops
 WHERE kind = 'kernel' AND NOT is_comm AND step IS NULL;
 
-CREATE OR REPLACE VIEW offstep_islands AS SELECT rank, s, e FROM union_intervals('offstep_raw');
+CREATE OR REPLACE VIEW offstep_islands AS SELECT rank, s, e FROM union_intervals('_offstep_raw');
 
 CREATE OR REPLACE VIEW comm_ops AS SELECT * FROM gpu_ops WHERE kind = 'kernel' AND is_comm;

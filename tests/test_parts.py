@@ -45,6 +45,13 @@ def _groups() -> list[tuple[str, list[Path]]]:
     return sorted(out.items())
 
 
+def _layout(case: str) -> Layout:
+    """The layout the job's manifest declares (a 4-GPU run of pairs or layouts: a pipeline's stages
+    known), else none."""
+    manifest = FIXTURES / case / "manifest.json"
+    return Layout(**json.loads(manifest.read_text())["layout"]) if manifest.is_file() else Layout()
+
+
 def mapped_ranks(store: Path, opts: Options, table: str = "map_ranks") -> list[int]:
     """The ranks whose per-rank stats tables the analysis took from the map (map_tables.py); or
     the ranks of another of the analysis' rank lists (`table`)."""
@@ -199,9 +206,9 @@ def test_parts_store_and_report_identical_to_in_process(case: str, tmp_path: Pat
     src.mkdir()
     for f in dict(_groups())[case]:
         shutil.copy(f, src / f.name)
-    a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
+    a = collect([src], tmp_path / "a", layout=_layout(case), console=QUIET, workers=2)
     # Every viewable table as a view (whatever its size), so that the views meet every fixture.
-    b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2, summaries=True,
+    b = collect_parts([src], tmp_path / "b", layout=_layout(case), console=QUIET, workers=2, summaries=True,
                       view_min_rows=0)
     assert b.engine == "parts" and b.mapped == len(a.members) and b.reused == 0
     assert b.ok_ranks == a.ok_ranks and b.warnings == a.warnings

@@ -210,6 +210,17 @@ def test_a_per_rank_files_views_read_only_its_pass() -> None:
         rankpass.plan(_modules({"90_gpu_work.sql": ("-- Map: per rank", "-- Map: per rank (map_scope)")}))
 
 
+def test_no_file_across_ranks_reads_half_a_per_rank_table() -> None:
+    """A per-rank file's own tables hold the ranks its pass maps alone (after a job whose ranks
+    were all mapped, none): a file across ranks that read one would see no rank the map covered.
+    It reads what the map writes, taken whole, instead."""
+    assert rankpass.plan(_modules())
+    with pytest.raises(HeaderError, match=r"61_replay\.sql reads gpu_ops, which 14_gpu_ops\.sql makes for the "
+                       r"ranks of its per-rank pass alone"):
+        rankpass.plan(_modules({"61_replay.sql": ("-- Reads: coll, p2p_match, step_ops,",
+                                                  "-- Reads: coll, p2p_match, gpu_ops, step_ops,")}))
+
+
 def test_metrics_doc_is_up_to_date() -> None:
     p = subprocess.run([sys.executable, "scripts/gen_metrics_doc.py", "--check"], cwd=REPO,
                        capture_output=True, text=True)

@@ -76,9 +76,15 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
     providers = {p.name: u.name for m, u in zip(modules, units, strict=True) for p in m.provides}
     taken = {s.source: s for s in SUMMARIES}
     made_at = _made_at(modules)
+    partial = _partial(modules)
     out = []
     for m, u in zip(modules, units, strict=True):
         if not m.per_rank:
+            if half := sorted(set(m.reads) & set(partial)):
+                raise sqlmodules.HeaderError(
+                    f"{m.file} reads {', '.join(half)}, which {partial[half[0]]} makes for the ranks of its "
+                    "per-rank pass alone; read what the map writes of it (store/map_tables.py) or make it "
+                    "in the file across ranks")
             out.append(u)
             continue
         if m.per_rank not in KEYS:
@@ -103,6 +109,15 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
             _per_rank, schema=schema, made_at=ranked, store=store, todo=todo, sql=sql,
             idle=_idle(m, key, made, mapped, outside))))
     return out
+
+
+def _partial(modules: Sequence[sqlmodules.Module]) -> dict[str, str]:
+    """The per-rank files' tables and views that hold only their pass's ranks (every one but a
+    macro, a table the map writes, which the analysis takes whole, and `WHOLE`) -> the file: no
+    file across ranks may read them."""
+    taken = {s.source for s in SUMMARIES}
+    return {p.name: x.file for x in modules if x.per_rank for p in x.provides
+            if p.name not in taken and p.name not in WHOLE and p.name not in set(_MACRO.findall(x.sql))}
 
 
 def _made_at(modules: Sequence[sqlmodules.Module]) -> dict[str, str]:

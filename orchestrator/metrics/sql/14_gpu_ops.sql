@@ -10,8 +10,10 @@
 --       kind 'graph': one CUDA graph replay (graph-level tracing), GPU work like a kernel;
 --       graph: the op ran inside a CUDA graph (a replay, or a node kernel whose correlation id
 --       is its cudaGraphLaunch's, with --cuda-graph-trace=node)
---   step_ops(rank INTEGER, step INTEGER, n BIGINT, s BIGINT, e BIGINT)  per rank and launching step (NULL:
---       launched outside every step): the ops, the first start and the last end
+--   step_ops(rank INTEGER, step INTEGER, n BIGINT, s BIGINT, e BIGINT, compute BIGINT)  per rank and launching
+--       step (NULL: launched outside every step): the ops, the first start, the last end, and the
+--       time in compute kernels (every kernel but NCCL's; the replay's stage balance weighs the
+--       stages by it)
 --   _offstep_raw(rank, cls, s, e)  compute kernels launched outside every step (the critical path's
 --       `between steps (other work)`)
 --   offstep_islands(rank INTEGER, s BIGINT, e BIGINT)  their union
@@ -49,7 +51,9 @@ SELECT g.*, l.step, l.tid, l.launch, g.kind = 'graph' OR coalesce(l.via_graph, f
 LEFT JOIN launch l ON l.rank = g.rank AND l.correlation_id = g.correlation_id;
 
 CREATE OR REPLACE TABLE step_ops AS
-SELECT rank, step, count(*) AS n, min(start) AS s, max("end") AS e FROM gpu_ops GROUP BY rank, step;
+SELECT rank, step, count(*) AS n, min(start) AS s, max("end") AS e,
+       coalesce(sum("end" - start) FILTER (WHERE kind = 'kernel' AND NOT is_comm), 0) AS compute
+FROM gpu_ops GROUP BY rank, step;
 
 CREATE OR REPLACE VIEW _offstep_raw AS
 SELECT rank, 'b' AS cls, start AS s, "end" AS e FROM gpu_ops

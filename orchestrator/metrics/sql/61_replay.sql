@@ -31,7 +31,7 @@
 -- report (profile.ranks chose a few), no instance matches them and their wait reads as the rank's
 -- own work; the what-if takes out of it the wait above what the other profiled ranks wait in
 -- communicators of the same size and kernel (coll_unseen).
--- Reads: coll, p2p_match, gpu_ops, comm_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
+-- Reads: coll, p2p_match, step_ops, comm_ops, steps, cpu_blocks, queue_wait, gap_attr, sync_idle, loo_ref, ranks, meta,
 -- first_step, params, in_selected, win, nccl_kernel_comm, nccl_comm_size, comm_bytes, compute_islands, overlapping,
 -- is_p2p, is_comm.
 -- Provides:
@@ -176,9 +176,9 @@ FROM replay_nodes n LEFT JOIN peer p USING (rank, step, pos) LEFT JOIN own o USI
 -- stage_metrics reads it).
 CREATE OR REPLACE TABLE _rp_stage_f AS
 WITH c AS (
-    SELECT r.rank, r.stage, coalesce(sum(o."end" - o.start), 0) AS gpu,
+    SELECT r.rank, r.stage, coalesce(sum(o.compute), 0) AS gpu,
            (SELECT sum(dc) FROM replay_nodes n WHERE n.rank = r.rank) AS cpu
-    FROM ranks r LEFT JOIN gpu_ops o ON o.rank = r.rank AND o.kind = 'kernel' AND NOT o.is_comm AND o.step IS NOT NULL
+    FROM ranks r LEFT JOIN step_ops o ON o.rank = r.rank AND o.step IS NOT NULL
     WHERE r.stage IS NOT NULL AND r.rank IN (SELECT rank FROM replay_nodes)
       AND (SELECT coalesce(json_extract(value, '$.known')::BOOLEAN, false) FROM meta WHERE key = 'layout')
     GROUP BY ALL

@@ -11,6 +11,7 @@ on the whole board, never on the case at hand.
     python scripts/scoreboard.py --markdown docs/scoreboard.md --json board.json
     python scripts/scoreboard.py --case pairs-gpu-straggler --keep /tmp/sb
     python scripts/scoreboard.py --reports /tmp/sb     # judged again from the kept reports
+    python scripts/scoreboard.py --after-job --keep /tmp/sbj   # collected as after a job (below)
 
 A row is a hit when every judged part holds: the job's outcome; the cause and the root (the top
 finding above `info` names the cause, on exactly the root's ranks; a healthy run has nothing above
@@ -19,6 +20,10 @@ finding above `info` names the cause, on exactly the root's ranks; a healthy run
 finding estimates it, that estimate within ±20 % of it); the step count; each rank's GPU memory
 peak within 0.1 %. Exit status 0 whatever the verdicts (tests/test_scoreboard.py holds the known
 misses); 2 when orch itself failed.
+
+--after-job collects each case as after a job whose ranks were mapped there (`orch collect --parts
+--map-stats`: each rank's per-rank analysis made by its map, and the report taking it): both
+routes give the same report, and a --keep of each can be compared report by report.
 """
 
 from __future__ import annotations
@@ -105,9 +110,9 @@ def _orch(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False, cwd=REPO, env={**os.environ, "NO_COLOR": "1"})
 
 
-def report_of(truth: dict, work: Path) -> dict:
+def report_of(truth: dict, work: Path, after_job: bool = False) -> dict:
     """orch's report JSON for one case, made as a user makes it, in `work` (also report.json, and
-    report.txt: the terminal's text)."""
+    report.txt: the terminal's text); `after_job`: collected over parts with the map's statistics."""
     spec = truth["input"]
     if "run" in spec:
         run = work / "run"
@@ -127,6 +132,8 @@ def report_of(truth: dict, work: Path) -> dict:
         run = work / "run"
         layout = ["--layout", spec["layout"]] if spec.get("layout") else []
         steps = [("collect", "--from", *files, "--out", str(run), *layout)]
+    if after_job:
+        steps = [(*steps[0], "--parts", "--map-stats")]
     for args in [*steps, ("report", str(run), "--json", str(work / "report.json"), "--wide")]:
         p = _orch(*args)
         if p.returncode != 0:
@@ -225,14 +232,14 @@ def _failed(truth: dict, why: str) -> Row:
                replay_error="", verdict="error", missed=[why])
 
 
-def run_case(truth: dict, keep: Path | None) -> Row:
+def run_case(truth: dict, keep: Path | None, after_job: bool = False) -> Row:
     import time
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"sb-{truth['case']}-") as tmp:
         work = Path(tmp)
         try:
-            row = judge(truth, report_of(truth, work))
+            row = judge(truth, report_of(truth, work, after_job))
         except RuntimeError as e:
             row = _failed(truth, str(e))
             (work / "error.txt").write_text(str(e))
@@ -306,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep each case's store and report under this directory")
     ap.add_argument("--reports", type=Path, help="judge the reports a --keep run left in this directory "
                     "instead of running orch again")
+    ap.add_argument("--after-job", action="store_true", help="collect each case over parts with the map's "
+                    "statistics (orch collect --parts --map-stats), as after a job whose ranks were mapped there")
     a = ap.parse_args(argv)
     known = json.loads((REPO / "tests" / "scoreboard_known.json").read_text())
     todo = truths(a.case)
@@ -313,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [kept_case(t, a.reports) for t in todo]
     else:
         with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
-            rows = list(pool.map(lambda t: run_case(t, a.keep), todo))
+            rows = list(pool.map(lambda t: run_case(t, a.keep, a.after_job), todo))
     width = max(len(r.case) for r in rows)
     for r in rows:
         mark = {"hit": "hit ", "miss": "MISS", "error": "ERR "}[r.verdict]

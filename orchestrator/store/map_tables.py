@@ -42,7 +42,7 @@ store's schema, the map's parts and the stacked part's slots all come from it, s
 without them (the in-process ingest, an older store) gets them empty and the SQL binds. A
 change to them changes what a map writes: bump collect/parts.MAP_VERSION with it, so that parts
 of the old shape are mapped again instead of misread (the analysis' digest of them, engine.map_sql,
-changes too).
+changes too; tests/test_map_shape.py pins the shape beside the version).
 """
 
 from __future__ import annotations

@@ -723,6 +723,11 @@ def rank_summary(path: str, steps_re: str | None, skip: int = 1) -> dict:
         / MS / max(n_meas, 1))
     gaps = gpu_gaps(path, t0, t1)
     out["gpu_gaps_ge_1ms"] = {"count": len(gaps), "total_ms": _r(sum(b - a for a, b in gaps) / MS)}
+    # what nsys' per-call cost is estimated from: the CUDA calls (any thread) starting in the
+    # window, and the GPU's idle between launches (gaps under 1 ms), which caps that cost
+    short = [(a, b) for a, b in gpu_gaps(path, t0, t1, min_ns=1) if b - a < 1_000_000]
+    out["gpu_gaps_lt_1ms"] = {"count": len(short), "total_ms": _r(sum(b - a for a, b in short) / MS)}
+    out["cuda_calls_in_window"] = sum(1 for a in e.api if t0 <= a.start < t1)
     # host syncs inside the measured window, on the main thread
     tid = main_thread(path)
     syncs = [s for s in idle_after_sync(path) if t0 <= s["start"] < t1 and s["tid"] == tid]

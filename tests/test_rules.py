@@ -9,6 +9,7 @@ import pkgutil
 import pytest
 
 import orchestrator.analyze.rules as rules_pkg
+from orchestrator.analyze.model_overhead import CaptureOverhead, RankOverhead
 from orchestrator.analyze.model_report import Finding, Imbalance, StageMetrics, StepRow
 from orchestrator.analyze.rules import registry
 from orchestrator.analyze.rules.base import finding
@@ -160,6 +161,17 @@ def test_data_loader_stall_counts_the_workers_that_would_keep_up() -> None:
                   views, steps=steps, loaders=two)
     (w,) = _run("data_loader_stall", ctx)
     assert "DataLoader(num_workers=8) or more" in w.fix
+    # under nsys, whose per-call cost is estimated at 60 ms of the window (6 ms a step), the step
+    # without waiting takes 14 ms without it: 80 / 14 -> 6 workers, not 80 / 20 -> 4
+    over = CaptureOverhead(call_ns=7600, line="", ranks=[RankOverhead(
+        rank=0, window_ms=400.0, profiler_ms=0.0, api_calls=7895, launches=4000, est_ms=60.0, share_pct=15.0,
+        distorted=True)])
+    ctx = context([rank(0, window_ms=400.0, gaps_by_range_ms={"orch: next batch": 200.0})], views, steps=steps,
+                  loaders=two, capture_overhead=over)
+    (p,) = _run("data_loader_stall", ctx)
+    assert "DataLoader(num_workers=6) or more" in p.fix
+    assert ("a step without waiting (for the batch or for the other ranks) takes 20.0 ms here, about 14.0 ms "
+            "without the profiler (nsys' own per-call cost, estimated at 6.0 ms a step)") in " ".join(p.evidence)
     # the wait is the epoch starts' (workers started anew), not the steady one's
     anew = {0: [LoaderSettings(num_workers=2, persistent_workers=False, batch_size=16, dataset="Tokens")]}
     g = run({"orch: next batch": 19.0, "orch: loader start": 180.0}, anew)

@@ -7,7 +7,9 @@ steady state the n workers deliver a batch every step, so each takes n x step fo
 keeping up with the step the rank would take without waiting needs ceil(n x step / that) of
 them. Without waiting means less its wait for the batch (the GPU's idle in input ranges, less
 the epoch starts' where the workers start anew every epoch: their own finding) and less its wait
-for the other ranks in collectives (exposed_wait_ms: a peer with a slower loader paces it too)."""
+for the other ranks in collectives (exposed_wait_ms: a peer with a slower loader paces it too).
+The count is for the job without the profiler, whose steps are shorter by nsys' own per-call
+cost (capture_overhead): a loop fed at its profiled pace would still wait for its batches there."""
 
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ MIN_SHARE = 0.05
 @dataclass(frozen=True)
 class Workers:
     """A loader whose workers set the loop's pace: how many, how many would keep up, the mean
-    step and the loop thread's wait for a batch in it, a worker's time for one batch, and the
-    step without that wait or any wait for the other ranks in collectives (ms)."""
+    step and the loop thread's wait for a batch in it, a worker's time for one batch, the step
+    without that wait or any wait for the other ranks in collectives, and nsys' estimated own
+    cost in that step (ms)."""
 
     workers: int
     needed: int
@@ -39,13 +42,16 @@ class Workers:
     wait_ms: float
     batch_ms: float
     own_ms: float
+    nsys_ms: float = 0.0
 
     def line(self, rank: int) -> str:
         """The evidence, in words."""
         return (f"rank {rank}: its {self.workers} DataLoader workers deliver a batch every {self.step_ms:.1f} ms on "
                 f"average and the loop thread waits {self.wait_ms:.1f} ms of it for the next batch: each worker takes "
                 f"about {self.batch_ms:.1f} ms a batch, and a step without waiting (for the batch or for the other "
-                f"ranks) takes {self.own_ms:.1f} ms")
+                f"ranks) takes {self.own_ms:.1f} ms" + (
+                    f" here, about {self.own_ms - self.nsys_ms:.1f} ms without the profiler (nsys' own per-call cost, "
+                    f"estimated at {self.nsys_ms:.1f} ms a step)" if self.nsys_ms else ""))
 
 
 def input_idle(ctx: Context) -> dict[int, float]:
@@ -66,6 +72,8 @@ def too_few_workers(ctx: Context, idle: dict[int, float], restart_ms: dict[int, 
     ranks = {r.rank: r for r in ctx.report.ranks}
     n_steps = len(analysed_steps(ctx.report))
     win = ctx.window_ms()
+    over = ctx.report.capture_overhead
+    nsys = {r.rank: r.est_ms for r in over.ranks} if over else {}
     out = {}
     for rk, ms in idle.items():
         mine = [s for s in ctx.report.loaders.get(rk, []) if s.num_workers]
@@ -75,8 +83,10 @@ def too_few_workers(ctx: Context, idle: dict[int, float], restart_ms: dict[int, 
         step, per = win[rk] / n_steps, wait / n_steps
         own = step - per - (ranks[rk].exposed_wait_ms or 0.0) / n_steps
         n = mine[0].num_workers or 0
+        cost = nsys.get(rk, 0.0) / n_steps
+        bare = own - cost if own - cost > 0 else own
         if own > 0:
-            out[rk] = Workers(n, math.ceil(n * step / own - 1e-9), step, per, n * step, own)
+            out[rk] = Workers(n, math.ceil(n * step / bare - 1e-9), step, per, n * step, own, own - bare)
     return out
 
 

@@ -13,14 +13,27 @@ input saves is the replay's: every rank's wait for input removed (61_replay.sql,
 time`), less what the straggler findings on its roots carry; within the replay's error it is
 `info`. The per-rank figures above stay the evidence of where the wait is. Each stalled rank's
 DataLoader settings (orch's loop marks, report.loaders) are evidence too, and a rank that loads
-its batches in its loop thread (num_workers=0) is named in the fix."""
+its batches in its loop thread (num_workers=0) is named in the fix.
+
+A rank paced by its workers (loader_workers.py) keeps their pace without the profiler, while its
+own work between batches is shorter by nsys' per-call cost: there it waits that much longer for
+each batch, and fixing its input saves that much more. That is the finding's estimate without
+the profiler (unprofiled_ms), with the estimate's calibrated error."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from orchestrator.analyze.loader_workers import MIN_SHARE, START, input_idle, more_workers, too_few_workers
+from orchestrator.analyze.loader_workers import (
+    MIN_SHARE,
+    START,
+    Workers,
+    input_idle,
+    more_workers,
+    too_few_workers,
+)
+from orchestrator.analyze.measurable import analysed_steps
 from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
@@ -29,6 +42,7 @@ from orchestrator.analyze.rules.base import (
     Rule,
     cpu_state,
     finding,
+    overhead_error_ms,
     python_in_gaps,
     python_line,
     worst_first,
@@ -44,7 +58,8 @@ FORKS = ("fork", "vfork", "clone", "clone3", "posix_spawn")
 class DataLoaderStall(Rule):
     kind = "data_loader_stall"
     explains_idle = True
-    reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps")  # the critical path's, through straggler.reported
+    # the critical path's, through straggler.reported; nsys' estimated cost per rank
+    reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps", "capture_overhead")
     final = True  # after the straggler rule, whose roots it leaves their saving
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = MIN_SHARE
@@ -97,6 +112,9 @@ class DataLoaderStall(Rule):
         restart = self.restarting(ctx, stall)
         few = too_few_workers(ctx, stall, {rk: ms for rk, (ms, _) in restart.items()}, self.min_share)
         evidence += [w.line(rk) for rk, w in sorted(few.items())]
+        bare = self._unprofiled(ctx, cost, {rk: w for rk, w in few.items() if rk not in roots and not hidden[rk]})
+        if bare and severity != "info":
+            evidence.append(bare[2])
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
                      + (f": {round(forked, 3)} ms in `fork`, starting processes" if forked else "")
@@ -108,7 +126,25 @@ class DataLoaderStall(Rule):
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
                "the next. " if restart else "") + more_workers(few) + ctx.data_loader_fix(bool(few))
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
-                        severity=severity)]
+                        severity=severity, unprofiled_ms=bare[0] if bare and severity != "info" else None,
+                        unprofiled_err_ms=bare[1] if bare and severity != "info" else None)]
+
+    @staticmethod
+    def _unprofiled(ctx: Context, cost: float, paced: dict[int, Workers]) -> tuple[float, float, str] | None:
+        """What fixing the input saves without the profiler, its standard error and the evidence:
+        `cost` and the longer wait of the paced rank that waits most longer (the class docstring)."""
+        n = len(analysed_steps(ctx.report))
+        paced = {rk: w for rk, w in paced.items() if w.nsys_ms > 0}
+        if not paced or not n or cost <= 0:
+            return None
+        rk = max(paced, key=lambda r: (paced[r].nsys_ms, -r))
+        extra = paced[rk].nsys_ms * n
+        over = ctx.views.by_rank("capture_overhead")
+        err = overhead_error_ms(over[rk], extra) if rk in over else 0.0
+        return cost + extra, err, (
+            f"rank {rk}: without the profiler its own work between batches is shorter by nsys' per-call cost "
+            f"({paced[rk].nsys_ms:.1f} ms a step, estimated) while its workers keep their pace: it waits that much "
+            f"longer for each batch, and fixing its input saves about {round(cost + extra, 3)} ms there")
 
     @staticmethod
     def restarting(ctx: Context, stall: dict[int, float]) -> dict[int, tuple[float, float]]:

@@ -8,6 +8,7 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -113,6 +114,18 @@ class Started:
     options: tuple[str, ...]  # the newer options asked for (newer_export_options)
 
 
+# The exports this process runs: a map worker stopped by a signal kills them before it exits
+# (mapreduce._map_worker), since nothing else would.
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+def kill_running() -> None:
+    """Kill every export this process started that is still running."""
+    for proc in list(_RUNNING):
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+
 def _start(nsys: str, origin: Path, tmp: Path) -> Started:
     """`nsys export` to SQLite with the newer options this nsys has not rejected. Asked
     optimistically (`_nsys_export` asks again without an option nsys rejects): a `nsys export
@@ -127,6 +140,7 @@ def _start(nsys: str, origin: Path, tmp: Path) -> Started:
     except BaseException:
         log.close()
         raise
+    _RUNNING.add(proc)
     return Started(proc=proc, tmp=tmp, log=log, nsys=nsys, options=tuple(newer))
 
 
@@ -135,6 +149,7 @@ def _stop(s: Started) -> None:
     if s.proc.poll() is None:
         s.proc.kill()
     s.proc.wait()
+    _RUNNING.discard(s.proc)
     s.log.close()
     s.tmp.unlink(missing_ok=True)
 
@@ -146,6 +161,7 @@ def _finish(s: Started, timeout_s: float) -> tuple[int, str]:
     except BaseException:
         _stop(s)
         raise
+    _RUNNING.discard(s.proc)
     s.log.seek(0)
     said = s.log.read().decode(errors="replace")
     s.log.close()

@@ -10,18 +10,24 @@ and its log's last line; every other rank is still collected.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from orchestrator import progress
 from orchestrator.collect.decompress import clean_stale
-from orchestrator.collect.gather import ReportFile, export_workers, exports_dir
+from orchestrator.collect.gather import ReportFile, export_workers, exports_dir, kill_running
 from orchestrator.collect.identity import Member
 from orchestrator.collect.mapper import MapTask, map_chunk, map_chunk_strict
 from orchestrator.collect.options import CollectOptions
@@ -38,6 +44,52 @@ if TYPE_CHECKING:
     from orchestrator.submit.array import TaskOutcome
 
 
+# prctl(2): the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    """A map worker's SIGTERM: its exports killed, then the worker, at once (an exception would
+    be the pool's to catch and send back, and the worker would wait on for its next report)."""
+    kill_running()
+    os._exit(128 + signum)
+
+
+def _map_worker(parent: int) -> None:
+    """A map worker ends with the collect that started it. Ctrl-C reaches the whole process
+    group, but a SIGTERM or SIGKILL to the collect alone (`timeout`, a scheduler, the OOM killer)
+    would leave its workers mapping, then waiting for good on a pipe nobody reads: the kernel
+    sends each one SIGTERM when its parent dies (Linux), and the collect sends it when it is
+    stopped itself (`_workers_stop_with_us`). A part it leaves half-written is removed when its
+    rank is mapped again."""
+    signal.signal(signal.SIGTERM, _stop)
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the collect's own stop only
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the collect died before the request took effect
+        _stop(signal.SIGTERM, None)
+
+
+@contextmanager
+def _workers_stop_with_us() -> Iterator[None]:
+    """While the pool maps: a SIGTERM to the collect stops its workers and then the collect, as
+    Ctrl-C does (KeyboardInterrupt: nothing half-written is kept). Only the main thread can
+    take a signal; elsewhere the workers' own parent-death signal is all there is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def term(_signum: int, _frame: FrameType | None) -> None:
+        for child in mp.active_children():
+            child.terminate()
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str, str]:
     """Map in a pool of `workers` processes (spawned: DuckDB must not be forked); returns
     report id -> error for reports whose worker died."""
@@ -45,8 +97,9 @@ def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str,
     if not todo:
         return lost
     n = max(1, min(workers, len(todo)))
-    with progress.task("map", total=len(todo), nodes=[t.report.host for t in todo]) as bar, \
-            ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+    with _workers_stop_with_us(), progress.task("map", total=len(todo), nodes=[t.report.host for t in todo]) as bar, \
+            ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_map_worker,
+                                initargs=(os.getpid(),)) as pool:
         futs = {pool.submit(map_chunk, [t]): t for t in todo}
         for f in as_completed(futs):
             try:

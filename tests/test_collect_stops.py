@@ -1,8 +1,9 @@
-"""`orch collect --parts` stopped while its pool maps: by SIGTERM to the collect alone (`timeout`,
-a scheduler; Ctrl-C reaches the whole process group, this does not) or by SIGKILL (the OOM
-killer). No process it started outlives it: its map workers and their exports end within
+"""`orch collect` stopped while it works: `--parts` while its pool maps, by SIGTERM to the collect
+alone (`timeout`, a scheduler; Ctrl-C reaches the whole process group, this does not) or by
+SIGKILL (the OOM killer); the in-process collect by SIGTERM while it exports real .nsys-rep
+reports. No process it started outlives it: its map workers and their exports end within
 seconds, the oracle being the kernel's session ids in /proc (every process the collect starts
-stays in the session it leads), not orch's own bookkeeping. A later collect maps every rank."""
+stays in the session it leads), not orch's own bookkeeping. A later collect takes every rank."""
 
 from __future__ import annotations
 
@@ -13,13 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-pytestmark = pytest.mark.replay
+from tests.conftest import REPO, capture_cpu
 
 EXPORTS = REPO / "tests" / "fixtures" / "pairs" / "pp4-uneven" / "exports"
 
@@ -47,28 +47,62 @@ def _until(cond, timeout_s: float) -> bool:
     return cond()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_stopped_collect_leaves_no_map_worker_behind(sig: signal.Signals, tmp_path: Path) -> None:
-    src = tmp_path / "in"
-    shutil.copytree(EXPORTS, src)
-    argv = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(tmp_path / "run"),
-            "--parts", "--map-stats", "--workers", "2"]
+def _stop_while(argv: list[str], sig: signal.Signals, ready: Callable[[list[tuple[int, str]]], bool],
+                settle_s: float) -> tuple[int, str]:
+    """Run `argv` in a session of its own, send it `sig` once `ready` says so of its session's
+    processes, and check that the session is empty within `settle_s` of its end: its exit status
+    and stderr."""
     p = subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
-        # the pool's two workers (and multiprocessing's resource tracker) mapping
-        assert _until(lambda: len(_session(p.pid)) >= 4 or p.poll() is not None, 60), _session(p.pid)
+        assert _until(lambda: ready(_session(p.pid)) or p.poll() is not None, 60), _session(p.pid)
         assert p.poll() is None, "the collect ended before it could be stopped"
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
-        assert _until(lambda: not _session(p.pid), 20), _session(p.pid)
+        assert _until(lambda: not _session(p.pid), settle_s), _session(p.pid)
     finally:  # whatever a failed assertion left running
         for pid, _ in _session(p.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
+    return p.returncode, err
+
+
+@pytest.mark.replay
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_collect_leaves_no_map_worker_behind(sig: signal.Signals, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    shutil.copytree(EXPORTS, src)
+    argv = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(tmp_path / "run"),
+            "--parts", "--map-stats", "--workers", "2"]
+    # the pool's two workers mapping
+    # (a worker stops once the DuckDB statement it is in returns)
+    code, err = _stop_while(argv, sig, lambda procs: sum("multiprocessing.spawn" in c for _, c in procs) >= 2, 20)
     if sig == signal.SIGTERM:
-        assert p.returncode == 130 and "orch: interrupted; nothing half-written was kept" in err, (p.returncode, err)
+        assert code == 130 and "orch: interrupted; nothing half-written was kept" in err, (code, err)
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "4 rank(s) ok" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.jobs
+@pytest.mark.nsys
+def test_a_collect_stopped_while_it_exports_leaves_no_export_behind(nsys: str, tmp_path: Path) -> None:
+    """Six copies of a real capture of 150,000 OS calls (an export of about 2 s each), exported
+    2 at a time by the in-process collect, stopped by SIGTERM once one is done and the next run."""
+    capture_cpu(nsys, "import time\nfor _ in range(150_000):\n    time.sleep(0.000001)\n", tmp_path / "cap",
+                trace="osrt")
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        shutil.copy(tmp_path / "cap.nsys-rep", src / f"cap_r{i}_h.nsys-rep")
+    argv = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(tmp_path / "run"),
+            "--workers", "2", "--nsys", nsys]
+    done = tmp_path / "run" / "exports"
+    # (an export left to itself would end about 2 s later)
+    code, err = _stop_while(argv, signal.SIGTERM, lambda procs: any(done.glob("cap_r*_h.sqlite"))
+                            and sum(" export " in c for _, c in procs) >= 1, 0.5)
+    assert code == 130 and "orch: interrupted; nothing half-written was kept" in err, (code, err)
+    assert not list((tmp_path / "run").rglob(".*.tmp-*"))
+    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "6 rank(s) ok" in again.stdout, again.stdout + again.stderr

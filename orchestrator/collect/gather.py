@@ -9,17 +9,21 @@ renamed, so an interrupted collect never leaves a half-written export that looks
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 from orchestrator import naming
@@ -124,6 +128,30 @@ def kill_running() -> None:
     for proc in list(_RUNNING):
         with contextlib.suppress(OSError):
             proc.kill()
+
+
+@contextmanager
+def stopped_by_term() -> Iterator[None]:
+    """While the collect exports or maps: a SIGTERM sent to it alone (`timeout`, a scheduler;
+    Ctrl-C reaches the whole process group, this does not) kills its exports and stops its map
+    workers (mapreduce._map_worker), then stops the collect as Ctrl-C does (KeyboardInterrupt:
+    nothing half-written is kept). Without it the collect would die at once and leave them
+    running. Only the main thread can take a signal; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def term(_signum: int, _frame: FrameType | None) -> None:
+        for child in mp.active_children():
+            child.terminate()
+        kill_running()
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _start(nsys: str, origin: Path, tmp: Path) -> Started:
@@ -290,7 +318,7 @@ def export_all(reports: list[ReportFile], out_dir: Path, *, nsys: str | None, wo
         export_one(r, out_dir, nsys, timeout_s, started)
         return r
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with stopped_by_term(), ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for r in pool.map(work, reports):
             if on_done:
                 on_done(r)

@@ -15,7 +15,6 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from rich.console import Console
 
 from orchestrator import progress
 from orchestrator.collect.decompress import clean_stale
-from orchestrator.collect.gather import ReportFile, export_workers, exports_dir, kill_running
+from orchestrator.collect.gather import ReportFile, export_workers, exports_dir, kill_running, stopped_by_term
 from orchestrator.collect.identity import Member
 from orchestrator.collect.mapper import MapTask, map_chunk, map_chunk_strict
 from orchestrator.collect.options import CollectOptions
@@ -60,34 +59,13 @@ def _map_worker(parent: int) -> None:
     group, but a SIGTERM or SIGKILL to the collect alone (`timeout`, a scheduler, the OOM killer)
     would leave its workers mapping, then waiting for good on a pipe nobody reads: the kernel
     sends each one SIGTERM when its parent dies (Linux), and the collect sends it when it is
-    stopped itself (`_workers_stop_with_us`). A part it leaves half-written is removed when its
+    stopped itself (gather.stopped_by_term). A part it leaves half-written is removed when its
     rank is mapped again."""
     signal.signal(signal.SIGTERM, _stop)
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the collect's own stop only
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the collect died before the request took effect
         _stop(signal.SIGTERM, None)
-
-
-@contextmanager
-def _workers_stop_with_us() -> Iterator[None]:
-    """While the pool maps: a SIGTERM to the collect stops its workers and then the collect, as
-    Ctrl-C does (KeyboardInterrupt: nothing half-written is kept). Only the main thread can
-    take a signal; elsewhere the workers' own parent-death signal is all there is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def term(_signum: int, _frame: FrameType | None) -> None:
-        for child in mp.active_children():
-            child.terminate()
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str, str]:
@@ -97,7 +75,7 @@ def _map_local(todo: list[MapTask], workers: int, console: Console) -> dict[str,
     if not todo:
         return lost
     n = max(1, min(workers, len(todo)))
-    with _workers_stop_with_us(), progress.task("map", total=len(todo), nodes=[t.report.host for t in todo]) as bar, \
+    with stopped_by_term(), progress.task("map", total=len(todo), nodes=[t.report.host for t in todo]) as bar, \
             ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_map_worker,
                                 initargs=(os.getpid(),)) as pool:
         futs = {pool.submit(map_chunk, [t]): t for t in todo}

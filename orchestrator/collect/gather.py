@@ -118,8 +118,8 @@ class Started:
     options: tuple[str, ...]  # the newer options asked for (newer_export_options)
 
 
-# The exports this process runs: a map worker stopped by a signal kills them before it exits
-# (mapreduce._map_worker), since nothing else would.
+# The exports this process runs: a collect or a map worker stopped by SIGTERM kills them before
+# it ends (stopped_by_term, mapreduce._map_worker), since nothing else would.
 _RUNNING: set[subprocess.Popen[bytes]] = set()
 
 

@@ -112,8 +112,9 @@ class DataLoaderStall(Rule):
         restart = self.restarting(ctx, stall)
         few = too_few_workers(ctx, stall, {rk: ms for rk, (ms, _) in restart.items()}, self.min_share)
         evidence += [w.line(rk) for rk, w in sorted(few.items())]
-        bare = self._unprofiled(ctx, cost, {rk: w for rk, w in few.items() if rk not in roots and not hidden[rk]})
-        if bare and severity != "info":
+        bare = (self._unprofiled(ctx, cost, {rk: w for rk, w in few.items() if rk not in roots and not hidden[rk]})
+                if severity != "info" else None)
+        if bare:
             evidence.append(bare[2])
         evidence += [f"rank {rk}: {round(ms, 3)} ms of it while the loop thread started an epoch's batches (`{START}`: "
                      "DataLoader.__iter__), where a loader without persistent_workers starts its workers anew"
@@ -126,8 +127,8 @@ class DataLoaderStall(Rule):
                "DataLoader(..., persistent_workers=True) keeps them, and their prefetched batches, from one epoch to "
                "the next. " if restart else "") + more_workers(few) + ctx.data_loader_fix(bool(few))
         return [finding(self.kind, stall, "GPU idle while waiting for input data", evidence, fix, cost, pct=worst,
-                        severity=severity, unprofiled_ms=bare[0] if bare and severity != "info" else None,
-                        unprofiled_err_ms=bare[1] if bare and severity != "info" else None)]
+                        severity=severity, unprofiled_ms=bare[0] if bare else None,
+                        unprofiled_err_ms=bare[1] if bare else None)]
 
     @staticmethod
     def _unprofiled(ctx: Context, cost: float, paced: dict[int, Workers]) -> tuple[float, float, str] | None:

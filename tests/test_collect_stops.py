@@ -38,24 +38,32 @@ def _session(sid: int) -> list[tuple[int, str]]:
     return out
 
 
-def _until(cond, timeout_s: float) -> bool:
+def _until(cond, timeout_s: float, poll_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return True
-        time.sleep(0.1)
+        time.sleep(poll_s)
     return cond()
 
 
-def _stop_while(argv: list[str], sig: signal.Signals, ready: Callable[[list[tuple[int, str]]], bool],
+def _children(pid: int) -> list[int]:
+    """The processes the main thread of `pid` started: one read, fast enough to catch a window of
+    a few tens of milliseconds (a scan of /proc takes longer)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _stop_while(argv: list[str], sig: signal.Signals, ready: Callable[[int], bool],
                 settle_s: float) -> tuple[int, str]:
-    """Run `argv` in a session of its own, send it `sig` once `ready` says so of its session's
-    processes, and check that the session is empty within `settle_s` of its end: its exit status
-    and stderr."""
+    """Run `argv` in a session of its own, send it `sig` once `ready` says so of its pid, and
+    check that the session is empty within `settle_s` of its end: its exit status and stderr."""
     p = subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
-        assert _until(lambda: ready(_session(p.pid)) or p.poll() is not None, 60), _session(p.pid)
+        assert _until(lambda: ready(p.pid) or p.poll() is not None, 60, 0.01), _session(p.pid)
         assert p.poll() is None, "the collect ended before it could be stopped"
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
@@ -78,7 +86,7 @@ def test_a_stopped_collect_leaves_no_map_worker_behind(sig: signal.Signals, tmp_
             "--parts", "--map-stats", "--workers", "2"]
     # the pool's two workers mapping
     # (a worker stops once the DuckDB statement it is in returns)
-    code, err = _stop_while(argv, sig, lambda procs: sum("multiprocessing.spawn" in c for _, c in procs) >= 2, 20)
+    code, err = _stop_while(argv, sig, lambda pid: sum("multiprocessing.spawn" in c for _, c in _session(pid)) >= 2, 20)
     if sig == signal.SIGTERM:
         assert code == 130 and "orch: interrupted; nothing half-written was kept" in err, (code, err)
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -87,9 +95,12 @@ def test_a_stopped_collect_leaves_no_map_worker_behind(sig: signal.Signals, tmp_
 
 @pytest.mark.jobs
 @pytest.mark.nsys
-def test_a_collect_stopped_while_it_exports_leaves_no_export_behind(nsys: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["first-export", "mid-way"])
+def test_a_collect_stopped_while_it_exports_leaves_no_export_behind(when: str, nsys: str, tmp_path: Path) -> None:
     """Six copies of a real capture of 150,000 OS calls (an export of about 2 s each), exported
-    2 at a time by the in-process collect, stopped by SIGTERM once one is done and the next run."""
+    2 at a time by the in-process collect, stopped by SIGTERM once one is done and the next runs
+    (mid-way), or as soon as its first export runs, while the command still loads its modules
+    (the collect starts its first exports before it imports DuckDB and pydantic)."""
     capture_cpu(nsys, "import time\nfor _ in range(150_000):\n    time.sleep(0.000001)\n", tmp_path / "cap",
                 trace="osrt")
     src = tmp_path / "in"
@@ -99,9 +110,14 @@ def test_a_collect_stopped_while_it_exports_leaves_no_export_behind(nsys: str, t
     argv = [sys.executable, "-m", "orchestrator.cli", "collect", "--from", str(src), "--out", str(tmp_path / "run"),
             "--workers", "2", "--nsys", nsys]
     done = tmp_path / "run" / "exports"
+
+    def ready(pid: int) -> bool:
+        if when == "first-export":  # the early exports are the main thread's children
+            return bool(_children(pid))
+        return any(done.glob("cap_r*_h.sqlite")) and any(" export " in c for _, c in _session(pid))
+
     # (an export left to itself would end about 2 s later)
-    code, err = _stop_while(argv, signal.SIGTERM, lambda procs: any(done.glob("cap_r*_h.sqlite"))
-                            and sum(" export " in c for _, c in procs) >= 1, 0.5)
+    code, err = _stop_while(argv, signal.SIGTERM, ready, 0.5)
     assert code == 130 and "orch: interrupted; nothing half-written was kept" in err, (code, err)
     assert not list((tmp_path / "run").rglob(".*.tmp-*"))
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)

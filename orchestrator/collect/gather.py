@@ -235,27 +235,30 @@ def early_exports(paths: list[Path], run: Path, *, nsys: str | None, workers: in
     out_dir = exports_dir(run)
     made: list[Path] = []
     started: dict[Path, Started] = {}
-    try:
-        found = find_nsys(nsys)
-        if found is not None:
-            todo = [r for r in discover(paths, name_prefix) if _needs_export(r, out_dir)]
-            if todo:
-                made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
-                out_dir.mkdir(parents=True, exist_ok=True)
-            for r in todo[:export_workers(workers)]:
-                started[r.origin] = _start(found, r.origin, _tmp_name(out_dir, r.stem))
-    except (OrchError, OSError):
-        pass
-    try:
-        yield started
-    finally:
-        for s in started.values():
-            _stop(s)
-        for d in made:
+    # The stop is in place before the first export starts: a SIGTERM while the command still
+    # loads its modules kills these exports too.
+    with stopped_by_term():
+        try:
             try:
-                d.rmdir()
-            except OSError:
-                break
+                found = find_nsys(nsys)
+                if found is not None:
+                    todo = [r for r in discover(paths, name_prefix) if _needs_export(r, out_dir)]
+                    if todo:
+                        made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
+                        out_dir.mkdir(parents=True, exist_ok=True)
+                    for r in todo[:export_workers(workers)]:
+                        started[r.origin] = _start(found, r.origin, _tmp_name(out_dir, r.stem))
+            except (OrchError, OSError):
+                pass
+            yield started
+        finally:
+            for s in started.values():
+                _stop(s)
+            for d in made:
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
 
 
 def _fresh(target: Path, source: Path) -> bool:

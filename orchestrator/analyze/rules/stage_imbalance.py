@@ -49,20 +49,24 @@ class StageImbalance(Rule):
                     f"no-compute share (bubble) {s.bubble_pct}%"
                     + (f" (theory for {len(stages)} stages, {s.microbatches} microbatches: {s.theory_bubble_pct}%)"
                        if s.theory_bubble_pct is not None else "") for s in ctx.report.stages]
+        replay = ctx.report.replay
+        balanced = replay.removed(BALANCED) if replay else None
+        # Where the replay gives the saving, the formula stays as a cross-check, said as such: a
+        # reader must not see two costs for one finding.
         evidence.append(f"balanced, every stage would compute the mean {round(mean, 3)} ms: the step keeps "
                         + (f"1/(1 - {theory}%) = {round(factor, 3)}x the slowest stage's compute, so "
                            if theory is not None else "at least the slowest stage's compute (microbatch count "
                            "unknown: set layout.microbatches for the schedule's factor), so ")
-                        + f"stage {hi.stage}'s {round(hi.compute_ms - mean, 3)} ms above the mean costs "
-                        f"{round(saving, 3)} ms")
+                        + f"stage {hi.stage}'s {round(hi.compute_ms - mean, 3)} ms above the mean "
+                        + (f"would cost {round(saving, 3)} ms by the schedule's formula, from compute alone (the "
+                           "replay below gives the saving)" if replay and balanced
+                           else f"costs {round(saving, 3)} ms"))
         severity: Severity = "high" if imb.ratio >= self.high_ratio else "medium"
         pct = 100 * saving / window if window else None
-        replay = ctx.report.replay
-        balanced = replay.removed(BALANCED) if replay else None
         if replay and balanced:
             saving, pct = max(balanced.saving_ms, 0.0), balanced.saving_pct
             evidence.append(f"replayed with every stage's GPU work and CPU time at the stages' mean, the "
-                            f"{balanced.steps} steps take {balanced.change}; the "
+                            f"{balanced.steps} steps take {balanced.change}: that is the saving; the "
                             f"replay of the unchanged trace is within {replay.error_pct}% of it")
             if saving <= replay.error_ms:
                 evidence.append(f"that saving is within the replay's error ({replay.error_ms} ms): evening the "

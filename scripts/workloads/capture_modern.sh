@@ -136,8 +136,30 @@ GRAPH_TIMINGS=(
   "gpt_eager_graphed|--cuda-graph"
   "gpt_eager|"
 )
+# CAPTURE_SET=syncs: a host sync in every step as most loops write one (`print(f"... {loss.item()}")`
+# each step, --log-every 1) against the same loop logging every 10 steps, on the eager GPT at batch
+# 32 (its CPU's launches and its GPU's work a step about even) and on ResNet-18 at batch 64 (the
+# GPU the slower), each pair timed without a profiler too.
+SYNC_LOOP="--batch 32 --workers 2 --steps 40"
+SYNC_RESNET="--model resnet --batch 64 --workers 4 --steps 30"
+SYNC_CAPTURES=(
+  "loops_logstep_b32||--log-every 1 $SYNC_LOOP|--log-every 1 --steps 6 $GPT_TINY"
+  "loops_log10_b32||--log-every 10 $SYNC_LOOP|--log-every 3 --steps 6 $GPT_TINY"
+  "resnet18_logstep||--log-every 1 $SYNC_RESNET|--log-every 1 --steps 6 $GPT_TINY"
+  "resnet18_log10||--log-every 10 $SYNC_RESNET|--log-every 3 --steps 6 $GPT_TINY"
+)
+SYNC_TIMINGS=(
+  "loops_logstep_b32|--log-every 1 $SYNC_LOOP"
+  "loops_log10_b32|--log-every 10 $SYNC_LOOP"
+  "resnet18_logstep|--log-every 1 $SYNC_RESNET"
+  "resnet18_log10|--log-every 10 $SYNC_RESNET"
+)
 REHEARSE=0
-if [ "${CAPTURE_SET:-modern}" = loops ]; then
+if [ "${CAPTURE_SET:-modern}" = syncs ]; then
+  CAPTURES=("${SYNC_CAPTURES[@]}")
+  TIMINGS=("${SYNC_TIMINGS[@]}")
+  TIMINGS_AFTER=resnet18_logstep
+elif [ "${CAPTURE_SET:-modern}" = loops ]; then
   CAPTURES=("${LOOP_CAPTURES[@]}")
   TIMINGS=("${LOOP_TIMINGS[@]}")
   TIMINGS_AFTER=${TIMINGS_AFTER_LOOPS:-hf_gpt2_tokenise_w0}

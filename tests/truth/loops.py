@@ -139,6 +139,22 @@ CASES = {
     "hf_fp16_accum4": (
         "hf_fp16's Trainer with 4 micro-batches of gradient accumulation, 20 optimizer steps; nothing planted",
         "none", [], None, "nothing planted: fp16 as the Trainer's documentation writes it"),
+    "loops_logstep_b32": (
+        "modern_loops.py's eager GPT at batch 32 (its CPU's launches and its GPU's work a step about even), 2 "
+        "DataLoader workers, printing `loss.item()` after every optimizer step (--log-every 1), 40 optimizer steps, "
+        "no NVTX; orch's loop marks and Python samples on", "host-sync", [0],
+        ("loops_logstep_b32", "loops_log10_b32"), "planted: --log-every 1 (a host sync every step)"),
+    "loops_log10_b32": (
+        "loops_logstep_b32's loop printing the loss every 10 steps (--log-every 10); nothing planted", "none", [],
+        None, "nothing planted"),
+    "resnet18_logstep": (
+        "modern_loops.py's torchvision ResNet-18 at batch 64 of 224x224 images (the GPU's work the larger), 4 "
+        "DataLoader workers, printing `loss.item()` after every optimizer step (--log-every 1), 30 optimizer steps, "
+        "no NVTX; orch's loop marks and Python samples on", "host-sync", [0],
+        ("resnet18_logstep", "resnet18_log10"), "planted: --log-every 1 (a host sync every step)"),
+    "resnet18_log10": (
+        "resnet18_logstep's loop printing the loss every 10 steps (--log-every 10); nothing planted", "none", [], None,
+        "nothing planted"),
     "loops_varlen_ro": (
         "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') over documents of 32 to 256 "
         "tokens, each batch padded to its longest (as DataCollatorWithPadding does): a new sequence length, so a new "

@@ -18,6 +18,7 @@ import functools
 import gzip
 import importlib.util
 import json
+import lzma
 import os
 import shutil
 import sys
@@ -31,6 +32,16 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 TRUTH = FIXTURES / "truth"
 _DONE = ".made"  # an entry's fingerprint, written last: its presence says the entry is whole
+
+
+def loop_export(stem: str, dest: Path) -> Path:
+    """tests/fixtures/loops' export of the loop `stem` decompressed into `dest` (xz, which orch
+    does not read itself), under its own name less `.xz`."""
+    (src,) = (FIXTURES / "loops").glob(f"{stem}_r0_*.sqlite.xz")
+    out = dest / src.name.removesuffix(".xz")
+    with lzma.open(src, "rb") as fi, open(out, "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    return out
 
 
 @functools.cache

@@ -11,8 +11,6 @@ exports, with orch's steps taken from its loop marks as the truth files take the
 from __future__ import annotations
 
 import bisect
-import lzma
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -22,27 +20,18 @@ from orchestrator.api import open_store
 from orchestrator.collect.collect import collect, collect_parts
 from orchestrator.layout import Layout
 from orchestrator.metrics.engine import Options
-from tests.stores import Stores
+from tests.stores import Stores, loop_export
 from tests.test_parts import QUIET, assert_same_store, lists_and_report, same_reports
 
 pytestmark = pytest.mark.replay
 
-LOOPS = Path(__file__).parent / "fixtures" / "loops"
-
-
-def _export(stem: str, tmp: Path) -> Path:
-    (src,) = LOOPS.glob(f"{stem}_r0_*.sqlite.xz")
-    export = tmp / src.name.removesuffix(".xz")
-    with lzma.open(src, "rb") as fi, open(export, "wb") as fo:
-        shutil.copyfileobj(fi, fo)
-    return export
 
 
 def _graph_calls_by_step(stem: str, tmp: Path) -> dict[int, tuple[int, int]]:
     """Each step after the first (step k: from the k-th optimizer step's end to the k+1-th's, k
     from 1): its graph replays (cudaGraphLaunch) and the stream captures begun in it, by plain
     sqlite3 over the export."""
-    con = sqlite3.connect(_export(stem, tmp))
+    con = sqlite3.connect(loop_export(stem, tmp))
     try:
         ends = [e for (e,) in con.execute(
             "SELECT e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
@@ -113,7 +102,7 @@ def test_the_map_finds_the_same_recording_steps(tmp_path: Path) -> None:
     them from its map, and its report is the in-process one."""
     src = tmp_path / "src"
     src.mkdir()
-    _export("loops_varlen_ro", src)
+    loop_export("loops_varlen_ro", src)
     a = collect([src], tmp_path / "a", layout=Layout(), console=QUIET, workers=2)
     b = collect_parts([src], tmp_path / "b", layout=Layout(), console=QUIET, workers=2, summaries=True)
     assert_same_store(a.store, b.store)

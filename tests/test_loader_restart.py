@@ -10,8 +10,6 @@ expected numbers are plain sqlite3 over the exports."""
 
 from __future__ import annotations
 
-import lzma
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -19,20 +17,11 @@ import pytest
 
 from orchestrator.api import open_store
 from tests.independent import gpu_gaps, gpu_ops
-from tests.stores import Stores
+from tests.stores import Stores, loop_export
 
 pytestmark = pytest.mark.replay
 
-LOOPS = Path(__file__).parent / "fixtures" / "loops"
 START = "orch: loader start"
-
-
-def _export(stem: str, tmp: Path) -> Path:
-    (src,) = LOOPS.glob(f"{stem}_r0_*.sqlite.xz")
-    out = tmp / f"{stem}.sqlite"
-    with lzma.open(src, "rb") as fi, open(out, "wb") as fo:
-        shutil.copyfileobj(fi, fo)
-    return out
 
 
 def _restart_idle_ms(export: Path, w0: int, w1: int) -> float:
@@ -61,7 +50,7 @@ def _window(run: Path) -> tuple[int, int]:
 def test_workers_started_every_epoch_are_the_input_stall_and_the_fix_keeps_them(stores: Stores, tmp_path: Path,
                                                                                  stem: str) -> None:
     run, report, _ = stores.report(f"loops-{stem}")
-    want = _restart_idle_ms(_export(stem, tmp_path), *_window(run))
+    want = _restart_idle_ms(loop_export(stem, tmp_path), *_window(run))
     assert want > 300  # four or five epoch starts of 100 ms or more each
     top = report["findings"][0]
     assert top["kind"] == "data_loader_stall" and top["ranks"] == [0] and top["severity"] == "high"
@@ -76,5 +65,5 @@ def test_persistent_workers_leave_no_input_stall(stores: Stores, tmp_path: Path,
     """The twins' epochs start too, but their workers are already running: the loader start
     holds a few ms of GPU idle an epoch at most, and no input finding comes out."""
     run, report, _ = stores.report(f"loops-{stem}")
-    assert _restart_idle_ms(_export(stem, tmp_path), *_window(run)) < 10
+    assert _restart_idle_ms(loop_export(stem, tmp_path), *_window(run)) < 10
     assert not [f for f in report["findings"] if f["kind"] == "data_loader_stall" and f["severity"] != "info"]

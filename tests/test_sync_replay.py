@@ -11,8 +11,6 @@ SQL. The syncs' blocked time is orch's `host_syncs` (tests/test_host_sync*.py ho
 
 from __future__ import annotations
 
-import lzma
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -20,20 +18,11 @@ import pytest
 
 from orchestrator.api import open_store
 from tests.independent import GPU_OP_TABLES
-from tests.stores import Stores
+from tests.stores import Stores, loop_export
 
 pytestmark = pytest.mark.replay
 
-LOOPS = Path(__file__).parent / "fixtures" / "loops"
 QUEUED_GAP_NS = 2000
-
-
-def _export(stem: str, tmp: Path) -> Path:
-    (src,) = LOOPS.glob(f"{stem}_r0_*.sqlite.xz")
-    out = tmp / f"{stem}.sqlite"
-    with lzma.open(src, "rb") as fi, open(out, "wb") as fo:
-        shutil.copyfileobj(fi, fo)
-    return out
 
 
 def _replayed_saving_ns(export: Path, w0: int, w1: int, syncs: list[tuple[int, int]]) -> float:
@@ -77,7 +66,7 @@ def _orch_side(run: Path) -> tuple[int, int, list[tuple[int, int]], dict, int]:
 def test_a_sync_every_step_costs_what_its_own_replay_saves(stores: Stores, tmp_path: Path) -> None:
     run, report, _ = stores.report("loops-resnet18_logstep")
     w0, w1, syncs, stats, _ = _orch_side(run)
-    want = _replayed_saving_ns(_export("resnet18_logstep", tmp_path), w0, w1, syncs)
+    want = _replayed_saving_ns(loop_export("resnet18_logstep", tmp_path), w0, w1, syncs)
     assert len(syncs) >= 29  # one a step, and the step timer's
     assert abs(stats["replay_saving_ns"] - want) <= 1000, (stats["replay_saving_ns"], want)
     # more than the idle right after the syncs: the launch gaps after it count too
@@ -91,7 +80,7 @@ def test_a_sync_every_step_costs_what_its_own_replay_saves(stores: Stores, tmp_p
 def test_its_twin_logging_every_ten_steps_saves_little(stores: Stores, tmp_path: Path) -> None:
     run, report, _ = stores.report("loops-resnet18_log10")
     w0, w1, syncs, stats, _ = _orch_side(run)
-    want = _replayed_saving_ns(_export("resnet18_log10", tmp_path), w0, w1, syncs)
+    want = _replayed_saving_ns(loop_export("resnet18_log10", tmp_path), w0, w1, syncs)
     assert abs(stats["replay_saving_ns"] - want) <= 1000, (stats["replay_saving_ns"], want)
     assert want < 0.02 * (w1 - w0)
     assert not [f for f in report["findings"] if f["kind"] == "host_sync" and f["severity"] != "info"]
@@ -100,7 +89,7 @@ def test_its_twin_logging_every_ten_steps_saves_little(stores: Stores, tmp_path:
 def test_the_unchanged_trace_replays_exactly(tmp_path: Path) -> None:
     """The walk above with no sync moved back ends where the capture ends: the model adds
     nothing of its own."""
-    export = _export("resnet18_logstep", tmp_path)
+    export = loop_export("resnet18_logstep", tmp_path)
     con = sqlite3.connect(export)
     try:
         w0, w1 = con.execute("SELECT min(start), max(\"end\") + 1 FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()

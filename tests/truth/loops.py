@@ -155,6 +155,16 @@ CASES = {
     "resnet18_log10": (
         "resnet18_logstep's loop printing the loss every 10 steps (--log-every 10); nothing planted", "none", [], None,
         "nothing planted"),
+    "resnet18_logstep_rerun": (
+        "resnet18_logstep's loop captured again in a later device call on another H100, each twin timed right "
+        "before its capture", "host-sync", [0], None,
+        "planted: --log-every 1 (a host sync every step); what it saves is not measured in this call: without the "
+        "profiler the twin logging every 10 steps ran the slower (20.061 against 18.798 ms a step, medians of 3 "
+        "whose runs spread over 1.5-1.7 ms), and under the profiler the pair's captures are 21.0 ms apart over 29 "
+        "steps whose times spread from 10.8 to 38.4 ms (plain sqlite3)"),
+    "resnet18_log10_rerun": (
+        "resnet18_log10's loop captured again in the same call as resnet18_logstep_rerun; nothing planted", "none",
+        [], None, "nothing planted"),
     "loops_varlen_ro": (
         "modern_loops.py's GPT compiled with torch.compile(mode='reduce-overhead') over documents of 32 to 256 "
         "tokens, each batch padded to its longest (as DataCollatorWithPadding does): a new sequence length, so a new "

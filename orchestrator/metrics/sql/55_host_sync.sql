@@ -20,15 +20,15 @@
 --       replay_saving_ns BIGINT)  per rank with a window, 0 syncs included (names: `api xN, ...`, most
 --       frequent first); n_steps = the selected steps (NULL without steps, and then the per-step columns are
 --       NULL too); replay_saving_ns: _sync_replay's saving
---   _sync_replay(rank INTEGER, ops BIGINT, saving_ns BIGINT)  the rank's own GPU work replayed without its
+--   _sync_replay(rank INTEGER, saving_ns BIGINT)  the rank's own GPU work replayed without its
 --       host syncs (the what-if of a job without collectives to replay across ranks, 61_replay.sql): its ops
 --       inside the window in start order, each one no earlier than the previous op's end plus the gap it
 --       had (at most 2 us, how far apart a GPU runs queued work: an op that ran from the queue stays
 --       queued), and one that waited for its launch (a longer gap) no earlier than its start moved back by
 --       the CPU time blocked in host syncs that returned before it: without them the CPU, and so its
 --       launches, runs that much ahead. The unchanged trace (nothing moved back) replays exactly.
---       saving = the last op's end less its replayed end: what the GPU's work in the window would take
---       less (0 without a sync)
+--       saving = the latest end of its ops less the latest replayed end: what the GPU's work in the window
+--       would take less (0 without a sync)
 CREATE OR REPLACE TABLE host_syncs AS
 WITH cp AS MATERIALIZED (  -- the pageable copies
     SELECT rank, correlation_id, kind FROM memcpy
@@ -104,7 +104,7 @@ WITH ops AS (
            tb + max(a - tb) OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS e_rep
     FROM t
 )
-SELECT w.rank, count(r.rank) AS ops, coalesce(CAST(round(max(r."end") - max(r.e_rep)) AS BIGINT), 0) AS saving_ns
+SELECT w.rank, coalesce(CAST(round(max(r."end") - max(r.e_rep)) AS BIGINT), 0) AS saving_ns
 FROM win w LEFT JOIN replayed r USING (rank) GROUP BY w.rank;
 
 CREATE OR REPLACE TABLE sync_stats AS

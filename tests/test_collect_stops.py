@@ -57,13 +57,14 @@ def _children(pid: int) -> list[int]:
 
 
 def _stop_while(argv: list[str], sig: signal.Signals, ready: Callable[[int], bool],
-                settle_s: float) -> tuple[int, str]:
-    """Run `argv` in a session of its own, send it `sig` once `ready` says so of its pid, and
-    check that the session is empty within `settle_s` of its end: its exit status and stderr."""
+                settle_s: float, poll_s: float = 0.1) -> tuple[int, str]:
+    """Run `argv` in a session of its own, send it `sig` once `ready` says so of its pid (asked
+    every `poll_s`), and check that the session is empty within `settle_s` of its end: its exit
+    status and stderr."""
     p = subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
-        assert _until(lambda: ready(p.pid) or p.poll() is not None, 60, 0.01), _session(p.pid)
+        assert _until(lambda: ready(p.pid) or p.poll() is not None, 60, poll_s), _session(p.pid)
         assert p.poll() is None, "the collect ended before it could be stopped"
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
@@ -117,7 +118,7 @@ def test_a_collect_stopped_while_it_exports_leaves_no_export_behind(when: str, n
         return any(done.glob("cap_r*_h.sqlite")) and any(" export " in c for _, c in _session(pid))
 
     # (an export left to itself would end about 2 s later)
-    code, err = _stop_while(argv, signal.SIGTERM, ready, 0.5)
+    code, err = _stop_while(argv, signal.SIGTERM, ready, 0.5, 0.01 if when == "first-export" else 0.1)
     assert code == 130 and "orch: interrupted; nothing half-written was kept" in err, (code, err)
     assert not list((tmp_path / "run").rglob(".*.tmp-*"))
     again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -17,8 +17,7 @@ from orchestrator.analyze.model_report import Report
 from orchestrator.report.diff import diff_reports
 from orchestrator.report.findings_diff import findings_lines
 from tests.conftest import REPO, run_orch
-from tests.stores import Stores
-from tests.test_graph_shapes import _export
+from tests.stores import Stores, loop_export
 from tests.truth.loops import opt_step_ms
 
 pytestmark = pytest.mark.replay
@@ -34,7 +33,7 @@ def _steps(stem: str, tmp: Path) -> dict[int, float]:
     sqlite3."""
     import sqlite3
 
-    con = sqlite3.connect(_export(stem, tmp))
+    con = sqlite3.connect(loop_export(stem, tmp))
     try:
         ms = opt_step_ms(con)
     finally:

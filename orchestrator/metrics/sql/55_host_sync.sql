@@ -77,8 +77,8 @@ FROM busy b JOIN win w USING (rank);
 -- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
 -- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
 -- T_n + max over k <= n of (a_k - T_k), T the running sum of b: two window sums, no loop over ops.
--- 2 us: a GPU runs queued work 1 to 1.3 us apart (the H100 and H200 captures' back-to-back ops), so
--- an op after a longer gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
+-- 2 us: a GPU runs queued work about a microsecond apart (docs/report.md), so an op after a longer
+-- gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
 CREATE OR REPLACE TABLE _sync_replay AS
 WITH ops AS (
     SELECT o.rank, o.start, o."end", o."end" - o.start AS d,

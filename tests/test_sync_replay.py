@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.api import open_store
-from tests.independent import GPU_OP_TABLES
+from tests.independent import gpu_ops
 from tests.stores import Stores, loop_export
 
 pytestmark = pytest.mark.replay
@@ -30,8 +30,7 @@ def _replayed_saving_ns(export: Path, w0: int, w1: int, syncs: list[tuple[int, i
     ((start, end) on the export's clock): the last end less the last replayed end."""
     con = sqlite3.connect(export)
     try:
-        ops = sorted(con.execute(" UNION ALL ".join(f"SELECT start, \"end\" FROM {t} WHERE start >= ? AND start < ?"
-                                                    for t in GPU_OP_TABLES), (w0, w1) * len(GPU_OP_TABLES)))
+        ops = gpu_ops(con, "WHERE start >= ? AND start < ?", (w0, w1))
     finally:
         con.close()
     returns = sorted(syncs, key=lambda s: s[1])
@@ -51,21 +50,20 @@ def _replayed_saving_ns(export: Path, w0: int, w1: int, syncs: list[tuple[int, i
     return last_end - last_rep
 
 
-def _orch_side(run: Path) -> tuple[int, int, list[tuple[int, int]], dict, int]:
-    """The report's window and host syncs on the export's own clock, and its sync_stats row and
-    clock offset."""
+def _orch_side(run: Path) -> tuple[int, int, list[tuple[int, int]], dict]:
+    """The report's window and host syncs on the export's own clock, and its sync_stats row."""
     with open_store(run / "profile.duckdb") as store:
         (w,) = store.view("win").to_pylist()
         (r,) = store.table("ranks").to_pylist()
         syncs = store.view("host_syncs").to_pylist()
         (stats,) = store.view("sync_stats").to_pylist()
     off = r["clock_offset_ns"] + (r["clock_correction_ns"] or 0)
-    return w["w0"] - off, w["w1"] - off, [(s["start"] - off, s["end"] - off) for s in syncs], stats, off
+    return w["w0"] - off, w["w1"] - off, [(s["start"] - off, s["end"] - off) for s in syncs], stats
 
 
 def test_a_sync_every_step_costs_what_its_own_replay_saves(stores: Stores, tmp_path: Path) -> None:
     run, report, _ = stores.report("loops-resnet18_logstep")
-    w0, w1, syncs, stats, _ = _orch_side(run)
+    w0, w1, syncs, stats = _orch_side(run)
     want = _replayed_saving_ns(loop_export("resnet18_logstep", tmp_path), w0, w1, syncs)
     assert len(syncs) >= 29  # one a step, and the step timer's
     assert abs(stats["replay_saving_ns"] - want) <= 1000, (stats["replay_saving_ns"], want)
@@ -79,7 +77,7 @@ def test_a_sync_every_step_costs_what_its_own_replay_saves(stores: Stores, tmp_p
 
 def test_its_twin_logging_every_ten_steps_saves_little(stores: Stores, tmp_path: Path) -> None:
     run, report, _ = stores.report("loops-resnet18_log10")
-    w0, w1, syncs, stats, _ = _orch_side(run)
+    w0, w1, syncs, stats = _orch_side(run)
     want = _replayed_saving_ns(loop_export("resnet18_log10", tmp_path), w0, w1, syncs)
     assert abs(stats["replay_saving_ns"] - want) <= 1000, (stats["replay_saving_ns"], want)
     assert want < 0.02 * (w1 - w0)

@@ -84,9 +84,10 @@ def too_few_workers(ctx: Context, idle: dict[int, float], restart_ms: dict[int, 
         own = step - per - (ranks[rk].exposed_wait_ms or 0.0) / n_steps
         n = mine[0].num_workers or 0
         cost = nsys.get(rk, 0.0) / n_steps
-        bare = own - cost if own - cost > 0 else own
+        if cost >= own:  # an estimate of nsys' cost at or above the step's own work says nothing of it
+            cost = 0.0
         if own > 0:
-            out[rk] = Workers(n, math.ceil(n * step / bare - 1e-9), step, per, n * step, own, own - bare)
+            out[rk] = Workers(n, math.ceil(n * step / (own - cost) - 1e-9), step, per, n * step, own, cost)
     return out
 
 

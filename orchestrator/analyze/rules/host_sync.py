@@ -70,7 +70,7 @@ class HostSync(Rule):
             if r["step"] not in eager.get(r["rank"], ()):
                 stepped[r["rank"]] = stepped.get(r["rank"], 0) + 1
                 syncs[r["rank"]] = syncs.get(r["rank"], 0) + r["n"]
-        own: dict[int, float] = {}  # each rank's own replay without its syncs, where none across ranks costs them
+        replayed: set[int] = set()  # the ranks costed by their own replay: none across ranks costs the syncs
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]
             idle_ms = max(0.0, ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
@@ -83,11 +83,12 @@ class HostSync(Rule):
                 continue
             if idle_ms >= self.min_share * win[rk]:
                 if gone is None:
-                    idle_ms = own[rk] = max(0.0, ms(s["replay_saving_ns"]))
+                    idle_ms = max(0.0, ms(s["replay_saving_ns"]))
+                    replayed.add(rk)
                 hit[rk] = (s, idle_ms)
         if not hit:
             return []
-        evidence = [self._said(s, idle, win[rk], in_data.get(rk, 0.0), rk in own)
+        evidence = [self._said(s, idle, win[rk], in_data.get(rk, 0.0), rk in replayed)
                     for rk, (s, idle) in worst_first(hit, lambda v: v[1])]
         worst = max(100 * idle / win[rk] for rk, (_, idle) in hit.items())
         top = max(hit.values(), key=lambda v: v[1])[0]["top_name"]

@@ -147,13 +147,12 @@ def test_nvtx_steps_are_left_alone(tmp_path: Path) -> None:
 
 
 # The rule, on synthetic sync_stats rows: a job with nothing replayed across ranks, so each rank's
-# cost is its own replay's saving (`saving_ms`, the idle right after the syncs unless given).
-def _stats(rk: int, per_step: float, idle_ms: float, steps: int = 10, saving_ms: float | None = None) -> dict:
+# cost is its own replay's saving (own_replay: the idle right after the syncs unless given).
+def _stats(rk: int, per_step: float, idle_ms: float, steps: int = 10) -> dict:
     return {"rank": rk, "n_syncs": int(per_step * steps), "n_steps": steps, "sync_per_step": per_step,
             "blocked_ns": 1_000_000, "idle_after_ns": int(idle_ms * 1e6),
             "idle_after_ns_per_step": idle_ms * 1e6 / steps, "top_name": "cudaStreamSynchronize",
-            "names": f"cudaStreamSynchronize x{int(per_step * steps)}",
-            "replay_saving_ns": int((idle_ms if saving_ms is None else saving_ms) * 1e6)}
+            "names": f"cudaStreamSynchronize x{int(per_step * steps)}"}
 
 
 NO_RANGES = [{"rank": -1, "range_group": "(none)", "ns": 0}]
@@ -165,6 +164,15 @@ def _every_step(rows: list[dict]) -> list[dict]:
             for i in range(1, r["n_steps"] + 1)]
 
 
+def _tables(rows: list[dict], saving_ms: dict[int, float] | None = None, **more: list[dict]) -> dict:
+    """The rule's tables for sync_stats `rows`, syncs in every step, no idle in other ranges, and
+    each rank's own replay saving `saving_ms` (its idle right after the syncs where not given)."""
+    own = [{"rank": r["rank"], "what": "host syncs", "removed_ns": r["blocked_ns"],
+            "saving_ns": int((saving_ms or {}).get(r["rank"], r["idle_after_ns"] / 1e6) * 1e6)} for r in rows]
+    return {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows), "own_replay": own,
+            **more}
+
+
 def _run(ctx):
     from orchestrator.analyze.rules.host_sync import RULE
 
@@ -173,8 +181,7 @@ def _run(ctx):
 
 def test_host_sync_rule_fires_with_cost_severity() -> None:
     rows = [_stats(0, 4.0, 10.0), _stats(1, 0.5, 30.0), _stats(2, 2.0, 1.0)]
-    (f,) = _run(context([rank(0), rank(1), rank(2)],
-                        {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}))
+    (f,) = _run(context([rank(0), rank(1), rank(2)], _tables(rows)))
     assert f.kind == "host_sync" and f.ranks == [0] and f.severity == "medium" and f.cost_ms == 10.0
     assert f.evidence == ["rank 0: 40 host syncs in 10 steps (4.0 per step: cudaStreamSynchronize x40); CPU "
                           "blocked in them 1.0 ms; GPU idle right after them 10.0 ms; replayed on its own GPU with "
@@ -188,10 +195,10 @@ def test_host_sync_rule_fires_with_cost_severity() -> None:
 def test_host_sync_rule_quiet_without_steps_or_cost() -> None:
     no_steps = dict(_stats(0, 4.0, 50.0), n_steps=None, sync_per_step=None, idle_after_ns_per_step=None)
     rows = [no_steps, _stats(1, 4.0, 1.5)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}
+    tables = _tables(rows)
     assert _run(context([rank(0), rank(1)], tables)) == []
     rows = [_stats(0, 1.0, 25.0)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": _every_step(rows)}
+    tables = _tables(rows)
     (f,) = _run(context([rank(0)], tables))
     assert f.severity == "high"
 
@@ -201,8 +208,7 @@ def test_many_syncs_in_a_few_steps_are_not_the_hot_loops() -> None:
     the host, every 5 steps): not syncs every step; their idle is the checkpoint's (cpu_gap).
     In 5 of the 10 steps they are."""
     rows = [_stats(0, 4.0, 25.0)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "sync_steps": [{"rank": 0, "step": 5, "n": 20},
-                                                                               {"rank": 0, "step": 10, "n": 20}]}
+    tables = _tables(rows, sync_steps=[{"rank": 0, "step": 5, "n": 20}, {"rank": 0, "step": 10, "n": 20}])
     assert _run(context([rank(0)], tables)) == []
     (f,) = _run(context([rank(0)], dict(tables, sync_steps=[{"rank": 0, "step": i, "n": 8} for i in (2, 4, 6, 8, 10)])))
     assert f.cost_ms == 25.0
@@ -214,8 +220,7 @@ def test_syncs_of_a_loop_recording_cuda_graphs_are_the_recordings() -> None:
     are the recording's, and no finding comes out; syncs in both steps that replay their graphs
     are the loop's own."""
     rows, eager = [_stats(0, 4.0, 25.0)], [{"rank": 0, "step": i} for i in range(1, 9)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": NO_RANGES, "graph_eager_steps": eager,
-              "sync_steps": [{"rank": 0, "step": i, "n": 4} for i in range(1, 9)]}
+    tables = _tables(rows, graph_eager_steps=eager, sync_steps=[{"rank": 0, "step": i, "n": 4} for i in range(1, 9)])
     assert _run(context([rank(0)], tables)) == []
     (f,) = _run(context([rank(0)], dict(tables, sync_steps=_every_step(rows))))
     assert f.ranks == [0]
@@ -226,8 +231,8 @@ def test_host_sync_idle_in_data_loading_is_not_counted_twice() -> None:
     the data-loader stall's; 5 ms remain, 5% of the window: enough for a finding, whose cost is
     the rank's own replay without the syncs (which leaves the input's waits where they are),
     here 6 ms. Under the 2 % the finding needs, nothing comes out, whatever the replay saves."""
-    ranges, rows = [{"rank": 0, "range_group": "data_load", "ns": 20_000_000}], [_stats(0, 1.0, 25.0, saving_ms=6.0)]
-    tables = {"sync_stats": rows, "sync_idle_ranges": ranges, "sync_steps": _every_step(rows)}
+    ranges, rows = [{"rank": 0, "range_group": "data_load", "ns": 20_000_000}], [_stats(0, 1.0, 25.0)]
+    tables = _tables(rows, {0: 6.0}, sync_idle_ranges=ranges)
     (f,) = _run(context([rank(0)], tables))
     assert f.cost_ms == 6.0 and f.severity == "medium"
     ranges = [{"rank": 0, "range_group": "data_load", "ns": 24_000_000}]

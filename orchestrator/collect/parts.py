@@ -41,7 +41,7 @@ from orchestrator.collect.gather import ReportFile
 from orchestrator.collect.probe import ENV_ALLOW, Probe
 
 # Bumped when the map's output changes meaning: older metas are redone, never misread.
-MAP_VERSION = 16
+MAP_VERSION = 17
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

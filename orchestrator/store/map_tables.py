@@ -3,10 +3,10 @@
 A statistic that needs one rank's events only (the GPU's busy intervals and time split of
 30_intervals.sql, the idle gaps by CPU range, the short gaps and the intervals between steps of
 40_gaps.sql, what the loop thread did in the gaps of 45_cpu_state.sql, the host syncs of
-55_host_sync.sql, the GPU the rank's kernels ran on of 13_rank_device.sql, the copies in the
-window of 90_gpu_work.sql, the per-rank rows of the phase, kernel and memory-operation tables of
-92, 94 and 96, the CUDA API / OS runtime and thread tables of 98_api_osrt.sql, the nsys-analyze
-tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
+55_host_sync.sql, each rank's own replay of 55_own_replay.sql, the GPU the rank's kernels ran on
+of 13_rank_device.sql, the copies in the window of 90_gpu_work.sql, the per-rank rows of the
+phase, kernel and memory-operation tables of 92, 94 and 96, the CUDA API / OS runtime and thread
+tables of 98_api_osrt.sql, the nsys-analyze tables of 99_nsys_rules.sql and 99_slice_idle.sql) costs
 the analysis a pass over every event of every rank: at 1,024 CPU ranks most of the report's SQL
 (docs/scale.md); at 256 real GPU ranks half of it (docs/history/benchmarks-after-job.md). The map
 (collect/summarize.py) runs the same SQL on its one rank with the default options and writes the
@@ -147,6 +147,8 @@ _MAPPED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("map_cpu_blocks", "cpu_blocks", ("start", "end", "done", "lb")),
     ("map_queue_wait", "queue_wait", ("launch",)),
     ("map_sync_stats", "sync_stats", ()),
+    # Each rank's own GPU work replayed without its host syncs, without its wait for input.
+    ("map_own_replay", "own_replay", ()),
     # What derives from the rank's own events and steps alone: taken wherever the map ran this
     # SQL (the optimizer's launches: map_done, 05_mapped.sql) and where its steps are the report's
     # (the GPU ops per step, the NCCL kernels, the compute between steps: 14_gpu_ops.sql),
@@ -215,9 +217,9 @@ def stacked_select() -> str:
 # The analysis files whose tables the map computes (and, through their dependencies, the
 # steps, window and scope they are measured in).
 SQL_FILES = ("06_opt_launch.sql", "11_cuda_calls.sql", "13_rank_device.sql", "30_intervals.sql", "40_gaps.sql",
-             "45_cpu_state.sql", "55_host_sync.sql", "56_cpu_blocks.sql", "66_cuda_graphs.sql", "67_capture_api.sql",
-             "90_gpu_work.sql", "92_phases.sql", "94_kernel_rows.sql", "96_memory_ops.sql", "98_api_osrt.sql",
-             "99_nsys_rules.sql", "99_slice_idle.sql")
+             "45_cpu_state.sql", "55_host_sync.sql", "55_own_replay.sql", "56_cpu_blocks.sql", "66_cuda_graphs.sql",
+             "67_capture_api.sql", "90_gpu_work.sql", "92_phases.sql", "94_kernel_rows.sql", "96_memory_ops.sql",
+             "98_api_osrt.sql", "99_nsys_rules.sql", "99_slice_idle.sql")
 
 
 def create_missing(con: duckdb.DuckDBPyConnection) -> None:

@@ -154,8 +154,30 @@ SYNC_TIMINGS=(
   "resnet18_logstep|--log-every 1 $SYNC_RESNET"
   "resnet18_log10|--log-every 10 $SYNC_RESNET"
 )
+# CAPTURE_SET=inputs: a one-GPU loop waiting for its input as an image pipeline makes it wait,
+# ResNet-18 at batch 64 whose dataset spends time in Python on each image (JPEG decoding and
+# augmentation in __getitem__): 0.75 ms an image with 2 DataLoader workers, 0.25 ms in the loop
+# thread itself (num_workers=0), each against the same dataset with 8 workers, which keep up;
+# each pair timed without a profiler too.
+INPUT_RESNET="--model resnet --batch 64 --steps 30"
+INPUT_CAPTURES=(
+  "resnet18_decode_w2||--workers 2 --sample-ms 0.75 $INPUT_RESNET|--workers 2 --sample-ms 1 --steps 6 $GPT_TINY"
+  "resnet18_decode_w8||--workers 8 --sample-ms 0.75 $INPUT_RESNET|--workers 2 --steps 6 $GPT_TINY"
+  "resnet18_decode_w0||--workers 0 --sample-ms 0.25 $INPUT_RESNET|--sample-ms 1 --steps 6 $GPT_TINY"
+  "resnet18_decode_w0_w8||--workers 8 --sample-ms 0.25 $INPUT_RESNET|--workers 2 --steps 6 $GPT_TINY"
+)
+INPUT_TIMINGS=(
+  "resnet18_decode_w2|--workers 2 --sample-ms 0.75 $INPUT_RESNET"
+  "resnet18_decode_w8|--workers 8 --sample-ms 0.75 $INPUT_RESNET"
+  "resnet18_decode_w0|--workers 0 --sample-ms 0.25 $INPUT_RESNET"
+  "resnet18_decode_w0_w8|--workers 8 --sample-ms 0.25 $INPUT_RESNET"
+)
 REHEARSE=0
-if [ "${CAPTURE_SET:-modern}" = syncs ]; then
+if [ "${CAPTURE_SET:-modern}" = inputs ]; then
+  CAPTURES=("${INPUT_CAPTURES[@]}")
+  TIMINGS=("${INPUT_TIMINGS[@]}")
+  TIMINGS_AFTER=resnet18_decode_w2
+elif [ "${CAPTURE_SET:-modern}" = syncs ]; then
   CAPTURES=("${SYNC_CAPTURES[@]}")
   TIMINGS=("${SYNC_TIMINGS[@]}")
   TIMINGS_AFTER=resnet18_logstep

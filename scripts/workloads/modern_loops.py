@@ -10,6 +10,7 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model resnet --no-pin                   # images from pageable memory
     python modern_loops.py --model gpt --nvtx                        # an NVTX range per step
     python modern_loops.py --model gpt --sample-ms 15 --workers 0    # each sample tokenised in Python
+    python modern_loops.py --model resnet --sample-ms 0.75 --workers 2  # each image decoded in Python
     python modern_loops.py --model gpt --fused --accum 4             # fused AdamW, 4 micro-batches a step
     python modern_loops.py --model gpt --mask                        # BERT-style masking in the loop thread
     python modern_loops.py --model gpt --cuda-graph                  # the eager step captured whole in one CUDA graph
@@ -142,17 +143,22 @@ def pad(batch: list[tuple[torch.Tensor, torch.Tensor]], pad_to: int, seq: int) -
 
 
 class Images(Dataset):
-    """Decoded, normalised float images (as a pre-processed dataset cache would hold them)."""
+    """Decoded, normalised float images (as a pre-processed dataset cache would hold them);
+    `sample_ms` > 0: each image first spends that long in Python, as a dataset that decodes and
+    augments its JPEGs in __getitem__ does (PIL's transforms, holding the GIL)."""
 
-    def __init__(self, n: int, size: int, classes: int):
+    def __init__(self, n: int, size: int, classes: int, sample_ms: float = 0.0):
         g = torch.Generator().manual_seed(0)
         self.pool = torch.randn(64, 3, size, size, generator=g)
         self.labels = torch.randint(0, classes, (n,), generator=g)
+        self.sample_ms = sample_ms
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sample_ms > 0:
+            tokenise(self.sample_ms)
         return self.pool[i % len(self.pool)].clone(), self.labels[i]
 
 
@@ -169,7 +175,8 @@ def build(args: argparse.Namespace, device: torch.device):
 
         model = torchvision.models.resnet18(num_classes=args.classes).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-        data = Images(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.image_size, args.classes)
+        data = Images(args.batch * args.accum * (args.epoch_steps or args.steps + 1), args.image_size, args.classes,
+                      args.sample_ms)
     collate = functools.partial(pad, pad_to=args.pad_to, seq=args.seq) if args.min_seq else None
     loader = DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True, collate_fn=collate,
                         num_workers=args.workers, pin_memory=not args.no_pin,
@@ -312,7 +319,8 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
-    p.add_argument("--sample-ms", type=float, default=0.0, help="Python time per sample (a tokenising dataset)")
+    p.add_argument("--sample-ms", type=float, default=0.0,
+                   help="Python time per sample (a tokenising or decoding dataset)")
     p.add_argument("--epoch-steps", type=int, default=0,
                    help="optimizer steps an epoch of the dataset holds (0: one epoch holds them all)")
     p.add_argument("--no-persistent", action="store_true",

@@ -184,6 +184,22 @@ CASES = {
     "loops_varlen_ro_pad64_rerun": (
         "loops_varlen_ro_pad64's loop captured again in the same call as loops_varlen_ro_rerun; nothing planted",
         "none", [], None, "nothing planted"),
+    "resnet18_decode_w2": (
+        "modern_loops.py's torchvision ResNet-18 at batch 64 of 224x224 images whose dataset spends 0.75 ms in "
+        "Python on each image (JPEG decoding and augmentation in __getitem__, --sample-ms 0.75), 2 DataLoader "
+        "workers, 30 optimizer steps, no NVTX; orch's loop marks and Python samples on", "input", [0],
+        ("resnet18_decode_w2", "resnet18_decode_w8"), "planted: --workers 2 --sample-ms 0.75"),
+    "resnet18_decode_w8": (
+        "resnet18_decode_w2's loop with 8 DataLoader workers, which keep up; nothing planted", "none", [], None,
+        "nothing planted"),
+    "resnet18_decode_w0": (
+        "modern_loops.py's torchvision ResNet-18 at batch 64 of 224x224 images whose dataset spends 0.25 ms in "
+        "Python on each image (--sample-ms 0.25), DataLoader num_workers=0: the loop thread decodes every batch "
+        "itself; 30 optimizer steps, no NVTX; orch's loop marks and Python samples on", "input", [0],
+        ("resnet18_decode_w0", "resnet18_decode_w0_w8"), "planted: --workers 0 --sample-ms 0.25"),
+    "resnet18_decode_w0_w8": (
+        "resnet18_decode_w0's loop with 8 DataLoader workers, which keep up; nothing planted", "none", [], None,
+        "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -196,6 +212,8 @@ WARMUP = 5
 # Loops that record a CUDA graph for each new input shape, measured against their padded twin.
 SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
+# Pairs measured both ways: the captures' difference, and the loops' own unprofiled timings.
+BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0")
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"
@@ -280,6 +298,14 @@ def cases() -> list[Truth]:
                 t.how["saving_ms"] = HOW["saving_shapes"].format(
                     n=len(mine), fast=fast, skip=skip + 1, slow_ms=round(mine[skip], 1), med=round(med, 1),
                     why_pair=why_pair)
+            elif pair and stem in BOTH_WAYS:
+                slow, fast = pair
+                t.saving_unprofiled_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)
+                t.how["saving_unprofiled_ms"] = HOW["saving_ms"].format(slow=slow, fast=fast, n=steps - 1)
+                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
+                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
+                    t.saving_ms = round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
+                t.how["saving_ms"] = HOW["saving_pair"].format(fast=fast, n=steps - 1)
             elif pair:
                 slow, fast = pair
                 t.saving_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)

@@ -191,6 +191,19 @@ def graph_eager_steps(ctx: Context) -> dict[int, set[int]]:
     return out
 
 
+# What each rank's own replay removes (55_own_replay.sql `own_replay.what`).
+OWN_SYNCS = "host syncs"
+OWN_INPUT = "input"
+
+
+def own_replay(ctx: Context, what: str) -> dict[int, tuple[float, float]]:
+    """Per rank, what replaying its own GPU work with `what` removed saves (ms, never below 0) and
+    the CPU time removed (ms): the cost where no replay across ranks gives one; the rule must read
+    `own_replay`."""
+    return {r["rank"]: (max(0.0, float(r["saving_ns"]) / 1e6), float(r["removed_ns"]) / 1e6)
+            for r in ctx.views.rows("own_replay") if r["what"] == what}
+
+
 def graph_eager(ctx: Context) -> dict[int, GraphEager]:
     """Each rank's idle in its steps that warm up or record CUDA graphs; the rule must read
     `graph_eager_gaps`."""

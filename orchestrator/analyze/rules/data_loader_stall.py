@@ -11,7 +11,11 @@ its cost is what the steps would save at their pace. There this finding stays, a
 a cost for that rank, so one fix is counted once. Where the job was replayed, what fixing the
 input saves is the replay's: every rank's wait for input removed (61_replay.sql, `input on
 time`), less what the straggler findings on its roots carry; within the replay's error it is
-`info`. The per-rank figures above stay the evidence of where the wait is. Each stalled rank's
+`info`. Where nothing was replayed across ranks (one GPU, a CPU job), each stalled rank's own GPU
+work is replayed with its input on time (55_own_replay.sql, `input`: its launches after each wait
+for input earlier by the loop thread's time in it), which also counts the launch gaps after the
+idle, until the CPU is ahead of the GPU again: that saving, less the bubble above, is the rank's.
+The per-rank figures above stay the evidence of where the wait is. Each stalled rank's
 DataLoader settings (orch's loop marks, report.loaders) are evidence too, and a rank that loads
 its batches in its loop thread (num_workers=0) is named in the fix.
 
@@ -38,11 +42,13 @@ from orchestrator.analyze.model_replay import INPUT
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules import straggler
 from orchestrator.analyze.rules.base import (
+    OWN_INPUT,
     Context,
     Rule,
     cpu_state,
     finding,
     overhead_error_ms,
+    own_replay,
     python_in_gaps,
     python_line,
     worst_first,
@@ -59,7 +65,7 @@ class DataLoaderStall(Rule):
     kind = "data_loader_stall"
     explains_idle = True
     # the critical path's, through straggler.reported; nsys' estimated cost per rank
-    reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps", "capture_overhead")
+    reads = ("gap_cpu", "gap_python", "cp_roots", "cp_steps", "capture_overhead", "own_replay")
     final = True  # after the straggler rule, whose roots it leaves their saving
     # Reported when a rank's GPU idles in data ranges for at least this share of its window.
     min_share: float = MIN_SHARE
@@ -72,7 +78,11 @@ class DataLoaderStall(Rule):
         hidden = {rk: self._bubble_hidden(ctx, rk, ms, win[rk]) for rk, ms in stall.items()}
         roots = {r.rank for r in straggler.RULE.reported(ctx)
                  if r.rank in stall and is_input_range(r.phase) and not r.shared}
-        saving = {rk: 0.0 if rk in roots else ms - hidden[rk] for rk, ms in stall.items()}
+        replay = ctx.report.replay
+        on_time = replay.removed(INPUT) if replay else None
+        own = own_replay(ctx, OWN_INPUT) if on_time is None else {}
+        saving = {rk: 0.0 if rk in roots else max(own[rk][0] if rk in own else ms, hidden[rk]) - hidden[rk]
+                  for rk, ms in stall.items()}
         worst = max(100 * ms / win[rk] for rk, ms in saving.items())
         evidence = []
         for rk, ms in worst_first(stall):
@@ -81,6 +91,13 @@ class DataLoaderStall(Rule):
             if rk in roots:
                 evidence.append(f"rank {rk} holds the others up while it waits for its input: the straggler "
                                 "finding on it carries what fixing it saves")
+            elif rk in own:
+                evidence.append(f"rank {rk}: replayed on its own GPU with its input on time (the loop thread's "
+                                f"{round(own[rk][1], 3)} ms waiting for input gone, its launches after it that much "
+                                f"earlier; the unchanged trace replays exactly), its work ends {round(own[rk][0], 3)} "
+                                "ms earlier: the idle while it waited and the launch gaps after it, until the CPU is "
+                                "ahead again" + (f"; less the {round(hidden[rk], 3)} ms its stage would wait for its "
+                                                 "peers anyway" if hidden[rk] > 0 else ""))
             elif hidden[rk] > 0:
                 evidence.append(f"rank {rk}'s pipeline stage would wait for its peers {round(hidden[rk], 3)} ms of "
                                 "it anyway (the schedule's bubble, which the stall now covers): fixing its input "
@@ -95,8 +112,6 @@ class DataLoaderStall(Rule):
                                                      if s.num_workers == 0 else "")
                          for s in ctx.report.loaders.get(rk, [])]
         cost, severity = max(saving.values()), "info" if set(stall) <= roots else None
-        replay = ctx.report.replay
-        on_time = replay.removed(INPUT) if replay else None
         if replay and on_time:
             claimed = sum(f.cost_ms for f in ctx.findings if f.kind == "straggler" and set(f.ranks) & roots)
             cost = max(on_time.saving_ms - claimed, 0.0)

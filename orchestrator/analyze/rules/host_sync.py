@@ -11,7 +11,7 @@ neither way. Where the job was replayed across ranks, the cost is the replay's: 
 same job with no host sync (61_replay.sql, `no host syncs`: the CPU not blocked in them, the
 GPU's idle after them gone, the input's and the between-steps work's left to their findings);
 within the replay's error it is `info`. Otherwise (one GPU, no collective matched across ranks)
-each rank's own GPU work is replayed without its syncs (55_host_sync.sql `_sync_replay`: the
+each rank's own GPU work is replayed without its syncs (55_own_replay.sql, `host syncs`: the
 launches after a sync earlier by the time the CPU was blocked in it), which also counts the
 launch gaps that follow the idle right after a sync, until the CPU is ahead of the GPU again:
 that saving is the cost. Either way the finding needs the idle right after the syncs first, as
@@ -25,10 +25,12 @@ from orchestrator.analyze.model_replay import SYNCS
 from orchestrator.analyze.model_report import Finding
 from orchestrator.analyze.rules.base import (
     BETWEEN_STEPS_WORK,
+    OWN_SYNCS,
     Context,
     Rule,
     finding,
     graph_eager_steps,
+    own_replay,
     worst_first,
 )
 from orchestrator.analyze.units import ms
@@ -44,7 +46,7 @@ FIX = ("Keep values on the GPU inside the loop: accumulate the loss on device (`
 class HostSync(Rule):
     kind = "host_sync"
     explains_idle = True
-    reads = ("sync_stats", "sync_idle_ranges", "sync_steps", "graph_eager_steps")
+    reads = ("sync_stats", "sync_idle_ranges", "sync_steps", "graph_eager_steps", "own_replay")
     # A sync at least this often per step on average is "in the hot loop" (per-step logging),
     # where at least this share of the steps holds one: the many syncs of a few steps (a
     # checkpoint's torch.save copies each tensor to the host) are that work's, which the
@@ -71,6 +73,7 @@ class HostSync(Rule):
                 stepped[r["rank"]] = stepped.get(r["rank"], 0) + 1
                 syncs[r["rank"]] = syncs.get(r["rank"], 0) + r["n"]
         replayed: set[int] = set()  # the ranks costed by their own replay: none across ranks costs the syncs
+        own = own_replay(ctx, OWN_SYNCS)
         for s in ctx.views.rows("sync_stats"):
             rk, per = s["rank"], s["sync_per_step"]
             idle_ms = max(0.0, ms(s["idle_after_ns"]) - in_data.get(rk, 0.0))
@@ -83,7 +86,7 @@ class HostSync(Rule):
                 continue
             if idle_ms >= self.min_share * win[rk]:
                 if gone is None:
-                    idle_ms = max(0.0, ms(s["replay_saving_ns"]))
+                    idle_ms = own.get(rk, (0.0, 0.0))[0]
                     replayed.add(rk)
                 hit[rk] = (s, idle_ms)
         if not hit:

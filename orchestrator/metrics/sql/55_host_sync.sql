@@ -16,19 +16,9 @@
 --       must refill the queue). 0 when GPU work is running at the return; cut at the next sync's return (so
 --       idle after back-to-back syncs is counted once) and at the window's end.
 --   sync_stats(rank INTEGER, n_syncs BIGINT, n_steps BIGINT, sync_per_step DOUBLE, blocked_ns BIGINT,
---       idle_after_ns BIGINT, idle_after_ns_per_step DOUBLE, top_name VARCHAR, names VARCHAR,
---       replay_saving_ns BIGINT)  per rank with a window, 0 syncs included (names: `api xN, ...`, most
---       frequent first); n_steps = the selected steps (NULL without steps, and then the per-step columns are
---       NULL too); replay_saving_ns: _sync_replay's saving
---   _sync_replay(rank INTEGER, saving_ns BIGINT)  the rank's own GPU work replayed without its
---       host syncs (the what-if of a job without collectives to replay across ranks, 61_replay.sql): its ops
---       inside the window in start order, each one no earlier than the previous op's end plus the gap it
---       had (at most 2 us, how far apart a GPU runs queued work: an op that ran from the queue stays
---       queued), and one that waited for its launch (a longer gap) no earlier than its start moved back by
---       the CPU time blocked in host syncs that returned before it: without them the CPU, and so its
---       launches, runs that much ahead. The unchanged trace (nothing moved back) replays exactly.
---       saving = the latest end of its ops less the latest replayed end: what the GPU's work in the window
---       would take less (0 without a sync)
+--       idle_after_ns BIGINT, idle_after_ns_per_step DOUBLE, top_name VARCHAR, names VARCHAR)  per rank
+--       with a window, 0 syncs included (names: `api xN, ...`, most frequent first); n_steps = the selected
+--       steps (NULL without steps, and then the per-step columns are NULL too)
 CREATE OR REPLACE TABLE host_syncs AS
 WITH cp AS MATERIALIZED (  -- the pageable copies
     SELECT rank, correlation_id, kind FROM memcpy
@@ -73,40 +63,6 @@ SELECT b.rank, b.start, b."end", b.tid,
        END AS idle_ns
 FROM busy b JOIN win w USING (rank);
 
--- The ends replayed, op k of a rank: e'_k = max(a_k, e'_(k-1) + b_k), a_k = its start less the blocked
--- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
--- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
--- T_n + max over k <= n of (a_k - T_k), T the running sum of b: two window sums, no loop over ops.
--- 2 us: a GPU runs queued work about a microsecond apart (docs/report.md), so an op after a longer
--- gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
-CREATE OR REPLACE TABLE _sync_replay AS
-WITH ops AS (
-    SELECT o.rank, o.start, o."end", o."end" - o.start AS d,
-           o.start - lag(o."end") OVER (PARTITION BY o.rank ORDER BY o.start, o."end") AS gap
-    FROM gpu_ops o JOIN win w USING (rank) WHERE o.start >= w.w0 AND o.start < w.w1
-), blocked AS (  -- the CPU time blocked in host syncs up to each sync's return
-    SELECT rank, "end", sum(CAST("end" - start AS DOUBLE)) OVER (PARTITION BY rank ORDER BY "end", start, tid
-                                                                 ROWS UNBOUNDED PRECEDING) AS upto
-    FROM host_syncs
-), moved AS (
-    SELECT o.*, coalesce(b.upto, 0) AS back FROM ops o
-    ASOF LEFT JOIN blocked b ON b.rank = o.rank AND b."end" <= o.start
-), ab AS (
-    SELECT rank, start, "end",
-           CASE WHEN gap IS NULL OR gap > 2000 THEN start - back + d END AS a,
-           least(coalesce(gap, 0), 2000) + d AS b
-    FROM moved
-), t AS (
-    SELECT *, sum(CAST(b AS DOUBLE)) OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS tb
-    FROM ab
-), replayed AS (
-    SELECT rank, "end",
-           tb + max(a - tb) OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS e_rep
-    FROM t
-)
-SELECT w.rank, coalesce(CAST(round(max(r."end") - max(r.e_rep)) AS BIGINT), 0) AS saving_ns
-FROM win w LEFT JOIN replayed r USING (rank) GROUP BY w.rank;
-
 CREATE OR REPLACE TABLE sync_stats AS
 WITH n_steps AS (
     SELECT s.rank, count(DISTINCT s.step) AS n_steps FROM steps s JOIN first_step f USING (rank), params p
@@ -123,7 +79,6 @@ WITH n_steps AS (
 )
 SELECT w.rank, coalesce(a.n_syncs, 0) AS n_syncs, n.n_steps, coalesce(a.n_syncs, 0) / n.n_steps AS sync_per_step,
        coalesce(a.blocked_ns, 0) AS blocked_ns, coalesce(i.idle_after_ns, 0) AS idle_after_ns,
-       coalesce(i.idle_after_ns, 0) / n.n_steps AS idle_after_ns_per_step, t.top_name, t.names,
-       r.saving_ns AS replay_saving_ns
+       coalesce(i.idle_after_ns, 0) / n.n_steps AS idle_after_ns_per_step, t.top_name, t.names
 FROM win w LEFT JOIN agg a USING (rank) LEFT JOIN n_steps n USING (rank) LEFT JOIN idle i USING (rank)
-LEFT JOIN top t USING (rank) LEFT JOIN _sync_replay r USING (rank);
+LEFT JOIN top t USING (rank);

@@ -1,9 +1,10 @@
 """A one-GPU loop's host syncs and waits for input, each costed by replaying the rank's own GPU
 work without them (55_own_replay.sql), on real captures (tests/fixtures/loops, README there, one
-H100): torchvision's ResNet-18 printing `loss.item()` after every optimizer step, and its twin
-printing every 10 steps; the eager GPT whose DataLoader starts its workers anew every epoch, and
-its twin with persistent workers; the GPT whose loop thread tokenises every sample itself, and
-the ResNet-18 whose loop thread decodes every image itself.
+H100 or H200): torchvision's ResNet-18 printing `loss.item()` after every optimizer step, and its
+twin printing every 10 steps; the eager GPT whose DataLoader starts its workers anew every epoch,
+and its twin with persistent workers; the HF Trainer starting its workers anew every epoch; the
+GPT whose loop thread tokenises every sample itself, and the ResNet-18 whose loop thread decodes
+every image itself.
 
 The expected saving is the same replay computed independently: the GPU ops read from the export
 with plain sqlite3, walked one by one in Python (each op no earlier than the previous one's end
@@ -129,12 +130,14 @@ def _waits_for_input(export: Path, w0: int, w1: int) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("case, stem", [("loops-loops_epochs_np", "loops_epochs_np"),
                                         ("loops-loops_tokenise_w0", "loops_tokenise_w0"),
-                                        ("loops-resnet18_decode_w0", "resnet18_decode_w0")])
+                                        ("loops-resnet18_decode_w0", "resnet18_decode_w0"),
+                                        ("loops-hf_epochs_np", "hf_epochs_np")])
 def test_a_wait_for_input_costs_what_its_own_replay_saves(stores: Stores, tmp_path: Path, case: str,
                                                           stem: str) -> None:
-    """Workers started anew every epoch, a loop thread tokenising its own samples, and one decoding
-    its own images while its GPU still runs the step before: each rank's wait for input replayed
-    away, by orch and by the walk; the data-loader finding's cost is that saving."""
+    """Workers started anew every epoch (a loop of our own, the HF Trainer's), a loop thread
+    tokenising its own samples, and one decoding its own images while its GPU still runs the step
+    before: each rank's wait for input replayed away, by orch and by the walk; the data-loader
+    finding's cost is that saving."""
     run, report, _ = stores.report(case)
     w0, w1, _, _, saving = _orch_side(run, "input")
     export = loop_export(stem, tmp_path)

@@ -55,31 +55,32 @@ FROM per_end;
 -- The ends replayed, op k of a rank: e'_k = max(a_k, e'_(k-1) + b_k), a_k = its start less the removed
 -- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
 -- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
--- T_n + max over k <= n of (a_k - T_k), T the running sum of b: two window sums, no loop over ops.
+-- T_n + max over k <= n of (a_k - T_k), T the running sum of b: window sums, no loop over ops. T is
+-- the same for every what-if, so one pass over the ops replays them all (a column each).
 -- 2 us: a GPU runs queued work about a microsecond apart (docs/report.md), so an op after a longer
 -- gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
 CREATE OR REPLACE TABLE own_replay AS
-WITH whats AS (SELECT rank, what, max(upto) AS removed FROM _own_removed GROUP BY ALL),
-ops AS (
+WITH ops AS (
     SELECT o.rank, o.start, o."end", o."end" - o.start AS d,
            o.start - lag(o."end") OVER (PARTITION BY o.rank ORDER BY o.start, o."end") AS gap
     FROM gpu_ops o JOIN win w USING (rank) WHERE o.start >= w.w0 AND o.start < w.w1
-), moved AS (
-    SELECT o.*, x.what, coalesce(b.upto, 0) AS back FROM ops o JOIN whats x USING (rank)
-    ASOF LEFT JOIN _own_removed b ON b.rank = o.rank AND b.what = x.what AND b."end" <= o.start
-), ab AS (
-    SELECT rank, what, start, "end",
-           CASE WHEN gap IS NULL OR gap > 2000 THEN start - back + d END AS a,
-           least(coalesce(gap, 0), 2000) + d AS b
-    FROM moved
+), syncs AS (SELECT rank, "end", upto FROM _own_removed WHERE what = 'host syncs'),
+input AS (SELECT rank, "end", upto FROM _own_removed WHERE what = 'input'),
+moved AS (
+    SELECT o.*, coalesce(s.upto, 0) AS back_s, coalesce(i.upto, 0) AS back_i FROM ops o
+    ASOF LEFT JOIN syncs s ON s.rank = o.rank AND s."end" <= o.start
+    ASOF LEFT JOIN input i ON i.rank = o.rank AND i."end" <= o.start
 ), t AS (
-    SELECT *, sum(CAST(b AS DOUBLE)) OVER (PARTITION BY rank, what ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS tb
-    FROM ab
+    SELECT rank, start, "end", back_s, back_i, CASE WHEN gap IS NULL OR gap > 2000 THEN start + d END AS a,
+           sum(CAST(least(coalesce(gap, 0), 2000) + d AS DOUBLE))
+               OVER (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS tb
+    FROM moved
 ), replayed AS (
-    SELECT rank, what, "end",
-           tb + max(a - tb) OVER (PARTITION BY rank, what ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS e_rep
-    FROM t
-)
+    SELECT rank, "end", tb + max(a - back_s - tb) OVER w AS e_s, tb + max(a - back_i - tb) OVER w AS e_i
+    FROM t WINDOW w AS (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING)
+), per AS (
+    SELECT rank, max("end") - max(e_s) AS saving_s, max("end") - max(e_i) AS saving_i FROM replayed GROUP BY rank
+), whats AS (SELECT rank, what, max(upto) AS removed FROM _own_removed GROUP BY ALL)
 SELECT x.rank, x.what, CAST(round(x.removed) AS BIGINT) AS removed_ns,
-       coalesce(CAST(round(max(r."end") - max(r.e_rep)) AS BIGINT), 0) AS saving_ns
-FROM whats x LEFT JOIN replayed r USING (rank, what) GROUP BY x.rank, x.what, x.removed;
+       coalesce(CAST(round(CASE x.what WHEN 'input' THEN p.saving_i ELSE p.saving_s END) AS BIGINT), 0) AS saving_ns
+FROM whats x LEFT JOIN per p USING (rank);

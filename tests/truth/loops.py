@@ -200,6 +200,18 @@ CASES = {
     "resnet18_decode_w0_w8": (
         "resnet18_decode_w0's loop with 8 DataLoader workers, which keep up; nothing planted", "none", [], None,
         "nothing planted"),
+    "resnet18_decode_w2_rerun": (
+        "resnet18_decode_w2's loop captured again in a later device call on another H100", "input", [0],
+        ("resnet18_decode_w2_rerun", "resnet18_decode_w8_rerun"), "planted: --workers 2 --sample-ms 0.75"),
+    "resnet18_decode_w8_rerun": (
+        "resnet18_decode_w8's loop captured again in the same call as resnet18_decode_w2_rerun; nothing planted",
+        "none", [], None, "nothing planted"),
+    "resnet18_decode_w0_rerun": (
+        "resnet18_decode_w0's loop captured again in the same call as resnet18_decode_w2_rerun", "input", [0],
+        ("resnet18_decode_w0_rerun", "resnet18_decode_w0_w8_rerun"), "planted: --workers 0 --sample-ms 0.25"),
+    "resnet18_decode_w0_w8_rerun": (
+        "resnet18_decode_w0_w8's loop captured again in the same call as resnet18_decode_w2_rerun; nothing planted",
+        "none", [], None, "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -213,7 +225,7 @@ WARMUP = 5
 SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # Pairs measured both ways: the captures' difference, and the loops' own unprofiled timings.
-BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0")
+BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0", "resnet18_decode_w2_rerun", "resnet18_decode_w0_rerun")
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"

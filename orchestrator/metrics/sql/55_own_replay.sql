@@ -16,11 +16,18 @@
 --       removed_ns: the CPU time removed inside the window; saving_ns: the latest end of its ops less the
 --       latest replayed end, what the GPU's work in the window would take less. That counts the GPU's
 --       idle while the CPU was away and the launch gaps after it until the CPU is ahead again
---   _own_removed(rank, what, end, upto)   the removed CPU time up to each removed interval's end
 
--- The loop thread's input intervals, merged where nested or overlapping (a user's `data_load`
--- inside orch's `orch: next batch`), cut to the window.
-CREATE OR REPLACE TABLE _own_removed AS
+-- The removed CPU time: the loop thread's input intervals, merged where nested or overlapping (a
+-- user's `data_load` inside orch's `orch: next batch`) and cut to the window, and the host syncs;
+-- per what-if, its running total at each interval's end (upto), read by both of the replay's joins.
+-- The ends replayed, op k of a rank: e'_k = max(a_k, e'_(k-1) + b_k), a_k = its start less the removed
+-- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
+-- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
+-- T_n + max over k <= n of (a_k - T_k), T the running sum of b: window sums, no loop over ops. T is
+-- the same for every what-if, so one pass over the ops replays them all (a column each).
+-- 2 us: a GPU runs queued work about a microsecond apart (docs/report.md), so an op after a longer
+-- gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
+CREATE OR REPLACE TABLE own_replay AS
 WITH grp AS (  -- the input's range groups: the pattern, a parameter, is compiled once a group
     SELECT g FROM (SELECT DISTINCT range_group(n.text) AS g FROM cpu_ranges c JOIN nvtx n ON n.rowid = c.nvtx_row),
          params p
@@ -48,24 +55,15 @@ WITH grp AS (  -- the input's range groups: the pattern, a parameter, is compile
     SELECT rank, 'host syncs', start, "end" FROM host_syncs
 ), per_end AS (
     SELECT rank, what, "end", sum(CAST("end" - start AS DOUBLE)) AS ns FROM removed GROUP BY ALL
-)
-SELECT rank, what, "end", sum(ns) OVER (PARTITION BY rank, what ORDER BY "end" ROWS UNBOUNDED PRECEDING) AS upto
-FROM per_end;
-
--- The ends replayed, op k of a rank: e'_k = max(a_k, e'_(k-1) + b_k), a_k = its start less the removed
--- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
--- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
--- T_n + max over k <= n of (a_k - T_k), T the running sum of b: window sums, no loop over ops. T is
--- the same for every what-if, so one pass over the ops replays them all (a column each).
--- 2 us: a GPU runs queued work about a microsecond apart (docs/report.md), so an op after a longer
--- gap waited for its launch. Running sums are DOUBLE (exact below 2^53 ns).
-CREATE OR REPLACE TABLE own_replay AS
-WITH ops AS (
+), removed_upto AS MATERIALIZED (
+    SELECT rank, what, "end", sum(ns) OVER (PARTITION BY rank, what ORDER BY "end" ROWS UNBOUNDED PRECEDING) AS upto
+    FROM per_end
+), ops AS (
     SELECT o.rank, o.start, o."end", o."end" - o.start AS d,
            o.start - lag(o."end") OVER (PARTITION BY o.rank ORDER BY o.start, o."end") AS gap
     FROM gpu_ops o JOIN win w USING (rank) WHERE o.start >= w.w0 AND o.start < w.w1
-), syncs AS (SELECT rank, "end", upto FROM _own_removed WHERE what = 'host syncs'),
-input AS (SELECT rank, "end", upto FROM _own_removed WHERE what = 'input'),
+), syncs AS (SELECT rank, "end", upto FROM removed_upto WHERE what = 'host syncs'),
+input AS (SELECT rank, "end", upto FROM removed_upto WHERE what = 'input'),
 moved AS (
     SELECT o.*, coalesce(s.upto, 0) AS back_s, coalesce(i.upto, 0) AS back_i FROM ops o
     ASOF LEFT JOIN syncs s ON s.rank = o.rank AND s."end" <= o.start
@@ -80,7 +78,7 @@ moved AS (
     FROM t WINDOW w AS (PARTITION BY rank ORDER BY start, "end" ROWS UNBOUNDED PRECEDING)
 ), per AS (
     SELECT rank, max("end") - max(e_s) AS saving_s, max("end") - max(e_i) AS saving_i FROM replayed GROUP BY rank
-), whats AS (SELECT rank, what, max(upto) AS removed FROM _own_removed GROUP BY ALL)
+), whats AS (SELECT rank, what, max(upto) AS removed FROM removed_upto GROUP BY ALL)
 SELECT x.rank, x.what, CAST(round(x.removed) AS BIGINT) AS removed_ns,
        coalesce(CAST(round(CASE x.what WHEN 'input' THEN p.saving_i ELSE p.saving_s END) AS BIGINT), 0) AS saving_ns
 FROM whats x LEFT JOIN per p USING (rank);

@@ -63,7 +63,7 @@ def _orch_side(run: Path, what: str = "host syncs") -> tuple[int, int, list[tupl
         (r,) = store.table("ranks").to_pylist()
         syncs = store.view("host_syncs").to_pylist()
         (stats,) = store.view("sync_stats").to_pylist()
-        own = [r["saving_ns"] for r in store.view("own_replay").to_pylist() if r["what"] == what]
+        own = [x["saving_ns"] for x in store.view("own_replay").to_pylist() if x["what"] == what]
     off = r["clock_offset_ns"] + (r["clock_correction_ns"] or 0)
     return (w["w0"] - off, w["w1"] - off, [(s["start"] - off, s["end"] - off) for s in syncs], stats,
             own[0] if own else 0)

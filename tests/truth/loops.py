@@ -251,12 +251,24 @@ def opt_span_ms(con: sqlite3.Connection) -> float:
     return (b - a) / 1e6
 
 
+def _spec(stem: str) -> dict:
+    """The truth's input: the loop `stem`'s export in tests/fixtures/loops."""
+    return {"exports": [f"loops/{next(LOOPS.glob(f'{stem}_r0_*.sqlite.xz')).name}"]}
+
+
+def _pair_ms(spec: dict, fast: str, tmp: Path) -> float:
+    """The pair's measured difference under the profiler: `spec`'s optimizer steps' span less its
+    twin `fast`'s (both captured the same way in the same device call)."""
+    with opened(spec, tmp) as cons, opened(_spec(fast), tmp) as others:
+        return round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
+
+
 def cases() -> list[Truth]:
     timings = {k: statistics.median(v) for k, v in json.loads((LOOPS / "timings.json").read_text()).items()}
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for stem, (about, cause, root, pair, why) in CASES.items():
-            spec = {"exports": [f"loops/{next(LOOPS.glob(f'{stem}_r0_*.sqlite.xz')).name}"]}
+            spec = _spec(stem)
             with opened(spec, Path(tmp)) as cons:
                 (con,) = cons.values()
                 steps = con.execute(STEPS).fetchone()[0]
@@ -284,14 +296,11 @@ def cases() -> list[Truth]:
                     slow=slow, fast=fast, n=steps - first, c=len(timed), per=round(per_epoch, 1), a=len(analysed), k=k)
                 # Both loops were captured the same way in the same device call: the pair's measured
                 # difference under the profiler.
-                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
-                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
-                    t.saving_ms = round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
+                t.saving_ms = _pair_ms(spec, fast, Path(tmp))
                 t.how["saving_ms"] = HOW["saving_pair"].format(fast=fast, n=steps - 1)
             elif pair and stem in SHAPES:
                 slow, fast = pair
-                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
-                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
+                with opened(spec, Path(tmp)) as cons, opened(_spec(fast), Path(tmp)) as others:
                     mine, theirs = opt_step_ms(cons[0]), opt_step_ms(others[0])
                 med = statistics.median(mine)
                 (skip,) = [i for i, ms in enumerate(mine) if ms > 10 * med]
@@ -314,9 +323,7 @@ def cases() -> list[Truth]:
                 slow, fast = pair
                 t.saving_unprofiled_ms = round((timings[slow] - timings[fast]) * (steps - 1), 1)
                 t.how["saving_unprofiled_ms"] = HOW["saving_ms"].format(slow=slow, fast=fast, n=steps - 1)
-                twin = {"exports": [f"loops/{next(LOOPS.glob(f'{fast}_r0_*.sqlite.xz')).name}"]}
-                with opened(spec, Path(tmp)) as cons, opened(twin, Path(tmp)) as others:
-                    t.saving_ms = round(opt_span_ms(cons[0]) - opt_span_ms(others[0]), 1)
+                t.saving_ms = _pair_ms(spec, fast, Path(tmp))
                 t.how["saving_ms"] = HOW["saving_pair"].format(fast=fast, n=steps - 1)
             elif pair:
                 slow, fast = pair

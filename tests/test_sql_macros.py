@@ -54,6 +54,43 @@ def test_union_intervals_and_length_with_duplicates() -> None:
     assert dict(((r, c), n) for r, c, n in con.execute("SELECT * FROM union_length('iv')").fetchall()) == lengths
 
 
+def test_union_length_of_disjoint_and_nested_groups() -> None:
+    """union_length sums the lengths where no interval of a (rank, cls) begins before an earlier
+    one ends, and takes the running maximum elsewhere: groups of disjoint intervals (touching,
+    one alone, zero-length ones), groups where one long interval holds later ones that do not
+    overlap their neighbour (the nesting a lag alone would miss) and random overlapping ones,
+    side by side in one table, against the textbook merge."""
+    import random
+
+    rng = random.Random(5)
+    rows: list[tuple[int, str, int, int]] = []
+    for rank in range(8):
+        t = 0
+        for _ in range(200):  # disjoint, some touching the one before, some of zero length
+            t += rng.choice((0, 0, 1, 7))
+            length = rng.choice((0, 3, 10))
+            rows.append((rank, "disjoint", t, t + length))
+            t += length
+        rows.append((rank, "alone", 5, 9))
+        base = 1000 * rank
+        rows += [(rank, "held", base, base + 100), (rank, "held", base + 10, base + 20),
+                 (rank, "held", base + 30, base + 40), (rank, "held", base + 150, base + 160)]
+        for _ in range(100):
+            s = rng.randrange(0, 2000)
+            rows.append((rank, "random", s, s + rng.randrange(0, 50)))
+    con = duckdb.connect()
+    con.execute((SQL_DIR / "00_macros.sql").read_text())
+    con.execute("CREATE TABLE iv (rank INTEGER, cls VARCHAR, s BIGINT, e BIGINT)")
+    con.executemany("INSERT INTO iv VALUES (?, ?, ?, ?)", rows)
+    by: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for rank, cls, s, e in rows:
+        by.setdefault((rank, cls), []).append((s, e))
+    truth = {k: sum(e - s for s, e in _merged(v)) for k, v in by.items()}
+    assert truth[(0, "held")] == 110  # the two inside the first count once, not three times
+    got = {(r, c): n for r, c, n in con.execute("SELECT * FROM union_length('iv')").fetchall()}
+    assert got == truth
+
+
 def test_overlapping_pairs_match_brute_force() -> None:
     """overlapping(dis, ivs): every (interval, disjoint interval) pair that overlaps, from two
     ASOF joins; checked against the textbook double loop. The intervals include ones that span

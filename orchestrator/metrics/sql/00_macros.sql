@@ -74,13 +74,26 @@ FROM starts;
 
 -- Length of that union per (rank, cls), for the sums that need no islands: sorted by start,
 -- an interval adds what reaches past every earlier one, max(0, e - max(s, earlier ends)) (the
--- earlier intervals all start at or before s, so past s they cover [s, their max end)). One
--- window sort, where the islands take two; rows with e < s are left out here too.
+-- earlier intervals all start at or before s, so past s they cover [s, their max end)). Rows
+-- with e < s are left out here too. Where no interval of a (rank, cls) begins before the one
+-- just before it ends (a thread's own calls, one stream's ops), none begins before any earlier
+-- one ends (the one right after that earlier one would), so the union is the sum of the
+-- lengths: one sort and a lag, where the running maximum over the earlier ends costs about
+-- three times as much (the thread table's launches: docs/benchmarks-code.md). The other
+-- (rank, cls) take that maximum.
 CREATE OR REPLACE MACRO union_length(tbl) AS TABLE
+WITH m AS MATERIALIZED (
+    SELECT rank, cls, s, e, lag(e) OVER (PARTITION BY rank, cls ORDER BY s, e) AS pe
+    FROM query_table(tbl) WHERE e >= s
+), g AS MATERIALIZED (
+    SELECT rank, cls, sum(e - s) AS ns, coalesce(bool_or(s < pe), false) AS nested FROM m GROUP BY rank, cls
+)
+SELECT rank, cls, ns FROM g WHERE NOT nested
+UNION ALL
 SELECT rank, cls, sum(greatest(e - greatest(s, coalesce(prev_end, s)), 0)) AS ns FROM (
     SELECT rank, cls, s, e,
            max(e) OVER (PARTITION BY rank, cls ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM query_table(tbl) WHERE e >= s)
+    FROM m SEMI JOIN (SELECT rank, cls FROM g WHERE nested) USING (rank, cls))
 GROUP BY rank, cls;
 
 -- Every pair of an interval of `ivs` (rank, start, "end", ...) and an interval of `dis` (rank, s, e)

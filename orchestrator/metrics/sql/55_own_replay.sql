@@ -19,7 +19,7 @@
 
 -- The removed CPU time: the loop thread's input intervals, merged where nested or overlapping (a
 -- user's `data_load` inside orch's `orch: next batch`) and cut to the window, and the host syncs;
--- per what-if, its running total at each interval's end (upto), read by both of the replay's joins.
+-- per what-if, its running total at each interval's end (upto), read by the replay's join and the totals.
 -- The ends replayed, op k of a rank: e'_k = max(a_k, e'_(k-1) + b_k), a_k = its start less the removed
 -- time before it plus its length (NULL for a queued op: its launch came before the GPU got to it, and
 -- moving the CPU back keeps it so), b_k = the gap it may keep plus its length. Unrolled, e'_n =
@@ -62,12 +62,13 @@ WITH grp AS (  -- the input's range groups: the pattern, a parameter, is compile
     SELECT o.rank, o.start, o."end", o."end" - o.start AS d,
            o.start - lag(o."end") OVER (PARTITION BY o.rank ORDER BY o.start, o."end") AS gap
     FROM gpu_ops o JOIN win w USING (rank) WHERE o.start >= w.w0 AND o.start < w.w1
-), syncs AS (SELECT rank, "end", upto FROM removed_upto WHERE what = 'host syncs'),
-input AS (SELECT rank, "end", upto FROM removed_upto WHERE what = 'input'),
-moved AS (
-    SELECT o.*, coalesce(s.upto, 0) AS back_s, coalesce(i.upto, 0) AS back_i FROM ops o
-    ASOF LEFT JOIN syncs s ON s.rank = o.rank AND s."end" <= o.start
-    ASOF LEFT JOIN input i ON i.rank = o.rank AND i."end" <= o.start
+), ends AS (  -- both what-ifs' totals at each end, carried forward (each only grows): one ASOF join
+    SELECT rank, "end", max(max(upto) FILTER (WHERE what = 'host syncs')) OVER w AS back_s,
+           max(max(upto) FILTER (WHERE what = 'input')) OVER w AS back_i
+    FROM removed_upto GROUP BY rank, "end" WINDOW w AS (PARTITION BY rank ORDER BY "end" ROWS UNBOUNDED PRECEDING)
+), moved AS (
+    SELECT o.*, coalesce(x.back_s, 0) AS back_s, coalesce(x.back_i, 0) AS back_i FROM ops o
+    ASOF LEFT JOIN ends x ON x.rank = o.rank AND x."end" <= o.start
 ), t AS (
     SELECT rank, start, "end", back_s, back_i, CASE WHEN gap IS NULL OR gap > 2000 THEN start + d END AS a,
            sum(CAST(least(coalesce(gap, 0), 2000) + d AS DOUBLE))

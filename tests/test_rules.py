@@ -114,6 +114,26 @@ def test_cpu_gap_merges_the_loop_threads_states_one_function_holds() -> None:
     assert sorted(round(g.cost_ms, 3) for g in found) == [20.0, 37.0], [(g.title, g.cost_ms) for g in found]
 
 
+def test_cpu_gap_names_no_function_on_too_few_samples() -> None:
+    """One sample in 40 ms of idle (a thread blocked in a wait is sampled rarely) names nothing:
+    its share is 100 % whatever the thread did. The merged states need the function's samples
+    together too: 2 + 1 of them merge nothing, and neither state alone reaches the 10 % of the
+    window a finding needs."""
+    one = [{"rank": 0, "range_group": PY, "func": "parameters (torch/nn/modules/module.py:2666)", "leaf": None,
+            "n": 1}]
+    (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})], {"gap_python": one}))
+    assert f.title == "GPU idle while the loop thread runs Python between CUDA calls" and f.cost_ms == 40.0
+    assert not any("Python samples" in e for e in f.evidence)
+    few = [{"rank": 0, "range_group": PY, "func": "run (train.py:150)", "leaf": None, "n": 2},
+           {"rank": 0, "range_group": "loop thread in pthread_cond_wait", "func": "run (train.py:150)", "leaf": None,
+            "n": 1}]
+    gaps = {PY: 6.0, "loop thread in pthread_cond_wait": 8.0}
+    assert _run("cpu_gap", context([rank(0, gaps_by_range_ms=gaps, window_ms=100.0)], {"gap_python": few})) == []
+    enough = [dict(r, n=r["n"] * 2) for r in few]
+    (g,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms=gaps, window_ms=100.0)], {"gap_python": enough}))
+    assert g.title.startswith("GPU idle while the loop thread runs `run` (train.py:150)") and g.cost_ms == 14.0
+
+
 def test_cpu_gap_without_samples_keeps_its_title_and_cost() -> None:
     (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})]))
     assert f.title == "GPU idle while the loop thread runs Python between CUDA calls" and f.cost_ms == 40.0
@@ -313,6 +333,17 @@ def test_launch_bound() -> None:
     tables["capture_overhead"] = [{"rank": 0, "est_ns": 2_000_000, "api_calls": 300}]
     (f,) = _run("launch_bound", context([rank(0)], tables))
     assert "already replays" in f.fix and "reduce-overhead" not in f.fix
+    # A loop compiled without CUDA graphs (a quarter or more of its kernels Inductor's) is told to
+    # compile with them, not to adopt torch.compile; 1 kernel in 5 is no compiled loop.
+    tables["graph_usage"] = []
+    tables["kernel_rows"] = [{"rank": 0, "origin": "generated", "n": 600}, {"rank": 0, "origin": "library", "n": 1400}]
+    (c,) = _run("launch_bound", context([rank(0)], tables))
+    assert c.fix.startswith("The GPU waits on kernel launches, and the loop already runs torch.compile")
+    assert c.evidence[-1] == ("rank 0: 600 of its 2,000 kernels (30%) are Inductor's generated Triton kernels: the "
+                              "loop runs torch.compile already")
+    tables["kernel_rows"][0]["n"], tables["kernel_rows"][1]["n"] = 400, 1600
+    (e,) = _run("launch_bound", context([rank(0)], tables))
+    assert "capture steady-state steps with CUDA graphs" in e.fix and not any("Inductor" in x for x in e.evidence)
 
 
 def _cp(roots: list[tuple[int, int, float, str | None, list[int]]], n_steps: int = 4,

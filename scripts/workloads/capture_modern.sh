@@ -172,11 +172,32 @@ INPUT_TIMINGS=(
   "resnet18_decode_w0|--workers 0 --sample-ms 0.25 $INPUT_RESNET"
   "resnet18_decode_w0_w8|--workers 8 --sample-ms 0.25 $INPUT_RESNET"
 )
+# CAPTURE_SET=compiled: the GPT compiled as most code compiles it, torch.compile(model) with
+# Inductor's default mode, at batch 4 (its kernels small, so its launches bound it), against the
+# same loop compiled with CUDA graphs (mode="reduce-overhead", the fix the launch-bound finding
+# names), and compiled with a graph break in every block; each timed without a profiler too. The
+# default loop's timing goes first and each other's before its capture: each fills Inductor's
+# caches for its own graphs, so the captures replay cached kernels.
+COMPILED="--batch 4 --steps 40"
+COMPILED_CAPTURES=(
+  "gpt_compile_default_b4||--compile default $COMPILED|--compile default --steps 6 $GPT_TINY"
+  "gpt_compile_ro_b4||--compile reduce-overhead $COMPILED|--compile default --steps 6 $GPT_TINY"
+  "gpt_compile_breaks_b4||--compile default --graph-break $COMPILED|--compile default --graph-break --steps 6 $GPT_TINY"
+)
+COMPILED_TIMINGS=(
+  "gpt_compile_default_b4|--compile default $COMPILED"
+  "gpt_compile_ro_b4|--compile reduce-overhead $COMPILED"
+  "gpt_compile_breaks_b4|--compile default --graph-break $COMPILED"
+)
 REHEARSE=0
 if [ "${CAPTURE_SET:-modern}" = inputs ]; then
   CAPTURES=("${INPUT_CAPTURES[@]}")
   TIMINGS=("${INPUT_TIMINGS[@]}")
   TIMINGS_AFTER=resnet18_decode_w2
+elif [ "${CAPTURE_SET:-modern}" = compiled ]; then
+  CAPTURES=("${COMPILED_CAPTURES[@]}")
+  TIMINGS=("${COMPILED_TIMINGS[@]}")
+  TIMINGS_AFTER=gpt_compile_default_b4
 elif [ "${CAPTURE_SET:-modern}" = syncs ]; then
   CAPTURES=("${SYNC_CAPTURES[@]}")
   TIMINGS=("${SYNC_TIMINGS[@]}")

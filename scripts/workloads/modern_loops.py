@@ -17,6 +17,7 @@ One script, several everyday variants (each a flag a user would plausibly have i
     python modern_loops.py --model gpt --ckpt-every 5                # a checkpoint (model + AdamW) every 5 steps
     python modern_loops.py --compile reduce-overhead --min-seq 32    # documents of 32-256 tokens, padded per batch
     python modern_loops.py --compile reduce-overhead --min-seq 32 --pad-to 128  # ... to a multiple of 128
+    python modern_loops.py --compile default --graph-break           # a graph break in every block
 
 The model is a small GPT (pre-LN blocks, scaled_dot_product_attention, AdamW) or a torchvision
 ResNet-18 (SGD + momentum) on synthetic data held in host memory. `--repeat N` runs the whole
@@ -41,6 +42,11 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Block(nn.Module):
+    # A graph break in every block's forward (--graph-break), as a call torch.compile cannot trace
+    # makes one (a print, a logging or debugging helper): the block's compiled code ends there and
+    # Python runs the rest of the block as its own compiled graph.
+    graph_break = False
+
     def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
@@ -53,6 +59,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        if self.graph_break:
+            torch._dynamo.graph_break()
         return x + self.mlp(self.ln2(x))
 
 
@@ -326,6 +334,7 @@ def main() -> None:
     p.add_argument("--no-persistent", action="store_true",
                    help="DataLoader(persistent_workers=False): the workers start anew every epoch")
     p.add_argument("--fused", action="store_true", help="AdamW(fused=True)")
+    p.add_argument("--graph-break", action="store_true", help="with --compile: a graph break in every block")
     p.add_argument("--mask", action="store_true", help="mask_tokens() on every batch in the loop thread")
     p.add_argument("--no-pin", action="store_true", help="DataLoader(pin_memory=False), blocking copies")
     p.add_argument("--empty-cache", action="store_true", help="torch.cuda.empty_cache() after every step")
@@ -350,6 +359,8 @@ def main() -> None:
         p.error("--cuda-graph captures one eager GPT step: use it with --accum 1, without --compile")
     if args.min_seq and not (args.model == "gpt" and 0 < args.min_seq <= args.seq and args.pad_to >= 1):
         p.error("--min-seq: the GPT only, with 0 < --min-seq <= --seq and --pad-to >= 1")
+    if args.graph_break and not (args.compile and args.model == "gpt"):
+        p.error("--graph-break: the compiled GPT only (--compile)")
     if args.cuda_graph and args.ckpt_every:
         p.error("--ckpt-every: the eager loop only, not with --cuda-graph")
 
@@ -357,6 +368,7 @@ def main() -> None:
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    Block.graph_break = args.graph_break
     model, opt, loader = build(args, device)
     if args.compile:
         model = torch.compile(model, mode=args.compile)

@@ -212,6 +212,23 @@ CASES = {
     "resnet18_decode_w0_w8_rerun": (
         "resnet18_decode_w0_w8's loop captured again in the same call as resnet18_decode_w2_rerun; nothing planted",
         "none", [], None, "nothing planted"),
+    "gpt_compile_default_b4": (
+        "modern_loops.py's GPT compiled as most code compiles it, torch.compile(model) (Inductor's default mode, "
+        "no CUDA graphs), at batch 4 x 256 tokens, clip_grad_norm_ and AdamW eager, 40 optimizer steps, no NVTX; "
+        "orch's loop marks and Python samples on", "launch", [0], ("gpt_compile_default_b4", "gpt_compile_ro_b4"),
+        "measured: the same loop compiled with mode='reduce-overhead' (CUDA graphs replay the compiled kernels, "
+        "launched at once) runs 4.257 ms a step against 12.151 (timings.json, medians of 3, the same call); "
+        "nothing else differs"),
+    "gpt_compile_ro_b4": (
+        "gpt_compile_default_b4's loop compiled with torch.compile(model, mode='reduce-overhead'): CUDA graphs; "
+        "nothing planted", "none", [], None, "nothing planted"),
+    "gpt_compile_breaks_b4": (
+        "gpt_compile_default_b4's loop with a graph break in every block's forward (torch._dynamo.graph_break(), "
+        "as a call torch.compile cannot trace makes one), compiled with Inductor's default mode", "launch", [0],
+        None, "measured: the breaks cost nothing the timings tell apart (12.350 ms a step against 12.151 without "
+        "them; its runs 10.269-12.783, timings.json, the same call), and the loop without them is launch-bound "
+        "(its twin with CUDA graphs runs 4.257): the loop with them is launch-bound as it is. No fix was timed "
+        "on it, so no saving"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -225,7 +242,8 @@ WARMUP = 5
 SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # Pairs measured both ways: the captures' difference, and the loops' own unprofiled timings.
-BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0", "resnet18_decode_w2_rerun", "resnet18_decode_w0_rerun")
+BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0", "resnet18_decode_w2_rerun", "resnet18_decode_w0_rerun",
+             "gpt_compile_default_b4")
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"

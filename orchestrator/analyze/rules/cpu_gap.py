@@ -44,6 +44,10 @@ CHECKPOINT_FIX = (
 # CUDA calls, then `fopen`, `write`, `fclose` as torch.save writes its file) are merged where at
 # least this share of each one's samples is in that function.
 ONE_FUNCTION = 0.8
+# A function is named as the cause, and costed by its share, only on at least this many samples
+# (50 ms of the loop thread's time at orch's default 10 ms): the share of one or two samples is
+# 50 or 100 % whatever the thread did, and a thread blocked in a wait is sampled rarely.
+MIN_SAMPLES = 5
 
 
 def _python_fix(func: str, where: str) -> str:
@@ -87,7 +91,8 @@ class CpuGap(Rule):
             evidence += [line for rk in sorted(hit) if rk in once for line in once[rk].lines(rk, name)]
             evidence += [line for rk in sorted(hit) if rk in eager for line in eager[rk].lines(rk, name)]
             fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
-            py = {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))}
+            py = {rk: f for rk in hit
+                  if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n)) and f[3] >= MIN_SAMPLES}
             cost = max(hit.values())
             if py:
                 evidence += [python_line(r, found) for r, found in sorted(py.items())[:4]]
@@ -105,8 +110,8 @@ class CpuGap(Rule):
 
     def _by_function(self, ctx: Context, per: dict[str, dict[int, float]], win: dict[int, float]) -> list[Finding]:
         """One finding per Python function that holds most of the samples of two or more of a
-        rank's loop-thread gap groups, costed as its share of them all together; those groups
-        leave `per`."""
+        rank's loop-thread gap groups, and MIN_SAMPLES of them together, costed as its share of
+        them all together; those groups leave `per`."""
         found: dict[str, dict[int, list[tuple[str, float, tuple[str, str, int, int]]]]] = defaultdict(
             lambda: defaultdict(list))
         for name, by_rank in per.items():
@@ -117,7 +122,8 @@ class CpuGap(Rule):
                         found[py[0]][rk].append((name, ms, py))
         out = []
         for func, by_rank in found.items():
-            merged = {rk: groups for rk, groups in by_rank.items() if len(groups) >= 2}
+            merged = {rk: groups for rk, groups in by_rank.items()
+                      if len(groups) >= 2 and sum(py[2] for _, _, py in groups) >= MIN_SAMPLES}
             hit = {rk: sum(ms for _, ms, _ in groups) for rk, groups in merged.items()}
             hit = {rk: ms for rk, ms in hit.items() if win.get(rk) and ms >= self.min_share * win[rk]}
             if not hit:

@@ -17,6 +17,14 @@ FIX = ("The GPU waits on kernel launches: capture steady-state steps with CUDA g
 FIX_GRAPHS = ("The GPU waits on the kernels launched outside the CUDA graphs this loop already replays: "
               "capture them too (the optimizer step, gradient clipping, loss and metrics), fuse the small "
               "eager ops (torch.compile), or grow the per-kernel work (batch size).")
+# A loop compiled already (torch.compile without CUDA graphs): most of its kernels are Inductor's
+# Triton kernels. Fusing is done; what is left is the launches and the ops outside the graphs.
+FIX_COMPILED = ("The GPU waits on kernel launches, and the loop already runs torch.compile's fused kernels: "
+                "compile it with mode='reduce-overhead' (CUDA graphs replay the compiled kernels at once), bring "
+                "the optimizer step and gradient clipping into the compiled or captured region, check for graph "
+                "breaks that leave ops eager (TORCH_LOGS=graph_breaks), or grow the per-kernel work (batch size).")
+# Inductor's kernels of a rank at least this share of its kernels: the loop is compiled.
+COMPILED_SHARE = 0.25
 # Every rank's launch gaps are within nsys' estimated per-call cost.
 FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in this capture are within what "
                 "tracing every CUDA call added, by its estimate. Time a few steps without nsys (the loop's own "
@@ -28,7 +36,7 @@ FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in t
 class LaunchBound(Rule):
     kind = "launch_bound"
     explains_idle = True
-    reads = ("kernel_stats", "small_gaps", "alloc_gaps", "graph_usage", "capture_overhead")
+    reads = ("kernel_stats", "small_gaps", "alloc_gaps", "graph_usage", "capture_overhead", "kernel_rows")
     max_median_ns: int = 20_000  # kernels shorter than this (median) are "tiny"
     min_per_step: int = 200  # kernels per step
     min_share: float = 0.1  # sub-threshold gaps as a share of the window
@@ -105,12 +113,28 @@ class LaunchBound(Rule):
             evidence.append(f"rank(s) {', '.join(map(str, left))}: the gaps left after nsys' share are under "
                             f"{round(100 * self.min_share)} % of the window: not launch-bound without the profiler")
         graphs = {r["rank"] for r in ctx.views.rows("graph_usage")} & set(real)
+        compiled = self._compiled(ctx, real)
+        evidence += [f"rank {rk}: {n:,} of its {total:,} kernels ({round(100 * n / total)}%) are Inductor's "
+                     "generated Triton kernels: the loop runs torch.compile already" for rk, (n, total) in compiled]
+        fix = FIX_GRAPHS if graphs else FIX_COMPILED if compiled else FIX
         return [finding(
             self.kind, real, "many tiny kernels with launch gaps between them", evidence,
-            FIX_GRAPHS if graphs else FIX, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
+            fix, max(gaps.values()), pct=max(100 * gaps[rk] / win[rk] for rk in real),
             severity=severity_for(max(100 * ms(own[rk]) / win[rk] for rk in real)),
             unprofiled_ms=unprofiled if unprofiled < max(gaps.values()) else None,
             unprofiled_err_ms=err[mine] if nsys.get(mine) else None)]
+
+    @staticmethod
+    def _compiled(ctx: Context, ranks: list[int]) -> list[tuple[int, tuple[int, int]]]:
+        """(rank, (Inductor's kernels, all kernels)) of each of `ranks` whose kernels in the window
+        are COMPILED_SHARE or more Inductor's (kernel_rows' origin `generated`: torch.compile)."""
+        counts: dict[int, list[int]] = {}
+        for r in ctx.views.rows("kernel_rows"):
+            if r["rank"] in ranks:
+                c = counts.setdefault(r["rank"], [0, 0])
+                c[0] += r["n"] if r["origin"] == "generated" else 0
+                c[1] += r["n"]
+        return [(rk, (n, total)) for rk, (n, total) in sorted(counts.items()) if total and n >= COMPILED_SHARE * total]
 
     @staticmethod
     def _gpu_work(ctx: Context, ranks: list[int]) -> list[str]:

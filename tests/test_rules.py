@@ -134,6 +134,24 @@ def test_cpu_gap_names_no_function_on_too_few_samples() -> None:
     assert g.title.startswith("GPU idle while the loop thread runs `run` (train.py:150)") and g.cost_ms == 14.0
 
 
+def test_cpu_gap_while_the_loop_thread_waits_for_another_thread() -> None:
+    """Gaps in backward() whose next kernel the autograd thread launched (40_gaps.sql names them so):
+    the finding says whom the GPU waited for, with the backward's fix; the loop thread's own
+    samples there (it only waited) name nothing and merge nothing. Another thread: its own fix."""
+    name = "loop thread in pthread_cond_wait for the autograd thread"
+    samples = [{"rank": 0, "range_group": name, "func": "run (train.py:150)", "leaf": None, "n": 9},
+               {"rank": 0, "range_group": PY, "func": "run (train.py:150)", "leaf": None, "n": 9}]
+    gaps = {name: 30.0, PY: 4.0}
+    (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms=gaps, window_ms=100.0)], {"gap_python": samples}))
+    assert f.title == "GPU idle while the loop thread waits in `pthread_cond_wait` for its autograd thread"
+    assert f.fix.startswith("The GPU waits for the autograd engine's thread") and f.cost_ms == 30.0
+    assert not any("Python samples" in e for e in f.evidence)
+    other = {"loop thread in sem_wait for another thread": 30.0}
+    (g,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms=other, window_ms=100.0)]))
+    assert g.title == "GPU idle while the loop thread waits in `sem_wait` for another of its threads"
+    assert g.fix.startswith("The GPU waits for another of its threads, which launched its next work")
+
+
 def test_cpu_gap_without_samples_keeps_its_title_and_cost() -> None:
     (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})]))
     assert f.title == "GPU idle while the loop thread runs Python between CUDA calls" and f.cost_ms == 40.0

@@ -50,6 +50,31 @@ ONE_FUNCTION = 0.8
 MIN_SAMPLES = 5
 
 
+# A gap while the loop thread waited for another thread of its process, which then launched the
+# GPU's next work (40_gaps.sql): the gap is that thread's, and the loop thread's own samples and
+# calls say only that it waited.
+WAITED = re.compile(re.escape(CALL_GAP) + r"(?P<call>\S+) for (?:the (?P<role>[\w ]+) thread|another thread)$")
+BACKWARD_FIX = (
+    "The GPU waits for the autograd engine's thread, which runs backward() and launches its kernels while the "
+    "loop thread waits in it: in these gaps it launched nothing. Its own CPU work between kernels is the delay "
+    "(autograd hooks, custom autograd Functions in Python, a compiled backward's wrapper), or the thread was not "
+    "running: give the rank's threads enough CPUs (Slurm --cpus-per-task; OMP_NUM_THREADS and the DataLoader's "
+    "workers within them). The thread view (--tables all) shows its calls."
+)
+OTHER_THREAD_FIX = (
+    "The GPU waits for {who}, which launched its next work after these gaps while the loop thread waited for it: "
+    "what that thread did before that launch is the delay (the thread view, --tables all, shows its calls), or it "
+    "was not running: give the rank's threads enough CPUs (Slurm --cpus-per-task)."
+)
+
+
+def _waited(name: str) -> tuple[str, str] | None:
+    """(the loop thread's wait call, whom it waited for: `its autograd thread`) of a gap group
+    named after a wait for another thread, else None."""
+    m = WAITED.match(name)
+    return (m["call"], f"its {m['role']} thread" if m["role"] else "another of its threads") if m else None
+
+
 def _python_fix(func: str, where: str) -> str:
     return (CHECKPOINT_FIX if SAVING in where else PYTHON_FIX).format(func=func)
 
@@ -82,17 +107,20 @@ class CpuGap(Rule):
                 continue
             worst = max(100 * ms / win[rk] for rk, ms in hit.items())
             # Gaps no NVTX range explains are named by the loop thread's call (40_gaps.sql).
-            call = name.removeprefix(CALL_GAP)
+            call, waited = name.removeprefix(CALL_GAP), _waited(name)
             title = (f"GPU idle while the CPU is in `{name}`" if call == name
                      else "GPU idle while the loop thread runs Python between CUDA calls"
-                     if name == PYTHON else f"GPU idle while the loop thread is in `{call}`")
+                     if name == PYTHON else f"GPU idle while the loop thread waits in `{waited[0]}` for {waited[1]}"
+                     if waited else f"GPU idle while the loop thread is in `{call}`")
             evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                         f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
             evidence += [line for rk in sorted(hit) if rk in once for line in once[rk].lines(rk, name)]
             evidence += [line for rk in sorted(hit) if rk in eager for line in eager[rk].lines(rk, name)]
-            fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else ctx.cpu_gap_fix()
-            py = {rk: f for rk in hit
-                  if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n)) and f[3] >= MIN_SAMPLES}
+            fix = (OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK
+                   else (BACKWARD_FIX if waited[1] == "its autograd thread" else OTHER_THREAD_FIX.format(who=waited[1]))
+                   if waited else ctx.cpu_gap_fix())
+            py = {} if waited else {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))
+                                    and f[3] >= MIN_SAMPLES}
             cost = max(hit.values())
             if py:
                 evidence += [python_line(r, found) for r, found in sorted(py.items())[:4]]
@@ -115,7 +143,7 @@ class CpuGap(Rule):
         found: dict[str, dict[int, list[tuple[str, float, tuple[str, str, int, int]]]]] = defaultdict(
             lambda: defaultdict(list))
         for name, by_rank in per.items():
-            if name.startswith(CALL_GAP):
+            if name.startswith(CALL_GAP) and not _waited(name):
                 for rk, ms in by_rank.items():
                     py = python_in_gaps(ctx, rk, lambda g, n=name: g == n)
                     if py and py[2] >= ONE_FUNCTION * py[3]:

@@ -12,6 +12,10 @@
 --   union_length(tbl)          table macro: the length of that union per (rank, cls)
 --   overlapping(dis, ivs)      table macro: each interval of ivs with each of dis it overlaps
 --   binom_tail(k, n, p)        P(X >= k) for X ~ Binomial(n, p)
+--   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
+--       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
+--       DataLoader processes: a python thread outside the rank's process) / other
+--   is_thread_wait(name)       an OS call by which a thread waits for another thread of its process
 --   loo_ref(tbl)               table macro over (rank, key, x): per rank and key, the median and MAD
 --       of the OTHER ranks (leave-one-out, so that with 2 ranks the slow one is compared to the
 --       other; past 16 ranks the median and MAD of all ranks, which one rank barely moves)
@@ -147,3 +151,18 @@ gmad AS (SELECT b.key, median(abs(b.x - g.ref_med)) AS ref_mad FROM big b JOIN g
 SELECT * FROM loo
 UNION ALL
 SELECT b.rank, b.key, g.ref_med, d.ref_mad FROM big b JOIN gmed g USING (key) JOIN gmad d USING (key);
+
+-- Which thread of a rank's process a thread is, by its name (is_main: the process's own thread).
+CREATE OR REPLACE MACRO thread_role(name, is_main) AS CASE
+    WHEN is_main THEN 'main'
+    WHEN name LIKE 'pt_autograd%' THEN 'autograd'
+    WHEN coalesce(regexp_matches(name, '(?i)nccl'), false) THEN 'nccl'
+    WHEN coalesce(regexp_matches(name, '(?i)^cuda'), false) THEN 'cuda'
+    WHEN coalesce(regexp_matches(name, '(?i)data_worker|dataloader|loader'), false) THEN 'data worker'
+    ELSE 'other' END;
+
+-- A thread waiting for another thread of its own process (the autograd engine's device thread
+-- running backward, the pin-memory thread, a queue): the wait says that it waited, not why.
+CREATE OR REPLACE MACRO is_thread_wait(name) AS coalesce(regexp_matches(name,
+    '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|futex)$'),
+    false);

@@ -5,7 +5,8 @@
 -- idle gaps: a CPU-only capture's calls are not read here at all.
 -- Map: per rank
 -- Reads: osrt, loop_thread, step_ops. Provides:
---   loop_osrt(rank, start, end, name)  the loop thread's OS-runtime calls, on the ranks with GPU work
+--   loop_osrt(rank INTEGER, start BIGINT, end BIGINT, name VARCHAR)  the loop thread's OS-runtime calls, on
+--       the ranks with GPU work
 CREATE OR REPLACE TABLE loop_osrt AS
 SELECT o.rank, o.start, o."end", o.name
 FROM osrt o JOIN loop_thread USING (rank, tid)

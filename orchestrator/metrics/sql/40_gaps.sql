@@ -13,12 +13,16 @@
 -- NCCL:ncclCommInitRankConfig`: NCCL creating a communicator at its first collective; it says
 -- what the thread did, where `between steps` says only where), the CUDA call (`loop thread in
 -- cudaStreamSynchronize`), else the OS runtime call (`loop thread in poll`), else `loop thread in
--- Python between CUDA calls` (running its own code: no call to wait in).
+-- Python between CUDA calls` (running its own code: no call to wait in). Where that OS call is a
+-- wait for another thread of its process (is_thread_wait) and another thread launched the GPU work
+-- that ends the gap, the gap is that thread's, and its name says which (`loop thread in
+-- pthread_cond_wait for the autograd thread`: backward() waits while the autograd engine's thread
+-- launches the backward's kernels, and the GPU waited for that thread's next launch).
 -- A rank's gaps need its own events only. The device allocator's calls count per rank in its
 -- selected iterations (alloc_calls).
 -- Map: per rank
 -- Reads: islands, nvtx, cpu_ranges, steps, first_step, loop_thread, cuda_api, loop_osrt, memcpy, params,
--- is_sync_api, overlapping, range_group, in_selected.
+-- gpu_ops, threads, is_sync_api, overlapping, range_group, in_selected, thread_role, is_thread_wait.
 -- Provides:
 --   busy_gaps(rank, s, e, dur)   every gap between busy islands (any length) of the ranks mapped here
 --   between_steps(rank INTEGER, s BIGINT, e BIGINT, other_work BOOLEAN)  the intervals between consecutive
@@ -91,6 +95,11 @@ api AS (  -- the loop thread's CUDA call holding the gap's midpoint (the last on
     ASOF JOIN loop_osrt o
         ON o.rank = g.rank AND g.m >= o.start
     WHERE o."end" > g.m
+), nxt AS (  -- the thread that launched the GPU work ending the gap, where it is not the loop thread
+    SELECT g.rank, g.s, min(thread_role(t.name, t.os_tid = t.pid)) AS role
+    FROM gaps g JOIN gpu_ops o ON o.rank = g.rank AND o.start = g.e
+    JOIN loop_thread l ON l.rank = g.rank LEFT JOIN threads t ON t.rank = o.rank AND t.tid = o.tid
+    WHERE o.tid <> l.tid GROUP BY g.rank, g.s
 ), lib AS (  -- the loop thread's library range (NCCL's, CCCL's) holding the gap's midpoint
     SELECT g.rank, g.s, l.domain || ':' || l.text AS call FROM mid g
     ASOF JOIN (SELECT n.rank, n.start, n."end", n.domain, n.text FROM nvtx n JOIN loop_thread USING (rank, tid)
@@ -104,14 +113,17 @@ SELECT g.rank, g.s, g.e, g.dur,
                      WHEN b.other_work THEN 'between steps (other work)'
                      WHEN b.rank IS NOT NULL THEN 'between steps (input pipeline)'
                      WHEN a.call IS NOT NULL THEN 'loop thread in ' || a.call
-                     WHEN o.call IS NOT NULL THEN 'loop thread in ' || o.call
+                     WHEN o.call IS NOT NULL THEN 'loop thread in ' || o.call || CASE
+                         WHEN NOT is_thread_wait(o.call) OR x.role IS NULL THEN ''
+                         WHEN x.role = 'other' THEN ' for another thread' ELSE ' for the ' || x.role || ' thread' END
                      ELSE 'loop thread in Python between CUDA calls' END) AS range_group,
        c.text AS range_text
 FROM gaps g LEFT JOIN cand c ON c.rank = g.rank AND c.s = g.s AND c.pick = 1
 LEFT JOIN between b ON b.rank = g.rank AND b.s = g.s
 LEFT JOIN api a ON a.rank = g.rank AND a.s = g.s
 LEFT JOIN os o ON o.rank = g.rank AND o.s = g.s
-LEFT JOIN lib l ON l.rank = g.rank AND l.s = g.s;
+LEFT JOIN lib l ON l.rank = g.rank AND l.s = g.s
+LEFT JOIN nxt x ON x.rank = g.rank AND x.s = g.s;
 
 -- Sub-threshold gaps: the launch-bound signature (many tiny kernels with gaps between them).
 CREATE OR REPLACE TABLE small_gaps AS

@@ -2,12 +2,9 @@
 -- thread view of seed 000: which thread launched, which was blocked, per step; each rank's rows
 -- (the OS calls across ranks: 98_cpu_call_excess.sql).
 -- Map: per rank
--- Reads: cuda_api, osrt, threads, stats_cpu, is_sync_api, union_length, rank_pid. Provides:
---   thread_role(name, is_main)  main / autograd (pt_autograd_N) / nccl (pt_nccl_*, NCCL threads)
---       / cuda (driver threads cudaNNN, cuda-EvtHandlr) / data worker (pt_data_worker,
---       DataLoader processes: a python thread outside the rank's process) / other
+-- Reads: cuda_api, osrt, threads, stats_cpu, is_sync_api, union_length, rank_pid, thread_role, is_thread_wait.
+-- Provides:
 --   is_wait_call(name)  OS calls that block the thread (condition waits, polls, locks, joins, sleeps)
---   is_thread_wait(name)  those of them by which a thread waits for another thread of its process
 --   api_names(api, raw, name, blocking)  each distinct call name, cleaned and classified
 --   api_calls(rank, api, name, tid, start, end, blocking)  calls starting inside stats_cpu; api = cuda|osrt; CUDA names without nsys's `_vNNNN` suffix;
 --       blocking = is_sync_api (CUDA) or is_wait_call (OS)
@@ -26,20 +23,6 @@
 --   _thread_calls(rank, cls, s, e, name, api, blocking)  calls per thread, clipped to the scope
 --   _thread_blocked(rank, cls, s, e, name, api, blocking)  the blocking ones
 --   _thread_launch(rank, cls, s, e, name, api, blocking)  the non-blocking CUDA ones
-CREATE OR REPLACE MACRO thread_role(name, is_main) AS CASE
-    WHEN is_main THEN 'main'
-    WHEN name LIKE 'pt_autograd%' THEN 'autograd'
-    WHEN coalesce(regexp_matches(name, '(?i)nccl'), false) THEN 'nccl'
-    WHEN coalesce(regexp_matches(name, '(?i)^cuda'), false) THEN 'cuda'
-    WHEN coalesce(regexp_matches(name, '(?i)data_worker|dataloader|loader'), false) THEN 'data worker'
-    ELSE 'other' END;
-
--- A thread waiting for another thread of its own process (the autograd engine's device thread
--- running backward, the pin-memory thread, a queue): the wait says that it waited, not why.
-CREATE OR REPLACE MACRO is_thread_wait(name) AS coalesce(regexp_matches(name,
-    '^(pthread_(cond_(timed|clock)?wait|mutex_(timed)?lock|join|rwlock_(timed)?(rd|wr)lock|barrier_wait)|sem_(timed|clock)?wait|futex)$'),
-    false);
-
 CREATE OR REPLACE MACRO is_wait_call(name) AS is_thread_wait(name) OR coalesce(regexp_matches(name,
     '^(p?poll|epoll_p?wait2?|p?select|(clock_)?nanosleep|u?sleep|wait(pid|id|4)?|sched_yield|sigtimedwait|sigwaitinfo)$'),
     false);

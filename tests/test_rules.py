@@ -152,6 +152,17 @@ def test_cpu_gap_while_the_loop_thread_waits_for_another_thread() -> None:
     assert g.fix.startswith("The GPU waits for another of its threads, which launched its next work")
 
 
+def test_cpu_gap_under_torch_compiles_runtime_gets_the_compile_fix() -> None:
+    """The samples in a loop's own function under AOTAutograd's wrappers: torch.compile's Python
+    per call, which no Dataset or vectorising moves; its fix is the compile's."""
+    samples = [{"rank": 0, "range_group": PY, "func": "main (train.py:61)",
+                "leaf": "unwrap_dead_wrappers.<locals>.<genexpr> (torch/_functorch/utils.py:34)", "n": 14},
+               {"rank": 0, "range_group": PY, "func": "run (train.py:150)", "leaf": None, "n": 2}]
+    (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})], {"gap_python": samples}))
+    assert f.fix.startswith("The loop thread runs torch.compile's own Python around the compiled code in `main`")
+    assert "mode='reduce-overhead'" in f.fix and "Dataset" not in f.fix
+
+
 def test_cpu_gap_without_samples_keeps_its_title_and_cost() -> None:
     (f,) = _run("cpu_gap", context([rank(0, gaps_by_range_ms={PY: 40.0})]))
     assert f.title == "GPU idle while the loop thread runs Python between CUDA calls" and f.cost_ms == 40.0

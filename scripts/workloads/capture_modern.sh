@@ -189,11 +189,28 @@ COMPILED_TIMINGS=(
   "gpt_compile_ro_b4|--compile reduce-overhead $COMPILED"
   "gpt_compile_breaks_b4|--compile default --graph-break $COMPILED"
 )
+# CAPTURE_SET=hfcompiled: the HF Trainer's own torch.compile (TrainingArguments(torch_compile=True))
+# of GPT-2 small at batch 2 x 256 tokens, with Inductor's default mode and with
+# torch_compile_mode="reduce-overhead" (CUDA graphs); each timed without a profiler too, its timing
+# before its capture (which fills Inductor's caches for it).
+HFC="--accum 1 --steps 30 --workers 2 --batch 2 --seq 256"
+HFC_CAPTURES=(
+  "hf_gpt2_compile_b2||--compile default $HFC|--compile default --accum 1 --steps 4 --workers 0 $HF_TINY|hf_trainer.py"
+  "hf_gpt2_compile_ro_b2||--compile reduce-overhead $HFC|--compile default --accum 1 --steps 4 --workers 0 $HF_TINY|hf_trainer.py"
+)
+HFC_TIMINGS=(
+  "hf_gpt2_compile_b2|--compile default $HFC|hf_trainer.py"
+  "hf_gpt2_compile_ro_b2|--compile reduce-overhead $HFC|hf_trainer.py"
+)
 REHEARSE=0
 if [ "${CAPTURE_SET:-modern}" = inputs ]; then
   CAPTURES=("${INPUT_CAPTURES[@]}")
   TIMINGS=("${INPUT_TIMINGS[@]}")
   TIMINGS_AFTER=resnet18_decode_w2
+elif [ "${CAPTURE_SET:-modern}" = hfcompiled ]; then
+  CAPTURES=("${HFC_CAPTURES[@]}")
+  TIMINGS=("${HFC_TIMINGS[@]}")
+  TIMINGS_AFTER=hf_gpt2_compile_b2
 elif [ "${CAPTURE_SET:-modern}" = compiled ]; then
   CAPTURES=("${COMPILED_CAPTURES[@]}")
   TIMINGS=("${COMPILED_TIMINGS[@]}")

@@ -7,6 +7,7 @@
                                                                    # 4-step epochs, workers forked every epoch
     python hf_trainer.py --accum 1 --steps 30 --workers 2 --fp16   # fp16=True: a GradScaler, whose
                                                                    # step reads found_inf (a host sync)
+    python hf_trainer.py --accum 1 --batch 2 --compile default     # torch_compile=True, the Trainer's own
 
 No NVTX of its own: what a profile shows of the loop is the Trainer's. bf16 on a GPU (`--fp16`:
 fp16 with the Trainer's loss scaling). `--tiny`
@@ -71,6 +72,8 @@ def main() -> None:
                    help="dataloader_persistent_workers=False, the Trainer's default: workers start anew every epoch")
     p.add_argument("--fp16", action="store_true", help="fp16=True (a GradScaler) instead of bf16 (GPU only)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model (CPU rehearsal)")
+    p.add_argument("--compile", choices=("default", "reduce-overhead"), default=None,
+                   help="TrainingArguments(torch_compile=True, torch_compile_mode=...)")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=a.seq) if a.tiny else GPT2Config(n_positions=a.seq)
@@ -86,7 +89,8 @@ def main() -> None:
             dataloader_num_workers=a.workers,
             dataloader_persistent_workers=a.workers > 0 and not a.no_persistent, dataloader_pin_memory=gpu,
             report_to="none",
-            save_strategy="no", logging_steps=10, disable_tqdm=True, use_cpu=not gpu)
+            save_strategy="no", logging_steps=10, disable_tqdm=True, use_cpu=not gpu,
+            torch_compile=a.compile is not None, torch_compile_mode=a.compile)
         clock = StepTimes()
         Trainer(model=model, args=args, train_dataset=data, callbacks=[clock]).train()
         steady = clock.ends[5:]

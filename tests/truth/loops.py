@@ -229,6 +229,16 @@ CASES = {
         "them; its runs 10.269-12.783, timings.json, the same call), and the loop without them is launch-bound "
         "(its twin with CUDA graphs runs 4.257): the loop with them is launch-bound as it is. No fix was timed "
         "on it, so no saving"),
+    "hf_gpt2_compile_b2": (
+        "GPT-2 small from scratch with the HF Trainer (transformers 5) compiled by the Trainer itself, "
+        "TrainingArguments(torch_compile=True) (Inductor's default mode), bf16, batch 2 x 256 tokens, 1 micro-batch "
+        "a step, 2 DataLoader workers, 30 optimizer steps; orch's loop marks and Python samples on", "launch", [0],
+        ("hf_gpt2_compile_b2", "hf_gpt2_compile_ro_b2"),
+        "measured: the same Trainer with torch_compile_mode='reduce-overhead' (CUDA graphs) runs 14.180 ms a step "
+        "against 28.061 (timings.json, medians of 3, the same call); nothing else differs"),
+    "hf_gpt2_compile_ro_b2": (
+        "hf_gpt2_compile_b2's Trainer with torch_compile_mode='reduce-overhead': CUDA graphs; nothing planted",
+        "none", [], None, "nothing planted"),
 }
 # Checkpointing loops: every k optimizer steps, after the step ((step + 1) % k == 0); their
 # timings leave out the first WARMUP steps (modern_loops.py --warmup) and hold the last step's.
@@ -243,7 +253,7 @@ SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # Pairs measured both ways: the captures' difference, and the loops' own unprofiled timings.
 BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0", "resnet18_decode_w2_rerun", "resnet18_decode_w0_rerun",
-             "gpt_compile_default_b4")
+             "gpt_compile_default_b4", "hf_gpt2_compile_b2")
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"

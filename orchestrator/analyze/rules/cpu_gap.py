@@ -40,6 +40,15 @@ CHECKPOINT_FIX = (
     "torch.distributed.checkpoint.async_save, or copy the state dicts to pinned CPU memory and write them from a "
     "background thread."
 )
+# The samples under torch.compile's own runtime (AOTAutograd's wrappers, Dynamo's guards and frame
+# evaluation, Inductor's launchers): the compiled code's Python per call, not the user's work.
+COMPILE_RUNTIME = ("torch/_functorch/", "torch/_dynamo/", "torch/_inductor/")
+COMPILE_RUNTIME_FIX = (
+    "The loop thread runs torch.compile's own Python around the compiled code in {func} while the GPU has nothing "
+    "queued: its wrappers cost the same at every call, most at small batches. Compile with mode='reduce-overhead' "
+    "(CUDA graphs replay the compiled code without most of it), compile larger regions (the whole step, no graph "
+    "breaks: TORCH_LOGS=graph_breaks), or give each call more work (a larger per-step batch)."
+)
 # One function's idle is one cause: the loop thread's states it passes through (Python between
 # CUDA calls, then `fopen`, `write`, `fclose` as torch.save writes its file) are merged where at
 # least this share of each one's samples is in that function.
@@ -76,7 +85,10 @@ def _waited(name: str) -> tuple[str, str] | None:
 
 
 def _python_fix(func: str, where: str) -> str:
-    return (CHECKPOINT_FIX if SAVING in where else PYTHON_FIX).format(func=func)
+    """The fix for the loop thread's time in `func` (`where`: it, and the library function under it)."""
+    if SAVING in where:
+        return CHECKPOINT_FIX.format(func=func)
+    return (COMPILE_RUNTIME_FIX if any(r in where for r in COMPILE_RUNTIME) else PYTHON_FIX).format(func=func)
 
 
 @dataclass

@@ -19,20 +19,19 @@ from pathlib import Path
 import pytest
 
 from tests.stores import Stores, loop_export
+from tests.truth.loops import opt_window
 
 pytestmark = pytest.mark.replay
 
-WINDOW = ("WITH w AS (SELECT min(e.\"end\") AS a, max(e.\"end\") AS b FROM NVTX_EVENTS e "
-          "LEFT JOIN StringIds s ON s.id = e.textId WHERE coalesce(e.text, s.value) = 'orch: optimizer.step') "
-          "SELECT sum(s.value LIKE 'triton\\_%' ESCAPE '\\'), count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-          "JOIN StringIds s ON s.id = k.shortName, w WHERE k.start >= w.a AND k.start < w.b")
+TRITON = ("SELECT sum(s.value LIKE 'triton\\_%' ESCAPE '\\'), count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+          "JOIN StringIds s ON s.id = k.shortName WHERE k.start >= ? AND k.start < ?")
 
 
 def _kernels(export: Path) -> tuple[int, int]:
     """(Inductor's kernels, all kernels) starting in the window, by plain sqlite3."""
     con = sqlite3.connect(export)
     try:
-        return con.execute(WINDOW).fetchone()
+        return con.execute(TRITON, opt_window(con)).fetchone()
     finally:
         con.close()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.stores import Stores, loop_export
+from tests.truth.loops import opt_window
 
 pytestmark = pytest.mark.replay
 
@@ -31,8 +32,7 @@ def _waits(export: Path) -> dict[str, float]:
     launched the work after them: the autograd thread, or the loop thread itself."""
     con = sqlite3.connect(export)
     try:
-        w0, w1 = con.execute("SELECT min(e.\"end\"), max(e.\"end\") FROM NVTX_EVENTS e LEFT JOIN StringIds s "
-                             "ON s.id = e.textId WHERE coalesce(e.text, s.value) = 'orch: optimizer.step'").fetchone()
+        w0, w1 = opt_window(con)
         loop, = con.execute("SELECT e.globalTid FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
                             "WHERE s.value = 'orch: optimizer.step' LIMIT 1").fetchone()
         ops = con.execute("SELECT start, \"end\", correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "

@@ -272,10 +272,15 @@ def opt_step_ms(con: sqlite3.Connection) -> list[float]:
     return [(b - a) / 1e6 for a, b in itertools.pairwise(ends)]
 
 
+def opt_window(con: sqlite3.Connection) -> tuple[int, int]:
+    """(the end of the first optimizer step (orch's loop mark), the end of the last), ns."""
+    return con.execute("SELECT min(e.\"end\"), max(e.\"end\") FROM NVTX_EVENTS e LEFT JOIN StringIds s ON "
+                       "s.id = e.textId WHERE coalesce(e.text, s.value) = 'orch: optimizer.step'").fetchone()
+
+
 def opt_span_ms(con: sqlite3.Connection) -> float:
     """ms from the end of the first optimizer step (orch's loop mark) to the end of the last."""
-    a, b = con.execute("SELECT min(e.\"end\"), max(e.\"end\") FROM NVTX_EVENTS e LEFT JOIN StringIds s ON "
-                       "s.id = e.textId WHERE coalesce(e.text, s.value) = 'orch: optimizer.step'").fetchone()
+    a, b = opt_window(con)
     return (b - a) / 1e6
 
 

@@ -78,10 +78,14 @@ OTHER_THREAD_FIX = (
 
 
 def _waited(name: str) -> tuple[str, str] | None:
-    """(the loop thread's wait call, whom it waited for: `its autograd thread`) of a gap group
-    named after a wait for another thread, else None."""
+    """The finding's title and fix for a gap group named after a wait for another thread (whose
+    role the name gives; `another thread` where it has none), else None."""
     m = WAITED.match(name)
-    return (m["call"], f"its {m['role']} thread" if m["role"] else "another of its threads") if m else None
+    if not m:
+        return None
+    who = f"its {m['role']} thread" if m["role"] else "another of its threads"
+    return (f"GPU idle while the loop thread waits in `{m['call']}` for {who}",
+            BACKWARD_FIX if m["role"] == "autograd" else OTHER_THREAD_FIX.format(who=who))
 
 
 def _python_fix(func: str, where: str) -> str:
@@ -122,15 +126,12 @@ class CpuGap(Rule):
             call, waited = name.removeprefix(CALL_GAP), _waited(name)
             title = (f"GPU idle while the CPU is in `{name}`" if call == name
                      else "GPU idle while the loop thread runs Python between CUDA calls"
-                     if name == PYTHON else f"GPU idle while the loop thread waits in `{waited[0]}` for {waited[1]}"
-                     if waited else f"GPU idle while the loop thread is in `{call}`")
+                     if name == PYTHON else waited[0] if waited else f"GPU idle while the loop thread is in `{call}`")
             evidence = [f"rank {rk}: {round(ms, 3)} ms of GPU gaps >= {ctx.opts.gap_ms} ms in `{name}` "
                         f"({round(100 * ms / win[rk], 1)}% of its window)" for rk, ms in worst_first(hit)]
             evidence += [line for rk in sorted(hit) if rk in once for line in once[rk].lines(rk, name)]
             evidence += [line for rk in sorted(hit) if rk in eager for line in eager[rk].lines(rk, name)]
-            fix = (OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK
-                   else (BACKWARD_FIX if waited[1] == "its autograd thread" else OTHER_THREAD_FIX.format(who=waited[1]))
-                   if waited else ctx.cpu_gap_fix())
+            fix = OTHER_WORK_FIX if name == BETWEEN_STEPS_WORK else waited[1] if waited else ctx.cpu_gap_fix()
             py = {} if waited else {rk: f for rk in hit if (f := python_in_gaps(ctx, rk, lambda g, n=name: g == n))
                                     and f[3] >= MIN_SAMPLES}
             cost = max(hit.values())

@@ -222,15 +222,7 @@ class NodeCommand:
                 if failed_file(folder, job).exists():
                     requests.append(("another node failed", signal.SIGTERM, "step_ended"))
             if requests and not stop:
-                why, sig, reason = requests[0]
-                if reason == "timeout" and cancel_file(folder, job).exists():
-                    # `orch cancel` on Slurm sends the early warning's signal, for the same stop.
-                    why, reason = "orch cancel", "cancelled"
-                stop = {"reason": reason, "signal": signal.Signals(sig).name, "after_s": round(now - t0, 1),
-                        "at_utc_ns": time.time_ns()}
-                self._say(f"{why} ({signal.Signals(sig).name}): asking launch.sh to stop the captures"
-                          + (" - this job is timed-out" if stop["reason"] == "timeout" else ""))
-                stop_file(folder, job, node).write_text(json.dumps(stop))
+                stop, sig = self._record_stop(requests[0], folder, job, node, now - t0)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGUSR2 if sig == signal.SIGUSR2 else signal.SIGTERM)
                 if stop["reason"] != "timeout":
@@ -249,6 +241,10 @@ class NodeCommand:
             _reap(keep=proc.pid)
             time.sleep(_POLL_S)
         rc = proc.wait()
+        if requests and not stop:
+            # Slurm signals every process of the step: the launch command can end on the signal
+            # before this loop's next turn, and the stop is still the signal's.
+            stop, _ = self._record_stop(requests[0], folder, job, node, time.monotonic() - t0)
         if rc and self.nodes > 1:
             _mark_failed(folder, job, node, rc)
         self._end_leftovers(me)
@@ -260,6 +256,21 @@ class NodeCommand:
         if rc:
             raise FailedJobError(err.getvalue().strip()) from subprocess.CalledProcessError(rc, self.command)
         return out.getvalue().strip()
+
+    def _record_stop(self, request: tuple[str, int, str], folder: Path, job: str, node: str,
+                     after_s: float) -> tuple[dict[str, Any], int]:
+        """Say why the node stops and write its stop file, which `orch status` reads to tell a
+        timeout or a cancel from a failure: the stop and the signal to pass on."""
+        why, sig, reason = request
+        if reason == "timeout" and cancel_file(folder, job).exists():
+            # `orch cancel` on Slurm sends the early warning's signal, for the same stop.
+            why, reason = "orch cancel", "cancelled"
+        stop = {"reason": reason, "signal": signal.Signals(sig).name, "after_s": round(after_s, 1),
+                "at_utc_ns": time.time_ns()}
+        self._say(f"{why} ({signal.Signals(sig).name}): asking launch.sh to stop the captures"
+                  + (" - this job is timed-out" if reason == "timeout" else ""))
+        stop_file(folder, job, node).write_text(json.dumps(stop))
+        return stop, sig
 
     @staticmethod
     def _leave_the_terminal() -> None:

@@ -151,7 +151,7 @@ class SlurmBackend(SubmititBackend):
             state["state"] = "CANCELLED"
             state["source"] += "; orch cancel"
         elif state["state"] == "FAILED" and (any(s.get("reason") == "timeout" for s in stops) or any(
-                "this job is timed-out" in tail(Path(t["stderr"]), 200) for t in tasks)):
+                said in tail(Path(t["stderr"]), 200) for t in tasks for said in TIMED_OUT)):
             state["state"] = "TIMEOUT"
             state["source"] += "; time-limit warning"
         stop = next((s for s in stops if s), None)
@@ -178,6 +178,12 @@ class SlurmBackend(SubmititBackend):
         if p is None or p.returncode != 0:
             raise OrchError(f"scancel {job_id} failed: {(p.stderr.strip() if p else 'scancel not found')}")
         return []
+
+
+# What a task's log says when the time limit's early warning ended it: the supervisor's line, or
+# srun's for a task the signal killed before its supervisor could take it (Slurm may send the
+# warning up to a minute early, so a job of a few minutes can get it while its tasks start).
+TIMED_OUT = ("this job is timed-out", "User defined signal 2")
 
 
 def _running(job_id: str) -> bool:

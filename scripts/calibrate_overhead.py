@@ -113,13 +113,19 @@ def rows() -> list[dict]:
                 shutil.copyfileobj(a, b)
             st = truth[gz.name]["steady"]
             m = measure(plain, st["start_ns"], st["end_ns"])
-            n, window = st["steps"], st["end_ns"] - st["start_ns"]
-            out.append({"loop": name, "steps": n, "step_ms": st["step_ms"], "unprofiled_ms": UNPROFILED_MS[name],
-                        "unprofiled_range_ms": UNPROFILED_RANGE_MS[name],
-                        "observed_ms": st["step_ms"] - UNPROFILED_MS[name], "api_per_step": m["api"] / n,
-                        "launches_per_step": m["launches"] / n, "profiler_ms_per_step": m["profiler_ns"] / n / 1e6,
-                        "gpu_idle": 1 - m["busy_ns"] / window, "launch_gap_ms_per_step": m["launch_gap_ns"] / n / 1e6})
+            out.append(_row(name, m, st["steps"], st["end_ns"] - st["start_ns"], st["step_ms"], UNPROFILED_MS[name],
+                            UNPROFILED_RANGE_MS[name]))
     return out
+
+
+def _row(loop: str, m: dict[str, float], n: int, window_ns: int, step_ms: float, unprofiled_ms: float,
+         unprofiled_range_ms: tuple[float, float]) -> dict:
+    """One loop's row: its counts in the window per step, and the cost nsys was seen to add."""
+    return {"loop": loop, "steps": n, "step_ms": step_ms, "unprofiled_ms": unprofiled_ms,
+            "unprofiled_range_ms": unprofiled_range_ms, "observed_ms": step_ms - unprofiled_ms,
+            "api_per_step": m["api"] / n, "launches_per_step": m["launches"] / n,
+            "profiler_ms_per_step": m["profiler_ns"] / n / 1e6, "gpu_idle": 1 - m["busy_ns"] / window_ns,
+            "launch_gap_ms_per_step": m["launch_gap_ns"] / n / 1e6}
 
 
 def _marks(export: Path) -> list[int]:
@@ -155,12 +161,7 @@ def loop_rows() -> tuple[list[dict], list[str]]:
             w0, w1 = ends[WARMUP - 1], ends[-1]
             m = measure(plain, w0, w1)
             plain.unlink()
-            step = (w1 - w0) / n / 1e6
-            out.append({"loop": name, "steps": n, "step_ms": step, "unprofiled_ms": med,
-                        "unprofiled_range_ms": (min(runs), max(runs)), "observed_ms": step - med,
-                        "api_per_step": m["api"] / n, "launches_per_step": m["launches"] / n,
-                        "profiler_ms_per_step": m["profiler_ns"] / n / 1e6, "gpu_idle": 1 - m["busy_ns"] / (w1 - w0),
-                        "launch_gap_ms_per_step": m["launch_gap_ns"] / n / 1e6})
+            out.append(_row(name, m, n, w1 - w0, (w1 - w0) / n / 1e6, med, (min(runs), max(runs))))
     return out, left
 
 

@@ -365,12 +365,12 @@ def test_launch_bound() -> None:
     # A loop compiled without CUDA graphs (a quarter or more of its kernels Inductor's) is told to
     # compile with them, not to adopt torch.compile; 1 kernel in 5 is no compiled loop.
     tables["graph_usage"] = []
-    tables["kernel_rows"] = [{"rank": 0, "origin": "generated", "n": 600}, {"rank": 0, "origin": "library", "n": 1400}]
+    tables["kernel_origins"] = [{"rank": 0, "kernels": 2000, "generated": 600}]
     (c,) = _run("launch_bound", context([rank(0)], tables))
     assert c.fix.startswith("The GPU waits on kernel launches, and the loop already runs torch.compile")
     assert c.evidence[-1] == ("rank 0: 600 of its 2,000 kernels (30%) are Inductor's generated Triton kernels: the "
                               "loop runs torch.compile already")
-    tables["kernel_rows"][0]["n"], tables["kernel_rows"][1]["n"] = 400, 1600
+    tables["kernel_origins"][0]["generated"] = 400
     (e,) = _run("launch_bound", context([rank(0)], tables))
     assert "capture steady-state steps with CUDA graphs" in e.fix and not any("Inductor" in x for x in e.evidence)
 

@@ -36,7 +36,7 @@ FIX_PROFILER = ("Nothing to change for launch overhead yet: the launch gaps in t
 class LaunchBound(Rule):
     kind = "launch_bound"
     explains_idle = True
-    reads = ("kernel_stats", "small_gaps", "alloc_gaps", "graph_usage", "capture_overhead", "kernel_rows")
+    reads = ("kernel_stats", "small_gaps", "alloc_gaps", "graph_usage", "capture_overhead", "kernel_origins")
     max_median_ns: int = 20_000  # kernels shorter than this (median) are "tiny"
     min_per_step: int = 200  # kernels per step
     min_share: float = 0.1  # sub-threshold gaps as a share of the window
@@ -127,14 +127,10 @@ class LaunchBound(Rule):
     @staticmethod
     def _compiled(ctx: Context, ranks: list[int]) -> list[tuple[int, tuple[int, int]]]:
         """(rank, (Inductor's kernels, all kernels)) of each of `ranks` whose kernels in the window
-        are COMPILED_SHARE or more Inductor's (kernel_rows' origin `generated`: torch.compile)."""
-        counts: dict[int, list[int]] = {}
-        for r in ctx.views.rows("kernel_rows"):
-            if r["rank"] in ranks:
-                c = counts.setdefault(r["rank"], [0, 0])
-                c[0] += r["n"] if r["origin"] == "generated" else 0
-                c[1] += r["n"]
-        return [(rk, (n, total)) for rk, (n, total) in sorted(counts.items()) if total and n >= COMPILED_SHARE * total]
+        are COMPILED_SHARE or more Inductor's (view kernel_origins: torch.compile's)."""
+        got = ctx.views.by_rank("kernel_origins")
+        return [(rk, (got[rk]["generated"], got[rk]["kernels"])) for rk in sorted(ranks)
+                if rk in got and got[rk]["kernels"] and got[rk]["generated"] >= COMPILED_SHARE * got[rk]["kernels"]]
 
     @staticmethod
     def _gpu_work(ctx: Context, ranks: list[int]) -> list[str]:

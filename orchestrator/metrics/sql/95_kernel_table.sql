@@ -11,6 +11,8 @@
 --       ranks' median (loo_ref; a rank that does not run a kernel counts as 0 of it), with the
 --       counts per step. "The other ranks" are those of its pipeline stage where the stage has
 --       other profiled ranks (another stage runs other layers: no pace to compare with)
+--   kernel_origins(rank, kernels, generated)  per rank: its kernels in the window (a CUDA graph's
+--       replay one) and how many of them torch.compile's Inductor generated (origin `generated`)
 --   kernel_excess_rank(rank, ns_per_step, median_ns_per_step, excess_ns_per_step)
 --       per rank its computing kernels' time per step against the other ranks' median: what a
 --       straggler "computing on the GPU" computes more than the others
@@ -60,3 +62,7 @@ x AS (SELECT rank, peers AS key, ns_per_step AS x FROM r),
 m AS (SELECT rank, ref_med AS median_ns_per_step FROM loo_ref('x'))
 SELECT r.rank, r.ns_per_step, m.median_ns_per_step, r.ns_per_step - m.median_ns_per_step AS excess_ns_per_step
 FROM r JOIN m USING (rank);
+
+CREATE OR REPLACE VIEW kernel_origins AS
+SELECT rank, sum(n) AS kernels, coalesce(sum(n) FILTER (WHERE origin = 'generated'), 0) AS generated
+FROM kernel_rows GROUP BY rank;

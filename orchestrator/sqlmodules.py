@@ -8,7 +8,7 @@ Each `metrics/sql/NN_*.sql` opens with a comment block; four of its lines are ma
     -- Writes: steps, step_source.        (optional: earlier modules' tables it adds rows to)
     -- Provides:
     --   name(col, col, ...)  what it is, continued on lines indented deeper
-    --   _helper(col, ...)    a leading `_`: private to this file
+    --   _helper(col, ...)    a leading `_`: private to this file (dropped once it ran: disposable)
     --   mapped(rank INTEGER, n BIGINT, ...)  columns with their types: what the map writes
 
 `Reads` lists store tables, `params` and earlier modules' public names; it may wrap onto the
@@ -195,6 +195,30 @@ def analysis_modules() -> tuple[Module, ...]:
     """Every file of SQL_DIR in execution order (its name's), read and parsed once a process:
     the analysis plans them, the store takes the map tables' columns from them."""
     return tuple(parse_all((f.name, f.read_text()) for f in sorted(SQL_DIR.glob("*.sql"))))
+
+
+_CREATED = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MACRO) (\w+)", re.I)
+_WORD = re.compile(r"\w+")
+
+
+def disposable(m: Module) -> tuple[tuple[str, str], ...]:
+    """(TABLE | VIEW, name) of the file's private tables and views that nothing can read once
+    the file has run: private names are its own, so only its public views and macros read them
+    later, directly or through its other private views and macros. The analysis drops them
+    then (sqlrun.execute), so that a large helper (each call of a thread, each GPU op clipped to
+    the window) does not hold memory for the rest of the report."""
+    import duckdb
+
+    made = [(x.group(1).upper(), x.group(2), set(_WORD.findall(q)))
+            for st in duckdb.extract_statements(m.sql) if (x := _CREATED.match(q := code(st.query)))]
+    kept = {name for kind, name, _ in made if kind in ("VIEW", "MACRO") and not name.startswith("_")}
+    grew = True
+    while grew:
+        more = {w for kind, name, words in made if name in kept and kind in ("VIEW", "MACRO") for w in words}
+        grew = not more <= kept
+        kept |= more
+    return tuple(dict.fromkeys((kind, name) for kind, name, _ in made
+                               if kind != "MACRO" and name.startswith("_") and name not in kept))
 
 
 _TOKEN_END = re.compile(r"\s|--|/\*")

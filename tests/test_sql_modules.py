@@ -269,3 +269,21 @@ def test_sql_code_leaves_out_comments_and_layout_only() -> None:
     assert sqlmodules.code(one) == "SELECT 'memcpy ' || kind AS \"a b\" , 'it''s -- kept' FROM t WHERE x > 1 ;"
     for other in (one.replace("'memcpy '", "'memcpy'"), one.replace('"a b"', '"a  b"'), one.replace("x>1", "x>2")):
         assert sqlmodules.code(other) != sqlmodules.code(one)
+
+
+def test_private_helpers_are_dropped_and_every_public_view_still_reads(checked: Checked) -> None:
+    """A file's private tables and views that its public views and macros do not read are gone
+    once the analysis ran (sqlmodules.disposable): no helper holds memory for the rest of the
+    report. Every public view binds after it, so none read a dropped helper."""
+    modules = _modules()
+    dropped = {name for m in modules for _, name in sqlmodules.disposable(m)}
+    assert {"_thread_calls", "_clipped", "_rp_run"} <= dropped
+    assert "_rp_steps" not in dropped  # the replay's public views read it
+    left = {r[0] for r in checked.full.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_catalog = 'memory'").fetchall()}
+    assert left & dropped == set()
+    views = {r[0] for r in checked.full.execute("SELECT table_name FROM information_schema.tables "
+                                               "WHERE table_catalog = 'memory' AND table_type = 'VIEW'").fetchall()}
+    public = {p.name for m in modules for p in m.public}
+    for v in sorted(views & public):
+        checked.full.execute(f'SELECT * FROM "{v}" LIMIT 0')

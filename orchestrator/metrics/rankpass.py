@@ -105,7 +105,7 @@ def plan(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         outside = {r for x in modules if x is not m for r in x.reads}
         ranked = {r: made_at[r] for r in ins if r in made_at}
         store = tuple(r for r in ins if r not in providers and r not in WHOLE)
-        out.append(Unit(u.name, sql, after, path=path, call=functools.partial(
+        out.append(Unit(u.name, sql, after, path=path, drop=u.drop, call=functools.partial(
             _per_rank, schema=schema, made_at=ranked, store=store, todo=todo, sql=sql,
             idle=_idle(m, key, made, mapped, outside))))
     return out

@@ -36,13 +36,16 @@ from orchestrator.timings import phase
 @dataclass(frozen=True)
 class Unit:
     """One SQL file: its name, its text and the earlier units it must wait for; `path`: the
-    search path it runs on, where not the connection's; `call`: what it runs instead of SQL."""
+    search path it runs on, where not the connection's; `call`: what it runs instead of SQL;
+    `drop`: what it runs last, dropping its private helpers nothing can read after it
+    (sqlmodules.disposable; not in `sql`, which the map's digest hashes)."""
 
     name: str
     sql: str
     after: tuple[str, ...]
     path: str | None = None
     call: Callable[[duckdb.DuckDBPyConnection], None] | None = None
+    drop: str = ""
 
 
 def plan(files: Sequence[tuple[str, str]]) -> list[Unit]:
@@ -58,7 +61,8 @@ def plan_modules(modules: Sequence[sqlmodules.Module]) -> list[Unit]:
         needs = set(m.reads) | set(m.writes)
         after = tuple(e.file for e in modules[:i]
                       if (e.names | set(e.writes)) & needs or set(m.writes) & seen_by(e, seen))
-        units.append(Unit(m.file, m.sql, after))
+        units.append(Unit(m.file, m.sql, after, drop="".join(
+            f"DROP {kind} IF EXISTS {name};\n" for kind, name in sqlmodules.disposable(m))))
         for p in m.provides:
             seen[p.name] = seen_by(m, seen)
     return units
@@ -103,6 +107,8 @@ def execute(cur: duckdb.DuckDBPyConnection, u: Unit, setup: Callable[[duckdb.Duc
         u.call(cur)
     else:
         cur.execute(u.sql)
+    if u.drop:
+        cur.execute(u.drop)
     if u.path:
         setup(cur)
 

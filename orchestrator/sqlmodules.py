@@ -197,7 +197,8 @@ def analysis_modules() -> tuple[Module, ...]:
     return tuple(parse_all((f.name, f.read_text()) for f in sorted(SQL_DIR.glob("*.sql"))))
 
 
-_CREATED = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MACRO) (\w+)", re.I)
+# What a statement creates, from its code(): (MACRO | TABLE | VIEW, name).
+CREATED = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
 _WORD = re.compile(r"\w+")
 
 
@@ -210,7 +211,7 @@ def disposable(m: Module) -> tuple[tuple[str, str], ...]:
     import duckdb
 
     made = [(x.group(1).upper(), x.group(2), set(_WORD.findall(q)))
-            for st in duckdb.extract_statements(m.sql) if (x := _CREATED.match(q := code(st.query)))]
+            for st in duckdb.extract_statements(m.sql) if (x := CREATED.match(q := code(st.query)))]
     kept = {name for kind, name, _ in made if kind in ("VIEW", "MACRO") and not name.startswith("_")}
     grew = True
     while grew:

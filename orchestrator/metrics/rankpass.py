@@ -38,7 +38,6 @@ KEYS = {"map_ranks": "map_todo", "map_done": "map_none", "ops_mapped": "ops_todo
 WHOLE = ("nvtx",)
 # Whether a pass has a rank to map: one with a report that no map covers.
 _TODO = "SELECT count(*) > 0 FROM memory.main.{todo} t JOIN ranks r USING (rank) WHERE r.status IN ('ok', 'partial')"
-_CREATE = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
 _MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO (\w+)", re.I | re.M)
 _TABLE_MACRO = re.compile(r"^CREATE (?:OR REPLACE )?MACRO \w+\s*\([^)]*\)\s*AS TABLE\b", re.I)
 
@@ -150,7 +149,7 @@ def _made(m: sqlmodules.Module) -> dict[str, tuple[str, str]]:
     A taken table is made as its file makes it: a view stays one (the compute islands are read
     where they are)."""
     return {x.group(2): (x.group(1).upper(), st.query.strip()) for st in duckdb.extract_statements(m.sql)
-            if (x := _CREATE.match(sqlmodules.code(st.query)))}
+            if (x := sqlmodules.CREATED.match(sqlmodules.code(st.query)))}
 
 
 def _idle(m: sqlmodules.Module, key: str, made: dict[str, tuple[str, str]],

@@ -197,9 +197,18 @@ def analysis_modules() -> tuple[Module, ...]:
     return tuple(parse_all((f.name, f.read_text()) for f in sorted(SQL_DIR.glob("*.sql"))))
 
 
-# What a statement creates, from its code(): (MACRO | TABLE | VIEW, name).
-CREATED = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
+_CREATED = re.compile(r"^CREATE (?:OR REPLACE )?(MACRO|TABLE|VIEW) (\w+)", re.I)
 _WORD = re.compile(r"\w+")
+
+
+@functools.cache
+def created(sql: str) -> tuple[tuple[str, str, str, str], ...]:
+    """What each statement of a file creates: (MACRO | TABLE | VIEW, name, the statement as
+    written, its code()). Tokenizing is most of the plan's time, so a file is read once a process."""
+    import duckdb
+
+    return tuple((x.group(1).upper(), x.group(2), st.query.strip(), q) for st in duckdb.extract_statements(sql)
+                 if (x := _CREATED.match(q := code(st.query))))
 
 
 def disposable(m: Module) -> tuple[tuple[str, str], ...]:
@@ -208,10 +217,7 @@ def disposable(m: Module) -> tuple[tuple[str, str], ...]:
     later, directly or through its other private views and macros. The analysis drops them
     then (sqlrun.execute), so that a large helper (each call of a thread, each GPU op clipped to
     the window) does not hold memory for the rest of the report."""
-    import duckdb
-
-    made = [(x.group(1).upper(), x.group(2), set(_WORD.findall(q)))
-            for st in duckdb.extract_statements(m.sql) if (x := CREATED.match(q := code(st.query)))]
+    made = [(kind, name, set(_WORD.findall(q))) for kind, name, _, q in created(m.sql)]
     kept = {name for kind, name, _ in made if kind in ("VIEW", "MACRO") and not name.startswith("_")}
     grew = True
     while grew:

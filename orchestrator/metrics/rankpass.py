@@ -148,8 +148,7 @@ def _made(m: sqlmodules.Module) -> dict[str, tuple[str, str]]:
     """What each statement of a per-rank file makes: name -> (MACRO | TABLE | VIEW, the statement).
     A taken table is made as its file makes it: a view stays one (the compute islands are read
     where they are)."""
-    return {x.group(2): (x.group(1).upper(), st.query.strip()) for st in duckdb.extract_statements(m.sql)
-            if (x := sqlmodules.CREATED.match(sqlmodules.code(st.query)))}
+    return {name: (kind, query) for kind, name, query, _ in sqlmodules.created(m.sql)}
 
 
 def _idle(m: sqlmodules.Module, key: str, made: dict[str, tuple[str, str]],

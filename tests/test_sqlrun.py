@@ -4,6 +4,7 @@ files' declared headers, and the same tables as a plain run of every unit in ord
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import duckdb
@@ -136,3 +137,33 @@ def test_threads_follow_the_store_rows(tmp_path: Path, monkeypatch: pytest.Monke
     # one thread per 100k rows, at least 4, at most the cores
     assert [analysis_threads(n, 16) for n in (90_000, 815_000, 1_250_000, 3_300_000)] == [4, 8, 12, 16]
     assert analysis_threads(3_300_000, 2) == 2 and analysis_threads(0, 1) == 1
+
+
+def _cursors_of(n_files: int, big_rows: int, tmp_path: Path) -> list[int]:
+    """How many of `n_files` independent files each cursor ran, most first, after a first file
+    that makes a table of `big_rows` rows, on a connection capped at 32 MB that spills to
+    `tmp_path`, on 2 workers."""
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '32MB'; SET temp_directory = '{tmp_path}'; SET threads = 1")
+    files = [("a.sql", _head("nothing", "a(s)")
+              + f"CREATE TABLE a AS SELECT repeat('x', 64) || range AS s FROM range({big_rows});")]
+    files += [(f"b{i}.sql", _head("a", f"b{i}(c)") + f"CREATE TABLE b{i} AS SELECT current_connection_id() AS c "
+               "FROM (SELECT count(*) FROM range(2000000) WHERE range % 7 = 3);") for i in range(n_files)]
+    try:
+        sqlrun.run(con, sqlrun.plan(files), lambda cur: None, n_workers=2)
+        assert con.execute(sqlrun._SPILLED).fetchone()[0] == (big_rows > 100_000)
+        by = Counter(con.execute(f"SELECT c FROM b{i}").fetchone()[0] for i in range(n_files))
+        return sorted(by.values(), reverse=True)
+    finally:
+        con.close()
+
+
+def test_once_duckdb_spills_the_files_left_run_on_one_cursor(tmp_path: Path) -> None:
+    """Past DuckDB's memory cap (the first file's table spills), the files taken after it run
+    on one cursor, one after the other (two cursors hold more memory: sqlrun's docstring); the
+    second worker runs at most the one file it took before. While the tables fit, both take
+    files."""
+    ran = _cursors_of(12, 2_000_000, tmp_path / "spill")
+    assert sum(ran) == 12 and ran[0] >= 11, ran
+    ran = _cursors_of(12, 1_000, tmp_path / "fit")
+    assert len(ran) == 2 and ran[1] >= 2, ran

@@ -17,6 +17,13 @@ executes); tables are shared through the in-memory catalog (not TEMP: temp objec
 per connection). A failed file (or Ctrl-C) cancels the files not started and interrupts the
 running ones, and the first error is raised; workers take files in file order, so every file
 a worker waits for is already running or done (no deadlock).
+
+Once DuckDB spills (the analysis' tables have outgrown its memory cap, duckdb_memory.py), the
+files taken after it run one after the other on the first worker's cursor (another worker ends
+the one file it holds): at 2,048 ranks the analysis then peaks about 100 MiB lower than with its
+files spread over two cursors, even one file at a time, in about the same time
+(docs/benchmarks-code.md). On a store whose tables fit, nothing spills and
+the files overlap, where they buy the most.
 """
 
 from __future__ import annotations
@@ -113,45 +120,63 @@ def execute(cur: duckdb.DuckDBPyConnection, u: Unit, setup: Callable[[duckdb.Duc
         setup(cur)
 
 
+# Whether DuckDB has spilled: the analysis' tables have outgrown its memory cap.
+_SPILLED = "SELECT coalesce(sum(temporary_storage_bytes), 0) > 0 FROM duckdb_memory()"
+
+
 def run(con: duckdb.DuckDBPyConnection, units: Sequence[Unit],
         setup: Callable[[duckdb.DuckDBPyConnection], None], n_workers: int | None = None) -> None:
-    """Execute `units` on cursors of `con` (each prepared by `setup`), dependencies first."""
-    futures: dict[str, Future] = {}
+    """Execute `units` on cursors of `con` (each prepared by `setup`), dependencies first: each
+    worker takes the next file in plan order on its own cursor, until none is left or, but for
+    the first worker, DuckDB spills (module docstring)."""
+    done = {u.name: Future() for u in units}
+    order = iter(units)
+    take = threading.Lock()
     cursors: list[duckdb.DuckDBPyConnection] = []
-    local = threading.local()
+    spilled, stopping = threading.Event(), threading.Event()
 
-    def cursor() -> duckdb.DuckDBPyConnection:
-        if not hasattr(local, "cur"):
-            local.cur = con.cursor()
-            setup(local.cur)
-            cursors.append(local.cur)
-        return local.cur
+    def next_unit(first: bool) -> Unit | None:
+        if stopping.is_set() or (spilled.is_set() and not first):
+            return None
+        with take:
+            return next(order, None)
 
-    def one(u: Unit) -> None:
-        for dep in u.after:
-            futures[dep].result()  # re-raises a dependency's failure
-        with phase(f"analyze: {u.name}"):
+    def worker(first: bool) -> None:
+        cur = con.cursor()
+        cursors.append(cur)
+        setup(cur)
+        while (u := next_unit(first)) is not None:
             try:
-                execute(cursor(), u, setup)
-            except duckdb.Error as e:
-                e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
-                raise
-        shown.advance()
+                for dep in u.after:
+                    done[dep].result()  # re-raises a dependency's failure
+                if not spilled.is_set() and cur.execute(_SPILLED).fetchone()[0]:
+                    spilled.set()
+                with phase(f"analyze: {u.name}"):
+                    execute(cur, u, setup)
+            except BaseException as e:
+                if isinstance(e, duckdb.Error) and not hasattr(e, "sql_file"):
+                    e.sql_file = u.name  # type: ignore[attr-defined]  # read by failed_file
+                done[u.name].set_exception(e)
+                stopping.set()
+                return
+            done[u.name].set_result(None)
+            shown.advance()
 
-    pool = ThreadPoolExecutor(max_workers=n_workers or workers())
+    n = max(1, min(n_workers or workers(), len(units)))
+    pool = ThreadPoolExecutor(max_workers=n)
     with progress.task("analysis (SQL files)", total=len(units)) as shown:
         try:
-            for u in units:
-                futures[u.name] = pool.submit(one, u)
-            for u in units:
-                futures[u.name].result()
-        except BaseException:  # a failed file or Ctrl-C: queued files never start, running ones stop
-            for f in futures.values():
-                f.cancel()
+            for f in [pool.submit(worker, i == 0) for i in range(n)]:
+                f.result()
+            for u in units:  # the first failure in plan order, not a dependent's
+                if done[u.name].done() and done[u.name].exception():
+                    raise done[u.name].exception()
+        except BaseException:  # a failed file or Ctrl-C: no file starts, the running ones stop
+            stopping.set()
             for c in list(cursors):
                 c.interrupt()
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True)
             for c in cursors:
                 c.close()

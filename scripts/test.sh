@@ -16,6 +16,17 @@ bash scripts/setup.sh >/dev/null
 # suite's hundreds of orch processes (0.1 to 0.2 s of CPU each).
 "$py" -m compileall -q orchestrator
 shellcheck scripts/*.sh
+# The run writes stores, captures and Slurm spools under the temp directory (a passed test's
+# files go at once, pyproject.toml): a disk that fills mid-run fails tests at random, so too
+# little room fails here, in one line.
+tmp=${TMPDIR:-/tmp}
+free_kb=$(df -Pk "$tmp" 2>/dev/null | awk 'NR == 2 {print $4}' || true)
+free_gb=$(( ${free_kb:-0} / 1048576 ))
+if [ -n "$free_kb" ] && [ "$free_gb" -lt 4 ]; then
+  echo "test.sh: only ${free_gb} GB free under $tmp, and the suite writes up to about 3 GB there:" \
+       "free some space, or point TMPDIR at a larger disk" >&2
+  exit 1
+fi
 # A pytest-xdist worker per core and two more (ORCH_TEST_WORKERS=1: one process): tests/conftest.py
 # hands each group whole to one worker, the jobs in order first on one, the Slurm tests in order
 # first on another, each other module whole beside and after them, largest first. The two job

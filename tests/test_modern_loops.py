@@ -171,13 +171,13 @@ def test_graph_loop_gets_graph_advice(reports, capture: str) -> None:
 def test_a_healthy_graph_loop_idle_within_the_profilers_estimate_is_info(reports, capture: str) -> None:
     """Both traces of the healthy compiled loop: what is left of the GPU's idle between replays
     after nsys' estimated per-call cost is smaller than that estimate's own error (its
-    calibration's: 0.84 of the call term, scripts/calibrate_overhead.py) together with the steps'
+    calibration's: 0.81 of the call term, scripts/calibrate_overhead.py) together with the steps'
     variation, so the finding is `info` and says why first."""
     rep = reports[capture]
     (f,) = [f for f in rep.findings if f.kind == "cuda_graphs"]
     (o,) = rep.capture_overhead.ranks
     removed = f.cost_ms - f.unprofiled_ms
-    assert f.unprofiled_err_ms == pytest.approx(0.84 * (o.est_ms - o.profiler_ms) * min(1.0, removed / o.est_ms),
+    assert f.unprofiled_err_ms == pytest.approx(0.81 * (o.est_ms - o.profiler_ms) * min(1.0, removed / o.est_ms),
                                                 abs=0.002)
     assert f.severity == "info" and f.unprofiled_ms < 2 * f.unprofiled_err_ms
     assert f"an estimate with a standard error of {f.unprofiled_err_ms} ms" in f.evidence[0], f.evidence[0]

@@ -202,11 +202,28 @@ HFC_TIMINGS=(
   "hf_gpt2_compile_b2|--compile default $HFC|hf_trainer.py"
   "hf_gpt2_compile_ro_b2|--compile reduce-overhead $HFC|hf_trainer.py"
 )
+# CAPTURE_SET=copies: ResNet-18 at batch 64 with 2 DataLoader workers whose batches come from
+# pageable memory (DataLoader(pin_memory=False), a blocking .to(device), as code that leaves
+# pin_memory at its default writes it) against the same loop with pinned batches and
+# non_blocking copies (the fix the pageable-copy finding names); each timed without a profiler too.
+COPY_RESNET="--model resnet --workers 2 --batch 64 --steps 30"
+COPY_CAPTURES=(
+  "resnet18_nopin_w2||--no-pin $COPY_RESNET|--no-pin --steps 6 $GPT_TINY"
+  "resnet18_pin_w2||$COPY_RESNET|--steps 6 $GPT_TINY"
+)
+COPY_TIMINGS=(
+  "resnet18_nopin_w2|--no-pin $COPY_RESNET"
+  "resnet18_pin_w2|$COPY_RESNET"
+)
 REHEARSE=0
 if [ "${CAPTURE_SET:-modern}" = inputs ]; then
   CAPTURES=("${INPUT_CAPTURES[@]}")
   TIMINGS=("${INPUT_TIMINGS[@]}")
   TIMINGS_AFTER=resnet18_decode_w2
+elif [ "${CAPTURE_SET:-modern}" = copies ]; then
+  CAPTURES=("${COPY_CAPTURES[@]}")
+  TIMINGS=("${COPY_TIMINGS[@]}")
+  TIMINGS_AFTER=resnet18_nopin_w2
 elif [ "${CAPTURE_SET:-modern}" = hfcompiled ]; then
   CAPTURES=("${HFC_CAPTURES[@]}")
   TIMINGS=("${HFC_TIMINGS[@]}")

@@ -212,6 +212,20 @@ CASES = {
     "resnet18_decode_w0_w8_rerun": (
         "resnet18_decode_w0_w8's loop captured again in the same call as resnet18_decode_w2_rerun; nothing planted",
         "none", [], None, "nothing planted"),
+    "resnet18_nopin_w2": (
+        "modern_loops.py's torchvision ResNet-18 at batch 64 of 224x224 images, 2 DataLoader workers, "
+        "DataLoader(pin_memory=False) and a blocking .to(device): each batch's 38.5 MB copied to the GPU from "
+        "pageable memory (--no-pin); 30 optimizer steps, no NVTX; orch's loop marks and Python samples on",
+        "pageable-copy", [0], ("resnet18_nopin_w2", "resnet18_pin_w2"),
+        "planted: --no-pin (plain sqlite3: 58 host-to-device copies from pageable memory in the steps after the "
+        "first, 1,065.8 MiB in 232.1 ms; the twin's same bytes from pinned memory take 20.7 ms)"),
+    "resnet18_pin_w2": (
+        "resnet18_nopin_w2's loop with pinned batches and non_blocking copies (pin_memory=True, the fix); its 2 "
+        "workers, each now also pinning a batch, then keep the GPU waiting", "input", [0], None,
+        "nothing planted, and the loop waits for its input: plain sqlite3 puts 86.1 ms of GPU idle (10.8 % of the "
+        "798.6 ms from the first optimizer step's end to the last's) inside the loop thread's 29 `orch: next "
+        "batch` waits (91.6 ms in all, against 49.7 ms with 24.2 ms of GPU idle in its pageable twin); no fix of "
+        "that was timed"),
     "gpt_compile_default_b4": (
         "modern_loops.py's GPT compiled as most code compiles it, torch.compile(model) (Inductor's default mode, "
         "no CUDA graphs), at batch 4 x 256 tokens, clip_grad_norm_ and AdamW eager, 40 optimizer steps, no NVTX; "
@@ -253,7 +267,7 @@ SHAPES = ("loops_varlen_ro", "loops_varlen_ro_rerun")
 EPOCH_STEPS = {"loops_epochs_np": (8, WARMUP), "hf_epochs_np": (4, 6)}
 # Pairs measured both ways: the captures' difference, and the loops' own unprofiled timings.
 BOTH_WAYS = ("resnet18_decode_w2", "resnet18_decode_w0", "resnet18_decode_w2_rerun", "resnet18_decode_w0_rerun",
-             "gpt_compile_default_b4", "hf_gpt2_compile_b2")
+             "gpt_compile_default_b4", "hf_gpt2_compile_b2", "resnet18_nopin_w2")
 # The Python function a case's time goes in (planted), its own unprofiled time a step, and where
 # the workload calls it.
 _AFTER_STEP = "after the optimizer step every {k} steps (modern_loops.py --ckpt-every {k})"

@@ -11,7 +11,7 @@
 -- launch gaps (sub-threshold GPU idle): a GPU-bound loop hides it. The call term's error is
 -- the calibration's too: the root mean square of each CPU-bound loop's residual over its call
 -- term, over the fitted loops and the other real loops timed without nsys, one relative standard
--- deviation (0.84 of the term: the fitted loops alone would say half, which the others do not
+-- deviation (0.81 of the term: the fitted loops alone would say half, which the others do not
 -- bear out).
 -- Reads: win, capture_api, profiler_overhead, small_gaps, loo_ref.
 -- Provides:
@@ -25,7 +25,7 @@
 --       measured); share = est_ns / window_ns; distorted: share > 5 %, or above 3x the
 --       other ranks' median share (and above 2 %; past 16 ranks the median of all: loo_ref)
 CREATE OR REPLACE MACRO overhead_call_ns() AS 7600;
-CREATE OR REPLACE MACRO overhead_call_err() AS 0.84::DOUBLE;
+CREATE OR REPLACE MACRO overhead_call_err() AS 0.81::DOUBLE;
 
 CREATE OR REPLACE TABLE capture_overhead AS
 WITH prof AS (

@@ -22,8 +22,8 @@ shellcheck scripts/*.sh
 tmp=${TMPDIR:-/tmp}
 free_kb=$(df -Pk "$tmp" 2>/dev/null | awk 'NR == 2 {print $4}' || true)
 free_gb=$(( ${free_kb:-0} / 1048576 ))
-if [ -n "$free_kb" ] && [ "$free_gb" -lt 4 ]; then
-  echo "test.sh: only ${free_gb} GB free under $tmp, and the suite writes up to about 3 GB there:" \
+if [ -n "$free_kb" ] && [ "$free_gb" -lt 6 ]; then
+  echo "test.sh: only ${free_gb} GB free under $tmp, and the suite writes up to about 5 GB there:" \
        "free some space, or point TMPDIR at a larger disk" >&2
   exit 1
 fi

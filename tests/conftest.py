@@ -85,6 +85,7 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
     `-o` name (nsys adds .nsys-rep; `%h`/`%p` allowed), the program is written beside it."""
     prog = out.parent / f".{out.name.replace('%', '_')}.py"
     prog.write_text(program)
+    before = set(out.parent.glob("*.nsys-rep"))
     for _ in range(3):
         p = subprocess.Popen([nsys, "profile", f"--trace={trace}", "--sample=none", "--cpuctxsw=none",
                               "-o", str(out), sys.executable, str(prog)], stdout=subprocess.PIPE,
@@ -96,11 +97,16 @@ def capture_cpu(nsys: str, program: str, out: Path, *, trace: str = "nvtx,osrt",
         # process waiter finds the program's semaphore gone (sem_open) and fails the capture;
         # and with another nsys starting beside it, it may fail before the program starts
         # ("Local Endpoint is not available", "The proxy is not started", or only "End of file"
-        # from its agent's connection). orch's rank wrapper starts nsys again then too.
-        if not (p.returncode != 0 and any(m in err for m in _NSYS_START_RACES)):
+        # from its agent's connection). orch's rank wrapper starts nsys again then too. It may
+        # also exit 0 with no report written (orch's keep_report.sh says "report lost" then).
+        made = set(out.parent.glob("*.nsys-rep")) - before
+        if p.returncode == 0 and made:
+            break
+        if p.returncode != 0 and not any(m in err for m in _NSYS_START_RACES):
             break
     prog.unlink()
     assert p.returncode == 0, err
+    assert made, f"nsys exited 0 and wrote no report in 3 tries:\n{err}"
 
 
 def reap_agents(nsys_pid: int) -> None:

@@ -217,15 +217,16 @@ CASES = {
         "DataLoader(pin_memory=False) and a blocking .to(device): each batch's 38.5 MB copied to the GPU from "
         "pageable memory (--no-pin); 30 optimizer steps, no NVTX; orch's loop marks and Python samples on",
         "pageable-copy", [0], ("resnet18_nopin_w2", "resnet18_pin_w2"),
-        "planted: --no-pin (plain sqlite3: 58 host-to-device copies from pageable memory in the steps after the "
-        "first, 1,065.8 MiB in 232.1 ms; the twin's same bytes from pinned memory take 20.7 ms)"),
+        "planted: --no-pin (plain sqlite3: {n} host-to-device copies from pageable memory in the steps after the "
+        "first, {mib:,.1f} MiB in {ms:,.1f} ms; the twin's {twin_n} from pinned memory, {twin_mib:,.1f} MiB, take "
+        "{twin_ms:,.1f} ms)"),
     "resnet18_pin_w2": (
         "resnet18_nopin_w2's loop with pinned batches and non_blocking copies (pin_memory=True, the fix); its 2 "
         "workers, each now also pinning a batch, then keep the GPU waiting", "input", [0], None,
-        "nothing planted, and the loop waits for its input: plain sqlite3 puts 86.1 ms of GPU idle (10.8 % of the "
-        "798.6 ms from the first optimizer step's end to the last's) inside the loop thread's 29 `orch: next "
-        "batch` waits (91.6 ms in all, against 49.7 ms with 24.2 ms of GPU idle in its pageable twin); no fix of "
-        "that was timed"),
+        "nothing planted, and the loop waits for its input: plain sqlite3 puts {idle:,.1f} ms of GPU idle ({pct:.1f} % "
+        "of the {window:,.1f} ms from the first optimizer step's end to the last's) inside the loop thread's {n} "
+        "`orch: next batch` waits ({waits:,.1f} ms in all, against {twin_waits:,.1f} ms with {twin_idle:,.1f} ms of "
+        "GPU idle in its pageable twin); no fix of that was timed"),
     "gpt_compile_default_b4": (
         "modern_loops.py's GPT compiled as most code compiles it, torch.compile(model) (Inductor's default mode, "
         "no CUDA graphs), at batch 4 x 256 tokens, clip_grad_norm_ and AdamW eager, 40 optimizer steps, no NVTX; "
@@ -298,6 +299,51 @@ def opt_span_ms(con: sqlite3.Connection) -> float:
     return (b - a) / 1e6
 
 
+# The pinned-memory pair: (pageable loop, pinned twin); their causes' figures are measured below.
+COPY_PAIR = ("resnet18_nopin_w2", "resnet18_pin_w2")
+_HTOD = ("SELECT count(*), coalesce(sum(m.bytes), 0) / 1048576.0, coalesce(sum(m.\"end\" - m.start), 0) / 1e6 "
+         "FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN ENUM_CUDA_MEMCPY_OPER k ON k.id = m.copyKind "
+         "JOIN ENUM_CUDA_MEM_KIND s ON s.id = m.srcKind WHERE k.name = 'CUDA_MEMCPY_KIND_HTOD' "
+         "AND s.name = ? AND m.start >= ? AND m.\"end\" <= ?")
+_WAITS = ("SELECT e.start, e.\"end\" FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+          "WHERE coalesce(e.text, s.value) = 'orch: next batch' AND e.start >= ? AND e.\"end\" <= ? ORDER BY 1")
+_GPU = ("SELECT start, \"end\" FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL SELECT start, \"end\" FROM "
+        "CUPTI_ACTIVITY_KIND_MEMCPY UNION ALL SELECT start, \"end\" FROM CUPTI_ACTIVITY_KIND_MEMSET ORDER BY 1")
+
+
+def _htod(con: sqlite3.Connection, kind: str) -> tuple[int, float, float]:
+    """Host-to-device copies from `kind` memory after the first optimizer step: count, MiB, ms."""
+    n, mib, ms = con.execute(_HTOD, [kind, *opt_window(con)]).fetchone()
+    return n, mib, ms
+
+
+def _input_waits(con: sqlite3.Connection) -> tuple[int, float, float]:
+    """The loop's waits for a batch after the first optimizer step (orch's `orch: next batch`
+    marks): count, ms in all, and ms of them in which the GPU ran nothing."""
+    waits = con.execute(_WAITS, list(opt_window(con))).fetchall()
+    busy: list[list[int]] = []
+    for a, b in con.execute(_GPU):
+        if busy and a <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], b)
+        else:
+            busy.append([a, b])
+    idle = sum((e - s) - sum(max(0, min(b, e) - max(a, s)) for a, b in busy) for s, e in waits)
+    return len(waits), sum(e - s for s, e in waits) / 1e6, idle / 1e6
+
+
+def _copy_facts(stem: str, tmp: Path) -> dict:
+    """What the pinned-memory pair's truth says of `stem` (its `why`'s fields), by plain sqlite3."""
+    with opened(_spec(COPY_PAIR[0]), tmp) as slow, opened(_spec(COPY_PAIR[1]), tmp) as fast:
+        if stem == COPY_PAIR[0]:
+            (n, mib, ms), (tn, tmib, tms) = _htod(slow[0], "CUDA_MEMOPR_MEMORY_KIND_PAGEABLE"), _htod(
+                fast[0], "CUDA_MEMOPR_MEMORY_KIND_PINNED")
+            return {"n": n, "mib": mib, "ms": ms, "twin_n": tn, "twin_mib": tmib, "twin_ms": tms}
+        (n, waits, idle), (_, twin_waits, twin_idle) = _input_waits(fast[0]), _input_waits(slow[0])
+        window = opt_span_ms(fast[0])
+        return {"n": n, "waits": waits, "idle": idle, "window": window, "pct": 100 * idle / window,
+                "twin_waits": twin_waits, "twin_idle": twin_idle}
+
+
 def _spec(stem: str) -> dict:
     """The truth's input: the loop `stem`'s export in tests/fixtures/loops."""
     return {"exports": [f"loops/{next(LOOPS.glob(f'{stem}_r0_*.sqlite.xz')).name}"]}
@@ -319,6 +365,8 @@ def cases() -> list[Truth]:
             with opened(spec, Path(tmp)) as cons:
                 (con,) = cons.values()
                 steps = con.execute(STEPS).fetchone()[0]
+            if stem in COPY_PAIR:
+                why = why.format(**_copy_facts(stem, Path(tmp)))
             t = Truth(case=f"loops-{stem}", about=about, input=spec, cause=cause, root=root, steps=steps,
                       how={"root": HOW["root"], "steps": HOW["steps"], "cause": HOW["cause"].format(what=why)})
             if pair and stem in CKPT_EVERY:
